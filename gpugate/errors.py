@@ -1,0 +1,38 @@
+"""Typed errors.  The CLI maps them to messages and exit codes in one place."""
+
+
+class GpugateError(Exception):
+    """Base class; ``str(err)`` is a message an admin can act on."""
+
+    exit_code = 2
+
+
+class ConfigError(GpugateError):
+    """gpugate.toml or baseline.toml is missing, unreadable or invalid."""
+
+
+class ParseError(GpugateError):
+    """A tool printed something we cannot read."""
+
+
+class CommandError(GpugateError):
+    """An external command failed, timed out or is missing."""
+
+    def __init__(self, argv, message, rc=None, stdout="", stderr="", timed_out=False, missing=False):
+        self.argv = list(argv)
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        self.timed_out = timed_out
+        self.missing = missing
+        super().__init__(message)
+
+
+class SlurmError(GpugateError):
+    """Slurm refused or did not answer."""
+
+    exit_code = 3
+
+
+class LockBusy(GpugateError):
+    """Another run holds the lock."""

@@ -1,0 +1,184 @@
+"""What a node is: frozen records that probes fill and judges read.
+
+A probe never substitutes a healthy-looking default: when it cannot tell, the
+field holds a ``ProbeFailure`` instead of a value, and the judges turn that into
+a ``probe`` (or ``broken``) finding.  ``None`` means "not applicable / not
+supported by this GPU", which is a fact, not a failure.
+"""
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, Optional, Tuple, Union
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """A fact that could not be read.
+
+    kind: ``timeout`` | ``missing`` (tool or file absent) | ``error`` (non-zero
+    exit, unreadable, unparseable) | ``nvml`` (an NVMLError; ``code`` is its value).
+    """
+
+    source: str
+    kind: str
+    detail: str = ""
+    code: Optional[int] = None
+
+    def describe(self) -> str:
+        if self.kind == "nvml":
+            return "%s: NVML error %s (%s)" % (self.source, self.code, self.detail)
+        text = "%s: %s" % (self.source, self.kind)
+        return text + (" (%s)" % self.detail if self.detail else "")
+
+
+def failed(value: Any) -> bool:
+    return isinstance(value, ProbeFailure)
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class Pcie:
+    gen: int
+    width: int
+    max_gen: int
+    max_width: int
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    name: Any  # str | ProbeFailure
+    uuid: Any
+    serial: Any
+    pci_bus_id: Any  # "00000000:38:00.0"
+    vbios: Any
+    gsp_firmware: Any  # str, None when the GPU has no GSP
+    ecc_enabled: Any  # bool (current mode), None when unsupported
+    ecc_uncorrected_volatile: Any  # int
+    ecc_uncorrected_aggregate: Any  # int
+    retired_pages_pending: Any  # bool, None when unsupported (row-remap GPUs)
+    remapped_rows: Any  # RemappedRows, None when unsupported
+    nvlink_up: Any  # tuple of bool per link; () when the GPU has no NVLink
+    pcie: Any  # Pcie
+    clock_event_reasons: Any  # int bitmask
+    persistence_mode: Any  # bool
+    mig_enabled: Any  # bool, None when unsupported
+    fabric_state: Any  # int (NVML_GPU_FABRIC_STATE_*), None when unsupported
+    recovery_action: Any  # int (0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset), None
+    processes: Any = ()  # tuple of pids holding the GPU (compute)
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    driver_version: Any
+    cuda_driver_version: Any  # "12.4"
+    gpu_count: Any  # int
+    gpus: Tuple[GpuFacts, ...] = ()
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str  # upstream version, epoch and Debian revision removed
+    held: bool
+    raw_version: str = ""
+
+
+@dataclass(frozen=True)
+class DkmsEntry:
+    module: str
+    version: str
+    kernel: str
+    arch: str
+    status: str  # "installed", "built", ...
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    xid: int
+    pci_bus_id: str  # as printed by NVRM, normalised to "0000:38:00"
+    text: str
+    seq: Optional[int] = None  # /dev/kmsg sequence number
+    timestamp: Optional[float] = None  # epoch seconds when known
+    gpu: Optional[int] = None  # GPU index once matched with NVML's PCI bus ids
+
+
+@dataclass(frozen=True)
+class DcgmHealth:
+    overall: str  # "Healthy" | "Warning" | "Failure"
+    incidents: Tuple[str, ...] = ()
+    watches_set: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class DcgmTestResult:
+    test: str
+    status: str  # "Pass" | "Fail" | "Skip" | "Warn"
+    gpu: Optional[int] = None
+    error_id: Optional[int] = None
+    severity: Optional[int] = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DcgmDiag:
+    level: int
+    exit_code: int
+    results: Tuple[DcgmTestResult, ...] = ()
+
+    @property
+    def failures(self) -> Tuple[DcgmTestResult, ...]:
+        return tuple(r for r in self.results if r.status in ("Fail", "Warn"))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    node: str
+    mode: str
+    collected_at: float
+    kernel_release: Any = None
+    boot_id: Any = None
+    boot_time: Any = None  # epoch seconds (/proc/stat btime)
+    module_resident: Any = None  # /proc/driver/nvidia/version
+    module_on_disk: Any = None  # modinfo -F version nvidia
+    dkms: Any = None  # tuple of DkmsEntry
+    image: Any = None  # dict from /etc/cluster-image.json
+    pci_gpus: Any = None  # int: NVIDIA 3D/VGA controllers on the bus
+    pci_nvswitches: Any = None  # int: NVIDIA bridges (NVSwitch)
+    packages: Any = None  # dict name -> Package | ProbeFailure
+    services: Any = None  # dict unit -> "active" | "inactive" | ... | ProbeFailure
+    dcgm_version: Any = None
+    dcgm_health: Any = None  # DcgmHealth
+    dcgm_diag: Any = None  # DcgmDiag; None when the mode does not run it
+    xids: Any = ()  # tuple of XidEvent (fresh ones only)
+    nvml: Any = None  # NvmlFacts | ProbeFailure
+    durations: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def image_version(self) -> Any:
+        if failed(self.image) or self.image is None:
+            return self.image
+        return self.image.get("version")
+
+
+def to_jsonable(value: Any) -> Any:
+    """Facts as plain JSON types; a ProbeFailure becomes {"error": {...}}."""
+    if isinstance(value, ProbeFailure):
+        return {"error": {"source": value.source, "kind": value.kind,
+                          "detail": value.detail, "code": value.code}}
+    if is_dataclass(value):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+Fact = Union[Any, ProbeFailure]
