@@ -1,0 +1,458 @@
+"""Stand-in for the ``pynvml`` module (nvidia-ml-py) on a simulated node.
+
+A simulated node replaces NVML and nothing above it: probes call the object
+returned by ``load()`` exactly as they would call ``pynvml``.  Function names,
+parameter names, defaults and return types are those of the real module (a test
+checks them against it), errors are the real ``pynvml.NVMLError`` subclasses
+(built with ``pynvml.NVMLError(code)``), and the constants, error classes and
+ctypes structs are the real module's own objects, copied by reference.
+
+    nvml = load(state)              # or load_file("fleet/gpu017/model.json")
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceGetName(h)       # "NVIDIA H100 80GB HBM3"
+
+State (the "nvml" part of a node's model; JSON types only)::
+
+    {
+      "init_error": null | int,     # NVML error code raised by nvmlInit (9 DriverNotLoaded,
+                                    #   12 LibraryNotFound, 18 LibRmVersionMismatch, ...)
+      "hang": null | "init" | "<function name>",  # that call never returns (a wedged GPU)
+      "driver": "580.65.06",
+      "cuda": 13000,                # nvmlSystemGetCudaDriverVersion[_v2]: major*1000 + minor*10
+      "nvml_version": "13.580.65.06",  # optional; default "<cuda major>.<driver>"
+      "gpus": [ {
+          "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "serial": "1652...",
+          "pci_bus_id": "00000000:18:00.0",   # reported upper-case, 8-digit domain, as NVML does
+          "pci_device_id": 0x233010DE,        # optional (also "pci_subsystem_id"), default 0
+          "vbios": "96.00.99.00.01",
+          "gsp": "580.65.06" | null,          # null: GetGspFirmwareVersion NotSupported, mode [0, 0]
+          "ecc_mode": [1, 1] | null,          # [current, pending]
+          "ecc_uncorrected": {"volatile": 0, "aggregate": 0},  # NotSupported while ECC is off
+          "ecc_corrected": {"volatile": 0, "aggregate": 0},    # optional, default zeros
+          "retired_pages_pending": 0 | 1 | null,
+          "remapped_rows": [corr, unc, pending, failure] | null,
+          "nvlink": [1, 1, ...],              # per link: 1 up, 0 down; [] means no NVLink
+          "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
+          "clock_event_reasons": 0,           # bitmask, e.g. 0x8 HW slowdown
+          "persistence": 1,
+          "mig": [0, 0] | null,               # [current, pending]
+          "fabric_state": 3 | null,           # NVML_GPU_FABRIC_STATE_*
+          "recovery_action": 0 | null,        # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+          "processes": [1234, {"pid": 99, "used_gpu_memory": 1048576}, ...],
+          "lost": false,                      # every per-device call raises GpuIsLost (15)
+          "hang": null | "<function name>",   # optional: only this GPU's call hangs
+          "errors": {"nvmlDeviceGetVbiosVersion": 3, ...}   # injected error codes
+      }, ... ],
+      "errors": {"nvmlSystemGetDriverVersion": 999, ...}    # injected; also apply to every GPU
+    }
+
+Rules that hold for every call, in this order (the real library's order):
+
+1. Before ``nvmlInit`` (or after the matching ``nvmlShutdown``) every call raises
+   NVML_ERROR_UNINITIALIZED.
+2. A handle not made by this stand-in, or an out-of-range index, raises
+   NVML_ERROR_INVALID_ARGUMENT.
+3. A hanging call sleeps forever.
+4. An injected error code (the GPU's ``errors``, then the top-level ``errors``) is
+   raised.
+5. A lost GPU raises NVML_ERROR_GPU_IS_LOST (``nvmlDeviceGetHandleByIndex`` still
+   works, as it does on a real node).
+6. A key that is absent or null reads as NVML_ERROR_NOT_SUPPORTED: that is how
+   NVML says "this GPU has no such thing", which is a fact, not a failure.
+
+Calling conventions that work with both this and the real pynvml: pass output
+structs with ``ctypes.byref()`` (nvmlDeviceGetGpuFabricInfoV); PCI ``busId`` reads
+as str; field values come back as a ctypes array of ``c_nvmlFieldValue_t`` whose
+``nvmlReturn`` must be checked per field.
+
+The state dict is read on every call, not copied, so a test may change it
+between calls (e.g. set ``"lost": True`` mid-run).
+
+Imports stay small (json/os/time, ctypes, which pynvml loads anyway, and pynvml)
+so loading a node in a short-lived probe process is cheap.
+"""
+
+import ctypes
+import json
+import os
+import time
+
+import pynvml as _real
+
+NVMLError = _real.NVMLError
+
+# byref(x) gives a CArgObject; its _obj is x.  There is no public name for the type.
+_CArgObject = type(ctypes.byref(ctypes.c_int()))
+
+# The GpuFabricInfoV struct versions a 580 driver accepts, and their struct types.
+_FABRIC_STRUCTS = {_real.nvmlGpuFabricInfo_v2: _real.c_nvmlGpuFabricInfo_v2_t}
+if hasattr(_real, "c_nvmlGpuFabricInfo_v3_t"):
+    _FABRIC_STRUCTS[_real.nvmlGpuFabricInfo_v3] = _real.c_nvmlGpuFabricInfo_v3_t
+
+_INIT_NAMES = ("init", "nvmlInit", "nvmlInitWithFlags")
+
+
+def load(state):
+    """A pynvml-like object driven by ``state`` (see the module docstring)."""
+    return SimNvml(state)
+
+
+def load_file(path):
+    """Load the "nvml" part of a simulated node's model file (JSON)."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        model = json.load(f)
+    if not isinstance(model, dict) or not isinstance(model.get("nvml"), dict):
+        raise ValueError("%s: no \"nvml\" object at the top level" % path)
+    return SimNvml(model["nvml"])
+
+
+def _error(code):
+    # The real constructor picks the subclass (NVMLError_GpuIsLost for 15, ...).
+    return NVMLError(int(code))
+
+
+def _not_supported():
+    return _error(_real.NVML_ERROR_NOT_SUPPORTED)
+
+
+def _hang():
+    # A wedged GPU: the call never returns.  Sleep in a loop rather than block on
+    # a lock, so a daemon thread running it dies quietly with the interpreter.
+    while True:
+        time.sleep(3600)
+
+
+def _target(arg, what):
+    """The ctypes object behind byref(x) or pointer(x).
+
+    The real pynvml hands output arguments of this kind to C unchanged, and ctypes
+    passes a bare Structure *by value*: the driver would write through garbage.
+    Refuse it here so a probe that forgets byref() fails in tests, not on a node.
+    """
+    if isinstance(arg, _CArgObject):
+        return arg._obj
+    if isinstance(arg, ctypes._Pointer):
+        return arg.contents
+    raise TypeError("%s: pass ctypes.byref(...) (the real pynvml passes it to C as is), got %r"
+                    % (what, type(arg).__name__))
+
+
+def _pci_bus_id(text):
+    """(domain, bus, device) from "00000000:18:00.0" or "0000:18:00.0"."""
+    try:
+        domain, bus, rest = text.split(":")
+        return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    except (AttributeError, ValueError):
+        raise ValueError("simulated GPU has a bad pci_bus_id: %r" % (text,))
+
+
+class _Handle:
+    """Opaque device handle: valid only with the stand-in that made it."""
+
+    __slots__ = ("owner", "index")
+
+    def __init__(self, owner, index):
+        self.owner = owner
+        self.index = index
+
+    def __repr__(self):
+        return "<simulated nvmlDevice_t %d>" % self.index
+
+
+class SimNvml:
+    """The stand-in itself: attributes are pynvml's functions and constants."""
+
+    def __init__(self, state):
+        self._state = state
+        self._refcount = 0  # like pynvml: each nvmlInit needs an nvmlShutdown
+
+    def __repr__(self):
+        return "<simulated pynvml, %d GPU(s)>" % len(self._gpus())
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _gpus(self):
+        return self._state.get("gpus") or []
+
+    def _check_init(self):
+        if self._refcount == 0:
+            raise _error(_real.NVML_ERROR_UNINITIALIZED)
+
+    def _system(self, name):
+        """Checks for a system-level call; returns the state."""
+        self._check_init()
+        if self._state.get("hang") == name:
+            _hang()
+        code = (self._state.get("errors") or {}).get(name)
+        if code is not None:
+            raise _error(code)
+        return self._state
+
+    def _gpu_at(self, name, index, lost_ok=False):
+        gpus = self._gpus()
+        if not (0 <= index < len(gpus)):
+            raise _error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = gpus[index]
+        if name in (self._state.get("hang"), gpu.get("hang")):
+            _hang()
+        for errors in (gpu.get("errors"), self._state.get("errors")):
+            code = (errors or {}).get(name)
+            if code is not None:
+                raise _error(code)
+        if gpu.get("lost") and not lost_ok:
+            raise _error(_real.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def _gpu(self, name, handle):
+        """Checks for a per-device call; returns that GPU's state."""
+        self._check_init()
+        if not isinstance(handle, _Handle) or handle.owner is not self:
+            raise _error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu_at(name, handle.index)
+
+    @staticmethod
+    def _get(mapping, key):
+        value = mapping.get(key)
+        if value is None:
+            raise _not_supported()
+        return value
+
+    # -- init -------------------------------------------------------------------
+
+    def nvmlInit(self):
+        self.nvmlInitWithFlags(0)  # as in pynvml
+        return None
+
+    def nvmlInitWithFlags(self, flags):
+        if self._state.get("hang") in _INIT_NAMES:
+            _hang()
+        code = self._state.get("init_error")
+        if code is not None:
+            raise _error(code)
+        self._refcount += 1
+        return None
+
+    def nvmlShutdown(self):
+        self._system("nvmlShutdown")
+        self._refcount -= 1
+        return None
+
+    # -- system -----------------------------------------------------------------
+
+    def nvmlSystemGetDriverVersion(self):
+        return str(self._get(self._system("nvmlSystemGetDriverVersion"), "driver"))
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return int(self._get(self._system("nvmlSystemGetCudaDriverVersion"), "cuda"))
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        return int(self._get(self._system("nvmlSystemGetCudaDriverVersion_v2"), "cuda"))
+
+    def nvmlSystemGetNVMLVersion(self):
+        state = self._system("nvmlSystemGetNVMLVersion")
+        if state.get("nvml_version"):
+            return str(state["nvml_version"])
+        cuda = int(self._get(state, "cuda"))
+        return "%d.%s" % (cuda // 1000, self._get(state, "driver"))
+
+    def nvmlDeviceGetCount(self):
+        self._system("nvmlDeviceGetCount")
+        return len(self._gpus())
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._check_init()
+        # Through c_uint() as in pynvml: a str is a TypeError, -1 wraps out of range.
+        index = ctypes.c_uint(index).value
+        self._gpu_at("nvmlDeviceGetHandleByIndex", index, lost_ok=True)
+        return _Handle(self, index)
+
+    # -- identity ---------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle):
+        return str(self._get(self._gpu("nvmlDeviceGetName", handle), "name"))
+
+    def nvmlDeviceGetUUID(self, handle):
+        return str(self._get(self._gpu("nvmlDeviceGetUUID", handle), "uuid"))
+
+    def nvmlDeviceGetSerial(self, handle):
+        return str(self._get(self._gpu("nvmlDeviceGetSerial", handle), "serial"))
+
+    def nvmlDeviceGetIndex(self, handle):
+        self._gpu("nvmlDeviceGetIndex", handle)
+        return handle.index
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        gpu = self._gpu("nvmlDeviceGetPciInfo", handle)
+        domain, bus, device = _pci_bus_id(self._get(gpu, "pci_bus_id"))
+        # The struct the real call returns; its busId reads back as str.
+        info = _real.nvmlPciInfo_t()
+        info.busIdLegacy = _real.NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT % (domain, bus, device)
+        info.busId = _real.NVML_DEVICE_PCI_BUS_ID_FMT % (domain, bus, device)
+        info.domain, info.bus, info.device = domain, bus, device
+        info.pciDeviceId = int(gpu.get("pci_device_id") or 0)
+        info.pciSubSystemId = int(gpu.get("pci_subsystem_id") or 0)
+        return info
+
+    def nvmlDeviceGetVbiosVersion(self, handle):
+        return str(self._get(self._gpu("nvmlDeviceGetVbiosVersion", handle), "vbios"))
+
+    def nvmlDeviceGetGspFirmwareVersion(self, handle, version=None):
+        gsp = self._get(self._gpu("nvmlDeviceGetGspFirmwareVersion", handle), "gsp")
+        if version is None:
+            return str(gsp).encode()  # the real one returns the raw buffer: bytes
+        version.value = str(gsp).encode()  # a caller-supplied c_char array
+        return _real.NVML_SUCCESS
+
+    # Defaults: like the real ones, c_uint() objects, used only to choose the
+    # calling convention (never written to here).
+    def nvmlDeviceGetGspFirmwareMode(self, handle, isEnabled=ctypes.c_uint(), defaultMode=ctypes.c_uint()):
+        gpu = self._gpu("nvmlDeviceGetGspFirmwareMode", handle)
+        enabled = 1 if gpu.get("gsp") else 0
+        if type(isEnabled) is not ctypes.c_uint:  # the real test for "caller passed byref()s"
+            _target(isEnabled, "isEnabled").value = enabled
+            _target(defaultMode, "defaultMode").value = enabled
+            return _real.NVML_SUCCESS
+        return [enabled, enabled]
+
+    # -- memory -----------------------------------------------------------------
+
+    def nvmlDeviceGetEccMode(self, handle):
+        current, pending = self._get(self._gpu("nvmlDeviceGetEccMode", handle), "ecc_mode")
+        return [int(current), int(pending)]
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
+        gpu = self._gpu("nvmlDeviceGetTotalEccErrors", handle)
+        keys = {_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "ecc_uncorrected",
+                _real.NVML_MEMORY_ERROR_TYPE_CORRECTED: "ecc_corrected"}
+        counters = {_real.NVML_VOLATILE_ECC: "volatile", _real.NVML_AGGREGATE_ECC: "aggregate"}
+        if errorType not in keys or counterType not in counters:
+            raise _error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        # Counters need ECC on: with ECC off (or absent) NVML reports NotSupported.
+        if not (gpu.get("ecc_mode") or [0])[0]:
+            raise _not_supported()
+        if keys[errorType] == "ecc_corrected":
+            counts = gpu.get("ecc_corrected") or {}
+        else:
+            counts = self._get(gpu, "ecc_uncorrected")
+        return int(counts.get(counters[counterType]) or 0)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device):
+        return int(self._get(self._gpu("nvmlDeviceGetRetiredPagesPendingStatus", device),
+                             "retired_pages_pending"))
+
+    def nvmlDeviceGetRemappedRows(self, device):
+        rows = self._get(self._gpu("nvmlDeviceGetRemappedRows", device), "remapped_rows")
+        corr, unc, pending, failure = (int(v) for v in rows)
+        return (corr, unc, pending, failure)
+
+    # -- links ------------------------------------------------------------------
+
+    def nvmlDeviceGetNvLinkState(self, device, link):
+        links = self._gpu("nvmlDeviceGetNvLinkState", device).get("nvlink") or []
+        if not links:
+            raise _not_supported()
+        if not (0 <= link < len(links)):
+            raise _error(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(links[link])
+
+    def _pcie(self, name, handle, key):
+        return int(self._get(self._get(self._gpu(name, handle), "pcie"), key))
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._pcie("nvmlDeviceGetCurrPcieLinkGeneration", handle, "gen")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return self._pcie("nvmlDeviceGetCurrPcieLinkWidth", handle, "width")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._pcie("nvmlDeviceGetMaxPcieLinkGeneration", handle, "max_gen")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        return self._pcie("nvmlDeviceGetMaxPcieLinkWidth", handle, "max_width")
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device, gpuFabricInfo):
+        gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", device)
+        info = _target(gpuFabricInfo, "gpuFabricInfo")
+        # The driver reads .version first and refuses a struct it does not know.
+        version = getattr(info, "version", None)
+        if version not in _FABRIC_STRUCTS:
+            raise _error(_real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if not isinstance(info, _FABRIC_STRUCTS[version]):
+            raise TypeError("gpuFabricInfo: .version %#x does not match %s"
+                            % (version, type(info).__name__))
+        info.state = int(self._get(gpu, "fabric_state"))
+        info.status = _real.NVML_SUCCESS
+        return _real.NVML_SUCCESS
+
+    # -- clocks, modes, fields, processes ---------------------------------------
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        gpu = self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return int(self._get(gpu, "clock_event_reasons"))
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        # The deprecated name of the same NVML call.
+        gpu = self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return int(self._get(gpu, "clock_event_reasons"))
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        return int(self._get(self._gpu("nvmlDeviceGetPersistenceMode", handle), "persistence"))
+
+    def nvmlDeviceGetMigMode(self, device):
+        current, pending = self._get(self._gpu("nvmlDeviceGetMigMode", device), "mig")
+        return [int(current), int(pending)]
+
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
+        known = {_real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: gpu.get("recovery_action")}
+        # The real call succeeds as a whole and reports each field's own status.
+        values = (_real.c_nvmlFieldValue_t * len(fieldIds))()
+        now_us = int(time.time() * 1e6)
+        for slot, field_id in zip(values, fieldIds):
+            if isinstance(field_id, (tuple, list)):
+                slot.fieldId, slot.scopeId = field_id
+            else:
+                slot.fieldId = field_id
+            slot.timestamp = now_us
+            value = known.get(slot.fieldId)
+            if value is None:
+                slot.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+            else:
+                slot.nvmlReturn = _real.NVML_SUCCESS
+                slot.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+                slot.value.uiVal = int(value)
+        return values
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
+        procs = []
+        for entry in gpu.get("processes") or []:
+            if not isinstance(entry, dict):
+                entry = {"pid": entry}
+            info = _real.c_nvmlProcessInfo_v3_t()
+            info.pid = int(entry["pid"])
+            info.usedGpuMemory = int(entry.get("used_gpu_memory") or 0)
+            # Not in a MIG instance: the real driver reports "not available" here.
+            info.gpuInstanceId = info.computeInstanceId = _real.NVML_VALUE_NOT_AVAILABLE_uint.value
+            # The same friendly object the real pynvml builds from the struct.
+            procs.append(_real.nvmlStructToFriendlyObject(info))
+        return procs
+
+
+def _copy_constants():
+    """Give SimNvml pynvml's constants, error classes and ctypes types.
+
+    The same objects, not copies, so ``except sim.NVMLError_GpuIsLost`` and
+    ``except pynvml.NVMLError_GpuIsLost`` are one clause.  pynvml's functions are
+    not copied: a function the stand-in lacks must fail loudly (AttributeError).
+    """
+    for name in dir(_real):
+        value = getattr(_real, name)
+        if name.startswith("_") or name in vars(SimNvml):
+            continue
+        if isinstance(value, (int, float, str, bytes, tuple, type, ctypes._SimpleCData)):
+            setattr(SimNvml, name, value)
+
+
+_copy_constants()
