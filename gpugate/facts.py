@@ -15,7 +15,8 @@ class ProbeFailure:
     """A fact that could not be read.
 
     kind: ``timeout`` | ``missing`` (tool or file absent) | ``error`` (non-zero
-    exit, unreadable, unparseable) | ``nvml`` (an NVMLError; ``code`` is its value).
+    exit, unreadable, unparseable) | ``absent`` (the tool answered: the thing
+    asked about does not exist) | ``nvml`` (an NVMLError; ``code`` is its value).
     """
 
     source: str
@@ -157,6 +158,7 @@ class NodeFacts:
     dcgm_health: Any = None  # DcgmHealth
     dcgm_diag: Any = None  # DcgmDiag; None when the mode does not run it
     xids: Any = ()  # tuple of XidEvent (fresh ones only)
+    kernel_log_seq: int = -1  # newest kernel log record seen: the next run's cursor
     nvml: Any = None  # NvmlFacts | ProbeFailure
     durations: Dict[str, float] = field(default_factory=dict)
 

@@ -13,6 +13,9 @@ PROBE = "probe"  # could not tell: timeout, tool missing
 # Written by the sweep, never by a node-side check.
 RMA = "rma"  # escalated: a human must look; never resumed automatically
 ROLLOUT = "rollout"  # drained on purpose by a planned rollout
+# Reported, never drained: a component still on the previous pin while a
+# planned rollout is in progress.
+PENDING = "pending"
 
 CLASSES = (RMA, HEALTH, BROKEN, DRIFT, ROLLOUT, PROBE)
 CHECK_CLASSES = (HEALTH, BROKEN, DRIFT, PROBE)

@@ -1,0 +1,217 @@
+"""The pinned baseline (baseline.toml, kept in git): what every node must run,
+what each nodeset must look like, and the health policy."""
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Dict, Mapping, Optional, Tuple
+
+from .errors import ConfigError
+from .schema import (REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table,
+                     load_toml, validate)
+
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,63}$")
+
+
+def _version(value: str) -> Optional[str]:
+    if not VERSION_RE.match(value):
+        return ("expected a version string of letters, digits and . + _ ~ : - (at most 64), got %r"
+                % value[:80])
+    return None
+
+
+def _hostlist(value: str) -> Optional[str]:
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError  # only when loading
+
+    try:
+        if len(NodeSet(value)) == 0:
+            return "empty hostlist expression %r" % value
+    except (NodeSetParseError, ValueError, TypeError, OverflowError) as exc:
+        return "not a hostlist expression (%s)" % exc
+    return None
+
+
+# Component names as they appear in findings, reasons, the audit and sim keys.
+PIN_COMPONENTS = ("kernel", "driver", "gsp_firmware", "cuda_driver", "fabricmanager",
+                  "container_toolkit", "dcgm", "image")
+
+
+def _pins_spec(required: bool) -> Table:
+    ver = Str("580.65.06", _version)
+    fields = {name: (ver, None) for name in PIN_COMPONENTS}
+    fields["vbios"] = (MapOf(Str("96.00.99.00.01", _version)), dict)
+    fields["require_hold"] = (Bool(), False)
+    if required:
+        fields["driver"] = (ver, REQUIRED)
+    return Table(fields)
+
+
+CLOCK_REASONS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80,
+                 "sw_thermal": 0x20, "sw_power_cap": 0x4}
+DEFAULT_DRAIN_XIDS = (48, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148,
+                      149, 150, 154)
+# Xid -> action when the GPU cannot be recovered by a reset alone.
+DEFAULT_XID_ACTIONS = {"79": "reboot", "119": "reboot", "120": "reboot", "154": "reset_gpu"}
+XID_ACTIONS = ("reset_gpu", "reboot", "rma", "investigate")
+MODES = ("healthcheck", "prolog", "epilog", "verify")
+
+_HEALTH = Table({
+    "drain_xids": (ListOf(Int(1, 100000)), DEFAULT_DRAIN_XIDS),
+    "xid_actions": (MapOf(Choice(*XID_ACTIONS),
+                          lambda k: None if k.isdigit() else "Xid keys are numbers in quotes, e.g. \"79\""),
+                    lambda: dict(DEFAULT_XID_ACTIONS)),
+    "xid_window_seconds": (Number(0), 86400.0),
+    "ecc_uncorrected_volatile_max": (Int(0), 0),
+    "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
+    "retired_pages_pending": (Bool(), True),
+    "row_remap_pending": (Bool(), True),
+    "row_remap_failure": (Bool(), True),
+    "pcie_min_gen": (AnyOf(Int(0, 10), Choice("max")), "max"),
+    "pcie_min_width": (AnyOf(Int(0, 32), Choice("max")), "max"),
+    "clock_event_reasons": (ListOf(Choice(*sorted(CLOCK_REASONS))), ("hw_slowdown", "hw_thermal", "power_brake")),
+    "nvlink_down_max": (AnyOf(Int(0), Choice("ignore")), 0),
+    "fabric_completed": (Bool(), True),
+    "recovery_action": (Bool(), True),
+    "dcgm_health_warning": (Choice("drain", "ignore"), "ignore"),
+    "dcgm_health_failure": (Choice("drain", "ignore"), "drain"),
+    "leftover_processes": (Choice("drain", "ignore"), "drain"),
+    "dcgm_diag": (Table({m: (Int(0, 4), 0 if m in ("healthcheck", "prolog") else (1 if m == "epilog" else 2))
+                         for m in MODES}), lambda: {"healthcheck": 0, "prolog": 0, "epilog": 1, "verify": 2}),
+})
+
+_NODESET = Table({
+    "gpus": (Int(0, 64), None),
+    "product": (Str("NVIDIA H100 80GB HBM3"), None),
+    "nvswitch": (Bool(), None),
+    "mig": (Bool(), None),
+    "persistence": (Bool(), None),
+})
+
+_BASELINE = Table({
+    "name": (Str("h100-r580-2026.11"), "unnamed"),
+    "pin": (_pins_spec(required=True), REQUIRED),
+    "previous": (_pins_spec(required=False), None),
+    "rollout": (Table({"in_progress": (Bool(), False)}), lambda: {"in_progress": False}),
+    "nodes": (MapOf(_NODESET, _hostlist), dict),
+    "health": (_HEALTH, lambda: _HEALTH.check({}, "health")),
+})
+
+
+@dataclass(frozen=True)
+class Pins:
+    kernel: Optional[str] = None
+    driver: Optional[str] = None
+    gsp_firmware: Optional[str] = None
+    cuda_driver: Optional[str] = None
+    fabricmanager: Optional[str] = None
+    container_toolkit: Optional[str] = None
+    dcgm: Optional[str] = None
+    image: Optional[str] = None
+    vbios: Mapping[str, str] = field(default_factory=dict)
+    require_hold: bool = False
+
+    def get(self, component: str) -> Optional[str]:
+        return getattr(self, component)
+
+
+@dataclass(frozen=True)
+class NodeExpect:
+    gpus: Optional[int] = None
+    product: Optional[str] = None
+    nvswitch: Optional[bool] = None
+    mig: Optional[bool] = None
+    persistence: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    drain_xids: Tuple[int, ...]
+    xid_actions: Mapping[str, str]
+    xid_window_seconds: float
+    ecc_uncorrected_volatile_max: int
+    ecc_uncorrected_aggregate_max: object  # int or "ignore"
+    retired_pages_pending: bool
+    row_remap_pending: bool
+    row_remap_failure: bool
+    pcie_min_gen: object  # int or "max"
+    pcie_min_width: object
+    clock_event_reasons: Tuple[str, ...]
+    nvlink_down_max: object
+    fabric_completed: bool
+    recovery_action: bool
+    dcgm_health_warning: str
+    dcgm_health_failure: str
+    leftover_processes: str
+    dcgm_diag: Mapping[str, int]
+
+    @property
+    def clock_mask(self) -> int:
+        mask = 0
+        for name in self.clock_event_reasons:
+            mask |= CLOCK_REASONS[name]
+        return mask
+
+    def xid_action(self, xid: int) -> str:
+        return self.xid_actions.get(str(xid), "reset_gpu")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    pin: Pins
+    previous: Optional[Pins]
+    rollout_in_progress: bool
+    nodesets: Tuple[Tuple[str, Mapping[str, object]], ...]
+    health: HealthPolicy
+    source: str = ""
+
+    def expect_for(self, node: str) -> NodeExpect:
+        """Merge every [nodes."..."] section that names this node; later wins."""
+        merged: Dict[str, object] = {}
+        if self.nodesets:
+            from ClusterShell.NodeSet import NodeSet
+
+            for pattern, values in self.nodesets:
+                if node in NodeSet(pattern):
+                    merged.update({k: v for k, v in values.items() if v is not None})
+        return NodeExpect(**merged)
+
+    def with_pin(self, pin: Pins) -> "Baseline":
+        return replace(self, pin=pin)
+
+
+def _pins(raw: Mapping[str, object], driver_default: Optional[str] = None) -> Pins:
+    values = dict(raw)
+    if not values.get("gsp_firmware"):
+        values["gsp_firmware"] = values.get("driver") or driver_default
+    return Pins(**values)
+
+
+def _cross_check(pins: Pins, where: str, source: str) -> None:
+    # Fabric Manager refuses to start against another driver version.
+    if pins.fabricmanager and pins.driver and pins.fabricmanager != pins.driver:
+        raise ConfigError("%s: %s.fabricmanager: must equal %s.driver (%s), got %s: Fabric Manager "
+                          "only runs with the driver of the same version"
+                          % (source, where, where, pins.driver, pins.fabricmanager))
+
+
+def parse_baseline(data: object, source: str) -> Baseline:
+    raw = validate(data, _BASELINE, source)
+    pin = _pins(raw["pin"])
+    _cross_check(pin, "pin", source)
+    previous = None
+    if raw["previous"] is not None:
+        previous = _pins(raw["previous"])
+        _cross_check(previous, "previous", source)
+    if raw["rollout"]["in_progress"] and previous is None:
+        raise ConfigError("%s: rollout.in_progress: a rollout needs a [previous] block naming the "
+                          "baseline the fleet is leaving" % source)
+    health = dict(raw["health"])
+    health["xid_actions"] = dict(health["xid_actions"])
+    return Baseline(name=raw["name"], pin=pin, previous=previous,
+                    rollout_in_progress=raw["rollout"]["in_progress"],
+                    nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),
+                    source=source)
+
+
+def load_baseline(path: str) -> Baseline:
+    return parse_baseline(load_toml(path, "baseline"), path)

@@ -1,0 +1,180 @@
+"""Site settings (gpugate.toml): paths, time budgets, Slurm access, logging.
+Everything that is not the baseline.  Validated like the baseline."""
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+from .errors import ConfigError
+from .schema import (AnyOf, Bool, Choice, ListOf, MapOf, Number, Str, Table, check_owner,
+                     load_toml, validate)
+
+DEFAULT_CONFIG = "/etc/gpugate/gpugate.toml"
+CONFIG_ENV = "GPUGATE_CONFIG"
+
+DEFAULT_COMMANDS = {
+    "modinfo": "/usr/sbin/modinfo",
+    "dkms": "/usr/sbin/dkms",
+    "lspci": "/usr/bin/lspci",
+    "dpkg-query": "/usr/bin/dpkg-query",
+    "rpm": "/usr/bin/rpm",
+    "systemctl": "/usr/bin/systemctl",
+    "dcgmi": "/usr/bin/dcgmi",
+    "nvidia-smi": "/usr/bin/nvidia-smi",
+}
+DEFAULT_BUDGETS = {"healthcheck": 40.0, "prolog": 8.0, "epilog": 50.0, "verify": 1200.0}
+DEFAULT_PACKAGES = {
+    "container_toolkit": ("nvidia-container-toolkit",),
+    "fabricmanager": ("nvidia-fabricmanager-*", "nvidia-fabricmanager", "cuda-drivers-fabricmanager-*"),
+}
+
+
+def _abs_path(value: str) -> Optional[str]:
+    if not value.startswith("/"):
+        return "expected an absolute path (slurmd starts gpugate with no PATH and its log dir as cwd), got %r" % value
+    if "\n" in value or "\0" in value:
+        return "path contains a newline or NUL"
+    return None
+
+
+def _tag(value: str) -> Optional[str]:
+    if not (1 <= len(value) <= 16) or not all(33 <= ord(c) < 127 for c in value):
+        return "expected 1 to 16 printable ASCII characters without spaces, e.g. \"gpugate:\""
+    return None
+
+
+_PATH = Str("/var/lib/gpugate", _abs_path)
+_OPT_PATH = AnyOf(Choice(""), _PATH)
+
+_CONFIG = Table({
+    "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
+    "state_dir": (_PATH, "/var/lib/gpugate"),
+    "reason_tag": (Str("gpugate:", _tag), "gpugate:"),
+    "sysroot": (_PATH, "/"),
+    "log": (Choice("syslog", "file", "both"), "both"),
+    "budgets": (Table({m: (Number(0.5, 86400), v) for m, v in DEFAULT_BUDGETS.items()}),
+                lambda: dict(DEFAULT_BUDGETS)),
+    "healthcheck": (Table({
+        "boot_grace_seconds": (Number(0, 86400), 300.0),
+        "prometheus_textfile": (_OPT_PATH, ""),
+    }), lambda: {"boot_grace_seconds": 300.0, "prometheus_textfile": ""}),
+    "prolog": (Table({"verdict_max_age_seconds": (Number(0, 86400), 900.0)}),
+               lambda: {"verdict_max_age_seconds": 900.0}),
+    "slurm": (Table({
+        "backend": (Choice("commands", "pyslurm"), "commands"),
+        "bin_dir": (_PATH, "/usr/bin"),
+        "slurm_conf": (_OPT_PATH, ""),
+        "timeout_seconds": (Number(1, 600), 10.0),
+        "self_clearing": (ListOf(Choice("probe", "drift", "broken", "health")), ("probe",)),
+    }), lambda: {"backend": "commands", "bin_dir": "/usr/bin", "slurm_conf": "",
+                 "timeout_seconds": 10.0, "self_clearing": ("probe",)}),
+    "commands": (MapOf(_PATH, lambda k: None if k in DEFAULT_COMMANDS else
+                       "unknown command; allowed: %s" % ", ".join(sorted(DEFAULT_COMMANDS))), dict),
+    "packages": (Table({
+        "manager": (Choice("dpkg", "rpm", "none"), "dpkg"),
+        "container_toolkit": (ListOf(Str("nvidia-container-toolkit")), DEFAULT_PACKAGES["container_toolkit"]),
+        "fabricmanager": (ListOf(Str("nvidia-fabricmanager-*")), DEFAULT_PACKAGES["fabricmanager"]),
+    }), lambda: {"manager": "dpkg", **DEFAULT_PACKAGES}),
+    "services": (Table({
+        "fabricmanager": (Str("nvidia-fabricmanager"), "nvidia-fabricmanager"),
+        "persistenced": (Str("nvidia-persistenced"), "nvidia-persistenced"),
+    }), lambda: {"fabricmanager": "nvidia-fabricmanager", "persistenced": "nvidia-persistenced"}),
+    "kernel_log": (Table({"path": (_PATH, "/dev/kmsg")}), lambda: {"path": "/dev/kmsg"}),
+    "sim": (Table({"fleet": (_OPT_PATH, "")}), lambda: {"fleet": ""}),
+    "check_ownership": (Bool(), True),
+})
+
+
+@dataclass(frozen=True)
+class Settings:
+    baseline: str
+    state_dir_template: str
+    reason_tag: str
+    sysroot: str
+    log: str
+    budgets: Mapping[str, float]
+    boot_grace_seconds: float
+    prometheus_textfile: str
+    verdict_max_age_seconds: float
+    slurm: Mapping[str, object]
+    commands: Mapping[str, str]
+    packages: Mapping[str, object]
+    services: Mapping[str, str]
+    kernel_log: str
+    sim_fleet: str
+    check_ownership: bool
+    source: str = ""
+
+    def state_dir(self, node: str) -> str:
+        return self.state_dir_template.replace("{node}", node)
+
+    def node_root(self, node: str) -> str:
+        """The file-system root probes read: '/' or a simulated node's sysroot."""
+        if self.sim_fleet:
+            return os.path.join(self.sim_fleet, node, "root")
+        return self.sysroot
+
+    def command(self, name: str, node: str) -> str:
+        if self.sim_fleet:
+            return os.path.join(self.sim_fleet, node, "bin", name)
+        return self.commands.get(name, DEFAULT_COMMANDS[name])
+
+    @property
+    def slurm_env(self) -> Mapping[str, str]:
+        """slurmd gives us no environment: name everything Slurm's tools need."""
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+        if self.slurm["slurm_conf"]:
+            env["SLURM_CONF"] = str(self.slurm["slurm_conf"])
+        return env
+
+
+def parse_settings(data: object, source: str) -> Settings:
+    raw = validate(data, _CONFIG, source)
+    commands = dict(DEFAULT_COMMANDS)
+    commands.update(raw["commands"])
+    return Settings(
+        baseline=raw["baseline"], state_dir_template=raw["state_dir"], reason_tag=raw["reason_tag"],
+        sysroot=raw["sysroot"], log=raw["log"], budgets=raw["budgets"],
+        boot_grace_seconds=raw["healthcheck"]["boot_grace_seconds"],
+        prometheus_textfile=raw["healthcheck"]["prometheus_textfile"],
+        verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
+        slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
+        kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
+        check_ownership=raw["check_ownership"], source=source)
+
+
+def config_path(explicit: Optional[str] = None) -> str:
+    return explicit or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
+
+
+def load_settings(path: Optional[str] = None, *, missing_ok: bool = False) -> Settings:
+    """Load gpugate.toml.  A missing default file means "all defaults" only
+    when ``missing_ok`` (admin tools); the node entry points require it."""
+    path = config_path(path)
+    if missing_ok and not os.path.exists(path):
+        return parse_settings({}, "(defaults)")
+    data = load_toml(path, "gpugate configuration")
+    settings = parse_settings(data, path)
+    if settings.check_ownership:
+        check_owner(path, "gpugate configuration")
+    return settings
+
+
+def load_checked_baseline(settings: Settings):
+    from .baseline import load_baseline
+
+    if settings.check_ownership:
+        check_owner(settings.baseline, "baseline")
+    return load_baseline(settings.baseline)
+
+
+def validate_settings(settings: Settings) -> Tuple[str, ...]:
+    """Warnings about a valid but odd configuration (shown by `gpugate config check`)."""
+    notes = []
+    if settings.budgets["healthcheck"] > 55:
+        notes.append("budgets.healthcheck is %.0fs: slurmd kills the health check at 60s"
+                     % settings.budgets["healthcheck"])
+    return tuple(notes)
+
+
+__all__ = ["Settings", "load_settings", "parse_settings", "ConfigError", "config_path"]

@@ -1,0 +1,43 @@
+"""DCGM: the health watches and the diagnostic.  A diagnostic that fails on
+the pinned versions is hardware (`health`); one we could not run is `probe`."""
+
+from typing import List
+
+from ..facts import ProbeFailure
+from ..findings import HEALTH, INVESTIGATE, RESET_GPU, RMA_ACTION, Finding
+from .common import probe_finding
+
+# DCGM error severities (dcgmErrorSeverity_t): 2 isolate the GPU, 6 reset it.
+_SEVERITY_ACTION = {2: RMA_ACTION, 6: RESET_GPU}
+
+
+def judge(baseline, expect, facts) -> List[Finding]:
+    policy = baseline.health
+    out: List[Finding] = []
+    health = facts.dcgm_health
+    if isinstance(health, ProbeFailure):
+        out.append(probe_finding("dcgm_health", health))
+    elif health is not None:
+        if health.watches_set is False:
+            out.append(Finding("probe", "dcgm_health", "no watches set", "dcgmi health -s a", INVESTIGATE))
+        wanted = {"Failure": policy.dcgm_health_failure, "Warning": policy.dcgm_health_warning}
+        if wanted.get(health.overall) == "drain":
+            first = health.incidents[0] if health.incidents else ""
+            out.append(Finding(HEALTH, "dcgm_health", health.overall.lower(), "healthy", INVESTIGATE,
+                               detail=first[:160]))
+    diag = facts.dcgm_diag
+    if isinstance(diag, ProbeFailure):
+        out.append(probe_finding("dcgm_diag", diag))
+    elif diag is not None:
+        for result in diag.failures:
+            out.append(Finding(HEALTH, "dcgm_diag", "%s %s" % (_short(result.test), result.status.lower()),
+                               "pass (r%d)" % diag.level, _SEVERITY_ACTION.get(result.severity, INVESTIGATE),
+                               gpu=result.gpu, detail=result.message[:160]))
+        if not diag.failures and diag.exit_code not in (0,):
+            out.append(Finding(HEALTH, "dcgm_diag", "exit %d" % diag.exit_code, "pass (r%d)" % diag.level,
+                               INVESTIGATE))
+    return out
+
+
+def _short(test: str) -> str:
+    return test.lower().replace(" ", "_")[:24]

@@ -1,0 +1,124 @@
+"""`health`: the GPUs themselves (count, Xid, ECC, remap, PCIe, clocks,
+NVLink, fabric, recovery action), plus per-GPU settings the nodeset expects."""
+
+from typing import List
+
+from ..baseline import CLOCK_REASONS
+from ..facts import ProbeFailure, failed
+from ..findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT,
+                        RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
+from .common import nvswitch, probe_finding
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> (what it says, action)
+_RECOVERY = {1: ("gpu reset", RESET_GPU), 2: ("node reboot", REBOOT),
+             3: ("drain p2p", INVESTIGATE), 4: ("drain and reset", RESET_GPU)}
+_FABRIC_COMPLETED = 3
+_GPU_LOST = 15
+_RESET_REQUIRED = 16
+
+
+def judge(baseline, expect, facts) -> List[Finding]:
+    out: List[Finding] = []
+    out += _xids(baseline.health, facts)
+    nvml = facts.nvml
+    if nvml is None or failed(nvml):
+        return out
+    if isinstance(nvml.gpu_count, ProbeFailure):
+        return out + [probe_finding("gpu_count", nvml.gpu_count)]
+    if expect.gpus is not None and nvml.gpu_count != expect.gpus:
+        out.append(Finding(HEALTH, "gpu_count", str(nvml.gpu_count), str(expect.gpus), REBOOT))
+    for gpu in nvml.gpus:
+        out += _gpu(baseline.health, expect, facts, gpu)
+    return out
+
+
+def _xids(policy, facts):
+    events = facts.xids
+    if isinstance(events, ProbeFailure):
+        return [probe_finding("xid", events)]
+    out = []
+    for event in events or ():
+        if event.xid in policy.drain_xids:
+            out.append(Finding(HEALTH, "xid", str(event.xid), "none", policy.xid_action(event.xid),
+                               gpu=event.gpu, detail=event.text[:120]))
+    return out
+
+
+def _gpu(policy, expect, facts, gpu) -> List[Finding]:
+    i = gpu.index
+    out: List[Finding] = []
+    lost = [v for v in _values(gpu) if isinstance(v, ProbeFailure) and v.code in (_GPU_LOST, _RESET_REQUIRED)]
+    if lost:
+        # Every other reading of a lost GPU is noise: one finding says it all.
+        code = lost[0].code
+        return [Finding(HEALTH, "gpu", "lost" if code == _GPU_LOST else "reset required", "present",
+                        REBOOT if code == _GPU_LOST else RESET_GPU, gpu=i, detail=lost[0].describe())]
+    for name in ("name", "ecc_uncorrected_volatile", "remapped_rows", "pcie", "clock_event_reasons",
+                 "nvlink_up", "recovery_action", "retired_pages_pending", "fabric_state", "persistence_mode",
+                 "mig_enabled", "vbios", "gsp_firmware", "ecc_uncorrected_aggregate"):
+        value = getattr(gpu, name)
+        if isinstance(value, ProbeFailure):
+            out.append(probe_finding(name, value, i))
+    if expect.product and isinstance(gpu.name, str) and gpu.name != expect.product:
+        out.append(Finding(HEALTH, "product", gpu.name, expect.product, INVESTIGATE, gpu=i))
+    vol = gpu.ecc_uncorrected_volatile
+    if isinstance(vol, int) and vol > policy.ecc_uncorrected_volatile_max:
+        out.append(Finding(HEALTH, "ecc", "%d uncorrected" % vol, "<= %d" % policy.ecc_uncorrected_volatile_max,
+                           RESET_GPU, gpu=i))
+    agg, agg_max = gpu.ecc_uncorrected_aggregate, policy.ecc_uncorrected_aggregate_max
+    if isinstance(agg, int) and agg_max != "ignore" and agg > agg_max:
+        out.append(Finding(HEALTH, "ecc_aggregate", "%d uncorrected" % agg, "<= %d" % agg_max, RMA_ACTION, gpu=i))
+    if gpu.retired_pages_pending is True and policy.retired_pages_pending:
+        out.append(Finding(HEALTH, "retired_pages", "pending", "none", RESET_GPU, gpu=i))
+    rows = gpu.remapped_rows
+    if rows is not None and not failed(rows):
+        if rows.failure and policy.row_remap_failure:
+            out.append(Finding(HEALTH, "row_remap", "failure", "none", RMA_ACTION, gpu=i))
+        elif rows.pending and policy.row_remap_pending:
+            out.append(Finding(HEALTH, "row_remap", "pending", "none", RESET_GPU, gpu=i))
+    out += _pcie(policy, gpu)
+    reasons = gpu.clock_event_reasons
+    if isinstance(reasons, int) and reasons & policy.clock_mask:
+        names = [n for n, bit in sorted(CLOCK_REASONS.items()) if reasons & bit & policy.clock_mask]
+        out.append(Finding(HEALTH, "clocks", "+".join(names), "none", INVESTIGATE, gpu=i))
+    links = gpu.nvlink_up
+    if isinstance(links, tuple) and links and policy.nvlink_down_max != "ignore":
+        down = sum(1 for up in links if not up)
+        if down > policy.nvlink_down_max:
+            out.append(Finding(HEALTH, "nvlink", "%d of %d down" % (down, len(links)),
+                               "<= %d down" % policy.nvlink_down_max, RESET_GPU, gpu=i))
+    fabric = gpu.fabric_state
+    if policy.fabric_completed and nvswitch(expect, facts) and isinstance(fabric, int) and fabric != _FABRIC_COMPLETED:
+        out.append(Finding(BROKEN, "fabric", "state %d" % fabric, "completed", RELOAD_OR_REBOOT, gpu=i))
+    action = gpu.recovery_action
+    if policy.recovery_action and isinstance(action, int) and action in _RECOVERY:
+        said, todo = _RECOVERY[action]
+        out.append(Finding(HEALTH, "recovery", said, "none", todo, gpu=i))
+    if expect.persistence and gpu.persistence_mode is False:
+        out.append(Finding(DRIFT, "persistence", "off", "on", RECONVERGE, gpu=i))
+    if expect.mig is not None and isinstance(gpu.mig_enabled, bool) and gpu.mig_enabled != expect.mig:
+        out.append(Finding(DRIFT, "mig", "on" if gpu.mig_enabled else "off", "on" if expect.mig else "off",
+                           RECONVERGE, gpu=i))
+    procs = gpu.processes
+    if policy.leftover_processes == "drain" and facts.mode == "epilog" and isinstance(procs, tuple) and procs:
+        out.append(Finding(BROKEN, "processes", "%d left (pid %s)" % (len(procs), procs[0]), "none", REBOOT, gpu=i))
+    return out
+
+
+def _pcie(policy, gpu):
+    link = gpu.pcie
+    if link is None or failed(link):
+        return []
+    out = []
+    min_gen = link.max_gen if policy.pcie_min_gen == "max" else policy.pcie_min_gen
+    if min_gen and link.gen < min_gen:
+        out.append(Finding(HEALTH, "pcie_gen", "gen%d" % link.gen, "gen%d" % min_gen, INVESTIGATE, gpu=gpu.index))
+    min_width = link.max_width if policy.pcie_min_width == "max" else policy.pcie_min_width
+    if min_width and link.width < min_width:
+        out.append(Finding(HEALTH, "pcie_width", "x%d" % link.width, "x%d" % min_width, INVESTIGATE,
+                           gpu=gpu.index))
+    return out
+
+
+def _values(gpu):
+    return [getattr(gpu, name) for name in gpu.__dataclass_fields__]

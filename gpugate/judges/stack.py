@@ -1,0 +1,96 @@
+"""`broken`: the stack itself fails (stale or missing module, NVML refusing,
+GPUs on the bus that the driver does not see, Fabric Manager down)."""
+
+from typing import List
+
+from ..facts import ProbeFailure, failed
+from ..findings import BROKEN, HEALTH, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
+from .common import nvswitch, probe_finding
+
+# NVML init error code -> (what an admin reads, action).
+_NVML_INIT = {
+    18: ("driver/library mismatch", RELOAD_OR_REBOOT),  # userspace upgraded, old module loaded
+    9: ("driver not loaded", RELOAD_OR_REBOOT),
+    12: ("libnvidia-ml missing", RECONVERGE),
+    15: ("GPU lost", REBOOT),
+}
+
+
+def judge(baseline, expect, facts) -> List[Finding]:
+    out: List[Finding] = []
+    out += _nvml(facts)
+    out += _module(facts)
+    out += _bus(expect, facts)
+    out += _fabricmanager_service(expect, facts)
+    return out
+
+
+def _nvml(facts):
+    nvml = facts.nvml
+    if not isinstance(nvml, ProbeFailure):
+        return []
+    if nvml.kind != "nvml":
+        return [probe_finding("nvml", nvml)]  # hung or unusable binding: we cannot tell
+    observed, action = _NVML_INIT.get(nvml.code, ("nvml error %s" % nvml.code, RELOAD_OR_REBOOT))
+    cls = HEALTH if nvml.code == 15 else BROKEN
+    return [Finding(cls, "nvml", observed, "nvml ok", action, detail=nvml.describe())]
+
+
+def _module(facts):
+    out = []
+    resident, on_disk = facts.module_resident, facts.module_on_disk
+    if isinstance(resident, ProbeFailure) and resident.kind != "missing":
+        out.append(probe_finding("module", resident))
+    if isinstance(on_disk, ProbeFailure):
+        if on_disk.kind == "absent":  # modinfo ran and found no nvidia module for this kernel
+            out.append(Finding(BROKEN, "module", "none for %s" % _kernel(facts), "nvidia module",
+                               RECONVERGE, detail=on_disk.describe()))
+        else:
+            out.append(probe_finding("module", on_disk))
+    if isinstance(resident, str) and isinstance(on_disk, str) and resident != on_disk:
+        # The package was upgraded but the old module is still loaded.
+        out.append(Finding(BROKEN, "module", "loaded %s" % resident, "on-disk %s" % on_disk,
+                           RELOAD_OR_REBOOT))
+    dkms = facts.dkms
+    if isinstance(dkms, ProbeFailure):
+        out.append(probe_finding("dkms", dkms))
+    elif dkms and isinstance(facts.kernel_release, str):
+        built = [e for e in dkms if e.module.startswith("nvidia") and e.kernel == facts.kernel_release
+                 and e.status.startswith("installed")]
+        if not built:
+            out.append(Finding(BROKEN, "dkms", "no nvidia build for %s" % facts.kernel_release,
+                               "module built for running kernel", RECONVERGE))
+    return out
+
+
+def _kernel(facts):
+    return facts.kernel_release if isinstance(facts.kernel_release, str) else "running kernel"
+
+
+def _bus(expect, facts):
+    out = []
+    pci = facts.pci_gpus
+    if isinstance(pci, ProbeFailure):
+        return [probe_finding("pci", pci)]
+    if pci is None:
+        return out
+    if expect.gpus is not None and pci < expect.gpus:
+        # A GPU fell off the bus: only a reboot (or the hardware team) brings it back.
+        out.append(Finding(HEALTH, "pci_gpus", str(pci), str(expect.gpus), REBOOT))
+    nvml = facts.nvml
+    if pci > 0 and not failed(nvml) and nvml is not None and nvml.gpu_count == 0:
+        out.append(Finding(BROKEN, "nvml_gpus", "0 of %d on bus" % pci, str(pci), RELOAD_OR_REBOOT))
+    return out
+
+
+def _fabricmanager_service(expect, facts):
+    if not nvswitch(expect, facts) or not facts.services:
+        return []
+    state = facts.services.get("fabricmanager")
+    if state is None:
+        return []
+    if isinstance(state, ProbeFailure):
+        return [probe_finding("fabricmanager", state)]
+    if state != "active":
+        return [Finding(BROKEN, "fabricmanager", state, "active", RELOAD_OR_REBOOT)]
+    return []

@@ -1,0 +1,100 @@
+"""`drift`: a working stack on versions other than the pin.
+
+While a planned rollout is in progress, a component still on the `previous`
+pin is `pending` (reported, never drained): the sweep moves it on purpose.
+"""
+
+from typing import List, Optional
+
+from ..facts import ProbeFailure, failed
+from ..findings import DRIFT, PENDING, RECONVERGE, Finding
+from .common import nvswitch, probe_finding
+
+
+def judge(baseline, expect, facts) -> List[Finding]:
+    pin = baseline.pin
+    out: List[Finding] = []
+
+    def compare(component, observed, gpu=None, expected=None):
+        expected = pin.get(component) if expected is None else expected
+        if expected is None or observed is None:
+            return
+        if isinstance(observed, ProbeFailure):
+            out.append(probe_finding(component, observed, gpu))
+            return
+        if observed == expected:
+            return
+        if _on_previous(baseline, component, observed, gpu_name=_gpu_name(facts, gpu)):
+            out.append(Finding(PENDING, component, observed, expected, RECONVERGE, gpu=gpu,
+                               detail="on the previous baseline; rollout in progress"))
+            return
+        out.append(Finding(DRIFT, component, str(observed), expected, RECONVERGE, gpu=gpu))
+
+    compare("kernel", facts.kernel_release)
+    compare("image", facts.image_version if facts.image is not None else None)
+    nvml = facts.nvml
+    if nvml is not None and not failed(nvml):
+        compare("driver", nvml.driver_version)
+        compare("cuda_driver", nvml.cuda_driver_version)
+        for gpu in nvml.gpus:
+            if gpu.gsp_firmware is not None:
+                compare("gsp_firmware", gpu.gsp_firmware, gpu.index)
+            if isinstance(gpu.name, str) and gpu.name in pin.vbios:
+                compare("vbios", gpu.vbios, gpu.index, expected=pin.vbios[gpu.name])
+    packages = facts.packages or {}
+    compare("container_toolkit", _package_version(packages.get("container_toolkit"), pin.container_toolkit))
+    if nvswitch(expect, facts):
+        fm = _package_version(packages.get("fabricmanager"), pin.fabricmanager)
+        compare("fabricmanager", fm)
+        out += _fabricmanager_matches_driver(fm, nvml, pin.fabricmanager)
+    compare("dcgm", facts.dcgm_version)
+    if pin.require_hold:
+        out += _holds(packages)
+    return out
+
+
+def _package_version(pkg, pinned: Optional[str]):
+    if pinned is None or pkg is None and pinned is None:
+        return None
+    if pkg is None:
+        return "absent"  # pinned but not installed: that is drift
+    if isinstance(pkg, ProbeFailure):
+        return pkg
+    return pkg.version
+
+
+def _fabricmanager_matches_driver(fm, nvml, fm_pin):
+    """Fabric Manager refuses to start against a driver of another version."""
+    if not isinstance(fm, str) or fm == "absent" or nvml is None or failed(nvml):
+        return []
+    driver = nvml.driver_version
+    if not isinstance(driver, str) or fm == driver or fm_pin is None:
+        return []
+    return [Finding(DRIFT, "fabricmanager", fm, "driver %s" % driver, RECONVERGE,
+                    detail="Fabric Manager must equal the running driver")]
+
+
+def _holds(packages):
+    out = []
+    for role, pkg in sorted(packages.items()):
+        if pkg is not None and not failed(pkg) and not pkg.held:
+            out.append(Finding(DRIFT, "hold", "%s not held" % pkg.name, "held", RECONVERGE))
+    return out
+
+
+def _on_previous(baseline, component, observed, gpu_name=None) -> bool:
+    prev = baseline.previous
+    if not baseline.rollout_in_progress or prev is None:
+        return False
+    if component == "vbios":
+        return gpu_name is not None and prev.vbios.get(gpu_name) == observed
+    return prev.get(component) is not None and prev.get(component) == observed
+
+
+def _gpu_name(facts, index):
+    if index is None or facts.nvml is None or failed(facts.nvml):
+        return None
+    for gpu in facts.nvml.gpus:
+        if gpu.index == index and isinstance(gpu.name, str):
+            return gpu.name
+    return None

@@ -1,0 +1,130 @@
+"""Collect a node's facts for one mode, within the mode's time budget.
+
+Commands run concurrently (a hung ``dcgmi`` must not starve the others) and
+NVML runs in a thread the collector can abandon.  Whatever has not answered
+by the deadline is recorded as a timeout.
+"""
+
+import os
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from ..facts import NodeFacts, ProbeFailure, failed
+from . import files, kernlog
+from . import nvml as nvml_probe
+
+MODES = ("healthcheck", "prolog", "epilog", "verify")
+_COMMAND_CAP = 15.0  # no single ordinary tool deserves more
+
+
+class Budget:
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.deadline = clock() + seconds
+
+    def left(self, cap: Optional[float] = None) -> float:
+        left = max(self.deadline - self.clock(), 0.0)
+        return min(left, cap) if cap is not None else left
+
+
+def nvml_module(settings, node: str):
+    if settings.sim_fleet:
+        from ..sim import nvml as sim_nvml
+
+        return sim_nvml.load_file(os.path.join(settings.sim_fleet, node, "node.json"))
+    return nvml_probe.real_module()
+
+
+def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
+            gpus: Optional[Sequence[int]] = None) -> NodeFacts:
+    durations: Dict[str, float] = {}
+    root = settings.node_root(node)
+    started = time.monotonic()
+    values: Dict[str, Any] = {
+        "kernel_release": files.kernel_release(root),
+        "boot_id": files.boot_id(root),
+        "boot_time": files.boot_time(root),
+    }
+    kmsg_text = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
+    durations["files"] = time.monotonic() - started
+
+    jobs = _command_jobs(settings, baseline, node, mode, budget)
+    pool = None
+    if jobs:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="probe")
+        futures = {name: pool.submit(_timed, fn) for name, fn in jobs.items()}
+
+    t0 = time.monotonic()
+    try:
+        module = nvml_module(settings, node)
+        nvml = nvml_probe.read(module, budget.left(), gpus=gpus, processes=(mode == "epilog"))
+    except Exception as exc:  # the binding itself cannot load (no libnvidia-ml)
+        nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+    durations["nvml"] = time.monotonic() - t0
+
+    if pool is not None:
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        for name, future in futures.items():
+            try:
+                values[name], durations[name] = future.result(timeout=budget.left())
+            except FutureTimeout:
+                values[name] = ProbeFailure(name, "timeout", "no answer within the budget")
+                durations[name] = budget.left()
+        pool.shutdown(wait=False)
+
+    values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml)
+    if isinstance(kmsg_text, str):
+        values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)
+    if mode in ("healthcheck", "verify"):
+        values["module_resident"] = files.module_resident(root)
+        values["image"] = files.image(root)
+    return NodeFacts(node=node, mode=mode, collected_at=time.time(), nvml=nvml, durations=durations,
+                     **values)
+
+
+def _timed(fn):
+    t0 = time.monotonic()
+    value = fn()
+    return value, time.monotonic() - t0
+
+
+def _command_jobs(settings, baseline, node, mode, budget) -> Dict[str, Callable[[], Any]]:
+    cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
+    cap = lambda: budget.left(_COMMAND_CAP)  # noqa: E731
+    from . import commands
+
+    jobs: Dict[str, Callable[[], Any]] = {}
+    uses_dcgm = baseline.pin.dcgm is not None
+    if mode in ("healthcheck", "verify"):
+        jobs["module_on_disk"] = lambda: commands.module_on_disk(cmd("modinfo"), cap())
+        jobs["dkms"] = lambda: commands.dkms_status(cmd("dkms"), cap())
+        jobs["pci"] = lambda: commands.lspci(cmd("lspci"), cap())
+        jobs["packages"] = lambda: commands.packages(settings.packages, cmd("dpkg-query"), cmd("rpm"), cap())
+        jobs["services"] = lambda: {"fabricmanager": commands.service_state(
+            cmd("systemctl"), settings.services["fabricmanager"], cap())}
+        if uses_dcgm:
+            jobs["dcgm_version"] = lambda: commands.dcgm_version(cmd("dcgmi"), cap())
+            jobs["dcgm_health"] = lambda: commands.dcgm_health(cmd("dcgmi"), cap())
+    level = baseline.health.dcgm_diag.get(mode, 0)
+    if level:
+        # The diagnostic may take the whole budget; leave a moment to act.
+        jobs["dcgm_diag"] = lambda: commands.dcgm_diag(cmd("dcgmi"), level, max(budget.left() - 2.0, 0.1))
+    return jobs
+
+
+def _xids(kmsg_text, boot_time, after, baseline, nvml):
+    if isinstance(kmsg_text, ProbeFailure):
+        return kmsg_text
+    bus_to_gpu = {}
+    if nvml is not None and not failed(nvml):
+        for gpu in nvml.gpus:
+            if isinstance(gpu.pci_bus_id, str):
+                bus_to_gpu[kernlog.bus_key(gpu.pci_bus_id)] = gpu.index
+    bt = boot_time if isinstance(boot_time, float) else None
+    return kernlog.fresh_xids(kmsg_text, bt, after, baseline.health.xid_window_seconds, time.time(), bus_to_gpu)
+
+
+__all__ = ["collect", "Budget", "MODES"]

@@ -1,0 +1,101 @@
+"""Facts from external commands: modinfo, dkms, lspci, the package manager,
+systemctl, dcgmi.  Each is bounded by the caller's timeout; an error or a
+timeout becomes a ProbeFailure."""
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..errors import CommandError, ParseError
+from ..facts import ProbeFailure
+from ..parsers import dcgm as dcgm_parse
+from ..parsers import system
+from ..runner import run
+
+# What the tools need: slurmd gives us no environment at all.
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+DIAG_OK = (0, 205, 226)  # dcgmi diag: failures still print valid JSON
+
+
+def _run(source: str, argv: Sequence[str], timeout: float, parse: Callable[[Any], Any],
+         ok_codes: Sequence[int] = (0,), absent_codes: Sequence[int] = ()) -> Any:
+    try:
+        result = run(argv, timeout, env=ENV, ok_codes=tuple(ok_codes) + tuple(absent_codes))
+    except CommandError as exc:
+        kind = "timeout" if exc.timed_out else "missing" if exc.missing else "error"
+        return ProbeFailure(source, kind, str(exc)[:200], exc.rc)
+    if result.rc in absent_codes:
+        return ProbeFailure(source, "absent", (result.stderr or result.stdout).strip()[:200], result.rc)
+    try:
+        return parse(result)
+    except ParseError as exc:
+        return ProbeFailure(source, "error", str(exc)[:200], result.rc)
+
+
+def module_on_disk(modinfo: str, timeout: float) -> Any:
+    # modinfo exits 1 when there is no nvidia module for the running kernel.
+    return _run("modinfo", [modinfo, "-F", "version", "nvidia"], timeout,
+                _stdout(system.parse_modinfo_version), absent_codes=(1,))
+
+
+def dkms_status(dkms: str, timeout: float) -> Any:
+    value = _run("dkms", [dkms, "status"], timeout, _stdout(system.parse_dkms_status))
+    if isinstance(value, ProbeFailure) and value.kind == "missing":
+        return None  # precompiled-module distributions have no dkms: not a failure
+    return value
+
+
+def lspci(lspci_bin: str, timeout: float) -> Any:
+    return _run("lspci", [lspci_bin, "-n", "-d", "10de:"], timeout, _stdout(system.parse_lspci_nvidia))
+
+
+def packages(settings_packages: Mapping[str, Any], dpkg_query: str, rpm: str, timeout: float) -> Any:
+    """role -> Package | None (not installed) | ProbeFailure."""
+    manager = settings_packages["manager"]
+    roles = {role: tuple(settings_packages[role]) for role in ("container_toolkit", "fabricmanager")}
+    if manager == "none":
+        return {}
+    patterns = sorted({p for pats in roles.values() for p in pats})
+    if manager == "dpkg":
+        fmt = "${Package}\t${Version}\t${db:Status-Abbrev}\t${Status}\n"
+        # dpkg-query exits 1 when a pattern matches nothing: still a valid answer.
+        found = _run("packages", [dpkg_query, "-W", "-f=" + fmt]
+                     + patterns, timeout, _stdout(system.parse_dpkg_query), ok_codes=(0, 1))
+    else:
+        found = _run("packages", [rpm, "-q", "--qf", "%{NAME}\t%{VERSION}\t%{RELEASE}\n"]
+                     + [p for p in patterns if "*" not in p], timeout,
+                     _stdout(system.parse_rpm_query), ok_codes=(0, 1))
+    if isinstance(found, ProbeFailure):
+        return {role: found for role in roles}
+    return {role: _pick(found, pats) for role, pats in roles.items()}
+
+
+def _pick(found: Mapping[str, Any], patterns: Sequence[str]) -> Optional[Any]:
+    import fnmatch
+
+    for pattern in patterns:
+        for name in sorted(found):
+            if fnmatch.fnmatchcase(name, pattern):
+                return found[name]
+    return None
+
+
+def service_state(systemctl: str, unit: str, timeout: float) -> Any:
+    # is-active exits 3 for inactive units and still prints the state.
+    return _run("systemctl", [systemctl, "is-active", unit], timeout,
+                _stdout(system.parse_systemctl_is_active), ok_codes=(0, 3, 4))
+
+
+def dcgm_version(dcgmi: str, timeout: float) -> Any:
+    return _run("dcgmi", [dcgmi, "--version"], timeout, _stdout(dcgm_parse.parse_dcgmi_version))
+
+
+def dcgm_health(dcgmi: str, timeout: float) -> Any:
+    return _run("dcgmi health", [dcgmi, "health", "-c", "-j"], timeout, _stdout(dcgm_parse.parse_health_json))
+
+
+def dcgm_diag(dcgmi: str, level: int, timeout: float) -> Any:
+    return _run("dcgmi diag", [dcgmi, "diag", "-r", str(level), "-j"], timeout,
+                lambda r: dcgm_parse.parse_diag_json(r.stdout, level, r.rc), ok_codes=DIAG_OK)
+
+
+def _stdout(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
+    return lambda result: parse(result.stdout)

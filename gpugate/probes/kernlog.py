@@ -1,0 +1,81 @@
+"""Xid events from the kernel log (/dev/kmsg, or a regular file in a
+simulated sysroot).  Only events newer than a cursor and inside the policy's
+window count: a stale log line must not hold a node drained forever."""
+
+import errno
+import os
+import stat
+from dataclasses import replace
+from typing import Any, Mapping, Optional, Tuple
+
+from ..facts import ProbeFailure, XidEvent
+from ..parsers.kernlog import parse_kmsg
+
+_MAX_BYTES = 16 << 20
+
+
+def read_kmsg(path: str) -> Any:
+    """The whole ring buffer as text, or a ProbeFailure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ProbeFailure("kernel_log", "missing", path)
+    except OSError as exc:
+        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            return os.read(fd, _MAX_BYTES).decode("utf-8", "replace")
+        # /dev/kmsg: one record per read(), EAGAIN at the end of the buffer.
+        chunks, size = [], 0
+        while size < _MAX_BYTES:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten while reading: go on
+                    continue
+                raise
+            if not record:
+                break
+            chunks.append(record)
+            size += len(record)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError as exc:
+        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
+    finally:
+        os.close(fd)
+
+
+def bus_key(bus_id: str) -> str:
+    """'00000000:38:00.0' (NVML) and '0000:38:00' (NVRM) -> '0000:38:00'."""
+    text = bus_id.lower().split(".")[0]
+    parts = text.split(":")
+    if len(parts) == 3 and parts[0] and all(c in "0123456789abcdef" for c in parts[0]):
+        return "%04x:%s:%s" % (int(parts[0][-8:], 16) & 0xFFFF, parts[1], parts[2])
+    if len(parts) == 2:
+        return "0000:%s:%s" % (parts[0], parts[1])
+    return text
+
+
+def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: float, now: float,
+               bus_to_gpu: Mapping[str, int]) -> Tuple[XidEvent, ...]:
+    """Xids after ``after_seq`` and not older than ``window`` seconds."""
+    out = []
+    for event in parse_kmsg(text, boot_time):
+        if event.seq is not None and event.seq <= after_seq:
+            continue
+        if event.timestamp is not None and window and now - event.timestamp > window:
+            continue
+        gpu = bus_to_gpu.get(bus_key(event.pci_bus_id))
+        out.append(replace(event, gpu=gpu))
+    return tuple(out)
+
+
+def last_seq(text: str) -> int:
+    """The newest record's sequence number (the cursor to store)."""
+    for line in reversed(text.splitlines()):
+        head = line.split(";", 1)[0].split(",")
+        if len(head) >= 3 and head[1].isdigit():
+            return int(head[1])
+    return -1

@@ -1,0 +1,73 @@
+"""Every external command goes through ``run``: argv only, a timeout, its own
+process group (so a hung tool's children die with it), and a typed error that
+carries argv, exit code and output.  Never ``shell=True``."""
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from .errors import CommandError
+
+# Exit codes that still come with a valid answer on stdout (dcgmi diag: a test
+# failed / an isolate-class failure).  Callers pass them in ``ok_codes``.
+_KILL_GRACE = 1.0
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
+        ok_codes: Sequence[int] = (0,), input_text: Optional[str] = None) -> Result:
+    """Run argv; return its Result when rc is in ok_codes, else raise CommandError."""
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise CommandError(argv, "empty command")
+    if timeout <= 0:
+        raise CommandError(argv, "%s: no time left in the budget" % argv[0], timed_out=True)
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
+            start_new_session=True, close_fds=True)
+    except FileNotFoundError:
+        raise CommandError(argv, "%s: not found" % argv[0], missing=True) from None
+    except PermissionError as exc:
+        raise CommandError(argv, "%s: cannot execute (%s)" % (argv[0], exc), missing=True) from None
+    except OSError as exc:
+        raise CommandError(argv, "%s: cannot start (%s)" % (argv[0], exc)) from None
+    try:
+        out, err = proc.communicate(input_text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise CommandError(argv, "%s: timed out after %.1fs" % (argv[0], timeout),
+                           timed_out=True) from None
+    stdout = out.decode("utf-8", "replace")
+    stderr = err.decode("utf-8", "replace")
+    if proc.returncode not in ok_codes:
+        first = (stderr.strip() or stdout.strip()).splitlines()[:1]
+        raise CommandError(argv, "%s exited %d%s" % (argv[0], proc.returncode,
+                                                     ": " + first[0][:200] if first else ""),
+                           rc=proc.returncode, stdout=stdout, stderr=stderr)
+    return Result(tuple(argv), proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM then SIGKILL the whole process group; never wait unbounded."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.communicate(timeout=_KILL_GRACE)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    # A process stuck in the kernel (D state) cannot be reaped; leave it.

@@ -1,0 +1,245 @@
+"""A small validator for the TOML files: every error names the file, the key
+path and what is allowed, and nothing but ``ConfigError`` ever escapes."""
+
+import os
+import sys
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib as _toml
+else:  # pragma: no cover - exercised on 3.9/3.10
+    import tomli as _toml
+
+REQUIRED = object()
+
+
+class Invalid(Exception):
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+class Spec:
+    allowed = "a value"
+
+    def check(self, value: Any, path: str) -> Any:
+        raise NotImplementedError
+
+    def fail(self, value: Any, path: str):
+        raise Invalid(path, "expected %s, got %s" % (self.allowed, _kind(value)))
+
+
+class Str(Spec):
+    def __init__(self, example: str = "", validate: Optional[Callable[[str], Optional[str]]] = None):
+        self.allowed = "a string" + (' (e.g. "%s")' % example if example else "")
+        self.validate = validate
+
+    def check(self, value, path):
+        if not isinstance(value, str):
+            self.fail(value, path)
+        if self.validate:
+            problem = self.validate(value)
+            if problem:
+                raise Invalid(path, problem)
+        return value
+
+
+class Int(Spec):
+    def __init__(self, low: Optional[int] = None, high: Optional[int] = None):
+        self.low, self.high = low, high
+        rng = ""
+        if low is not None and high is not None:
+            rng = " from %d to %d" % (low, high)
+        elif low is not None:
+            rng = " >= %d" % low
+        self.allowed = "an integer" + rng
+
+    def check(self, value, path):
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(value, path)
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise Invalid(path, "expected %s, got %d" % (self.allowed, value))
+        return value
+
+
+class Number(Int):
+    """Seconds and similar: an integer or a float."""
+
+    def __init__(self, low: float = 0.0, high: Optional[float] = None):
+        self.low, self.high = low, high
+        self.allowed = "a number >= %g" % low + (" and <= %g" % high if high is not None else "")
+
+    def check(self, value, path):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(value, path)
+        if value != value or value < self.low or (self.high is not None and value > self.high):
+            raise Invalid(path, "expected %s, got %r" % (self.allowed, value))
+        return float(value)
+
+
+class Bool(Spec):
+    allowed = "true or false"
+
+    def check(self, value, path):
+        if not isinstance(value, bool):
+            self.fail(value, path)
+        return value
+
+
+class Choice(Spec):
+    def __init__(self, *choices: Any):
+        self.choices = choices
+        self.allowed = "one of " + ", ".join(repr(c) for c in choices)
+
+    def check(self, value, path):
+        if isinstance(value, bool) or value not in self.choices or type(value) not in {type(c) for c in self.choices}:
+            raise Invalid(path, "expected %s, got %r" % (self.allowed, value) if isinstance(value, (str, int)) else
+                          "expected %s, got %s" % (self.allowed, _kind(value)))
+        return value
+
+
+class AnyOf(Spec):
+    def __init__(self, *specs: Spec):
+        self.specs = specs
+        self.allowed = " or ".join(s.allowed for s in specs)
+
+    def check(self, value, path):
+        for spec in self.specs:
+            try:
+                return spec.check(value, path)
+            except Invalid:
+                continue
+        raise Invalid(path, "expected %s, got %s" % (self.allowed, _kind(value) if not isinstance(value, (str, int)) or isinstance(value, bool) else repr(value)))
+
+
+class ListOf(Spec):
+    def __init__(self, item: Spec, max_items: int = 10000):
+        self.item = item
+        self.max_items = max_items
+        self.allowed = "an array of " + item.allowed.replace("a ", "", 1).replace("an ", "", 1) + "s"
+
+    def check(self, value, path):
+        if not isinstance(value, list):
+            self.fail(value, path)
+        if len(value) > self.max_items:
+            raise Invalid(path, "at most %d items allowed" % self.max_items)
+        return tuple(self.item.check(v, "%s[%d]" % (path, i)) for i, v in enumerate(value))
+
+
+class MapOf(Spec):
+    """A table with free-form keys (e.g. GPU product names)."""
+
+    def __init__(self, value: Spec, key_check: Optional[Callable[[str], Optional[str]]] = None):
+        self.value = value
+        self.key_check = key_check
+        self.allowed = "a table"
+
+    def check(self, value, path):
+        if not isinstance(value, dict):
+            self.fail(value, path)
+        out = {}
+        for key, val in value.items():
+            sub = _join(path, key)
+            if self.key_check:
+                problem = self.key_check(key)
+                if problem:
+                    raise Invalid(sub, problem)
+            out[key] = self.value.check(val, sub)
+        return out
+
+
+class Table(Spec):
+    """A table with known keys: field -> (spec, default or REQUIRED)."""
+
+    allowed = "a table"
+
+    def __init__(self, fields: Dict[str, tuple]):
+        self.fields = fields
+
+    def check(self, value, path):
+        if not isinstance(value, dict):
+            self.fail(value, path)
+        unknown = sorted(set(value) - set(self.fields))
+        if unknown:
+            raise Invalid(_join(path, unknown[0]),
+                          "unknown key; allowed here: %s" % ", ".join(sorted(self.fields)))
+        out = {}
+        for name, (spec, default) in self.fields.items():
+            if name in value:
+                out[name] = spec.check(value[name], _join(path, name))
+            elif default is REQUIRED:
+                raise Invalid(_join(path, name), "required key is missing (%s)" % spec.allowed)
+            else:
+                out[name] = default() if callable(default) else default
+        return out
+
+
+def _join(path: str, key: str) -> str:
+    key = str(key)
+    shown = key if key.replace("_", "").replace("-", "").isalnum() else '"%s"' % key
+    return "%s.%s" % (path, shown) if path else shown
+
+
+def load_toml(path: str, what: str) -> Dict[str, Any]:
+    """Read and parse a TOML file in one read, so a file being rewritten is
+    seen whole or not at all (writers must replace it atomically)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise ConfigError("%s: %s not found; create it (see slurm_conf/ for a commented example)"
+                          % (path, what)) from None
+    except OSError as exc:
+        raise ConfigError("%s: cannot read %s: %s" % (path, what, exc.strerror or exc)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("%s: not UTF-8 text (byte %d)" % (path, exc.start)) from None
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
+    except (RecursionError, ValueError) as exc:  # pathological nesting, huge numbers
+        raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
+
+
+def validate(data: Any, spec: Spec, source: str) -> Any:
+    try:
+        return spec.check(data, "")
+    except Invalid as exc:
+        raise ConfigError("%s: %s: %s" % (source, exc.path or "(top level)", exc.message)) from None
+
+
+def check_owner(path: str, what: str) -> None:
+    """Refuse configuration that someone other than root could have written:
+    gpugate runs as root and acts on what these files say."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # load_toml reports the missing file
+    if st.st_mode & 0o022 or (os.geteuid() == 0 and st.st_uid != 0):
+        raise ConfigError("%s: %s must be owned by root and not writable by group or others "
+                          "(chown root %s; chmod go-w %s)" % (path, what, path, path))
+
+
+def nonempty_strings(values: Sequence[str]) -> bool:
+    return all(isinstance(v, str) and v for v in values)

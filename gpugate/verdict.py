@@ -1,0 +1,37 @@
+"""Findings -> verdict: fit or not, the class, the Reason, the exit code."""
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from . import reason
+from .findings import CHECK_CLASSES, PENDING, Finding, class_rank, sort_findings
+
+EXIT_FIT = 0
+EXIT_UNFIT = 1
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fit: bool
+    cls: Optional[str]  # most severe class among unfit findings
+    reason: Optional[str]
+    findings: Tuple[Finding, ...]  # unfit findings, most severe first
+    notes: Tuple[Finding, ...] = ()  # reported only (pending rollout)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FIT if self.fit else EXIT_UNFIT
+
+    @property
+    def actions(self) -> Tuple[str, ...]:
+        return tuple(dict.fromkeys(f.action for f in self.findings))
+
+
+def decide(findings: Sequence[Finding], tag: str) -> Verdict:
+    unfit = sort_findings([f for f in findings if f.cls in CHECK_CLASSES])
+    notes = tuple(f for f in findings if f.cls == PENDING)
+    if not unfit:
+        return Verdict(True, None, None, (), notes)
+    cls = max((f.cls for f in unfit), key=class_rank)
+    return Verdict(False, cls, reason.render(tag, cls, unfit), tuple(unfit), notes)
