@@ -7,7 +7,10 @@ from typing import List
 
 from ..baseline import Baseline
 from ..facts import NodeFacts
-from ..findings import Finding, sort_findings
+from dataclasses import replace
+
+from ..facts import failed
+from ..findings import DRIFT, PENDING, Finding, sort_findings
 from . import dcgm, gpus, stack, versions
 
 
@@ -19,7 +22,7 @@ def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
     findings += versions.judge(baseline, expect, facts)
     findings += gpus.judge(baseline, expect, facts)
     findings += dcgm.judge(baseline, expect, facts)
-    return sort_findings(_dedupe(findings))
+    return sort_findings(_fold_gpus(_dedupe(findings), _gpu_count(facts)))
 
 
 def _dedupe(findings: List[Finding]) -> List[Finding]:
@@ -29,4 +32,30 @@ def _dedupe(findings: List[Finding]) -> List[Finding]:
         if key not in seen:
             seen.add(key)
             out.append(f)
+    return out
+
+
+def _gpu_count(facts: NodeFacts) -> int:
+    nvml = facts.nvml
+    return len(nvml.gpus) if nvml is not None and not failed(nvml) else 0
+
+
+def _fold_gpus(findings: List[Finding], gpus: int) -> List[Finding]:
+    """One finding for the same problem on several GPUs (a driver install
+    moves every GPU's GSP firmware): drift and pending on two or more GPUs,
+    anything on every GPU.  The GPU list goes to ``detail``."""
+    groups = {}
+    for f in findings:
+        if f.gpu is not None:
+            groups.setdefault((f.cls, f.component, f.observed, f.expected, f.action), []).append(f)
+    out, done = [], set()
+    for f in findings:
+        key = (f.cls, f.component, f.observed, f.expected, f.action)
+        same = groups.get(key, []) if f.gpu is not None else []
+        foldable = len(same) >= 2 and (f.cls in (DRIFT, PENDING) or len(same) == gpus)
+        if not foldable:
+            out.append(f)
+        elif key not in done:
+            done.add(key)
+            out.append(replace(f, gpu=None, detail="gpus %s" % ",".join(str(g.gpu) for g in same)))
     return out

@@ -45,8 +45,10 @@ def judge(baseline, expect, facts) -> List[Finding]:
     compare("container_toolkit", _package_version(packages.get("container_toolkit"), pin.container_toolkit))
     if nvswitch(expect, facts):
         fm = _package_version(packages.get("fabricmanager"), pin.fabricmanager)
+        before = len(out)
         compare("fabricmanager", fm)
-        out += _fabricmanager_matches_driver(fm, nvml, pin.fabricmanager)
+        if len(out) == before:  # on the pin, but is the driver?
+            out += _fabricmanager_matches_driver(fm, nvml, pin.fabricmanager)
     compare("dcgm", facts.dcgm_version)
     if pin.require_hold:
         out += _holds(packages)

@@ -75,6 +75,9 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
                 durations[name] = budget.left()
         pool.shutdown(wait=False)
 
+    pci = values.pop("pci", None)
+    if pci is not None:
+        values["pci_gpus"], values["pci_nvswitches"] = (pci, pci) if isinstance(pci, ProbeFailure) else pci
     values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml)
     if isinstance(kmsg_text, str):
         values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)

@@ -1,0 +1,1 @@
+"""`gpugate demo` (filled in with the test cluster)."""

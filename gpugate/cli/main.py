@@ -1,0 +1,139 @@
+"""The `gpugate` command.  Thin: parse options, call the library, print.
+Library errors become messages and exit codes in one place (``Cli.invoke``)."""
+
+import json
+import os
+import socket
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import GpugateError
+
+EXIT_CODES = """\b
+Exit codes:
+  0  fit / success
+  1  unfit (check), drift found (audit), sweep stopped by its circuit breaker
+  2  usage or configuration error: nothing was changed
+  3  Slurm did not answer or refused"""
+
+
+class Cli(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except GpugateError as exc:
+            click.echo("gpugate: error: %s" % exc, err=True)
+            sys.exit(exc.exit_code)
+
+
+def default_node() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def load_context(config, sim, baseline_path, node_required=False):
+    """Settings (and a simulated fleet, when --sim is given) for a command."""
+    from dataclasses import replace
+
+    from ..config import load_settings
+
+    settings = load_settings(config, missing_ok=config is None)
+    if sim:
+        settings = replace(settings, sim_fleet=os.path.abspath(sim), check_ownership=False)
+    if baseline_path:
+        settings = replace(settings, baseline=os.path.abspath(baseline_path))
+    return settings
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EXIT_CODES)
+@click.version_option(__version__, "-V", "--version", prog_name="gpugate")
+def main():
+    """gpugate: keep a Slurm GPU fleet on its pinned baseline, drain unfit nodes
+    with a precise reason, and return them to service only once verified.
+
+    \b
+    Examples:
+      gpugate demo                                  # a local 8-node cluster, narrated
+      gpugate check --mode healthcheck              # this node against the baseline
+      gpugate check --sim fleet --node gpu03 --json # a simulated node
+      gpugate explain --sim fleet --node gpu03      # what to do about it
+      gpugate slurm-conf                            # the slurm.conf lines for this install
+    """
+
+
+_config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
+                           help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
+_baseline_opt = click.option("--baseline", "-b", "baseline_path", type=click.Path(dir_okay=False), default=None,
+                             help="baseline.toml to judge against (default: the one gpugate.toml names).")
+_sim_opt = click.option("--sim", type=click.Path(file_okay=False), default=None,
+                        help="Check a simulated node of this fleet directory instead of this machine.")
+_node_opt = click.option("--node", "-n", default=None, help="Node name (default: $SLURMD_NODENAME or the hostname).")
+
+
+@main.command()
+@_config_opt
+@_baseline_opt
+@_sim_opt
+@_node_opt
+@click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]),
+              default="healthcheck", show_default=True, help="What to collect and the time budget.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (keys: node, mode, fit, reason, findings, facts, durations).")
+def check(config, baseline_path, sim, node, mode, as_json):
+    """Check one node against the baseline.  Never touches Slurm.
+
+    \b
+    Examples:
+      gpugate check
+      gpugate check --mode verify --json
+      gpugate check --sim /tmp/fleet --node gpu02 --baseline new-baseline.toml
+    """
+    from ..config import load_checked_baseline
+    from ..node.check import result_json, run_check
+
+    settings = load_context(config, sim, baseline_path)
+    baseline = load_checked_baseline(settings)
+    result = run_check(settings, baseline, node or default_node(), mode)
+    if as_json:
+        click.echo(json.dumps(result_json(result), sort_keys=True))
+    else:
+        from .render import verdict_text
+
+        click.echo(verdict_text(result))
+    sys.exit(result.verdict.exit_code)
+
+
+@main.command()
+@_config_opt
+@_baseline_opt
+@_sim_opt
+@_node_opt
+@click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]), default="healthcheck")
+def explain(config, baseline_path, sim, node, mode):
+    """Check a node and show, for each finding, the runbook step it calls for."""
+    from ..config import load_checked_baseline
+    from ..node.check import run_check
+    from .render import explain_text
+
+    settings = load_context(config, sim, baseline_path)
+    result = run_check(settings, load_checked_baseline(settings), node or default_node(), mode)
+    click.echo(explain_text(result))
+    sys.exit(result.verdict.exit_code)
+
+
+@main.command("slurm-conf")
+@_config_opt
+@click.option("--release", default="22.05", show_default=True, help="Slurm release the fragment is for.")
+def slurm_conf(config, release):
+    """Print the slurm.conf lines that point slurmd at this installation."""
+    from ..slurmconf import fragment
+
+    click.echo(fragment(config, release), nl=False)
+
+
+from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
+from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,38 @@
+"""Human output of a check."""
+
+from .. import runbook
+
+
+def _finding_line(f) -> str:
+    where = " gpu%d" % f.gpu if f.gpu is not None else ""
+    return "  %-7s %-18s observed %s, expected %s  -> %s" % (f.cls, f.component + where, f.observed,
+                                                          f.expected, f.action)
+
+
+def verdict_text(result) -> str:
+    v, facts = result.verdict, result.facts
+    took = sum(facts.durations.values())
+    lines = ["%s (%s): %s" % (facts.node, facts.mode, "FIT" if v.fit else "UNFIT (%s)" % v.cls)]
+    if v.reason:
+        lines.append("reason: %s" % v.reason)
+    for f in v.findings:
+        lines.append(_finding_line(f))
+    for f in v.notes:
+        lines.append("  pending %-18s on %s, rollout to %s in progress" % (f.component, f.observed, f.expected))
+    lines.append("probes: " + ", ".join("%s %.2fs" % (k, t) for k, t in sorted(facts.durations.items()))
+                 + " (sum %.2fs)" % took)
+    return "\n".join(lines)
+
+
+def explain_text(result) -> str:
+    v = result.verdict
+    if v.fit:
+        return "%s: fit; nothing to do." % result.facts.node
+    lines = ["%s is unfit (%s)." % (result.facts.node, v.cls), "reason: %s" % v.reason, ""]
+    for n, f in enumerate(v.findings, 1):
+        lines.append("%d. %s" % (n, _finding_line(f).strip()))
+        if f.detail:
+            lines.append("   detail: %s" % f.detail)
+        for step in runbook.steps(f):
+            lines.append("   - %s" % step)
+    return "\n".join(lines)

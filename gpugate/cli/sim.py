@@ -1,0 +1,129 @@
+"""`gpugate sim`: create and change simulated nodes."""
+
+import json
+import os
+
+import click
+
+from ..errors import ConfigError
+from .main import main
+
+
+def _nodeset(expr: str):
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+    try:
+        ns = NodeSet(expr)
+    except (NodeSetParseError, ValueError) as exc:
+        raise ConfigError("%r is not a hostlist expression: %s" % (expr, exc)) from None
+    if not len(ns):
+        raise ConfigError("empty node list %r" % expr)
+    return ns
+
+
+@main.group()
+def sim():
+    """Simulated GPU nodes: NVML, the file-system root and the tools are
+    simulated; everything above them runs the production code.
+
+    \b
+    Examples:
+      gpugate sim init /tmp/fleet --nodes 'gpu[01-08]' --baseline slurm_conf/baseline.example.toml
+      gpugate sim set /tmp/fleet 'gpu[02-03]' driver=550.54.15
+      gpugate sim set /tmp/fleet gpu05 gpu.3.xid=79
+      gpugate sim replay /tmp/fleet gpu06 --stdout-file diag.json --exit-code 226 -- dcgmi diag -r 2 -j
+      gpugate check --sim /tmp/fleet --node gpu02
+    """
+
+
+@sim.command("init")
+@click.argument("fleet", type=click.Path(file_okay=False))
+@click.option("--nodes", required=True, help="Hostlist of node names, e.g. 'gpu[01-08]'.")
+@click.option("--baseline", "-b", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False))
+def sim_init(fleet, nodes, baseline_path):
+    """Create one healthy simulated node per name, matching the baseline."""
+    from ..baseline import load_baseline
+    from ..sim import fleet as simfleet
+
+    baseline = load_baseline(baseline_path)
+    names = _nodeset(nodes)
+    for name in names:
+        simfleet.save(fleet, name, simfleet.new_model(name, baseline))
+    click.echo("created %d simulated nodes in %s: %s" % (len(names), fleet, names))
+
+
+@sim.command("set")
+@click.argument("fleet", type=click.Path(file_okay=False, exists=True))
+@click.argument("nodes")
+@click.argument("assignments", nargs=-1, required=True)
+def sim_set(fleet, nodes, assignments):
+    """Change facts of simulated nodes: KEY=VALUE ... (unknown keys are errors).
+
+    \b
+    Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
+      dcgm.health dcgm.diag_fail=GPU[:msg] gpus pci.gpus nvml.init_error nvml.hang
+      module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
+      gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
+      ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
+      pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
+      lost,hang,nvml_error.<nvmlFunction>}
+    """
+    from ..sim import fleet as simfleet
+    from ..sim import keys
+
+    pairs = keys.parse_assignments(list(assignments))
+    names = list(_nodeset(nodes))
+    models = {name: simfleet.load(fleet, name) for name in names}  # all or nothing
+    for name, model in models.items():
+        for key, value in pairs:
+            keys.apply(model, key, value)
+    for name, model in models.items():
+        simfleet.save(fleet, name, model)
+    click.echo("%s: %s" % (nodes, " ".join(assignments)))
+
+
+@sim.command("replay")
+@click.argument("fleet", type=click.Path(file_okay=False, exists=True))
+@click.argument("nodes")
+@click.option("--stdout-file", type=click.Path(exists=True, dir_okay=False), help="What the tool prints.")
+@click.option("--stderr-file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--exit-code", type=int, default=0, show_default=True)
+@click.option("--hang", is_flag=True, help="The tool never answers.")
+@click.option("--clear", is_flag=True, help="Remove the recording for this argv.")
+@click.argument("argv", nargs=-1, required=True)
+def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, clear, argv):
+    """Make a simulated tool replay a recorded output for this exact argv
+    (after --), e.g. `-- dcgmi diag -r 1 -j`.  ARGV may end in '*' to match
+    any further arguments."""
+    from ..sim import fleet as simfleet
+
+    tool = os.path.basename(argv[0])
+    if tool not in simfleet.EXECUTABLES:
+        raise ConfigError("%s is not a simulated tool (%s)" % (tool, ", ".join(simfleet.EXECUTABLES)))
+    key = " ".join((tool,) + tuple(argv[1:]))
+    entry = {"stdout": _read(stdout_file), "stderr": _read(stderr_file), "rc": exit_code, "hang": hang}
+    for name in _nodeset(nodes):
+        model = simfleet.load(fleet, name)
+        if clear:
+            model["replays"].pop(key, None)
+        else:
+            model["replays"][key] = entry
+        simfleet.save(fleet, name, model)
+    click.echo("%s: %s -> %s" % (nodes, key, "cleared" if clear else "hang" if hang else "exit %d" % exit_code))
+
+
+@sim.command("show")
+@click.argument("fleet", type=click.Path(file_okay=False, exists=True))
+@click.argument("node")
+def sim_show(fleet, node):
+    """Print a simulated node's model (JSON)."""
+    from ..sim import fleet as simfleet
+
+    click.echo(json.dumps(simfleet.load(fleet, node), indent=1, sort_keys=True))
+
+
+def _read(path):
+    if not path:
+        return ""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()

@@ -1,0 +1,1 @@
+"""Node side: what slurmd runs (health check, prolog, epilog) and `gpugate check`."""

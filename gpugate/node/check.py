@@ -1,0 +1,43 @@
+"""One check of one node: collect facts for the mode, judge, decide.
+No Slurm here; the entry points act on the verdict."""
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..facts import NodeFacts
+from ..judges import judge
+from ..probes import Budget, collect
+from ..verdict import Verdict, decide
+
+# Time kept back from the collection to act on the verdict (drain, state, log).
+ACT_RESERVE = {"healthcheck": 12.0, "prolog": 3.0, "epilog": 12.0, "verify": 5.0}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    facts: NodeFacts
+    verdict: Verdict
+
+
+def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
+              gpus: Optional[Sequence[int]] = None, budget: Optional[Budget] = None) -> CheckResult:
+    if budget is None:
+        total = settings.budgets[mode]
+        budget = Budget(max(total - min(ACT_RESERVE[mode], total / 3), 0.5))
+    facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus)
+    findings = judge(baseline, facts)
+    return CheckResult(facts, decide(findings, settings.reason_tag))
+
+
+def result_json(result: CheckResult) -> dict:
+    from ..facts import to_jsonable
+
+    v, f = result.verdict, result.facts
+    return {
+        "node": f.node, "mode": f.mode, "fit": v.fit, "class": v.cls, "reason": v.reason,
+        "exit_code": v.exit_code,
+        "findings": [x.to_json() for x in v.findings],
+        "pending": [x.to_json() for x in v.notes],
+        "facts": to_jsonable(f),
+        "durations": {k: round(t, 4) for k, t in f.durations.items()},
+    }

@@ -1,0 +1,175 @@
+"""Simulated nodes: one directory per node name under a fleet directory.
+
+    FLEET/NODE/node.json   the model: NVML state ("nvml") and everything else
+    FLEET/NODE/root/       sysroot rendered from the model (/proc, /etc, /dev/kmsg)
+    FLEET/NODE/bin/        replaying executables (dcgmi, modinfo, lspci, ...)
+    FLEET/NODE/replay.json what each executable prints for which argv
+
+Only NVML, the file-system root and the external executables are simulated:
+the probes, judges and Slurm code above them run unchanged.  ``render``
+rewrites root/ and replay.json from the model after every change.
+"""
+
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+from ..errors import ConfigError
+from . import outputs
+
+DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
+DEFAULT_VBIOS = "96.00.99.00.01"
+EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi")
+_BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
+
+
+def node_dir(fleet: str, node: str) -> str:
+    return os.path.join(fleet, node)
+
+
+def nodes(fleet: str) -> List[str]:
+    try:
+        return sorted(n for n in os.listdir(fleet) if os.path.isfile(os.path.join(fleet, n, "node.json")))
+    except OSError:
+        return []
+
+
+def load(fleet: str, node: str) -> Dict[str, Any]:
+    path = os.path.join(node_dir(fleet, node), "node.json")
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise ConfigError("%s: no simulated node %s here (gpugate sim init %s --nodes ...)"
+                          % (fleet, node, fleet)) from None
+
+
+def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
+    directory = node_dir(fleet, node)
+    os.makedirs(directory, exist_ok=True)
+    _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
+    render(directory, model)
+
+
+def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
+    """A healthy node matching the baseline: pinned versions, expected GPUs."""
+    expect = baseline.expect_for(node)
+    pin = baseline.pin
+    product = expect.product or DEFAULT_PRODUCT
+    count = expect.gpus if expect.gpus is not None else 8
+    driver = pin.driver
+    gsp = pin.gsp_firmware or driver
+    nvswitch = bool(expect.nvswitch)
+    gpus = [_gpu(node, i, product, pin.vbios.get(product, DEFAULT_VBIOS), gsp, nvswitch, seq)
+            for i in range(count)]
+    return {
+        "node": node,
+        "nvml": {"init_error": None, "hang": None, "driver": driver, "cuda": _cuda_int(pin.cuda_driver),
+                 "gpus": gpus, "errors": {}},
+        "kernel": pin.kernel or "6.1.0-27-amd64",
+        "boot_id": str(uuid.uuid4()),
+        "boot_time": int(time.time()) - 3600,
+        "module": {"resident": driver, "on_disk": driver},
+        "dkms": True,
+        "image": {"version": pin.image or "gpu-image-1", "built": "2026-11-01"},
+        "packages": {
+            "container_toolkit": {"name": "nvidia-container-toolkit",
+                                  "version": pin.container_toolkit or "1.17.8", "held": True},
+            "fabricmanager": {"name": "nvidia-fabricmanager-%s" % driver.split(".")[0],
+                              "version": pin.fabricmanager or driver, "held": True} if nvswitch else None,
+        },
+        "services": {"nvidia-fabricmanager": "active" if nvswitch else "inactive",
+                     "nvidia-persistenced": "active"},
+        "pci": {"gpus": count, "nvswitches": 4 if nvswitch else 0},
+        "dcgm": {"version": pin.dcgm or "4.2.3", "health": "Healthy", "diag_fail": {}},
+        "kmsg": [],
+        "replays": {},
+        "converge_fails": False,
+        "persistence_required": bool(expect.persistence),
+    }
+
+
+def _gpu(node: str, i: int, product: str, vbios: str, gsp: str, nvswitch: bool, seq: int) -> Dict[str, Any]:
+    bus = _BUS[i] if i < len(_BUS) else "%02x" % (0xc0 + i)
+    ident = uuid.uuid5(uuid.NAMESPACE_DNS, "%s.gpu%d" % (node, i))
+    return {
+        "name": product, "uuid": "GPU-%s" % ident, "serial": "1652%09d" % (abs(hash((node, i))) % 10 ** 9),
+        "pci_bus_id": "00000000:%s:00.0" % bus.upper(), "vbios": vbios, "gsp": gsp,
+        "ecc_mode": [1, 1], "ecc_uncorrected": {"volatile": 0, "aggregate": 0},
+        "retired_pages_pending": None, "remapped_rows": [0, 0, 0, 0],
+        "nvlink": [1] * 18 if nvswitch else [],
+        "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
+        "clock_event_reasons": 0, "persistence": 1, "mig": [0, 0],
+        "fabric_state": 3 if nvswitch else None, "recovery_action": 0, "processes": [],
+        "lost": False, "errors": {},
+    }
+
+
+def _cuda_int(text: Optional[str]) -> int:
+    if not text:
+        return 13000
+    major, _, minor = text.partition(".")
+    try:
+        return int(major) * 1000 + int(minor or 0) * 10
+    except ValueError:
+        return 13000
+
+
+def render(directory: str, model: Dict[str, Any]) -> None:
+    """Write the sysroot files and the replay table the model implies."""
+    root = os.path.join(directory, "root")
+    files = {
+        "proc/sys/kernel/osrelease": model["kernel"] + "\n",
+        "proc/sys/kernel/random/boot_id": model["boot_id"] + "\n",
+        "proc/stat": "cpu  0 0 0 0\nbtime %d\n" % model["boot_time"],
+        "etc/cluster-image.json": json.dumps(model["image"]) + "\n",
+        "dev/kmsg": "".join("%d,%d,%d,-;%s\n" % (6, r["seq"], r["ts_us"], r["msg"]) for r in model["kmsg"]),
+    }
+    if model["module"]["resident"]:
+        files["proc/driver/nvidia/version"] = outputs.proc_driver_version(model["module"]["resident"])
+    else:
+        _remove(os.path.join(root, "proc/driver/nvidia/version"))
+    for rel, text in files.items():
+        _write(os.path.join(root, rel), text)
+    table = outputs.replays(model)
+    table.update(model.get("replays", {}))
+    _write(os.path.join(directory, "replay.json"), json.dumps(table, indent=1, sort_keys=True))
+    _install_executables(os.path.join(directory, "bin"))
+
+
+def _install_executables(bindir: str) -> None:
+    os.makedirs(bindir, exist_ok=True)
+    stub = os.path.join(os.path.dirname(__file__), "replay_stub.py")
+    with open(stub) as handle:
+        body = handle.read()
+    # -IS (one word: the kernel passes one argument): start fast and ignore the environment; the stub needs only the stdlib.
+    script = "#!%s -IS\n%s" % (sys.executable, body)
+    for name in EXECUTABLES:
+        path = os.path.join(bindir, name)
+        try:
+            with open(path) as handle:
+                if handle.read() == script:
+                    continue
+        except OSError:
+            pass
+        _write(path, script, mode=0o755)
+
+
+def _write(path: str, text: str, mode: int = 0o644) -> None:
+    """Atomic replace: a probe never reads a half-written simulated file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,255 @@
+"""`gpugate sim set` keys: each KEY=VALUE changes a simulated node's model
+the way the real fault or drift would change a real node."""
+
+import re
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+from ..errors import ConfigError
+
+_CLOCKS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80, "sw_thermal": 0x20, "none": 0}
+XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected.",
+            13: "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address",
+            94: "Contained ECC error.", 95: "Uncontained ECC error.", 119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+            74: "NVLink: fatal error detected on link 3"}
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise ConfigError("expected an integer, got %r" % value) from None
+
+
+def _flag(value: str) -> int:
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return 1
+    if lowered in ("0", "false", "no", "off"):
+        return 0
+    raise ConfigError("expected 1/0 (or true/false), got %r" % value)
+
+
+def _optional(value: str):
+    return None if value.lower() in ("none", "null", "") else value
+
+
+def _set_driver(m: Dict[str, Any], v: str) -> None:
+    # A whole driver install: userspace, module on disk and loaded, GSP firmware.
+    m["nvml"]["driver"] = v
+    m["module"] = {"resident": v, "on_disk": v}
+    for gpu in m["nvml"]["gpus"]:
+        if gpu.get("gsp") is not None:
+            gpu["gsp"] = v
+
+
+def _set_all_gpus(m: Dict[str, Any], key: str, value: Any) -> None:
+    for gpu in m["nvml"]["gpus"]:
+        gpu[key] = value
+
+
+def _set_gpus(m: Dict[str, Any], v: str) -> None:
+    count = _int(v)
+    gpus = m["nvml"]["gpus"]
+    if count < 0 or count > len(gpus):
+        raise ConfigError("gpus can only remove GPUs (0..%d); re-run sim init for more" % len(gpus))
+    del gpus[count:]
+    m["pci"]["gpus"] = count  # the GPU fell off the bus: lspci no longer shows it
+
+
+def _set_package(role: str) -> Callable[[Dict[str, Any], str], None]:
+    def setter(m: Dict[str, Any], v: str) -> None:
+        pkg = m["packages"].get(role)
+        if _optional(v) is None:
+            m["packages"][role] = None
+        elif pkg is None:
+            m["packages"][role] = {"name": "nvidia-%s" % role.replace("_", "-"), "version": v, "held": True}
+        else:
+            pkg["version"] = v
+    return setter
+
+
+def _append_xid(m: Dict[str, Any], index: int, xid: int) -> None:
+    gpu = m["nvml"]["gpus"][index]
+    bus = gpu["pci_bus_id"].lower()[4:-2]  # "00000000:3a:00.0" -> "0000:3a:00"
+    seq = (m["kmsg"][-1]["seq"] + 1) if m["kmsg"] else 1000
+    ts_us = int((time.time() - m["boot_time"]) * 1e6)
+    text = XID_TEXT.get(xid, "simulated Xid %d" % xid)
+    m["kmsg"].append({"seq": seq, "ts_us": ts_us,
+                      "msg": "NVRM: Xid (PCI:%s): %d, pid=4242, name=python3, %s" % (bus, xid, text)})
+
+
+def reboot(m: Dict[str, Any]) -> None:
+    """What a reboot changes: new boot, empty kernel log, volatile counters
+    cleared, pending remaps applied, the on-disk module loaded."""
+    import uuid
+
+    m["boot_id"] = str(uuid.uuid4())
+    m["boot_time"] = int(time.time())
+    m["kmsg"] = []
+    m["module"]["resident"] = m["module"]["on_disk"]
+    if m["module"]["on_disk"]:
+        m["nvml"]["driver"] = m["module"]["on_disk"]
+    m["nvml"]["init_error"] = None
+    m["nvml"]["hang"] = None
+    for gpu in m["nvml"]["gpus"]:
+        gpu["ecc_uncorrected"]["volatile"] = 0
+        if gpu.get("remapped_rows"):
+            gpu["remapped_rows"][2] = 0
+        gpu["recovery_action"] = 0
+        gpu["processes"] = []
+        gpu["lost"] = False
+        gpu["hang"] = None
+
+
+# GPU keys: gpu.N.<key> -> setter(gpu_dict, value, model, index)
+def _gpu_path(*path: Any, convert: Callable[[str], Any] = _int):
+    def setter(gpu: Dict[str, Any], value: str, model: Dict[str, Any], index: int) -> None:
+        target = gpu
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = convert(value)
+    return setter
+
+
+def _gpu_xid(gpu, value, model, index):
+    _append_xid(model, index, _int(value))
+
+
+def _gpu_nvlink_down(gpu, value, model, index):
+    links = len(gpu["nvlink"]) or 18
+    down = _int(value)
+    gpu["nvlink"] = [0] * down + [1] * (links - down)
+
+
+def _gpu_clocks(gpu, value, model, index):
+    mask = 0
+    for name in value.split("+"):
+        if name not in _CLOCKS:
+            raise ConfigError("clock reasons: %s (join with +)" % ", ".join(sorted(_CLOCKS)))
+        mask |= _CLOCKS[name]
+    gpu["clock_event_reasons"] = mask
+
+
+def _gpu_processes(gpu, value, model, index):
+    gpu["processes"] = [_int(p) for p in value.split(",") if p]
+
+
+def _gpu_persistence(gpu, value, model, index):
+    gpu["persistence"] = _flag(value)
+
+
+GPU_KEYS: Dict[str, Callable] = {
+    "vbios": _gpu_path("vbios", convert=str),
+    "gsp": _gpu_path("gsp", convert=_optional),
+    "name": _gpu_path("name", convert=str),
+    "xid": _gpu_xid,
+    "remapped_rows.pending": _gpu_path("remapped_rows", 2),
+    "remapped_rows.failure": _gpu_path("remapped_rows", 3),
+    "remapped_rows.uncorrectable": _gpu_path("remapped_rows", 1),
+    "ecc.uncorrected.volatile": _gpu_path("ecc_uncorrected", "volatile"),
+    "ecc.uncorrected.aggregate": _gpu_path("ecc_uncorrected", "aggregate"),
+    "retired_pages_pending": _gpu_path("retired_pages_pending"),
+    "pcie.width": _gpu_path("pcie", "width"),
+    "pcie.gen": _gpu_path("pcie", "gen"),
+    "recovery_action": _gpu_path("recovery_action"),
+    "fabric_state": _gpu_path("fabric_state"),
+    "nvlink.down": _gpu_nvlink_down,
+    "clocks": _gpu_clocks,
+    "processes": _gpu_processes,
+    "persistence": _gpu_persistence,
+    "mig": _gpu_path("mig", 0, convert=_flag),
+    "lost": _gpu_path("lost", convert=lambda v: bool(_flag(v))),
+    "hang": _gpu_path("hang", convert=_optional),
+    "nvml_error": None,  # handled below: gpu.N.nvml_error.<function>=code
+}
+
+
+def _node_path(*path: str, convert: Callable[[str], Any] = str):
+    def setter(m: Dict[str, Any], value: str) -> None:
+        target = m
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = convert(value)
+    return setter
+
+
+def _nvml_hang(m, v):
+    m["nvml"]["hang"] = None if v in ("0", "none", "") else ("init" if v in ("1", "init") else v)
+
+
+def _diag_fail(m, v):
+    gpu, _, message = v.partition(":")
+    m["dcgm"].setdefault("diag_fail", {})[str(_int(gpu))] = message or "Detected 2 volatile double-bit ECC error(s)."
+
+
+NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
+    "driver": _set_driver,
+    "gsp": lambda m, v: _set_all_gpus(m, "gsp", _optional(v)),
+    "cuda": _node_path("nvml", "cuda", convert=_int),
+    "kernel": _node_path("kernel"),
+    "image_version": _node_path("image", "version"),
+    "fabricmanager": _set_package("fabricmanager"),
+    "container_toolkit": _set_package("container_toolkit"),
+    "dcgm": _node_path("dcgm", "version"),
+    "dcgm.health": _node_path("dcgm", "health"),
+    "dcgm.diag_fail": _diag_fail,
+    "gpus": _set_gpus,
+    "pci.gpus": _node_path("pci", "gpus", convert=_int),
+    "nvml.init_error": _node_path("nvml", "init_error", convert=lambda v: None if v in ("0", "none") else _int(v)),
+    "nvml.hang": _nvml_hang,
+    "module.resident": _node_path("module", "resident", convert=_optional),
+    "module.on_disk": _node_path("module", "on_disk", convert=_optional),
+    "dkms": _node_path("dkms", convert=lambda v: bool(_flag(v))),
+    "converge_fails": _node_path("converge_fails", convert=lambda v: bool(_flag(v))),
+    "reboot": lambda m, v: reboot(m) if _flag(v) else None,
+}
+_GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
+
+
+def known_keys() -> List[str]:
+    return sorted(NODE_KEYS) + ["service.<unit>"] + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
+        + ["gpu.N.nvml_error.<nvmlFunction>"]
+
+
+def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("expected KEY=VALUE, got %r" % item)
+        check_key(key)
+        out.append((key, value))
+    return out
+
+
+def check_key(key: str) -> None:
+    if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
+        return
+    m = _GPU_KEY.match(key)
+    if m and (m.group(2) in GPU_KEYS or m.group(2).startswith("nvml_error.nvml")):
+        return
+    raise ConfigError("unknown key %r; known keys: %s" % (key, ", ".join(known_keys())))
+
+
+def apply(model: Dict[str, Any], key: str, value: str) -> None:
+    if key in NODE_KEYS:
+        NODE_KEYS[key](model, value)
+        return
+    if key.startswith("service."):
+        model["services"][key[len("service."):]] = value
+        return
+    m = _GPU_KEY.match(key)
+    index, sub = int(m.group(1)), m.group(2)
+    gpus = model["nvml"]["gpus"]
+    if index >= len(gpus):
+        raise ConfigError("%s: node %s has %d GPUs (0..%d)" % (key, model["node"], len(gpus), len(gpus) - 1))
+    if sub.startswith("nvml_error."):
+        code = _int(value)
+        errors = gpus[index].setdefault("errors", {})
+        if code:
+            errors[sub[len("nvml_error."):]] = code
+        else:
+            errors.pop(sub[len("nvml_error."):], None)
+        return
+    GPU_KEYS[sub](gpus[index], value, model, index)

@@ -1,0 +1,106 @@
+"""What a simulated node's tools print, derived from its model.  The formats
+are those of the real tools (see the parsers and their tests)."""
+
+import json
+from typing import Any, Dict
+
+DIAG_TESTS = {1: ["software"], 2: ["software", "pcie", "memory"],
+              3: ["software", "pcie", "memory", "diagnostic", "targeted_stress"],
+              4: ["software", "pcie", "memory", "diagnostic", "targeted_stress", "memtest"]}
+NVSWITCH_CLASS = "0680"
+GPU_CLASS = "0302"
+
+
+def proc_driver_version(version: str) -> str:
+    return ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  "
+            "(dvs-builder@U16-I3-B03-4-3)  Thu Oct 23 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+            % version)
+
+
+def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    table: Dict[str, Dict[str, Any]] = {}
+    module = model["module"]
+    if module["on_disk"]:
+        table["modinfo -F version nvidia"] = _ok(module["on_disk"] + "\n")
+        dkms_line = ("nvidia/%s, %s, x86_64: installed\n" % (module["on_disk"], model["kernel"])
+                     if model["dkms"] else "nvidia/%s: added\n" % module["on_disk"])
+        table["dkms status"] = _ok(dkms_line)
+    else:
+        table["modinfo -F version nvidia"] = {"stdout": "", "rc": 1,
+                                              "stderr": "modinfo: ERROR: Module nvidia not found.\n"}
+        table["dkms status"] = _ok("")
+    table["lspci -n -d 10de:"] = _ok(_lspci(model["pci"]))
+    table["dpkg-query -W *"] = _dpkg(model["packages"])
+    table["rpm -q *"] = _ok("")
+    for unit, state in model["services"].items():
+        table["systemctl is-active %s" % unit] = {"stdout": state + "\n", "rc": 0 if state == "active" else 3}
+    dcgm = model["dcgm"]
+    table["dcgmi --version"] = _ok("\ndcgmi  version: %s\n\n" % dcgm["version"])
+    table["dcgmi health -c -j"] = _ok(_health(dcgm["health"]))
+    gpus = len(model["nvml"]["gpus"])
+    for level in DIAG_TESTS:
+        failing = {int(k): v for k, v in dcgm.get("diag_fail", {}).items()}
+        rc = 226 if failing else 0
+        table["dcgmi diag -r %d -j" % level] = {"stdout": _diag(dcgm["version"], level, gpus, failing), "rc": rc}
+    table["nvidia-smi *"] = _ok("")
+    return table
+
+
+def _ok(stdout: str) -> Dict[str, Any]:
+    return {"stdout": stdout, "rc": 0}
+
+
+def _lspci(pci: Dict[str, int]) -> str:
+    lines = ["%02x:00.0 %s: 10de:2330 (rev a1)" % (0x18 + i, GPU_CLASS) for i in range(pci["gpus"])]
+    lines += ["%02x:00.0 %s: 10de:22a3 (rev a1)" % (0xc0 + i, NVSWITCH_CLASS) for i in range(pci["nvswitches"])]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _dpkg(packages: Dict[str, Any]) -> Dict[str, Any]:
+    lines = []
+    for pkg in packages.values():
+        if pkg:
+            status = "hold ok installed" if pkg["held"] else "install ok installed"
+            lines.append("%s\t%s-1\t%si\t%s" % (pkg["name"], pkg["version"], "h" if pkg["held"] else "i", status))
+    # dpkg-query exits 1 when a pattern matches no package.
+    return {"stdout": "\n".join(lines) + ("\n" if lines else ""), "rc": 0 if lines else 1,
+            "stderr": "" if lines else "dpkg-query: no packages found matching nvidia-*\n"}
+
+
+def _health(overall: str) -> str:
+    body: Dict[str, Any] = {"Overall Health": {"value": overall}}
+    if overall != "Healthy":
+        body["GPU"] = {"children": {"0": {"Health": {"value": overall}, "children": {
+            "Memory": {"Health": {"value": overall},
+                       "incidents": [{"error": "Detected 2 volatile double-bit ECC error(s) in GPU 0."}]}}}}}
+    return json.dumps({"body": body, "header": ["Health Monitor Report"]}, indent=1)
+
+
+def _diag(version: str, level: int, gpus: int, failing: Dict[int, str]) -> str:
+    """A dcgmi diag -j report in the format of the node's DCGM major version."""
+    dcgm4 = version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 4
+    tests = []
+    for name in DIAG_TESTS[level]:
+        results = []
+        for gpu in range(gpus):
+            bad = failing.get(gpu) if name == "memory" or (name == "software" and level == 1) else None
+            result: Dict[str, Any] = {"status": "Fail" if bad else "Pass"}
+            if bad:
+                result["warnings"] = [{"warning": bad, "error_id": 4, "error_category": 7, "error_severity": 2}]
+            if dcgm4:
+                result.update({"entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu})
+            else:
+                result["gpu_id"] = str(gpu)
+            results.append(result)
+        test: Dict[str, Any] = {"name": name, "results": results}
+        if dcgm4:
+            test["test_summary"] = {"status": "Fail" if any(r["status"] == "Fail" for r in results) else "Pass"}
+        tests.append(test)
+    if dcgm4:
+        doc = {"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": tests}]},
+               "entity_groups": [{"entity_group": "GPU", "entity_group_id": 1,
+                                  "entities": [{"entity_id": g, "device_id": "2330"} for g in range(gpus)]}],
+               "metadata": {"version": version}}
+    else:
+        doc = {"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests": tests}]}}
+    return json.dumps(doc, indent=1)

@@ -1,0 +1,1 @@
+"""The slurm.conf fragment for this installation (`gpugate slurm-conf`)."""
