@@ -2,7 +2,7 @@
 what each nodeset must look like, and the health policy."""
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Mapping, Optional, Tuple
 
 from .errors import ConfigError
@@ -163,9 +163,12 @@ class Baseline:
     nodesets: Tuple[Tuple[str, Mapping[str, object]], ...]
     health: HealthPolicy
     source: str = ""
+    resolved_expect: Optional[NodeExpect] = None  # set when loaded from a node's cache
 
     def expect_for(self, node: str) -> NodeExpect:
         """Merge every [nodes."..."] section that names this node; later wins."""
+        if self.resolved_expect is not None:
+            return self.resolved_expect
         merged: Dict[str, object] = {}
         if self.nodesets:
             from ClusterShell.NodeSet import NodeSet
@@ -177,6 +180,27 @@ class Baseline:
 
     def with_pin(self, pin: Pins) -> "Baseline":
         return replace(self, pin=pin)
+
+    def resolved_for(self, node: str) -> Dict[str, object]:
+        """This node's view of the baseline as JSON: the prolog reuses it
+        without parsing TOML or expanding hostlists on every job."""
+        return {"name": self.name, "pin": asdict(self.pin),
+                "previous": asdict(self.previous) if self.previous else None,
+                "rollout": self.rollout_in_progress, "expect": asdict(self.expect_for(node)),
+                "health": asdict(self.health), "source": self.source}
+
+
+def from_resolved(data: Mapping[str, object]) -> Baseline:
+    """The inverse of ``Baseline.resolved_for`` (raises KeyError/TypeError on a
+    cache from another version: the caller then loads the TOML)."""
+    health = dict(data["health"])
+    health["drain_xids"] = tuple(health["drain_xids"])
+    health["clock_event_reasons"] = tuple(health["clock_event_reasons"])
+    return Baseline(name=data["name"], pin=Pins(**data["pin"]),
+                    previous=Pins(**data["previous"]) if data["previous"] else None,
+                    rollout_in_progress=bool(data["rollout"]), nodesets=(),
+                    health=HealthPolicy(**health), source=str(data.get("source", "")),
+                    resolved_expect=NodeExpect(**data["expect"]))
 
 
 def _pins(raw: Mapping[str, object], driver_default: Optional[str] = None) -> Pins:

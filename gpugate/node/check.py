@@ -20,12 +20,15 @@ class CheckResult:
 
 
 def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
-              gpus: Optional[Sequence[int]] = None, budget: Optional[Budget] = None) -> CheckResult:
+              gpus: Optional[Sequence[int]] = None, budget: Optional[Budget] = None,
+              processes: bool = False, extra=()) -> CheckResult:
+    """``extra``: findings judged outside (e.g. the epilog's per-job deltas)."""
     if budget is None:
         total = settings.budgets[mode]
         budget = Budget(max(total - min(ACT_RESERVE[mode], total / 3), 0.5))
-    facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus)
-    findings = judge(baseline, facts)
+    facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus,
+                    processes=processes)
+    findings = judge(baseline, facts) + list(extra(facts) if callable(extra) else extra)
     return CheckResult(facts, decide(findings, settings.reason_tag))
 
 

@@ -45,13 +45,13 @@ def _load_json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as err:
-        raise ParseError("%s: expected JSON (%s), saw %s" % (what, str(err)[:60], _excerpt(text)))
+        raise ParseError("%s: expected JSON (%s), saw %s" % (what, str(err)[:60], _excerpt(text))) from None
 
 
 def _small_int(value: Any) -> Optional[int]:
     """An int from a JSON int or a digit string ("3" in DCGM 2.x/3.x gpu_id)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return value if 0 <= value < 2**32 else None  # ids and codes are uint32
     if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
         return int(value)
     return None
@@ -60,7 +60,7 @@ def _small_int(value: Any) -> Optional[int]:
 def parse_dcgmi_version(text: str) -> str:
     """`dcgmi --version` (DCGM 4: "dcgmi  version: 4.7.0") or the `dcgmi -v`
     block ("Version : 3.3.5"); the first (local build) version wins."""
-    match = re.search(r"^\s*(?:dcgmi\s+)?version\s*:\s*(\d+(?:\.\d+)+)\s*$", text, re.I | re.M)
+    match = re.search(r"^[ \t]*(?:dcgmi[ \t]+)?version[ \t]*:[ \t]*([0-9]+(?:\.[0-9]+)+)[ \t]*$", text, re.I | re.M)
     if not match:
         raise ParseError("dcgmi version: expected 'dcgmi  version: X.Y.Z' or 'Version : X.Y.Z', saw %s"
                          % _excerpt(text))
@@ -125,8 +125,8 @@ def _status(value: Any, test: str) -> str:
     for prefix, status in _STATUS.items():
         if text is not None and text.startswith(prefix):
             return status
-    raise ParseError("dcgmi diag -j: test %r: expected status Pass/Fail/Skip/Warn, saw %s"
-                     % (test, _show(value)))
+    raise ParseError("dcgmi diag -j: test %s: expected status Pass/Fail/Skip/Warn, saw %s"
+                     % (_excerpt(test, 40), _show(value)))
 
 
 def _first_warning(result: dict) -> Tuple[Optional[int], Optional[int], str]:
@@ -158,7 +158,8 @@ def _gpu(result: dict) -> Optional[int]:
 
 def _result(test: str, result: Any) -> DcgmTestResult:
     if not isinstance(result, dict):
-        raise ParseError("dcgmi diag -j: test %r: expected a result object, saw %s" % (test, _show(result)))
+        raise ParseError("dcgmi diag -j: test %s: expected a result object, saw %s"
+                         % (_excerpt(test, 40), _show(result)))
     error_id, severity, message = _first_warning(result)
     return DcgmTestResult(test=test, status=_status(result.get("status"), test), gpu=_gpu(result),
                           error_id=error_id, severity=severity, message=message)
@@ -172,7 +173,7 @@ def _test_results(test: Any) -> List[DcgmTestResult]:
         raise ParseError("dcgmi diag -j: expected a test with a 'name', saw %s" % _show(test))
     results = test.get("results", [])
     if not isinstance(results, list):
-        raise ParseError("dcgmi diag -j: test %r: expected a 'results' list" % name)
+        raise ParseError("dcgmi diag -j: test %s: expected a 'results' list" % _excerpt(name, 40))
     out = [_result(name, r) for r in results if r is not None]
     # 4.x test_summary holds the overall status and errors tied to no entity: keep
     # it when it is the only result, or when it reports a failure no entity shows.
@@ -198,7 +199,9 @@ def parse_diag_json(text: str, level: int, exit_code: int) -> DcgmDiag:
         raise ParseError("dcgmi diag -j: expected top key 'DCGM Diagnostic' or 'DCGM GPU Diagnostic', saw %s"
                          % _show(doc))
     if root.get("runtime_error"):
-        raise ParseError("dcgmi diag did not run (exit %s): %s" % (exit_code, _excerpt(str(root["runtime_error"]), 200)))
+        error = root["runtime_error"]
+        shown = _excerpt(error, 200) if isinstance(error, str) else _show(error)
+        raise ParseError("dcgmi diag did not run (exit %s): %s" % (exit_code, shown))
     categories = root.get("test_categories")
     if not isinstance(categories, list):
         raise ParseError("dcgmi diag -j: expected a 'test_categories' list, saw %s" % _show(root))

@@ -10,7 +10,7 @@ from gpugate.facts import DkmsEntry, Package
 _VERSION = r"[0-9]+(?:\.[0-9]+)+"
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Thu Feb 22 ..." and
 # "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.65.06  Release Build ..."
-_NVRM = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(%s)(?=\s|$)" % _VERSION, re.M)
+_NVRM = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?[ \t]+(%s)(?=\s|$)" % _VERSION, re.M)
 # Old dkms: "nvidia, 535.161.08, 6.1.0-27-amd64, x86_64: installed"; dkms 3 joins
 # module and version with "/"; "added" entries have no kernel; notes follow in ().
 _DKMS = re.compile(

@@ -36,7 +36,7 @@ def nvml_module(settings, node: str):
 
 
 def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
-            gpus: Optional[Sequence[int]] = None) -> NodeFacts:
+            gpus: Optional[Sequence[int]] = None, processes: bool = False) -> NodeFacts:
     durations: Dict[str, float] = {}
     root = settings.node_root(node)
     started = time.monotonic()
@@ -59,7 +59,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     t0 = time.monotonic()
     try:
         module = nvml_module(settings, node)
-        nvml = nvml_probe.read(module, budget.left(), gpus=gpus, processes=(mode == "epilog"))
+        nvml = nvml_probe.read(module, budget.left(), gpus=gpus, processes=processes)
     except Exception as exc:  # the binding itself cannot load (no libnvidia-ml)
         nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
     durations["nvml"] = time.monotonic() - t0

@@ -1,0 +1,97 @@
+"""What slurmd runs: HealthCheckProgram, Prolog and Epilog.
+
+slurmd gives these an empty environment (no PATH, no SLURM_CONF) and only
+logs the health check's exit code, so each entry point finds its
+configuration by absolute path, acts on the verdict itself, leaves one
+structured log line, and never lets a traceback reach slurmd.
+"""
+
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+from ..errors import ConfigError, GpugateError
+
+USAGE = """usage: gpugate-{mode} [--config PATH]
+
+Slurm {what} of gpugate.  Reads PATH (default $GPUGATE_CONFIG or
+/etc/gpugate/gpugate.toml).  Exit codes: 0 fit, 1 unfit (drained),
+2 configuration error (nothing changed)."""
+_WHAT = {"healthcheck": "HealthCheckProgram", "prolog": "Prolog", "epilog": "Epilog"}
+
+
+def main(mode: str, argv: List[str]) -> int:
+    started = time.monotonic()
+    config = None
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            print(USAGE.format(mode=mode, what=_WHAT[mode]))
+            return 0
+        if arg in ("-c", "--config") and args:
+            config = args.pop(0)
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        else:
+            sys.stderr.write("gpugate-%s: unknown argument %r\n%s\n" % (mode, arg, USAGE.format(mode=mode, what=_WHAT[mode])))
+            return 2
+    node = os.environ.get("SLURMD_NODENAME") or _hostname()
+    record: Dict[str, object] = {"node": node, "mode": mode}
+    settings = None
+    try:
+        from ..config import load_settings
+
+        settings = load_settings(config)
+        if mode == "healthcheck":
+            from .healthcheck import run
+        elif mode == "prolog":
+            from .prolog import run
+        else:
+            from .epilog import run
+        code = run(settings, node, record)
+    except ConfigError as exc:
+        # Bad configuration changes nothing: no drain, no resume, a loud log.
+        record.update(verdict="error", error=str(exc)[:500])
+        code = 2
+    except GpugateError as exc:
+        record.update(verdict="error", error=str(exc)[:500])
+        code = 2
+    except Exception as exc:  # never a traceback into slurmd's log
+        record.update(verdict="error", error="internal error: %s: %s" % (type(exc).__name__, exc))
+        code = 2
+    record["duration"] = round(time.monotonic() - started, 4)
+    _log(settings, node, record)
+    if record.get("verdict") == "error":
+        sys.stderr.write("gpugate-%s: %s\n" % (mode, record.get("error")))
+    return code
+
+
+def _log(settings, node: str, record: Dict[str, object]) -> None:
+    from .logline import emit
+
+    if settings is None:
+        # No configuration: syslog only, and a file where an admin looks first.
+        emit("syslog", "/var/log", record) if os.geteuid() == 0 else emit("syslog", "", record)
+        return
+    emit(settings.log, settings.state_dir(node), record)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname().split(".")[0]
+
+
+def job_gpus(env: Optional[Dict[str, str]] = None) -> Optional[List[int]]:
+    """The job's GPUs as host indices (slurmd sets these for the prolog/epilog)."""
+    env = os.environ if env is None else env
+    for key in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
+        value = env.get(key)
+        if value:
+            try:
+                return sorted({int(x) for x in value.split(",") if x.strip()})
+            except ValueError:
+                continue  # UUIDs or MIG names: check every GPU
+    return None

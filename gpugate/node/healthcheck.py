@@ -1,0 +1,85 @@
+"""HealthCheckProgram: the full check, run by slurmd on its interval.
+
+One run at a time (a run that finds another in progress exits quietly), one
+time budget well under slurmd's 60 s kill, drain when unfit, and a local
+record of facts and verdict for the prolog to reuse."""
+
+import os
+import time
+from ..config import load_checked_baseline
+from ..facts import to_jsonable
+from ..findings import PROBE
+from ..probes import files
+from ..verdict import decide
+from . import state as st
+from .act import act
+from .check import run_check
+from .lock import RunLock
+
+# Transient right after boot: services still starting, DCGM not yet up.
+_GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
+
+
+def run(settings, node: str, record: dict) -> int:
+    state_dir = settings.state_dir(node)
+    lock = RunLock(os.path.join(state_dir, "healthcheck.lock"))
+    if not lock.acquire():
+        record.update(verdict="skipped", why="previous health check still running")
+        return 0
+    with lock:
+        baseline = load_checked_baseline(settings)
+        last_path = os.path.join(state_dir, st.LAST)
+        last = st.read_json(last_path) or {}
+        boot_id = files.boot_id(settings.node_root(node))
+        cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
+        result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor)
+        verdict, in_grace = _boot_grace(settings, result)
+        # Without a record (first run, wiped state dir) ask Slurm once.
+        outcome = act(settings, node, verdict, last.get("drained_by_us", not last))
+        facts = result.facts
+        new_state = {
+            "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
+            # Advance the kernel-log cursor only once the verdict is acted on:
+            # a drain that Slurm did not take is retried from the same Xids.
+            "kmsg_cursor": facts.kernel_log_seq if outcome["ok"] else cursor,
+            "fit": verdict.fit, "class": verdict.cls, "reason": verdict.reason,
+            "findings": [f.to_json() for f in verdict.findings],
+            "pending": [f.to_json() for f in verdict.notes],
+            "drained_by_us": outcome.get("drained_by_us", last.get("drained_by_us", False)),
+            "pending_drain": not verdict.fit and not outcome["ok"],
+            "baseline_sig": st.file_signature(settings.baseline),
+            "config_sig": st.file_signature(settings.source),
+            "resolved": baseline.resolved_for(node),
+            "facts": to_jsonable(facts),
+        }
+        try:
+            st.write_json(last_path, new_state)
+        except OSError as exc:
+            record["state_error"] = str(exc)[:200]  # full or read-only disk: the drain still stands
+        st.prune_jobs(state_dir, 7 * 86400, time.time())
+        if settings.prometheus_textfile:
+            from ..metrics import write_node_textfile
+
+            write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline)
+        record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
+                      action=outcome["action"], durations={k: round(v, 3) for k, v in facts.durations.items()})
+        if in_grace:
+            record["boot_grace"] = True
+        if not outcome["ok"]:
+            record["slurm_error"] = outcome.get("error")
+        if outcome.get("why"):
+            record["why"] = outcome["why"]
+        return verdict.exit_code
+
+
+def _boot_grace(settings, result):
+    """Within the grace period after boot, findings that are usually transient
+    (probe failures, services still starting) are reported but do not drain."""
+    verdict, facts = result.verdict, result.facts
+    boot = facts.boot_time
+    if verdict.fit or not isinstance(boot, float) or time.time() - boot >= settings.boot_grace_seconds:
+        return verdict, False
+    kept = [f for f in verdict.findings if f.cls != PROBE and f.component not in _GRACE_COMPONENTS]
+    if len(kept) == len(verdict.findings):
+        return verdict, False
+    return decide(kept + list(verdict.notes), settings.reason_tag), True

@@ -1,0 +1,32 @@
+"""Reusing the last health check on the prolog/epilog path: its resolved
+baseline (no TOML, no hostlists) and kernel-log cursor, while fresh."""
+
+import os
+import time
+from typing import Optional, Tuple
+
+from . import state as st
+
+
+def fresh_baseline(settings, node: str, last: Optional[dict], boot_id) -> Tuple[Optional[object], int]:
+    """(baseline from the cache or None, kernel-log cursor).  The cache is
+    used only when the last health check was fit, recent, of this boot, and
+    neither gpugate.toml nor the baseline file changed since."""
+    if not last:
+        return None, -1
+    cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
+    if not (last.get("fit") and last.get("boot_id") == boot_id
+            and time.time() - float(last.get("at", 0)) <= settings.verdict_max_age_seconds
+            and last.get("baseline_sig") == st.file_signature(settings.baseline)
+            and last.get("config_sig") == st.file_signature(settings.source)):
+        return None, cursor
+    try:
+        from ..baseline import from_resolved
+
+        return from_resolved(last["resolved"]), cursor
+    except (KeyError, TypeError, ValueError):
+        return None, cursor  # a cache written by another version: load the TOML
+
+
+def last_state(settings, node: str) -> Optional[dict]:
+    return st.read_json(os.path.join(settings.state_dir(node), st.LAST))

@@ -1,0 +1,71 @@
+"""Local state of a node (in the state directory): the last health check's
+verdict and facts for the prolog to reuse, the kernel-log cursor, and per-job
+counters for the epilog.  Every write is atomic (write, fsync, rename): a
+reader sees the old file or the new one, never half of one."""
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+LAST = "last-healthcheck.json"
+JOBS = "jobs"
+
+
+def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, sort_keys=True, separators=(",", ":"))
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    """The file's object, or None when absent or unreadable (a corrupt state
+    file means "no reusable state", never a crash)."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def file_signature(path: str) -> Optional[list]:
+    """Changes when the file is replaced or edited: invalidates reused verdicts."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size, st.st_ino]
+
+
+def job_path(state_dir: str, job_id: str) -> str:
+    safe = "".join(c for c in job_id if c.isalnum() or c in "._-")[:64] or "unknown"
+    return os.path.join(state_dir, JOBS, safe + ".json")
+
+
+def prune_jobs(state_dir: str, keep_seconds: float, now: float) -> None:
+    """Job files whose epilog never ran (node crash) must not pile up."""
+    directory = os.path.join(state_dir, JOBS)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if now - os.stat(path).st_mtime > keep_seconds:
+                os.unlink(path)
+        except OSError:
+            continue

@@ -1,0 +1,82 @@
+"""The default Slurm backend: the scontrol and sinfo commands (present on
+every Slurm host, every version).  The only code that runs them."""
+
+import re
+from typing import Dict, Optional, Tuple
+
+from ..errors import CommandError, ParseError, SlurmError
+from ..runner import run
+from .nodestate import NodeState, SINFO_TEXT_ARGV, parse_nodes_json, parse_nodes_text
+
+_VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
+TEXT_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+
+class CommandSlurm:
+    def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0):
+        self.bin_dir = bin_dir.rstrip("/")
+        self.env = dict(env or {"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
+        self.timeout = timeout
+        self._version: Optional[Tuple[int, int]] = None
+        self.calls = 0  # commands run: the sweep's benchmark counts them
+
+    def _run(self, tool: str, args, env_extra=None, timeout=None) -> str:
+        env = dict(self.env)
+        env.update(env_extra or {})
+        self.calls += 1
+        try:
+            return run([self.bin_dir + "/" + tool] + list(args), timeout or self.timeout, env=env).stdout
+        except CommandError as exc:
+            hint = ""
+            if exc.timed_out or "Unable to contact slurm controller" in exc.stderr \
+                    or "Connection refused" in exc.stderr:
+                hint = " (is slurmctld up? gpugate retries on its next run)"
+            raise SlurmError("%s%s" % (exc, hint)) from None
+
+    def version(self) -> Tuple[int, int]:
+        if self._version is None:
+            out = self._run("sinfo", ["--version"])
+            m = _VERSION_RE.search(out)
+            if not m:
+                raise SlurmError("cannot read the Slurm version from %r" % out.strip()[:80])
+            self._version = (int(m.group(1)), int(m.group(2)))
+        return self._version
+
+    def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
+        """Node states (all nodes, or a hostlist).  JSON first; the text
+        format when JSON is unavailable or unreadable."""
+        try:
+            if self.version() >= (23, 2):
+                args = ["show", "node", "--json"] + ([names] if names else [])
+                return parse_nodes_json(self._run("scontrol", args))
+            args = ["--json"] + (["-n", names] if names else [])
+            return parse_nodes_json(self._run("sinfo", args))
+        except ParseError:
+            pass
+        args = list(SINFO_TEXT_ARGV) + (["-n", names] if names else [])
+        try:
+            return parse_nodes_text(self._run("sinfo", args, TEXT_ENV))
+        except ParseError as exc:
+            raise SlurmError("cannot read node states: %s" % exc) from None
+
+    def update(self, names: str, state: str, reason: Optional[str] = None, extra=()) -> None:
+        args = ["update", "NodeName=" + names, "State=" + state]
+        if reason is not None:
+            args.append("Reason=" + reason)
+        self._run("scontrol", args + list(extra))
+
+    def drain(self, names: str, reason: str) -> None:
+        self.update(names, "DRAIN", reason)
+
+    def undrain(self, names: str) -> None:
+        self.update(names, "UNDRAIN")
+
+    def resume(self, names: str) -> None:
+        self.update(names, "RESUME")
+
+    def reboot(self, names: str, reason: str, next_state: Optional[str] = None) -> None:
+        args = ["reboot", "ASAP"]
+        if next_state:
+            args.append("nextstate=" + next_state)
+        args += ["reason=" + reason, names]
+        self._run("scontrol", args)

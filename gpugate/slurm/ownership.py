@@ -1,0 +1,52 @@
+"""Who owns a drain, and what gpugate may do about it.  Pure functions.
+
+The reason text is the only mark of ownership (ReasonUser is root for every
+root process), so: never overwrite or clear a reason without gpugate's tag;
+never replace our reason with a milder class; never touch the sweep's own
+reasons (rma, rollout) from a node-side check.
+"""
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from .. import reason as reasons
+from ..findings import RMA, ROLLOUT, class_rank
+
+NONE = "none"  # nothing to do
+DRAIN = "drain"  # not drained: drain with our reason
+UPDATE = "update"  # drained by us, findings changed: replace our reason
+UNDRAIN = "undrain"  # drained by us for a self-clearing class, fit again
+KEEP_ADMIN = "keep_admin"  # drained by someone else: hands off
+KEEP = "keep"  # drained by us; leave it (sweep's job, or a more severe class)
+SWEEP_OWNED = (RMA, ROLLOUT)
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: Optional[str] = None
+    why: str = ""
+
+
+def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
+    """node: a NodeState (or None when Slurm does not know it)."""
+    if node is None:
+        return Decision(NONE, why="node unknown to Slurm")
+    if not node.drain:
+        if verdict.fit:
+            return Decision(NONE)
+        return Decision(DRAIN, verdict.reason, "unfit")
+    ours = reasons.parse(node.reason, tag)
+    if ours is None:
+        return Decision(KEEP_ADMIN, why="drained by someone else: %r" % (node.reason or "(no reason)")[:80])
+    if ours.cls in SWEEP_OWNED:
+        return Decision(KEEP, why="the sweep owns this drain (%s)" % ours.cls)
+    if verdict.fit:
+        if ours.cls in tuple(self_clearing):
+            return Decision(UNDRAIN, why="fit again; %s clears itself" % ours.cls)
+        return Decision(KEEP, why="fit now, but %s waits for the sweep's verification" % ours.cls)
+    if node.reason == verdict.reason:
+        return Decision(NONE, why="already drained with this reason")
+    if class_rank(verdict.cls) < class_rank(ours.cls):
+        return Decision(KEEP, why="keeping the more severe %s reason" % ours.cls)
+    return Decision(UPDATE, verdict.reason, "findings changed")
