@@ -18,8 +18,8 @@ _DKMS = re.compile(
     r"(?:,\s*(?P<kernel>[^\s,:]+),\s*(?P<arch>[^\s,:]+))?:\s*(?P<status>[A-Za-z][\w-]*)(?:\s.*)?$"
 )
 # lspci -n: "38:00.0 0302: 10de:2330 (rev a1)", optionally with a "0000:" domain.
-_LSPCI = re.compile(r"^(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\s+([0-9a-f]{4}):\s+([0-9a-f]{4}):[0-9a-f]{4}\b",
-                    re.I)
+_LSPCI = re.compile(
+    r"^(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\s+([0-9a-f]{4}):\s+([0-9a-f]{4}):[0-9a-f]{4}\b", re.I)
 _GPU_CLASSES = ("0300", "0302")  # VGA and 3D controllers
 _NVSWITCH_CLASS = "0680"  # "bridge: other", how NVSwitches show up
 # systemd ActiveState values (maintenance: v249+, refreshing: v255+).
