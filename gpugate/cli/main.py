@@ -134,6 +134,3 @@ def slurm_conf(config, release):
 
 from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
 from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+import zlib
 from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
@@ -96,7 +97,7 @@ def _gpu(node: str, i: int, product: str, vbios: str, gsp: str, nvswitch: bool, 
     bus = _BUS[i] if i < len(_BUS) else "%02x" % (0xc0 + i)
     ident = uuid.uuid5(uuid.NAMESPACE_DNS, "%s.gpu%d" % (node, i))
     return {
-        "name": product, "uuid": "GPU-%s" % ident, "serial": "1652%09d" % (abs(hash((node, i))) % 10 ** 9),
+        "name": product, "uuid": "GPU-%s" % ident, "serial": "1652%09d" % (zlib.crc32(("%s.%d" % (node, i)).encode()) % 10 ** 9),
         "pci_bus_id": "00000000:%s:00.0" % bus.upper(), "vbios": vbios, "gsp": gsp,
         "ecc_mode": [1, 1], "ecc_uncorrected": {"volatile": 0, "aggregate": 0},
         "retired_pages_pending": None, "remapped_rows": [0, 0, 0, 0],

@@ -1,0 +1,41 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
+EXAMPLE_BASELINE = os.path.join(ROOT, "slurm_conf", "baseline.example.toml")
+SAMPLES = os.path.join(os.path.dirname(ROOT), "shared", "samples")
+
+
+def gpugate_cmd(*args, check=False, timeout=120, env=None):
+    """Run the installed `gpugate` command as an admin would."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "gpugate"] + list(args), capture_output=True,
+                          text=True, timeout=timeout, check=check, env=full_env)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """A simulated fleet of three healthy nodes matching the demo baseline."""
+    path = str(tmp_path / "fleet")
+    result = gpugate_cmd("sim", "init", path, "--nodes", "gpu[01-03]", "--baseline", DEMO_BASELINE)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture
+def settings_for():
+    """Settings for a simulated fleet (no gpugate.toml needed)."""
+    from dataclasses import replace
+
+    from gpugate.config import parse_settings
+
+    def make(fleet_dir, baseline=DEMO_BASELINE, **extra):
+        base = parse_settings({}, "(test)")
+        return replace(base, sim_fleet=fleet_dir, baseline=baseline, check_ownership=False, **extra)
+    return make
