@@ -33,7 +33,7 @@ def parse_xid_message(message: str) -> Optional[XidEvent]:
         return None
     domain = int(match.group("domain") or "0", 16)
     bus_id = "%04x:%s:%s" % (domain, match.group("bus").lower(), match.group("dev").lower())
-    text = match.group("rest").strip().lstrip(",").strip()
+    text = re.sub(r"^[ \t]*,", "", match.group("rest")).strip()  # drop the ", " after the number
     return XidEvent(xid=int(match.group("xid")), pci_bus_id=bus_id, text=text)
 
 
