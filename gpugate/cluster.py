@@ -152,7 +152,8 @@ fleet = "{dir}/fleet"
             "SlurmctldPort=%d" % ports[0],
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            "AuthInfo=socket=%s/munge/munge.sock" % d,
+            # cred_expire also delays a requeued job's restart (default 120 s).
+            "AuthInfo=socket=%s/munge/munge.sock,cred_expire=10" % d,
             "SlurmUser=root",
             "SlurmdUser=root",
             "StateSaveLocation=%s/spool/ctld" % d,

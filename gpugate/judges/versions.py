@@ -41,22 +41,23 @@ def judge(baseline, expect, facts) -> List[Finding]:
                 compare("gsp_firmware", gpu.gsp_firmware, gpu.index)
             if isinstance(gpu.name, str) and gpu.name in pin.vbios:
                 compare("vbios", gpu.vbios, gpu.index, expected=pin.vbios[gpu.name])
-    packages = facts.packages or {}
-    compare("container_toolkit", _package_version(packages.get("container_toolkit"), pin.container_toolkit))
-    if nvswitch(expect, facts):
+    packages = facts.packages  # None: not collected in this mode
+    if packages is not None:
+        compare("container_toolkit", _package_version(packages.get("container_toolkit"), pin.container_toolkit))
+    if packages is not None and nvswitch(expect, facts):
         fm = _package_version(packages.get("fabricmanager"), pin.fabricmanager)
         before = len(out)
         compare("fabricmanager", fm)
         if len(out) == before:  # on the pin, but is the driver?
             out += _fabricmanager_matches_driver(fm, nvml, pin.fabricmanager)
     compare("dcgm", facts.dcgm_version)
-    if pin.require_hold:
+    if pin.require_hold and packages:
         out += _holds(packages)
     return out
 
 
 def _package_version(pkg, pinned: Optional[str]):
-    if pinned is None or pkg is None and pinned is None:
+    if pinned is None:
         return None
     if pkg is None:
         return "absent"  # pinned but not installed: that is drift

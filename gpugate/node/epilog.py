@@ -41,7 +41,7 @@ def run(settings, node: str, record: dict) -> int:
                   durations={k: round(v, 4) for k, v in facts.durations.items()})
     if verdict.fit:
         return 0
-    outcome = act(settings, node, verdict, drained_by_us=False)
+    outcome = act(settings, node, verdict)
     record["action"] = outcome["action"]
     if not outcome["ok"]:
         # Exit non-zero: slurmd then drains the node ("Epilog error"): never lose a drain.

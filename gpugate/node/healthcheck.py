@@ -35,7 +35,7 @@ def run(settings, node: str, record: dict) -> int:
         result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor)
         verdict, in_grace = _boot_grace(settings, result)
         # Without a record (first run, wiped state dir) ask Slurm once.
-        outcome = act(settings, node, verdict, last.get("drained_by_us", not last))
+        outcome = act(settings, node, verdict, check_fit=not last)
         facts = result.facts
         new_state = {
             "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
@@ -45,7 +45,6 @@ def run(settings, node: str, record: dict) -> int:
             "fit": verdict.fit, "class": verdict.cls, "reason": verdict.reason,
             "findings": [f.to_json() for f in verdict.findings],
             "pending": [f.to_json() for f in verdict.notes],
-            "drained_by_us": outcome.get("drained_by_us", last.get("drained_by_us", False)),
             "pending_drain": not verdict.fit and not outcome["ok"],
             "baseline_sig": st.file_signature(settings.baseline),
             "config_sig": st.file_signature(settings.source),

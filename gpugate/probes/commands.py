@@ -89,7 +89,10 @@ def dcgm_version(dcgmi: str, timeout: float) -> Any:
 
 
 def dcgm_health(dcgmi: str, timeout: float) -> Any:
-    return _run("dcgmi health", [dcgmi, "health", "-c", "-j"], timeout, _stdout(dcgm_parse.parse_health_json))
+    # Without watches dcgmi prints a plain-text error and exits non-zero: the
+    # parser reads that as "watches not set", so every exit code is parsed.
+    return _run("dcgmi health", [dcgmi, "health", "-c", "-j"], timeout, _stdout(dcgm_parse.parse_health_json),
+                ok_codes=range(256))
 
 
 def dcgm_diag(dcgmi: str, level: int, timeout: float) -> Any:

@@ -28,9 +28,10 @@ Which command to run (the runner lives elsewhere):
   entry per node, whatever other options are given; 22.05 scontrol has no
   ``--json``.
 * 23.02+: ``scontrol`` + :data:`SCONTROL_JSON_ARGV` (top key ``nodes``, one
-  entry per node). Avoid ``sinfo --json`` there: it groups nodes, and a group
-  carries the reason of one of its nodes only (sinfo copies the first node's
-  reason into the group), so this parser refuses a group with a reason.
+  entry per node). Prefer it to ``sinfo --json``, whose entries may group
+  several nodes: sinfo fills a group's reason from its first node only
+  (``_update_sinfo`` in src/sinfo/sinfo.c), so this parser refuses a group of
+  several nodes that carries a reason.
 * Any release, as a fallback: the text format below.
 """
 
@@ -84,10 +85,11 @@ _TEXT_FIELDS = ("node", "partition", "state", "timestamp", "user", "reason")
 BASE_STATES = frozenset({"UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE", "INVALID"})
 
 # Flags Slurm 22.05 .. 25.x print (slurm_protocol_defs.c node_state_flags[],
-# data_parser NODE_STATES). Unknown upper-case words are still kept as flags.
+# data_parser NODE_STATES; BLOCKED in later sinfo). Unknown upper-case words next
+# to a base state are kept as flags too, so a newer flag does not break us.
 KNOWN_FLAGS = frozenset({
     "BLOCKED", "CLOUD", "COMPLETING", "DRAIN", "DYNAMIC_FUTURE", "DYNAMIC_NORM",
-    "EXTERNAL", "FAIL", "INVALID_REG", "MAINTENANCE", "NOT_RESPONDING",
+    "FAIL", "INVALID_REG", "MAINTENANCE", "NOT_RESPONDING",
     "PERFCTRS", "PLANNED", "POWER_DOWN", "POWER_DRAIN", "POWER_UP",
     "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "REBOOT_CANCELED",
     "REBOOT_ISSUED", "REBOOT_REQUESTED", "RESERVED", "RESUME", "UNDRAIN",
@@ -212,7 +214,7 @@ def _state_tokens(raw: str, where: str) -> Tuple[List[str], set]:
     for part in parts:
         word = part.rstrip("".join(_SUFFIX_FLAGS))
         if not word:
-            raise ParseError(f"{where}: malformed node state {raw!r}")
+            raise ParseError(f"{where}: malformed node state {_show(raw)}")
         flags.update(_SUFFIX_FLAGS[c] for c in part[len(word):])
         tokens.append(word)
     return tokens, flags
@@ -234,19 +236,19 @@ def _resolve_state(tokens: Iterable[str], flags: set, raw: object, where: str) -
             flags.add(word)
             unknown = unknown or word not in KNOWN_FLAGS
         else:
-            raise ParseError(f"{where}: malformed node state {raw!r}")
+            raise ParseError(f"{where}: malformed node state {_show(raw)}")
     if len(bases) > 1:
-        raise ParseError(f"{where}: several base states in {raw!r}")
+        raise ParseError(f"{where}: several base states in {_show(raw)}")
     if not bases and len(implied) > 1:
-        raise ParseError(f"{where}: contradictory node state {raw!r}")
+        raise ParseError(f"{where}: contradictory node state {_show(raw)}")
     if bases:
         return bases.pop(), frozenset(flags)
     if implied:
         return implied.pop(), frozenset(flags)
     if unknown or not flags:
-        raise ParseError(f"{where}: no base state in {raw!r}")
+        raise ParseError(f"{where}: no base state in {_show(raw)}")
     # %T/%t names without a base ("drained", "maint", "reboot^") are printed
-    # for nodes without jobs; IDLE is what Slurm's own code assumes there.
+    # for nodes running no job; IDLE is the closest base (a DOWN one is lost).
     return "IDLE", frozenset(flags)
 
 
@@ -281,6 +283,12 @@ def _type(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _show(value: object) -> str:
+    """repr() short enough for an error message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _expect_str(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise ParseError(f"{where}: expected a string, got {_type(value)}")
@@ -290,9 +298,9 @@ def _expect_str(value: object, where: str) -> str:
 def _name(value: object, where: str, what: str = "node name") -> str:
     """Node and partition names: one printable word, no hostlist syntax."""
     if not isinstance(value, str) or not value:
-        raise ParseError(f"{where}: {what} must be a non-empty string, got {value!r}")
+        raise ParseError(f"{where}: {what} must be a non-empty string, got {_show(value)}")
     if not value.isprintable() or any(c.isspace() or c in "|,[]" for c in value):
-        raise ParseError(f"{where}: bad {what} {value!r}")
+        raise ParseError(f"{where}: bad {what} {_show(value)}")
     return value
 
 
@@ -325,7 +333,7 @@ def _epoch(value: object, where: str) -> Optional[int]:
 
 
 def _time_error(value: object, where: str) -> ParseError:
-    return ParseError(f"{where}: malformed time {value!r}")
+    return ParseError(f"{where}: malformed time {_show(value)}")
 
 
 def _partitions(value: object, where: str) -> Tuple[str, ...]:
@@ -550,7 +558,7 @@ def _text_time(stamp: str, where: str) -> Optional[int]:
             return int(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").timestamp())
         except (ValueError, OverflowError, OSError):
             pass
-    raise ParseError(f"{where}: bad timestamp {stamp!r} (set SLURM_TIME_FORMAT=%s)")
+    raise ParseError(f"{where}: bad timestamp {_show(stamp)} (set SLURM_TIME_FORMAT=%s)")
 
 
 # --------------------------------------------------------------------------
@@ -581,4 +589,4 @@ def _guarded(parse: Callable[[str], Dict[str, NodeState]], text: object, what: s
     except ParseError:
         raise
     except Exception as exc:  # noqa: BLE001 - defensive: never leak another type
-        raise ParseError(f"{what}: unreadable input ({type(exc).__name__}: {exc})") from exc
+        raise ParseError(f"{what}: unreadable input ({type(exc).__name__}: {str(exc)[:200]})") from exc
