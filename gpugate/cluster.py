@@ -85,7 +85,7 @@ class Cluster:
     # -------------------------------------------------------------- writing
     def write(self, baseline_text: str, gpugate_extra: str = "") -> None:
         """Create the directory: configuration, shims, the simulated fleet."""
-        for sub in ("log", "run", "spool/ctld", "state", "bin", "munge"):
+        for sub in ("log", "run", "spool/ctld", "state", "bin", "munge", "slurm-bin"):
             os.makedirs(self.path(sub), exist_ok=True)
         os.chmod(self.path("munge"), 0o700)
         with open(self.baseline, "w") as handle:
@@ -115,6 +115,8 @@ boot_grace_seconds = 0
 
 [slurm]
 slurm_conf = "{dir}/slurm.conf"
+# Logging shims in front of scontrol/sinfo: tests count gpugate's Slurm calls.
+bin_dir = "{dir}/slurm-bin"
 
 [sim]
 fleet = "{dir}/fleet"
@@ -130,6 +132,12 @@ fleet = "{dir}/fleet"
             with open(shim, "w") as handle:
                 handle.write("#!/bin/sh\n# slurmd passes no arguments: name this cluster's configuration.\n"
                              "exec %s --config %s\n" % (target, self.gpugate_conf))
+            os.chmod(shim, 0o755)
+        for tool in ("scontrol", "sinfo"):
+            shim = self.path("slurm-bin", tool)
+            with open(shim, "w") as handle:
+                handle.write('#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'
+                             % (tool, self.path("log", "slurm-calls.log"), BIN, tool))
             os.chmod(shim, 0o755)
         reboot = self.path("bin", "reboot")
         with open(reboot, "w") as handle:
@@ -271,6 +279,41 @@ fleet = "{dir}/fleet"
 
     def scontrol(self, *args: str, check: bool = True) -> str:
         return self.run([BIN + "/scontrol"] + list(args), check=check).stdout
+
+    def slurm_calls(self) -> List[str]:
+        """Every scontrol/sinfo command gpugate ran, one line each."""
+        try:
+            with open(self.path("log", "slurm-calls.log")) as handle:
+                return handle.read().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def log_records(self, node: str) -> List[dict]:
+        import json
+
+        try:
+            with open(self.path("state", node, "gpugate.log")) as handle:
+                return [json.loads(line) for line in handle if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def sim(self, *args: str) -> str:
+        """`gpugate sim ...` on this cluster's fleet."""
+        return self.run([sys.executable, "-m", "gpugate", "sim"] + [a.replace("FLEET", self.fleet) for a in args]).stdout
+
+    def reason(self, node: str) -> str:
+        out = self.scontrol("show", "node", node)
+        for line in out.splitlines():
+            line = line.strip()
+            if line.startswith("Reason="):
+                return line[len("Reason="):].rsplit(" [", 1)[0]
+        return ""
+
+    def state(self, node: str) -> str:
+        return self.node_states().get(node, "")
+
+    def wait_for(self, predicate, timeout: float, what: str) -> None:
+        self._wait(predicate, timeout, what)
 
     def pids(self) -> Dict[str, int]:
         out = {}

@@ -39,3 +39,36 @@ def settings_for():
         base = parse_settings({}, "(test)")
         return replace(base, sim_fleet=fleet_dir, baseline=baseline, check_ownership=False, **extra)
     return make
+
+
+def _require_slurm():
+    if not (os.path.exists("/usr/sbin/slurmctld") and os.path.exists("/usr/sbin/munged")):
+        if os.environ.get("GPUGATE_REQUIRE_SLURM"):
+            pytest.fail("Slurm is not installed (apt-get install slurm-wlm slurmctld slurmd munge)")
+        pytest.skip("Slurm is not installed (apt-get install slurm-wlm slurmctld slurmd munge)")
+
+
+def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None):
+    """Write and boot a test cluster; the caller stops it."""
+    from gpugate.cluster import Cluster
+
+    _require_slurm()
+    cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions)
+    with open(baseline or DEMO_BASELINE) as handle:
+        cluster.write(handle.read(), extra)
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request):
+    """A real cluster for one test module; the module's CLUSTER dict sets
+    nodes, interval (HealthCheckInterval) and extra gpugate.toml text."""
+    params = dict(getattr(request.module, "CLUSTER", {}))
+    c = make_cluster(tmp_path_factory.mktemp("cluster"), **params)
+    yield c
+    c.stop()

@@ -6,10 +6,10 @@ from typing import Dict, Optional, Tuple
 
 from ..errors import CommandError, ParseError, SlurmError
 from ..runner import run
-from .nodestate import NodeState, SINFO_TEXT_ARGV, parse_nodes_json, parse_nodes_text
+from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState,
+                        parse_nodes_json, parse_nodes_text)
 
 _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
-TEXT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 
 class CommandSlurm:
@@ -47,15 +47,15 @@ class CommandSlurm:
         format when JSON is unavailable or unreadable."""
         try:
             if self.version() >= (23, 2):
-                args = ["show", "node", "--json"] + ([names] if names else [])
-                return parse_nodes_json(self._run("scontrol", args))
-            args = ["--json"] + (["-n", names] if names else [])
-            return parse_nodes_json(self._run("sinfo", args))
+                found = parse_nodes_json(self._run("scontrol", SCONTROL_JSON_ARGV + ([names] if names else [])))
+            else:  # 22.05 `sinfo --json` ignores -n: it always dumps every node
+                found = parse_nodes_json(self._run("sinfo", SINFO_JSON_ARGV))
+            return _only(found, names)
         except ParseError:
             pass
         args = list(SINFO_TEXT_ARGV) + (["-n", names] if names else [])
         try:
-            return parse_nodes_text(self._run("sinfo", args, TEXT_ENV))
+            return parse_nodes_text(self._run("sinfo", args, SINFO_TEXT_ENV))
         except ParseError as exc:
             raise SlurmError("cannot read node states: %s" % exc) from None
 
@@ -80,3 +80,14 @@ class CommandSlurm:
             args.append("nextstate=" + next_state)
         args += ["reason=" + reason, names]
         self._run("scontrol", args)
+
+
+def _only(found: Dict[str, NodeState], names: Optional[str]) -> Dict[str, NodeState]:
+    if not names:
+        return found
+    if not any(c in names for c in "[],"):  # one node: no hostlist expansion needed
+        return {names: found[names]} if names in found else {}
+    from ClusterShell.NodeSet import NodeSet
+
+    wanted = set(NodeSet(names))
+    return {name: state for name, state in found.items() if name in wanted}

@@ -1,0 +1,53 @@
+"""Ownership rules: never clobber an admin, never downgrade, undrain only
+self-clearing classes.  Table tests over the pure decision function."""
+
+import pytest
+
+from gpugate.findings import Finding
+from gpugate.slurm import ownership as o
+from gpugate.slurm.nodestate import NodeState
+from gpugate.verdict import decide
+
+TAG = "gpugate:"
+FIT = decide([], TAG)
+DRIFT = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")], TAG)
+DRIFT2 = decide([Finding("drift", "driver", "550.54.16", "580.65.06", "reconverge")], TAG)
+HEALTH = decide([Finding("health", "xid", "79", "none", "reboot", gpu=3)], TAG)
+PROBE = decide([Finding("probe", "dcgm", "timeout", "answer", "investigate")], TAG)
+
+
+def node(drain=False, reason="", state="IDLE"):
+    return NodeState(name="gpu01", state=state, flags=frozenset({"DRAIN"} if drain else ()), reason=reason,
+                     reason_time=None, reason_user="root", partitions=("gpu",))
+
+
+@pytest.mark.parametrize("state,verdict,kind", [
+    (node(), FIT, o.NONE),
+    (node(), DRIFT, o.DRAIN),
+    (node(state="MIXED"), HEALTH, o.DRAIN),
+    (node(True, "rack maintenance"), DRIFT, o.KEEP_ADMIN),
+    (node(True, "rack maintenance"), FIT, o.KEEP_ADMIN),
+    (node(True, ""), DRIFT, o.KEEP_ADMIN),
+    (node(True, "Prolog error"), HEALTH, o.KEEP_ADMIN),
+    (node(True, DRIFT.reason), DRIFT, o.NONE),
+    (node(True, DRIFT.reason), DRIFT2, o.UPDATE),
+    (node(True, DRIFT.reason), HEALTH, o.UPDATE),
+    (node(True, HEALTH.reason), DRIFT, o.KEEP),
+    (node(True, DRIFT.reason), FIT, o.KEEP),
+    (node(True, HEALTH.reason), FIT, o.KEEP),
+    (node(True, PROBE.reason), FIT, o.UNDRAIN),
+    (node(True, PROBE.reason), DRIFT, o.UPDATE),
+    (node(True, "gpugate: rma xid:gpu3=79 (want none)"), FIT, o.KEEP),
+    (node(True, "gpugate: rollout driver=570.133.20 (want 580.65.06)"), DRIFT, o.KEEP),
+    (None, DRIFT, o.NONE),
+])
+def test_decision(state, verdict, kind):
+    decision = o.decide(state, verdict, TAG, ("probe",))
+    assert decision.kind == kind, decision
+    if kind in (o.DRAIN, o.UPDATE):
+        assert decision.reason == verdict.reason
+
+
+def test_self_clearing_is_configurable():
+    assert o.decide(node(True, DRIFT.reason), FIT, TAG, ("probe", "drift")).kind == o.UNDRAIN
+    assert o.decide(node(True, PROBE.reason), FIT, TAG, ()).kind == o.KEEP

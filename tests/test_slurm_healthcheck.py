@@ -1,0 +1,133 @@
+"""slurmd's own HealthCheckProgram runs gpugate against a real slurmctld."""
+
+import os
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+INTERVAL = 5
+CLUSTER = {"nodes": 6, "interval": INTERVAL, "extra": "[budgets]\nhealthcheck = 8\n"}
+
+
+def drained(cluster, node):
+    return lambda: "drain" in cluster.state(node)
+
+
+def test_drifted_node_drained_within_two_intervals_healthy_untouched(cluster):
+    cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
+    started = time.monotonic()
+    cluster.wait_for(drained(cluster, "gpu02"), 2 * INTERVAL + 15, "gpu02 drained")
+    took = time.monotonic() - started
+    reason = cluster.reason("gpu02")
+    assert reason.startswith("gpugate: drift driver=550.54.15 (want 580.65.06)")
+    sinfo = cluster.run(["/usr/bin/sinfo", "-R", "-h", "-o", "%E|%N"]).stdout
+    assert "gpugate: drift driver=550.54.15 (want 580.65.06)" in sinfo and "|gpu02" in sinfo
+    for node in ("gpu01", "gpu03"):
+        assert cluster.state(node) == "idle" and cluster.reason(node) == ""
+    assert took < 2 * INTERVAL + 15
+
+
+def test_admin_drain_is_never_overwritten_nor_resumed(cluster):
+    cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=rack maintenance")
+    cluster.sim("set", "FLEET", "gpu03", "gpu.3.xid=79")
+    time.sleep(3 * INTERVAL)
+    assert cluster.reason("gpu03") == "rack maintenance"
+    records = [r for r in cluster.log_records("gpu03") if r.get("verdict") == "unfit"]
+    assert records and records[-1]["action"] == "keep_admin"
+    # Fit again: still the admin's drain.
+    cluster.sim("set", "FLEET", "gpu03", "reboot=1")
+    time.sleep(2 * INTERVAL)
+    assert "drain" in cluster.state("gpu03") and cluster.reason("gpu03") == "rack maintenance"
+
+
+def test_probe_drain_clears_itself_other_classes_wait(cluster):
+    dcgmi = os.path.join(cluster.fleet, "gpu04", "bin", "dcgmi")
+    os.rename(dcgmi, dcgmi + ".away")
+    cluster.wait_for(drained(cluster, "gpu04"), 2 * INTERVAL + 15, "gpu04 drained")
+    assert cluster.reason("gpu04").startswith("gpugate: probe dcgm=missing")
+    os.rename(dcgmi + ".away", dcgmi)
+    cluster.wait_for(lambda: cluster.state("gpu04") == "idle", 2 * INTERVAL + 15, "gpu04 undrained")
+    assert [r["action"] for r in cluster.log_records("gpu04") if r.get("action") == "undrain"]
+
+
+def _healthcheck_processes(node, min_age=2.0):
+    """Live gpugate health checks slurmd started for ``node`` that have run
+    for more than ``min_age`` seconds (a run that finds the lock taken exits
+    within a fraction of a second: that is not a pile-up)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as handle:
+        uptime = float(handle.read().split()[0])
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                cmdline = handle.read()
+            with open("/proc/%s/environ" % pid, "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if b"gpugate-healthcheck" in cmdline and b"SLURMD_NODENAME=" + node.encode() in environ:
+            try:
+                with open("/proc/%s/stat" % pid) as handle:
+                    started = int(handle.read().rsplit(") ", 1)[1].split()[19]) / ticks
+            except (OSError, IndexError, ValueError):
+                continue
+            if uptime - started > min_age:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("node,hang", [
+    ("gpu05", ("replay", "FLEET", "gpu05", "--hang", "--", "dcgmi", "health", "-c", "-j")),
+    ("gpu06", ("set", "FLEET", "gpu06", "nvml.hang=1")),
+])
+def test_hanging_tool_ends_within_budget_no_pile_up_probe_class(cluster, node, hang):
+    cluster.sim(*hang)
+    most, deadline = 0, time.monotonic() + 4 * INTERVAL
+    while time.monotonic() < deadline:
+        most = max(most, _healthcheck_processes(node))
+        time.sleep(0.25)
+    assert most <= 1
+    cluster.wait_for(drained(cluster, node), 3 * INTERVAL + 10, node + " drained")
+    assert cluster.reason(node).startswith("gpugate: probe ")
+    assert "timeout" in cluster.reason(node)
+    runs = [r for r in cluster.log_records(node) if r.get("verdict") == "unfit"]
+    assert runs and max(r["duration"] for r in runs) < 8 + 2  # the configured budget
+    # Runs overlapped (budget 8 s, interval 5 s): later ones found the lock and left.
+    assert any(r.get("verdict") == "skipped" for r in cluster.log_records(node))
+    # The hung simulated tool was killed with its process group.
+    stub = os.path.join(cluster.fleet, node, "bin", "dcgmi")
+    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, stub)]
+    assert len(leftovers) <= 1  # at most the one of a run still in progress
+
+
+def _cmdline_has(pid, text):
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as handle:
+            return text.encode() in handle.read()
+    except OSError:
+        return False
+
+
+def test_drain_is_not_lost_while_slurmctld_is_down(cluster):
+    node = "gpu01"
+    cluster.stop_slurmctld()
+    try:
+        cluster.sim("set", "FLEET", node, "gpu.2.xid=79")
+        # What slurmd would run: no environment but the node name.
+        import subprocess
+
+        shim = cluster.path("bin", "healthcheck")
+        result = subprocess.run([shim], env={"SLURMD_NODENAME": node}, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr
+        last = cluster.log_records(node)[-1]
+        assert last["verdict"] == "unfit" and last["action"] == "failed" and last["slurm_error"]
+    finally:
+        cluster._spawn(["/usr/sbin/slurmctld", "-f", cluster.conf, "-i"], "slurmctld")
+    cluster.wait_for(drained(cluster, node), 60, "gpu01 drained once slurmctld is back")
+    assert cluster.reason(node).startswith("gpugate: health xid:gpu2=79 (want none)")
