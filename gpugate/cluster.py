@@ -419,3 +419,16 @@ if os.fork() == 0:
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     os._exit(0)
 """
+
+
+def node_names_from_conf(conf: str) -> List[str]:
+    """The NodeName= entries of a test cluster's slurm.conf."""
+    names = []
+    try:
+        with open(conf) as handle:
+            for line in handle:
+                if line.startswith("NodeName="):
+                    names.append(line.split()[0].split("=", 1)[1])
+    except OSError:
+        pass
+    return names

@@ -1,1 +1,69 @@
 """The slurm.conf fragment for this installation (`gpugate slurm-conf`)."""
+
+import os
+import sysconfig
+from typing import Optional
+
+from .config import DEFAULT_CONFIG
+
+# HealthCheckNodeState values each Slurm release accepts.
+NODE_STATES = {
+    (22, 5): "ANY,ALLOC,MIXED,IDLE,CYCLE",
+    (23, 2): "ANY,ALLOC,MIXED,IDLE,NONDRAINED_IDLE,CYCLE",
+    (25, 11): "ANY,ALLOC,MIXED,IDLE,NONDRAINED_IDLE,START_ONLY,CYCLE",
+    (26, 5): "ANY,ALLOC,MIXED,IDLE,NONDRAINED_IDLE,START_ONLY,REBOOT_ONLY,CYCLE",
+}
+
+
+def _release(text: str):
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        from .errors import ConfigError
+
+        raise ConfigError("--release: expected MAJOR.MINOR such as 22.05, got %r" % text) from None
+
+
+def allowed_states(release) -> str:
+    best = (22, 5)
+    for known in sorted(NODE_STATES):
+        if release >= known:
+            best = known
+    return NODE_STATES[best]
+
+
+def fragment(config: Optional[str], release_text: str = "22.05") -> str:
+    release = _release(release_text)
+    scripts = sysconfig.get_path("scripts")
+    entry = {m: os.path.join(scripts, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")}
+    note = ""
+    if config and os.path.abspath(config) != DEFAULT_CONFIG:
+        note = ("# gpugate reads %s by default; slurmd passes no arguments, so install\n"
+                "# gpugate.toml there (or point small wrapper scripts at --config %s).\n"
+                % (DEFAULT_CONFIG, os.path.abspath(config)))
+    timeout = ""
+    if release >= (26, 5):
+        timeout = "HealthCheckTimeout=50          # 26.05+: keep above gpugate's budgets.healthcheck\n"
+    return """# --- gpugate (Slurm {rel}) ---
+{note}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
+# pings; it gets no PATH and is killed at {kill}; gpugate keeps
+# its own budget (budgets.healthcheck, default 40 s) and locks against overlap.
+HealthCheckProgram={hc}
+HealthCheckInterval=300
+# Accepted here: {states}
+HealthCheckNodeState=ANY
+{timeout}# Prolog: the fast gate before every job; drains and fails (the job is
+# requeued) when the node went bad since the last health check.
+Prolog={pro}
+Epilog={epi}
+# Alloc: run the prolog when the job is allocated, before anything starts.
+PrologFlags=Alloc
+# Requeue a job whose prolog failed without holding it.
+SchedulerParameters=nohold_on_prolog_fail
+# The sweep reboots through `scontrol reboot`: your site's reboot command.
+RebootProgram=/usr/sbin/reboot
+# --- end gpugate ---
+""".format(rel="%d.%02d" % release, note=note, kill="60 s" if release < (26, 5) else "HealthCheckTimeout",
+           hc=entry["healthcheck"], states=allowed_states(release), timeout=timeout,
+           pro=entry["prolog"], epi=entry["epilog"])

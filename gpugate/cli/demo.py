@@ -1,1 +1,170 @@
-"""`gpugate demo` (filled in with the test cluster)."""
+"""`gpugate demo`: a real local Slurm cluster of simulated GPU nodes, and
+gpugate doing its job on it, narrated."""
+
+import os
+import sys
+import tempfile
+import time
+
+import click
+
+from .main import main
+
+DEMO_INTERVAL = 6
+
+
+def _baseline_text() -> str:
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "demo-baseline.toml")
+    with open(path) as handle:
+        return handle.read()
+
+
+def _say(text: str) -> None:
+    click.echo(click.style("\n== " + text, bold=True))
+
+
+def _show(cluster, argv, title=None) -> None:
+    shown = " ".join(os.path.basename(argv[0]) if i == 0 else a for i, a in enumerate(argv))
+    click.echo(click.style("$ " + (title or shown), fg="cyan"))
+    click.echo(cluster.run(argv, check=False).stdout.rstrip())
+
+
+@main.group(invoke_without_command=True)
+@click.option("--nodes", default=8, show_default=True, type=click.IntRange(4, 32))
+@click.option("--keep", is_flag=True, help="Leave the cluster running at the end (stop it with `gpugate demo down`).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Where the cluster lives (default: a new temporary directory).")
+@click.pass_context
+def demo(ctx, nodes, keep, directory):
+    """Boot a local Slurm cluster of simulated GPU nodes and watch gpugate work.
+
+    Needs root and Debian's slurm-wlm, slurmctld, slurmd and munge packages
+    (the README's set-up command installs them).
+
+    \b
+    Examples:
+      gpugate demo                       # the narrated walk-through (about 2 minutes)
+      gpugate demo up --dir /tmp/gg      # a healthy cluster, left running
+      gpugate sim set /tmp/gg/fleet gpu03 driver=550.54.15
+      SLURM_CONF=/tmp/gg/slurm.conf sinfo -R
+      gpugate demo down --dir /tmp/gg
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..cluster import Cluster
+
+    directory = directory or tempfile.mkdtemp(prefix="gpugate-demo-")
+    cluster = Cluster(directory, nodes=nodes, health_interval=DEMO_INTERVAL)
+    try:
+        _walkthrough(cluster)
+    finally:
+        if keep:
+            click.echo("\nThe cluster keeps running: SLURM_CONF=%s sinfo -R ; gpugate demo down --dir %s"
+                       % (cluster.conf, cluster.dir))
+        else:
+            cluster.stop()
+            cluster.remove()
+
+
+def _walkthrough(cluster) -> None:
+    env = "SLURM_CONF=%s" % cluster.conf
+    _say("1. Boot munge, slurmctld and %d slurmd (one per simulated GPU node) in %s"
+         % (len(cluster.nodes), cluster.dir))
+    cluster.write(_baseline_text())
+    started = time.monotonic()
+    cluster.start()
+    click.echo("up in %.1fs. slurm.conf points HealthCheckProgram, Prolog and Epilog at gpugate;"
+               " HealthCheckInterval=%ds." % (time.monotonic() - started, DEMO_INTERVAL))
+    _show(cluster, ["/usr/bin/sinfo", "-N", "-o", "%N %T %E"], "%s sinfo -N" % env)
+
+    _say("2. Break four nodes the way fleets break")
+    faults = [("gpu02", ["driver=550.54.15"], "drifted: an old driver install"),
+              ("gpu03", ["image_version=gpu-2026.09.2", "container_toolkit=1.16.2"], "drifted: old golden image"),
+              ("gpu05", ["gpu.3.xid=79"], "GPU 3 fell off the bus (Xid 79)"),
+              ("gpu07", ["module.on_disk=580.82.07", "nvml.init_error=18"],
+               "driver package upgraded, old kernel module still loaded")]
+    for node, assignments, what in faults:
+        cluster.sim("set", "FLEET", node, *assignments)
+        click.echo("  %-6s %-55s (gpugate sim set ... %s)" % (node, what, " ".join(assignments)))
+
+    _say("3. slurmd's own health checks run gpugate and drain them, each with a precise reason")
+    bad = [n for n, _, _ in faults]
+    cluster.wait_for(lambda: all("drain" in cluster.state(n) for n in bad), 4 * DEMO_INTERVAL + 30,
+                     "the four nodes to drain")
+    _show(cluster, ["/usr/bin/sinfo", "-R"], "%s sinfo -R   (20 characters: owner and class)" % env)
+    _show(cluster, ["/usr/bin/sinfo", "-R", "-o", "%50E %N"], "%s sinfo -R -o '%%50E %%N'" % env)
+    for node in bad:
+        click.echo("  %s: %s" % (node, cluster.reason(node)))
+
+    _say("4. A node goes bad after its last health check; a job is sent to it")
+    target, spare = "gpu01", "gpu04"
+    _wait_fresh_healthcheck(cluster, target)
+    cluster.sim("set", "FLEET", target, "gpu.6.ecc.uncorrected.volatile=4")
+    click.echo("  %s: GPU 6 now has 4 uncorrected ECC errors; the health check has not seen it yet" % target)
+    others = ",".join(n for n in cluster.nodes if n not in (target, spare))
+    job = cluster.run(["/usr/bin/sbatch", "--parsable", "-x", others, "-o", cluster.path("log", "demo-%j.out"),
+                       "--wrap", "hostname"]).stdout.strip()
+    click.echo("  submitted job %s (it may run on %s or %s; the scheduler picks %s first)" % (job, target, spare, target))
+    cluster.wait_for(lambda: _job(cluster, job).get("JobState") == "COMPLETED", 120, "job %s to complete" % job)
+    info = _job(cluster, job)
+    prolog = [r for r in cluster.log_records(target) if r.get("mode") == "prolog" and r.get("job") == job]
+    if prolog:
+        click.echo("  the prolog on %s: %s -> %s, exit 1 (%.2fs)" % (target, prolog[-1]["verdict"],
+                                                                   prolog[-1].get("action"), prolog[-1]["duration"]))
+    click.echo("  job %s: requeued %s time(s), completed on %s" % (job, info.get("Restarts"), info.get("NodeList")))
+    _show(cluster, ["/usr/bin/sinfo", "-R", "-o", "%60E %N"], "%s sinfo -R -o '%%60E %%N'" % env)
+
+    _say("5. What an admin does next")
+    click.echo("  gpugate explain --sim %s --node gpu07   (the runbook for a stale module):" % cluster.fleet)
+    result = cluster.run([sys.executable, "-m", "gpugate", "explain", "--config", cluster.gpugate_conf,
+                          "--node", "gpu07"], check=False)
+    click.echo("\n".join("    " + line for line in result.stdout.rstrip().splitlines()))
+    _sweep_step(cluster)
+    click.echo("\nDone. Every node-side run left one JSON line in %s/state/<node>/gpugate.log." % cluster.dir)
+
+
+def _sweep_step(cluster) -> None:
+    """The sweep (when installed) returns the drifted nodes and escalates the rest."""
+    try:
+        from . import sweep  # noqa: F401
+    except ImportError:
+        return
+
+
+def _wait_fresh_healthcheck(cluster, node: str) -> None:
+    """Start right after a health check, so the prolog sees the fault first."""
+    count = len([r for r in cluster.log_records(node) if r.get("mode") == "healthcheck"])
+    cluster.wait_for(lambda: len([r for r in cluster.log_records(node) if r.get("mode") == "healthcheck"]) > count,
+                     3 * DEMO_INTERVAL + 10, "a health check on " + node)
+
+
+def _job(cluster, job: str) -> dict:
+    out = cluster.scontrol("show", "job", job, check=False)
+    return dict(token.split("=", 1) for token in out.split() if "=" in token)
+
+
+@demo.command("up")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False))
+@click.option("--nodes", default=8, show_default=True, type=click.IntRange(1, 64))
+@click.option("--interval", default=DEMO_INTERVAL, show_default=True, help="HealthCheckInterval (seconds).")
+def demo_up(directory, nodes, interval):
+    """Boot a healthy cluster in DIR and leave it running."""
+    from ..cluster import Cluster
+
+    cluster = Cluster(directory, nodes=nodes, health_interval=interval)
+    cluster.write(_baseline_text())
+    cluster.start()
+    click.echo("cluster up: %d nodes %s\n  SLURM_CONF=%s sinfo -R\n  gpugate sim set %s NODES KEY=VALUE\n"
+               "  gpugate demo down --dir %s" % (nodes, cluster.nodeset(), cluster.conf, cluster.fleet, directory))
+
+
+@demo.command("down")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, exists=True))
+def demo_down(directory):
+    """Stop the cluster in DIR (by the pids it recorded)."""
+    from ..cluster import Cluster, node_names_from_conf
+
+    cluster = Cluster(directory, nodes=0)
+    cluster.nodes = node_names_from_conf(cluster.conf)
+    cluster.stop()
+    click.echo("stopped %s" % directory)
