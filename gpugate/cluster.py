@@ -225,7 +225,8 @@ fleet = "{dir}/fleet"
         argv = [SBIN + "/slurmd", "-f", self.conf, "-N", name]
         if boot:
             argv.append("-b")  # report a reboot: completes `scontrol reboot`
-        self._spawn(argv, "slurmd-" + name)
+        # slurmd runs RebootProgram with its own environment: name the node there.
+        self._spawn(argv, "slurmd-" + name, {"SLURMD_NODENAME": name})
 
     def _start_munge(self) -> None:
         if self._alive(self.path("run", "munged.pid")):
@@ -236,9 +237,10 @@ fleet = "{dir}/fleet"
              "--log-file=" + self.path("log", "munged.log"), "--seed-file=" + self.path("munge", "seed")],
             check=True, timeout=30, env=self.env, stdin=subprocess.DEVNULL, capture_output=True)
 
-    def _spawn(self, argv: List[str], what: str) -> None:
+    def _spawn(self, argv: List[str], what: str, extra_env: Optional[Dict[str, str]] = None) -> None:
         log = open(self.path("log", what + ".out"), "ab")
-        subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        env = dict(self.env, **(extra_env or {}))
+        subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                          start_new_session=True, close_fds=True)
         log.close()
 
@@ -396,7 +398,9 @@ def _is_ours(pid: int, what: str) -> bool:
 # empty kernel log, the on-disk module loaded) and its slurmd restarts with -b.
 REBOOT_PROGRAM = """#!{python}
 import os, subprocess, sys, time
-node = os.environ.get("SLURMD_NODENAME") or (sys.argv[1] if len(sys.argv) > 1 else "")
+node = os.environ.get("SLURMD_NODENAME", "")
+if not node:
+    sys.exit("reboot: SLURMD_NODENAME is not set")
 subprocess.run(["{python}", "-m", "gpugate", "sim", "set", "{dir}/fleet", node, "reboot=1"],
                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
 pidfile = "{dir}/run/slurmd-%s.pid" % node
@@ -413,7 +417,7 @@ if os.fork() == 0:
         except ProcessLookupError:
             break
         time.sleep(0.1)
-    env = {{"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": "{dir}/slurm.conf"}}
+    env = {{"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": "{dir}/slurm.conf", "SLURMD_NODENAME": node}}
     log = open("{dir}/log/slurmd-%s.out" % node, "ab")
     subprocess.Popen(["/usr/sbin/slurmd", "-f", "{dir}/slurm.conf", "-N", node, "-b"], env=env,
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
