@@ -181,6 +181,19 @@ class Baseline:
     def with_pin(self, pin: Pins) -> "Baseline":
         return replace(self, pin=pin)
 
+    def as_previous(self) -> "Baseline":
+        """The baseline with [previous] pinned (what a rollback must verify
+        against): previous values win, components it leaves out keep the pin."""
+        if self.previous is None:
+            raise ConfigError("%s: no [previous] block to verify against" % (self.source or "baseline"))
+        merged = asdict(self.pin)
+        for key, value in asdict(self.previous).items():
+            if key == "vbios":
+                merged["vbios"] = dict(self.pin.vbios, **value)
+            elif value:
+                merged[key] = value
+        return replace(self, pin=Pins(**merged), previous=None, rollout_in_progress=False)
+
     def resolved_for(self, node: str) -> Dict[str, object]:
         """This node's view of the baseline as JSON: the prolog reuses it
         without parsing TOML or expanding hostlists on every job."""

@@ -62,11 +62,12 @@ def node_names(count: int) -> List[str]:
 
 class Cluster:
     def __init__(self, directory: str, nodes: int = 8, health_interval: int = 5,
-                 partitions: Optional[Dict[str, str]] = None):
+                 partitions: Optional[Dict[str, str]] = None, sweep: Optional[Dict[str, object]] = None):
         self.dir = os.path.abspath(directory)
         self.nodes = node_names(nodes)
         self.health_interval = health_interval
         self.partitions = partitions
+        self.sweep_overrides = dict(sweep or {})
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.gpugate_conf = os.path.join(self.dir, "gpugate.toml")
         self.baseline = os.path.join(self.dir, "baseline.toml")
@@ -120,10 +121,26 @@ bin_dir = "{dir}/slurm-bin"
 
 [sim]
 fleet = "{dir}/fleet"
+
+[sweep]
+{sweep}
 {extra}
-""".format(dir=self.dir, extra=extra)
+""".format(dir=self.dir, extra=extra, sweep=self._sweep_toml())
         with open(self.gpugate_conf, "w") as handle:
             handle.write(text)
+
+    def _sweep_toml(self) -> str:
+        """The sweep of a simulated fleet: local transport, `gpugate sim
+        converge` as the reconverge command, short timeouts."""
+        gpugate = [sys.executable, "-m", "gpugate"]
+        converge = gpugate + ["sim", "converge", self.fleet, "{nodes}", "--baseline", self.baseline]
+        values: Dict[str, object] = {
+            "journal": self.path("state", "sweep.db"), "transport": "local", "gpugate": gpugate,
+            "converge": converge, "rollback": converge + ["--previous"],
+            "poll_seconds": 0.5, "drain_timeout": 60, "reboot_timeout": 90, "verify_timeout": 120,
+        }
+        values.update(self.sweep_overrides)
+        return "\n".join("%s = %s" % (k, _toml_value(v)) for k, v in values.items())
 
     def _write_shims(self) -> None:
         for mode in ENTRY_POINTS:
@@ -436,3 +453,15 @@ def node_names_from_conf(conf: str) -> List[str]:
     except OSError:
         pass
     return names
+
+
+def _toml_value(value) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ %s }" % ", ".join("%s = %s" % (json.dumps(k), _toml_value(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ", ".join(_toml_value(v) for v in value)
+    return json.dumps(value)  # strings and numbers: JSON's forms are TOML's

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from .errors import ConfigError
-from .schema import (AnyOf, Bool, Choice, ListOf, MapOf, Number, Str, Table, check_owner,
+from .schema import (AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table, check_owner,
                      load_toml, validate)
 
 DEFAULT_CONFIG = "/etc/gpugate/gpugate.toml"
@@ -46,6 +46,29 @@ def _tag(value: str) -> Optional[str]:
 _PATH = Str("/var/lib/gpugate", _abs_path)
 _OPT_PATH = AnyOf(Choice(""), _PATH)
 
+_ARGV = ListOf(Str("ansible-playbook"), max_items=200)
+_SWEEP = Table({
+    "journal": (_PATH, "/var/lib/gpugate/sweep.db"),
+    "max_batch": (Int(1, 100000), 8),
+    "floor": (Number(0, 100000), 0.5),  # < 1: a fraction of each partition; >= 1: a node count
+    "floors": (MapOf(Number(0, 100000)), dict),
+    "canary": (Int(1, 1000), 1),
+    "circuit_breaker": (Int(1, 100000), 2),
+    "drain_timeout": (Number(0, 7 * 86400), 3600.0),
+    "converge": (_ARGV, ()),
+    "converge_per": (Choice("batch", "node"), "batch"),
+    "converge_timeout": (Number(1, 86400), 3600.0),
+    "preview": (_ARGV, ()),
+    "rollback": (_ARGV, ()),
+    "reboot_timeout": (Number(1, 86400), 900.0),
+    "verify_timeout": (Number(1, 86400), 1800.0),
+    "transport": (Choice("ssh", "local"), "ssh"),
+    "gpugate": (_ARGV, ("/opt/gpugate/bin/gpugate",)),
+    "remote_config": (_OPT_PATH, ""),
+    "fanout": (Int(1, 4096), 64),
+    "poll_seconds": (Number(0.1, 600), 5.0),
+})
+
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
     "state_dir": (_PATH, "/var/lib/gpugate"),
@@ -82,6 +105,7 @@ _CONFIG = Table({
     "kernel_log": (Table({"path": (_PATH, "/dev/kmsg")}), lambda: {"path": "/dev/kmsg"}),
     "sim": (Table({"fleet": (_OPT_PATH, "")}), lambda: {"fleet": ""}),
     "check_ownership": (Bool(), True),
+    "sweep": (_SWEEP, lambda: _SWEEP.check({}, "sweep")),
 })
 
 
@@ -103,6 +127,7 @@ class Settings:
     kernel_log: str
     sim_fleet: str
     check_ownership: bool
+    sweep: Mapping[str, object] = None
     source: str = ""
 
     def state_dir(self, node: str) -> str:
@@ -140,7 +165,7 @@ def parse_settings(data: object, source: str) -> Settings:
         verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
-        check_ownership=raw["check_ownership"], source=source)
+        check_ownership=raw["check_ownership"], sweep=raw["sweep"], source=source)
 
 
 def config_path(explicit: Optional[str] = None) -> str:

@@ -26,6 +26,14 @@ class Cli(click.Group):
         except GpugateError as exc:
             click.echo("gpugate: error: %s" % exc, err=True)
             sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except Exception as exc:  # a bug: say so plainly, the traceback on request
+            if os.environ.get("GPUGATE_DEBUG"):
+                raise
+            click.echo("gpugate: internal error: %s: %s\n(run again with GPUGATE_DEBUG=1 for the traceback, "
+                       "and report it)" % (type(exc).__name__, exc), err=True)
+            sys.exit(2)
 
 
 def default_node() -> str:
@@ -80,7 +88,9 @@ _node_opt = click.option("--node", "-n", default=None, help="Node name (default:
 @click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]),
               default="healthcheck", show_default=True, help="What to collect and the time budget.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys: node, mode, fit, reason, findings, facts, durations).")
-def check(config, baseline_path, sim, node, mode, as_json):
+@click.option("--pin", type=click.Choice(["current", "previous"]), default="current", show_default=True,
+              help="Judge against the baseline's [pin] or its [previous] block (what a rollback verifies).")
+def check(config, baseline_path, sim, node, mode, as_json, pin):
     """Check one node against the baseline.  Never touches Slurm.
 
     \b
@@ -94,6 +104,8 @@ def check(config, baseline_path, sim, node, mode, as_json):
 
     settings = load_context(config, sim, baseline_path)
     baseline = load_checked_baseline(settings)
+    if pin == "previous":
+        baseline = baseline.as_previous()
     result = run_check(settings, baseline, node or default_node(), mode)
     if as_json:
         click.echo(json.dumps(result_json(result), sort_keys=True))
@@ -134,3 +146,4 @@ def slurm_conf(config, release):
 
 from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
 from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
+from . import sweep as _sweep  # noqa: E402,F401  (registers `gpugate sweep`)

@@ -127,3 +127,36 @@ def _read(path):
         return ""
     with open(path, encoding="utf-8", errors="replace") as handle:
         return handle.read()
+
+
+@sim.command("converge")
+@click.argument("fleet", type=click.Path(file_okay=False, exists=True))
+@click.argument("nodes")
+@click.option("--baseline", "-b", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--previous", is_flag=True, help="Converge to the baseline's [previous] block (a rollback).")
+def sim_converge(fleet, nodes, baseline_path, previous):
+    """The reconverge command for simulated fleets: rewrite each node to the
+    pinned versions (hardware faults stay).  A node set with converge=noop
+    "succeeds" and changes nothing; converge=error fails (exit 1).
+
+    \b
+    In gpugate.toml:  [sweep] converge = ["gpugate", "sim", "converge", "FLEET", "{nodes}", "-b", "BASELINE"]
+    """
+    from ..baseline import load_baseline
+    from ..sim import fleet as simfleet
+
+    baseline = load_baseline(baseline_path)
+    failed = []
+    for name in _nodeset(nodes):
+        model = simfleet.load(fleet, name)
+        mode = model.get("converge", "ok")
+        if mode == "error":
+            failed.append(name)
+            continue
+        if mode == "ok":
+            simfleet.converge(model, baseline, previous=previous)
+            simfleet.save(fleet, name, model)
+    if failed:
+        click.echo("converge failed on %s" % ",".join(failed), err=True)
+        raise SystemExit(1)
+    click.echo("converged %s to %s" % (nodes, "the previous baseline" if previous else baseline.name))

@@ -88,7 +88,7 @@ def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
         "dcgm": {"version": pin.dcgm or "4.2.3", "health": "Healthy", "diag_fail": {}},
         "kmsg": [],
         "replays": {},
-        "converge_fails": False,
+        "converge": "ok",  # sim converge: ok | noop (exits 0, fixes nothing) | error
         "persistence_required": bool(expect.persistence),
     }
 
@@ -174,3 +174,35 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
+    """What a re-image or config converge does: every pinned version, as the
+    baseline (or its [previous] block) says.  Hardware faults stay."""
+    target = baseline.as_previous() if previous else baseline
+    pin = target.pin
+    if pin.driver:
+        model["nvml"]["driver"] = pin.driver
+        model["module"]["on_disk"] = pin.driver  # the resident module changes at the reboot
+    for gpu in model["nvml"]["gpus"]:
+        if gpu.get("gsp") is not None and pin.gsp_firmware:
+            gpu["gsp"] = pin.gsp_firmware
+        if gpu["name"] in pin.vbios:
+            gpu["vbios"] = pin.vbios[gpu["name"]]
+        gpu["persistence"] = 1
+    if pin.cuda_driver:
+        model["nvml"]["cuda"] = _cuda_int(pin.cuda_driver)
+    if pin.kernel:
+        model["kernel"] = pin.kernel
+    if pin.image:
+        model["image"]["version"] = pin.image
+    if pin.dcgm:
+        model["dcgm"]["version"] = pin.dcgm
+    for role in ("container_toolkit", "fabricmanager"):
+        version = pin.get(role)
+        if version and model["packages"].get(role):
+            model["packages"][role]["version"] = version
+    model["dkms"] = True
+    for unit in model["services"]:
+        if unit == "nvidia-fabricmanager" and model["packages"].get("fabricmanager"):
+            model["services"][unit] = "active"

@@ -30,6 +30,12 @@ def _flag(value: str) -> int:
     raise ConfigError("expected 1/0 (or true/false), got %r" % value)
 
 
+def _choice(value: str, allowed):
+    if value not in allowed:
+        raise ConfigError("expected one of %s, got %r" % (", ".join(allowed), value))
+    return value
+
+
 def _optional(value: str):
     return None if value.lower() in ("none", "null", "") else value
 
@@ -201,7 +207,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "module.resident": _node_path("module", "resident", convert=_optional),
     "module.on_disk": _node_path("module", "on_disk", convert=_optional),
     "dkms": _node_path("dkms", convert=lambda v: bool(_flag(v))),
-    "converge_fails": _node_path("converge_fails", convert=lambda v: bool(_flag(v))),
+    "converge": _node_path("converge", convert=lambda v: _choice(v, ("ok", "noop", "error"))),
     "reboot": lambda m, v: reboot(m) if _flag(v) else None,
 }
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")

@@ -74,6 +74,25 @@ class CommandSlurm:
     def resume(self, names: str) -> None:
         self.update(names, "RESUME")
 
+    def reserve(self, name: str, names: str) -> None:
+        """A maintenance reservation: no job starts on these nodes, whatever
+        state Slurm gives them (e.g. ReturnToService=2 after a reboot)."""
+        self._run("scontrol", ["create", "reservation", "ReservationName=" + name, "Nodes=" + names,
+                               "StartTime=now", "Duration=UNLIMITED", "Users=root", "Flags=MAINT,IGNORE_JOBS"])
+
+    def unreserve(self, name: str) -> None:
+        self._run("scontrol", ["delete", "ReservationName=" + name])
+
+    def reservations(self) -> Dict[str, str]:
+        """name -> hostlist of every reservation."""
+        out = self._run("scontrol", ["show", "reservation", "--oneliner"])
+        found = {}
+        for line in out.splitlines():
+            fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+            if "ReservationName" in fields:
+                found[fields["ReservationName"]] = fields.get("Nodes", "")
+        return found
+
     def reboot(self, names: str, reason: str, next_state: Optional[str] = None) -> None:
         args = ["reboot", "ASAP"]
         if next_state:

@@ -1,0 +1,106 @@
+"""Human and JSON output of the sweep: the plan, the summary, the journal."""
+
+import time
+
+from ..sweep.transport import expand
+
+
+def _hostlist(nodes) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(sorted(nodes))) if nodes else "-"
+
+
+def _commands(batch, settings):
+    cfg = settings.sweep
+    nodes = list(batch.nodes)
+    out = []
+    if batch.remedy == "escalate":
+        return ["scontrol update NodeName=%s State=DRAIN Reason='%s rma ...'" % (_hostlist(nodes), settings.reason_tag)]
+    if batch.remedy == "reconverge" and cfg["converge"]:
+        groups = [[n] for n in nodes] if cfg["converge_per"] == "node" else [nodes]
+        out += [" ".join(expand(cfg["converge"], g)) for g in groups[:3]]
+        if len(groups) > 3:
+            out.append("... (%d more, one per node)" % (len(groups) - 3))
+    if cfg["preview"] and batch.remedy == "reconverge":
+        out.append("preview: " + " ".join(expand(cfg["preview"], nodes)))
+    out.append("scontrol reboot ASAP nextstate=DOWN reason=<gpugate reason> %s" % _hostlist(nodes))
+    out.append("%s check --mode verify --json   (on each node, %s transport)"
+               % (" ".join(cfg["gpugate"]), cfg["transport"]))
+    out.append("scontrol update NodeName=<verified nodes> State=RESUME   (only if the reason is still gpugate's)")
+    return out
+
+
+def plan_text(plan, settings, snap) -> str:
+    lines = ["Partitions (floor: nodes that must stay in service):"]
+    lines.append("  %-12s %7s %10s %10s %8s %9s %6s %7s" % ("partition", "members", "in service", "out other",
+                                                            "pending", "in flight", "floor", "budget"))
+    for f in sorted(plan.partitions.values(), key=lambda f: f.name):
+        lines.append("  %-12s %7d %10d %10d %8d %9d %6d %7d" % (f.name, f.members, f.in_service, f.out_other,
+                                                                f.pending, f.in_flight, f.floor, f.budget))
+    if not plan.batches:
+        lines.append("\nNothing to do in this run.")
+    for batch in plan.batches:
+        lines.append("\nBatch %d: %s%s  %s (%d)" % (batch.index, batch.remedy, " (canary)" if batch.canary else "",
+                                                 _hostlist(batch.nodes), len(batch.nodes)))
+        lines += ["  $ " + c for c in _commands(batch, settings)]
+    lines.append("\nDrained nodes:")
+    for name in sorted(plan.decisions):
+        d = plan.decisions[name]
+        mark = "batch %d" % d.batch if d.batch else ("escalate" if d.included else "skip")
+        lines.append("  %-10s %-9s %s" % (name, mark, d.why))
+    lines.append("\nThis is the plan only: run with --apply to execute it.")
+    return "\n".join(lines)
+
+
+def plan_json(plan, settings, snap) -> dict:
+    return {
+        "batches": [{"index": b.index, "remedy": b.remedy, "canary": b.canary, "nodes": _hostlist(b.nodes),
+                     "count": len(b.nodes), "commands": _commands(b, settings)} for b in plan.batches],
+        "decisions": {n: {"included": d.included, "remedy": d.remedy, "why": d.why, "batch": d.batch}
+                      for n, d in plan.decisions.items()},
+        "partitions": {p: f.__dict__ for p, f in plan.partitions.items()},
+    }
+
+
+def report_text(report) -> str:
+    lines = ["", "Sweep summary:", "  %-10s %-11s %-10s %8s  %s" % ("node", "remedy", "result", "attempts", "detail")]
+    for name in sorted(report.outcomes):
+        o = report.outcomes[name]
+        lines.append("  %-10s %-11s %-10s %8d  %s" % (name, o.remedy, o.result, o.attempts, o.detail[:80]))
+    if not report.outcomes:
+        lines.append("  (nothing to do)")
+    counts = {}
+    for o in report.outcomes.values():
+        counts[o.result] = counts.get(o.result, 0) + 1
+    lines.append("  " + ", ".join("%d %s" % (c, r) for r, c in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def report_json(report) -> dict:
+    return {"outcomes": {n: o.__dict__ for n, o in report.outcomes.items()}, "batches": report.batches,
+            "stopped": report.stopped, "max_out": report.max_out}
+
+
+def status_text(journal) -> str:
+    lines = ["Recent sweeps:"]
+    for run_id, started, ended, pid, outcome in journal.runs(5):
+        lines.append("  run %d  pid %d  started %s  %s" % (run_id, pid, time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                                     time.localtime(started)),
+                                                       outcome or ("running or interrupted" if not ended else "")))
+    nodes = journal.nodes()
+    flying = {n: r for n, r in nodes.items() if not r.finished}
+    lines.append("\nIn flight: %s" % (_hostlist(flying) if flying else "none"))
+    lines.append("\n  %-10s %-11s %-6s %-13s %-8s %-8s %s" % ("node", "remedy", "batch", "step", "status", "attempt",
+                                                            "detail"))
+    for name in sorted(nodes):
+        r = nodes[name]
+        lines.append("  %-10s %-11s %-6d %-13s %-8s %-8d %s" % (name, r.remedy, r.batch, r.step, r.status,
+                                                              r.attempt, r.detail[:70]))
+    return "\n".join(lines)
+
+
+def status_json(journal) -> dict:
+    return {"runs": [dict(zip(("id", "started", "ended", "pid", "outcome"), r)) for r in journal.runs(20)],
+            "nodes": {n: r.__dict__ for n, r in journal.nodes().items()},
+            "in_flight": sorted(journal.in_flight())}

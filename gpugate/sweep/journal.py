@@ -1,0 +1,118 @@
+"""The sweep's journal (sqlite in the state directory).
+
+Every step of every node is recorded before it is taken ("started") and
+after ("done" / "failed"), in its own committed transaction, so a sweeper
+killed at any point is taken up by the next one from the recorded step.
+"""
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from ..errors import ConfigError
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, started REAL, ended REAL, pid INTEGER, argv TEXT, outcome TEXT);
+CREATE TABLE IF NOT EXISTS nodes (
+    node TEXT PRIMARY KEY, run INTEGER, remedy TEXT, batch INTEGER, attempt INTEGER,
+    step TEXT, status TEXT, reason TEXT, updated REAL, detail TEXT, reservation TEXT);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, run INTEGER, node TEXT, step TEXT, status TEXT, attempt INTEGER,
+    at REAL, detail TEXT);
+"""
+STARTED, DONE, FAILED = "started", "done", "failed"
+# A node whose last step is one of these is finished (not in flight).
+TERMINAL = {("resume", DONE), ("escalate", DONE), ("left", DONE), ("deferred", DONE), ("halted", DONE)}
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    node: str
+    run: int
+    remedy: str
+    batch: int
+    attempt: int
+    step: str
+    status: str
+    reason: str
+    updated: float
+    detail: str
+    reservation: str
+
+    @property
+    def finished(self) -> bool:
+        return (self.step, self.status) in TERMINAL
+
+
+class Journal:
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path, timeout=10, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a recorded step survives a power cut
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        if tables and version != SCHEMA_VERSION:
+            self.db.close()
+            raise ConfigError("%s: a sweep journal of another gpugate version (format %d, this one reads %d); "
+                              "finish or move it away" % (path, version, SCHEMA_VERSION))
+        self.db.executescript(SCHEMA)
+        self.db.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
+        self.run_id: Optional[int] = None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def start_run(self, argv: List[str]) -> int:
+        cur = self.db.execute("INSERT INTO runs (started, pid, argv) VALUES (?, ?, ?)",
+                              (time.time(), os.getpid(), json.dumps(argv)))
+        self.run_id = cur.lastrowid
+        return self.run_id
+
+    def end_run(self, outcome: str) -> None:
+        self.db.execute("UPDATE runs SET ended = ?, outcome = ? WHERE id = ?", (time.time(), outcome, self.run_id))
+
+    def enrol(self, node: str, remedy: str, batch: int, reason: str) -> None:
+        """A node enters the sweep's hands (replacing any finished record)."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, 1, 'planned', ?, ?, ?, '', ?)",
+                            (node, self.run_id, remedy, batch, DONE, reason, time.time(),
+                             "gpugate_sweep_r%d_b%d" % (self.run_id, batch)))
+            self._event(node, "planned", DONE, 1, remedy)
+
+    def record(self, node: str, step: str, status: str, attempt: Optional[int] = None, detail: str = "") -> None:
+        with self.db:
+            if attempt is None:
+                row = self.db.execute("SELECT attempt FROM nodes WHERE node = ?", (node,)).fetchone()
+                attempt = row[0] if row else 1
+            self.db.execute("UPDATE nodes SET step = ?, status = ?, attempt = ?, updated = ?, detail = ?, run = ? "
+                            "WHERE node = ?", (step, status, attempt, time.time(), detail[:500], self.run_id, node))
+            self._event(node, step, status, attempt, detail)
+
+    def _event(self, node, step, status, attempt, detail) -> None:
+        self.db.execute("INSERT INTO events (run, node, step, status, attempt, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (self.run_id, node, step, status, attempt, time.time(), detail[:500]))
+
+    def nodes(self) -> Dict[str, NodeRecord]:
+        rows = self.db.execute("SELECT node, run, remedy, batch, attempt, step, status, reason, updated, detail, "
+                               "reservation FROM nodes").fetchall()
+        return {r[0]: NodeRecord(*r) for r in rows}
+
+    def in_flight(self) -> Dict[str, NodeRecord]:
+        return {n: r for n, r in self.nodes().items() if not r.finished}
+
+    def events(self, node: Optional[str] = None) -> List[tuple]:
+        if node:
+            return self.db.execute("SELECT run, node, step, status, attempt, at, detail FROM events WHERE node = ? "
+                                   "ORDER BY id", (node,)).fetchall()
+        return self.db.execute("SELECT run, node, step, status, attempt, at, detail FROM events ORDER BY id").fetchall()
+
+    def runs(self, limit: int = 10) -> List[tuple]:
+        return self.db.execute("SELECT id, started, ended, pid, outcome FROM runs ORDER BY id DESC LIMIT ?",
+                               (limit,)).fetchall()

@@ -1,0 +1,235 @@
+"""The sweep's plan: a pure function of (snapshot, options).
+
+Which of gpugate's drained nodes to work on in this run, grouped into batches
+by remedy, oldest drain first, never a node whose reason is no longer
+gpugate's, and never more nodes in the sweep's hands at once than each
+partition can spare:
+
+    budget(partition) = members - floor - out for other reasons - in flight
+
+Nodes gpugate drained and nobody works on yet do not count against the floor
+(they are out either way); nodes out for any other reason (an admin's drain,
+down, not responding) and nodes already in the sweep's hands do.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
+
+RECONVERGE = "reconverge"
+REBOOT = "reboot"
+ESCALATE = "escalate"
+REMEDIES = (RECONVERGE, REBOOT, ESCALATE)
+
+# health components a reboot (which resets every GPU) can fix; the rest escalate.
+_REBOOT_FIXES = {"xid", "gpu", "gpu_count", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
+                 "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus"}
+_RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) fixes it
+
+
+@dataclass(frozen=True)
+class Options:
+    max_batch: int = 8
+    floor: float = 0.5  # < 1: a fraction of each partition; >= 1: a node count
+    floors: Mapping[str, float] = field(default_factory=dict)  # per partition
+    nodes: Optional[FrozenSet[str]] = None  # only these (--nodes)
+    partitions: Optional[FrozenSet[str]] = None  # only nodes in these (--partition)
+    in_flight: FrozenSet[str] = frozenset()  # in the journal, not finished
+    exclude: FrozenSet[str] = frozenset()  # already handled in this run
+    rollout: Optional[FrozenSet[str]] = None  # nodes still on `previous` (sweep --rollout)
+    canary: int = 1
+    reboot_xids: FrozenSet[int] = frozenset()  # Xids whose action is reset/reboot
+    escalate_xids: FrozenSet[int] = frozenset()  # Xids whose action is rma/investigate
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str
+    included: bool
+    remedy: Optional[str]
+    why: str
+    batch: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PartitionFigures:
+    name: str
+    members: int
+    in_service: int
+    out_other: int
+    pending: int  # drained by gpugate, waiting
+    in_flight: int
+    floor: int
+    budget: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    index: int
+    remedy: str
+    nodes: Tuple[str, ...]
+    canary: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    batches: Tuple[Batch, ...]
+    decisions: Mapping[str, Decision]
+    partitions: Mapping[str, PartitionFigures]
+
+
+def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
+    """(remedy, why) for a node gpugate drained; remedy None: not the sweep's."""
+    cls = ours.cls
+    first = ours.first
+    component = first.component if first else ""
+    if cls == PROBE:
+        return None, "probe drains clear themselves once the node answers"
+    if cls == RMA:
+        return None, "escalated (rma): a human must look; never resumed automatically"
+    if cls in (DRIFT, ROLLOUT):
+        return RECONVERGE, "%s: reconverge to the pin" % cls
+    if cls == BROKEN:
+        if component in _RECONVERGE_FIXES or (component == "module" and first.observed.startswith("none")):
+            return RECONVERGE, "broken %s: converge (build/install the module), reboot" % component
+        return REBOOT, "broken %s: reload by reboot" % (component or "stack")
+    if cls == HEALTH:
+        if component == "xid":
+            try:
+                xid = int(first.observed)
+            except ValueError:
+                xid = -1
+            if xid in options.escalate_xids:
+                return ESCALATE, "Xid %d: the policy says rma/investigate" % xid
+            return REBOOT, "Xid %d: reset by reboot" % xid
+        if component == "row_remap" and first.observed == "failure":
+            return ESCALATE, "row remap failure: out of spare rows"
+        if component in _REBOOT_FIXES:
+            return REBOOT, "health %s: reset by reboot" % component
+        return ESCALATE, "health %s: no automatic remedy" % (component or "?")
+    return None, "unknown class %r" % cls
+
+
+def floor_count(members: int, floor: float) -> int:
+    if floor < 1:
+        return int(math.ceil(floor * members - 1e-9))
+    return min(int(floor), members)
+
+
+def partition_figures(snapshot, options: Options) -> Dict[str, PartitionFigures]:
+    figures = {}
+    for part, names in snapshot.partition_members().items():
+        views = [snapshot.nodes[n] for n in names]
+        members = len(views)
+        in_flight = sum(1 for v in views if v.name in options.in_flight)
+        out_other = sum(1 for v in views if v.out_for_others and v.name not in options.in_flight)
+        pending = sum(1 for v in views if v.ours is not None and v.name not in options.in_flight)
+        in_service = sum(1 for v in views if v.in_service)
+        floor = floor_count(members, options.floors.get(part, options.floor))
+        budget = max(members - floor - out_other - in_flight, 0)
+        figures[part] = PartitionFigures(part, members, in_service, out_other, pending, in_flight, floor, budget)
+    return figures
+
+
+def plan(snapshot, options: Options) -> Plan:
+    figures = partition_figures(snapshot, options)
+    decisions: Dict[str, Decision] = {}
+    candidates: List[Tuple[str, str]] = []  # (node, remedy)
+    escalations: List[str] = []
+    for view in sorted(snapshot.nodes.values(), key=_age_order):
+        if not _in_scope(view, options):
+            continue
+        if view.name in options.in_flight:
+            decisions[view.name] = Decision(view.name, False, None, "in flight: the journal continues it")
+            continue
+        if view.name in options.exclude:
+            decisions[view.name] = Decision(view.name, False, None, "handled earlier in this run")
+            continue
+        if options.rollout is not None:
+            if view.name in options.rollout and not view.drain and view.in_service:
+                candidates.append((view.name, RECONVERGE))
+            elif view.name in options.rollout:
+                decisions[view.name] = Decision(view.name, False, None, "on the previous pin but out of service")
+            continue
+        if view.ours is None:
+            if view.drain:
+                decisions[view.name] = Decision(view.name, False, None,
+                                                "drained by someone else (%r): not gpugate's" % view.reason[:60])
+            continue
+        remedy, why = remedy_for(view.ours, options)
+        if remedy is None:
+            decisions[view.name] = Decision(view.name, False, None, why)
+        elif remedy == ESCALATE:
+            escalations.append(view.name)
+            decisions[view.name] = Decision(view.name, True, ESCALATE, why)
+        else:
+            candidates.append((view.name, remedy))
+            decisions[view.name] = Decision(view.name, True, remedy, why)
+
+    batches: List[Batch] = []
+    if escalations:  # changes a reason only: costs no capacity
+        batches.append(Batch(1, ESCALATE, tuple(escalations)))
+    batches += _batches(snapshot, options, figures, candidates, decisions, start=len(batches) + 1)
+    return Plan(tuple(batches), decisions, figures)
+
+
+def _batches(snapshot, options, figures, candidates, decisions, start) -> List[Batch]:
+    """Cut the candidates into batches.  Each batch fits every partition's
+    budget on its own (the previous batch is back in service, or stopped the
+    sweep, before the next starts); the first rollout batch is the canary."""
+    out: List[Batch] = []
+    remaining = list(candidates)
+    index = start
+    canary = options.rollout is not None
+    while remaining:
+        limit = max(1, min(options.max_batch, options.canary if canary else options.max_batch))
+        budget = {p: f.budget for p, f in figures.items()}
+        taken: Dict[str, List[str]] = {}
+        left = []
+        for name, remedy in remaining:
+            parts = snapshot.nodes[name].partitions
+            size = sum(len(v) for v in taken.values())
+            if size < limit and all(budget.get(p, 0) > 0 for p in parts):
+                for p in parts:
+                    budget[p] -= 1
+                taken.setdefault(remedy, []).append(name)
+            else:
+                left.append((name, remedy))
+        if not taken:
+            for name, remedy in left:
+                blocked = [p for p in snapshot.nodes[name].partitions if figures[p].budget <= 0]
+                decisions[name] = Decision(name, False, remedy, _floor_why(figures, blocked))
+            break
+        for remedy in REMEDIES:
+            if remedy in taken:
+                out.append(Batch(index, remedy, tuple(taken[remedy]), canary=canary))
+                for name in taken[remedy]:
+                    why = decisions[name].why if name in decisions else "still on the previous pin: roll out"
+                    decisions[name] = Decision(name, True, remedy, why, batch=index)
+                index += 1
+        canary = False
+        remaining = left
+    return out
+
+
+def _floor_why(figures, blocked: Sequence[str]) -> str:
+    if not blocked:
+        return "no budget left in this run"
+    f = figures[blocked[0]]
+    return ("partition %s at its floor: %d of %d must stay in service, %d out for other reasons, %d in flight"
+            % (f.name, f.floor, f.members, f.out_other, f.in_flight))
+
+
+def _in_scope(view, options: Options) -> bool:
+    if options.nodes is not None and view.name not in options.nodes:
+        return False
+    if options.partitions is not None and not set(view.partitions) & options.partitions:
+        return False
+    return True
+
+
+def _age_order(view):
+    """Oldest drain first; unknown times last; then by name."""
+    return (view.reason_time is None, view.reason_time or 0, view.name)

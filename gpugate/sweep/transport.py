@@ -1,0 +1,91 @@
+"""Running gpugate on nodes from the controller: ClusterShell over ssh, or
+locally with --node for simulated fleets.  Both return, per node, the JSON
+object `gpugate check --json` printed, or an error string."""
+
+import json
+import shlex
+from typing import Dict, List, Sequence, Union
+
+from ..errors import CommandError
+from ..runner import run
+
+Answer = Union[dict, str]  # the check's JSON object, or why there is none
+
+
+def _parse(stdout: str) -> Answer:
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(data, dict) and "fit" in data:
+                return data
+    return "no JSON verdict in the output: %r" % stdout.strip()[-200:]
+
+
+class LocalTransport:
+    """gpugate runs here and checks the simulated node named by --node."""
+
+    def __init__(self, gpugate: Sequence[str], config: str = ""):
+        self.gpugate = list(gpugate)
+        self.config = config
+
+    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+        out: Dict[str, Answer] = {}
+        for node in nodes:
+            argv = self.gpugate + ["check"] + list(args) + ["--json", "--node", node]
+            if self.config:
+                argv += ["--config", self.config]
+            try:
+                out[node] = _parse(run(argv, timeout, ok_codes=(0, 1)).stdout)
+            except CommandError as exc:
+                out[node] = str(exc)
+        return out
+
+
+class SshTransport:
+    """ClusterShell fan-out over ssh, one timeout for the whole batch."""
+
+    def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 64):
+        self.gpugate = list(gpugate)
+        self.config = config
+        self.fanout = fanout
+
+    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+        from ClusterShell.NodeSet import NodeSet
+        from ClusterShell.Task import task_self
+
+        argv = self.gpugate + ["check"] + list(args) + ["--json"]
+        if self.config:
+            argv += ["--config", self.config]
+        task = task_self()
+        task.set_info("fanout", self.fanout)
+        # The remote side is a command line for ssh: every word is quoted.
+        task.run(" ".join(shlex.quote(a) for a in argv), nodes=str(NodeSet.fromlist(nodes)), timeout=timeout)
+        out: Dict[str, Answer] = {}
+        for buf, names in task.iter_buffers():
+            for name in names:
+                out[name] = _parse(buf.message().decode("utf-8", "replace"))
+        for name in task.iter_keys_timeout():
+            out[name] = "timed out after %.0fs" % timeout
+        for node in nodes:
+            out.setdefault(node, "no answer (ssh failed or printed nothing)")
+        return out
+
+
+def make(settings) -> Union[LocalTransport, SshTransport]:
+    sweep = settings.sweep
+    if sweep["transport"] == "local":
+        return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source)
+    return SshTransport(sweep["gpugate"], sweep["remote_config"], int(sweep["fanout"]))
+
+
+def expand(template: Sequence[str], nodes: List[str]) -> List[str]:
+    """An argv template with {node} or {nodes} (a hostlist): one argv."""
+    from ClusterShell.NodeSet import NodeSet
+
+    hostlist = str(NodeSet.fromlist(nodes))
+    return [word.replace("{nodes}", hostlist).replace("{node}", nodes[0] if len(nodes) == 1 else hostlist)
+            for word in template]
