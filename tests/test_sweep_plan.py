@@ -1,0 +1,156 @@
+"""The sweep planner: a pure function, property-tested."""
+
+from hypothesis import given, settings, strategies as st
+
+from gpugate import reason as reasons
+from gpugate.findings import Finding
+from gpugate.slurm.nodestate import NodeState
+from gpugate.sweep.plan import ESCALATE, Options, floor_count, plan, remedy_for
+from gpugate.sweep.snapshot import take
+
+TAG = "gpugate:"
+REASONS = [
+    reasons.render(TAG, "drift", [Finding("drift", "driver", "550.54.15", "580.65.06", "")]),
+    reasons.render(TAG, "broken", [Finding("broken", "module", "loaded 1", "on-disk 2", "")]),
+    reasons.render(TAG, "health", [Finding("health", "xid", "79", "none", "", gpu=3)]),
+    reasons.render(TAG, "health", [Finding("health", "row_remap", "failure", "none", "", gpu=1)]),
+    reasons.render(TAG, "probe", [Finding("probe", "dcgm", "timeout", "answer", "")]),
+    reasons.render(TAG, "rma", [Finding("rma", "xid", "79", "none", "")]),
+    "rack maintenance", "Prolog error", "",
+]
+
+
+@st.composite
+def fleets(draw):
+    count = draw(st.integers(1, 40))
+    parts = draw(st.lists(st.sampled_from(["gpu", "debug", "big"]), min_size=1, max_size=3, unique=True))
+    states = {}
+    for i in range(count):
+        name = "n%03d" % i
+        kind = draw(st.sampled_from(["idle", "alloc", "drained", "draining", "down"]))
+        reason = draw(st.sampled_from(REASONS)) if kind in ("drained", "draining", "down") else ""
+        base = {"idle": "IDLE", "alloc": "ALLOCATED", "drained": "IDLE", "draining": "MIXED", "down": "DOWN"}[kind]
+        flags = frozenset({"DRAIN"}) if kind in ("drained", "draining") else frozenset()
+        member = tuple(sorted(draw(st.lists(st.sampled_from(parts), min_size=1, max_size=len(parts), unique=True))))
+        states[name] = NodeState(name=name, state=base, flags=flags, reason=reason,
+                                 reason_time=draw(st.one_of(st.none(), st.integers(1, 10**6))),
+                                 reason_user="root", partitions=member)
+    return take(states, TAG, 0.0)
+
+
+options_st = st.builds(
+    Options,
+    max_batch=st.integers(1, 10),
+    floor=st.one_of(st.floats(0, 0.99), st.integers(0, 20).map(float)),
+    in_flight=st.just(frozenset()),
+    escalate_xids=st.sampled_from([frozenset(), frozenset({79})]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), options_st)
+def test_plan_invariants(snap, options):
+    result = plan(snap, options)
+    seen = set()
+    for batch in result.batches:
+        assert batch.nodes, "no empty batch"
+        for name in batch.nodes:
+            assert name not in seen, "a node in two batches"
+            seen.add(name)
+            view = snap.nodes[name]
+            ours = reasons.parse(view.reason, TAG)
+            assert view.drain and ours is not None, "only gpugate's drains are acted on"
+            assert ours.cls not in ("probe", "rma")
+            assert result.decisions[name].included
+        if batch.remedy == ESCALATE:
+            continue
+        assert len(batch.nodes) <= options.max_batch
+        # Each batch alone fits every partition's budget.
+        for part, fig in result.partitions.items():
+            in_part = sum(1 for n in batch.nodes if part in snap.nodes[n].partitions)
+            assert in_part <= fig.budget
+            assert fig.budget == max(fig.members - fig.floor - fig.out_other - fig.in_flight, 0)
+    for name, view in snap.nodes.items():
+        if view.drain:
+            assert name in result.decisions and result.decisions[name].why
+        if view.drain and reasons.parse(view.reason, TAG) is None:
+            assert not result.decisions[name].included
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), options_st)
+def test_oldest_drain_first_within_a_remedy(snap, options):
+    """Within one partition, a later batch of a remedy never holds a node
+    drained before one of an earlier batch of that remedy."""
+    result = plan(snap, options)
+
+    def age(name):
+        t = snap.nodes[name].reason_time
+        return (t is None, t or 0)
+    batches = [b for b in result.batches if b.remedy != ESCALATE]
+    for i, earlier in enumerate(batches):
+        for later in batches[i + 1:]:
+            if later.remedy != earlier.remedy:
+                continue
+            for a in earlier.nodes:
+                for b in later.nodes:
+                    if snap.nodes[a].partitions == snap.nodes[b].partitions and len(snap.nodes[a].partitions) == 1:
+                        assert age(a) <= age(b), (a, b)
+
+
+def _state(name, drain=True, reason="", part="gpu", base="IDLE", t=1):
+    return NodeState(name=name, state=base, flags=frozenset({"DRAIN"}) if drain else frozenset(),
+                     reason=reason, reason_time=t, reason_user="root", partitions=(part,))
+
+
+def test_six_of_eight_drifted_floor_half_gives_four_then_two():
+    drift = REASONS[0]
+    states = {"gpu%02d" % i: _state("gpu%02d" % i, reason=drift, t=i) for i in range(1, 7)}
+    states.update({"gpu07": _state("gpu07", drain=False), "gpu08": _state("gpu08", drain=False)})
+    result = plan(take(states, TAG, 0), Options(max_batch=8, floor=0.5))
+    assert [b.nodes for b in result.batches] == [("gpu01", "gpu02", "gpu03", "gpu04"), ("gpu05", "gpu06")]
+    fig = result.partitions["gpu"]
+    assert (fig.members, fig.floor, fig.budget, fig.pending) == (8, 4, 4, 6)
+
+
+def test_admin_drains_count_against_the_floor_and_are_never_planned():
+    states = {"a1": _state("a1", reason="rack maintenance"), "a2": _state("a2", reason="rack maintenance"),
+              "g1": _state("g1", reason=REASONS[0]), "g2": _state("g2", reason=REASONS[0]),
+              "i1": _state("i1", drain=False), "i2": _state("i2", drain=False)}
+    result = plan(take(states, TAG, 0), Options(max_batch=8, floor=3))
+    # 6 members, floor 3, 2 out for others: 1 at a time.
+    assert [b.nodes for b in result.batches] == [("g1",), ("g2",)]
+    assert not result.decisions["a1"].included and "someone else" in result.decisions["a1"].why
+
+
+def test_floor_reached_says_why():
+    states = {"g1": _state("g1", reason=REASONS[0]), "a1": _state("a1", reason="Kill task failed")}
+    result = plan(take(states, TAG, 0), Options(floor=1))
+    assert result.batches == ()
+    assert "at its floor" in result.decisions["g1"].why
+
+
+def test_remedies_by_class_and_finding():
+    opts = Options(escalate_xids=frozenset({48}))
+    parse = lambda text: reasons.parse(text, TAG)  # noqa: E731
+    assert remedy_for(parse(REASONS[0]), opts)[0] == "reconverge"
+    assert remedy_for(parse(REASONS[1]), opts)[0] == "reboot"
+    assert remedy_for(parse(REASONS[2]), opts)[0] == "reboot"
+    assert remedy_for(parse(REASONS[3]), opts)[0] == "escalate"
+    assert remedy_for(parse(REASONS[4]), opts)[0] is None
+    assert remedy_for(parse(REASONS[5]), opts)[0] is None
+    xid48 = reasons.render(TAG, "health", [Finding("health", "xid", "48", "none", "")])
+    assert remedy_for(parse(xid48), opts)[0] == "escalate"
+
+
+def test_rollout_takes_in_service_nodes_canary_first():
+    states = {"n%d" % i: _state("n%d" % i, drain=False, t=i) for i in range(1, 9)}
+    result = plan(take(states, TAG, 0), Options(max_batch=8, floor=0.75, rollout=frozenset(states), canary=1))
+    sizes = [len(b.nodes) for b in result.batches]
+    assert sizes[0] == 1 and result.batches[0].canary and all(s <= 2 for s in sizes)
+    assert sum(sizes) == 8
+
+
+def test_floor_count():
+    assert floor_count(8, 0.5) == 4 and floor_count(8, 0.75) == 6 and floor_count(3, 0.5) == 2
+    assert floor_count(8, 3) == 3 and floor_count(2, 5) == 2 and floor_count(8, 0) == 0
