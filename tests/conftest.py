@@ -48,12 +48,12 @@ def _require_slurm():
         pytest.skip("Slurm is not installed (apt-get install slurm-wlm slurmctld slurmd munge)")
 
 
-def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None):
+def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None, sweep=None):
     """Write and boot a test cluster; the caller stops it."""
     from gpugate.cluster import Cluster
 
     _require_slurm()
-    cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions)
+    cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions, sweep=sweep)
     with open(baseline or DEMO_BASELINE) as handle:
         cluster.write(handle.read(), extra)
     try:

@@ -89,9 +89,10 @@ def sim_set(fleet, nodes, assignments):
 @click.option("--stderr-file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--exit-code", type=int, default=0, show_default=True)
 @click.option("--hang", is_flag=True, help="The tool never answers.")
+@click.option("--delay", type=click.FloatRange(0, 3600), default=0.0, help="Seconds the tool takes to answer.")
 @click.option("--clear", is_flag=True, help="Remove the recording for this argv.")
 @click.argument("argv", nargs=-1, required=True)
-def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, clear, argv):
+def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, clear, argv):
     """Make a simulated tool replay a recorded output for this exact argv
     (after --), e.g. `-- dcgmi diag -r 1 -j`.  ARGV may end in '*' to match
     any further arguments."""
@@ -101,9 +102,15 @@ def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, clear, a
     if tool not in simfleet.EXECUTABLES:
         raise ConfigError("%s is not a simulated tool (%s)" % (tool, ", ".join(simfleet.EXECUTABLES)))
     key = " ".join((tool,) + tuple(argv[1:]))
-    entry = {"stdout": _read(stdout_file), "stderr": _read(stderr_file), "rc": exit_code, "hang": hang}
+    entry = {"stdout": _read(stdout_file), "stderr": _read(stderr_file), "rc": exit_code, "hang": hang,
+             "sleep": delay}
     for name in _nodeset(nodes):
         model = simfleet.load(fleet, name)
+        if not stdout_file and not clear:  # keep what the tool prints now, change only timing/exit
+            current = simfleet.replay_entry(fleet, name, key)
+            entry = dict(current, **{k: v for k, v in entry.items() if k in ("hang", "sleep")})
+            if exit_code:
+                entry["rc"] = exit_code
         if clear:
             model["replays"].pop(key, None)
         else:

@@ -206,3 +206,11 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
     for unit in model["services"]:
         if unit == "nvidia-fabricmanager" and model["packages"].get("fabricmanager"):
             model["services"][unit] = "active"
+
+
+def replay_entry(fleet: str, node: str, key: str) -> Dict[str, Any]:
+    """What the node's tool prints for this argv key now (rendered default)."""
+    model = load(fleet, node)
+    table = outputs.replays(model)
+    table.update(model.get("replays", {}))
+    return dict(table.get(key, {"stdout": "", "rc": 0}))

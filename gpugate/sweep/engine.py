@@ -65,7 +65,7 @@ class Sweeper:
         self.report = SweepReport()
         self.handled: set = set()
         self.batch_count = 0
-        self.verify_failures = 0  # in the current batch
+        self.verify_failures: set = set()  # nodes of the current batch that failed verification
 
     # ------------------------------------------------------------ the loop
     def snapshot(self):
@@ -146,7 +146,7 @@ class Sweeper:
     def _drive(self, nodes: List[str], remedy: str, batch: int) -> None:
         """Move each node through its pipeline, steps taken together for
         every node that is at the same step."""
-        self.verify_failures = 0
+        self.verify_failures = set()
         if remedy == ESCALATE:
             self._escalate(nodes, "no automatic remedy for this finding")
             return
@@ -326,14 +326,14 @@ class Sweeper:
                 continue
             why = answer.get("reason") if isinstance(answer, dict) else answer
             self.journal.record(name, "verify", jr.FAILED, detail=str(why))
-            self.verify_failures += 1
+            self.verify_failures.add(name)
             self._attempt_failed(name, records[name], "verification failed: %s" % why)
         limit = int(self.cfg["circuit_breaker"])
-        if self.verify_failures >= limit and not self.report.stopped:
-            self.report.stopped = ("circuit breaker: %d verification failure(s) in this batch (limit %d). "
+        if len(self.verify_failures) >= limit and not self.report.stopped:
+            self.report.stopped = ("circuit breaker: %d node(s) failed verification in this batch (limit %d). "
                                    "A bad image, converge or baseline is the likely cause; no further batch "
                                    "was started. Fix it, then run gpugate sweep again."
-                                   % (self.verify_failures, limit))
+                                   % (len(self.verify_failures), limit))
 
     def _step_resume(self, nodes, records) -> None:
         self._begin(nodes, "resume")

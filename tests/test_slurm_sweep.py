@@ -1,0 +1,242 @@
+"""`gpugate sweep` against a real slurmctld and slurmd: batches under the
+floor, verification before RESUME, escalation, the journal surviving kill -9."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import DEMO_BASELINE, make_cluster
+
+pytestmark = pytest.mark.slurm
+TERMINAL = {("resume", "done"), ("escalate", "done"), ("left", "done"), ("deferred", "done"), ("halted", "done")}
+
+
+@pytest.fixture
+def new_cluster(tmp_path):
+    clusters = []
+
+    def boot(**kwargs):
+        kwargs.setdefault("nodes", 8)
+        kwargs.setdefault("interval", 5)
+        sweep = kwargs.pop("sweep", {})
+        c = make_cluster(tmp_path / ("c%d" % len(clusters)), sweep=sweep, **kwargs)
+        clusters.append(c)
+        return c
+    yield boot
+    for c in clusters:
+        c.stop()
+
+
+def sweep_argv(cluster, *args):
+    return [sys.executable, "-m", "gpugate", "sweep", "--config", cluster.gpugate_conf] + list(args)
+
+
+def run_sweep(cluster, *args, timeout=300):
+    result = subprocess.run(sweep_argv(cluster, "--apply", "--json", *args), capture_output=True, text=True,
+                            timeout=timeout, env=cluster.env)
+    assert "Traceback" not in result.stderr, result.stderr
+    data = json.loads(result.stdout) if result.stdout.strip().startswith("{") else None
+    return result.returncode, data, result.stderr
+
+
+def journal_rows(cluster):
+    path = cluster.path("state", "sweep.db")
+    if not os.path.exists(path):
+        return {}
+    db = sqlite3.connect(path, timeout=10)
+    try:
+        return {r[0]: (r[1], r[2], r[3]) for r in db.execute("SELECT node, step, status, attempt FROM nodes")}
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        db.close()
+
+
+def journal_events(cluster, node=None):
+    path = cluster.path("state", "sweep.db")
+    db = sqlite3.connect(path, timeout=10)
+    try:
+        query = "SELECT node, step, status, attempt FROM events" + (" WHERE node = ?" if node else "") + " ORDER BY id"
+        return db.execute(query, (node,) if node else ()).fetchall()
+    finally:
+        db.close()
+
+
+class InFlightSampler(threading.Thread):
+    """Most nodes the journal has in the sweep's hands at once."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster, self.most, self.stop = cluster, 0, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            rows = journal_rows(self.cluster)
+            flying = [n for n, (step, status, _) in rows.items() if (step, status) not in TERMINAL]
+            self.most = max(self.most, len(flying))
+            time.sleep(0.1)
+
+
+def drift_and_drain(cluster, nodes, *assignments):
+    cluster.sim("set", "FLEET", nodes, *(assignments or ("driver=550.54.15",)))
+    from ClusterShell.NodeSet import NodeSet
+
+    names = list(NodeSet(nodes))
+    cluster.wait_for(lambda: all("drain" in cluster.state(n) for n in names), 60, "%s drained" % nodes)
+    return names
+
+
+def fit(cluster, node):
+    result = subprocess.run([sys.executable, "-m", "gpugate", "check", "--config", cluster.gpugate_conf,
+                             "--node", node, "--json"], capture_output=True, text=True, timeout=60)
+    return json.loads(result.stdout)["fit"]
+
+
+def test_six_of_eight_drifted_converged_in_batches_under_the_floor(new_cluster):
+    cluster = new_cluster(sweep={"floor": 0.5})
+    drifted = drift_and_drain(cluster, "gpu[01-06]")
+    plan = subprocess.run(sweep_argv(cluster), capture_output=True, text=True, env=cluster.env, timeout=60)
+    assert plan.returncode == 0 and "Batch 1: reconverge  gpu[01-04] (4)" in plan.stdout
+    assert "Batch 2: reconverge  gpu[05-06] (2)" in plan.stdout and "budget" in plan.stdout
+    assert journal_rows(cluster) == {}  # the plan changes nothing
+    sampler = InFlightSampler(cluster)
+    sampler.start()
+    code, report, err = run_sweep(cluster)
+    sampler.stop.set()
+    sampler.join()
+    assert code == 0, err
+    assert {n: o["result"] for n, o in report["outcomes"].items()} == {n: "resumed" for n in drifted}
+    assert sampler.most <= 4 and report["max_out"]["gpu"] <= 4
+    assert len(report["batches"]) >= 2
+    states = cluster.node_states()
+    assert all(states[n] == "idle" for n in cluster.nodes), states
+    assert all(cluster.reason(n) == "" for n in cluster.nodes)
+    assert all(fit(cluster, n) for n in drifted)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
+    cluster = new_cluster(nodes=4)
+    drift_and_drain(cluster, "gpu02")
+    cluster.sim("set", "FLEET", "gpu02", "converge=noop")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    outcome = report["outcomes"]["gpu02"]
+    assert (outcome["result"], outcome["attempts"]) == ("escalated", 3)
+    steps = [(s, st, a) for _, s, st, a in journal_events(cluster, "gpu02")]
+    assert ("converge", "done", 2) in steps and ("rollback", "done", 3) in steps
+    assert not any(s == "resume" for s, _, _ in steps)
+    assert "drain" in cluster.state("gpu02")
+    assert cluster.reason("gpu02").startswith("gpugate: rma ")
+    # A later sweep leaves the escalated node alone.
+    code, report, err = run_sweep(cluster)
+    assert code == 0 and report["outcomes"] == {}
+    assert cluster.reason("gpu02").startswith("gpugate: rma ")
+
+
+def test_admin_reason_change_during_the_sweep_is_never_resumed(new_cluster):
+    cluster = new_cluster(nodes=4)
+    drift_and_drain(cluster, "gpu03")
+    # Verification takes a while: the admin acts in the middle of it.
+    cluster.sim("replay", "FLEET", "gpu03", "--delay", "4", "--", "dcgmi", "diag", "-r", "2", "-j")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=cluster.env)
+    cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
+                     ("gpu03", "verify", "started", 1) in journal_events(cluster, "gpu03"), 90, "verify to start")
+    cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=hands off: bad DIMM")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert cluster.reason("gpu03") == "hands off: bad DIMM" and "drain" in cluster.state("gpu03")
+    assert journal_rows(cluster)["gpu03"][:2] == ("left", "done")
+
+
+def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
+    cluster = new_cluster(nodes=6, sweep={"floor": 0, "max_batch": 2, "circuit_breaker": 2})
+    drifted = drift_and_drain(cluster, "gpu[01-04]")
+    cluster.sim("set", "FLEET", "gpu[01-04]", "converge=noop")  # "succeeds", fixes nothing
+    code, report, err = run_sweep(cluster)
+    assert code == 1 and "circuit breaker" in err
+    assert len(report["batches"]) == 1  # no further batch started
+    enrolled = set(journal_rows(cluster))
+    assert len(enrolled) == 2
+    for node in drifted:
+        assert "drain" in cluster.state(node)
+        assert cluster.reason(node).startswith("gpugate: drift ")  # still gpugate's, never resumed
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+def test_second_sweeper_refuses_to_run(new_cluster):
+    from gpugate.node.lock import RunLock
+
+    cluster = new_cluster(nodes=2)
+    lock = RunLock(cluster.path("state", "sweep.lock"))
+    assert lock.acquire()
+    try:
+        code, report, err = run_sweep(cluster)
+        assert code == 2 and "another gpugate sweep" in err
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("step", ["wait_drained", "converge", "reboot", "wait_up", "verify", "resume"])
+def test_kill9_at_each_step_next_run_completes(new_cluster, step):
+    cluster = new_cluster(nodes=3)
+    drift_and_drain(cluster, "gpu02")
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "1", "--", "dcgmi", "diag", "-r", "2", "-j")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=cluster.env)
+    cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
+                     any(e[1] == step and e[2] == "started" for e in journal_events(cluster, "gpu02")),
+                     120, "step %s to start" % step)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    # Invariants right after the crash: out of service unless it was verified.
+    verified = ("gpu02", "verify", "done", 1) in journal_events(cluster, "gpu02")
+    state = cluster.state("gpu02")
+    if not verified:
+        assert "drain" in state or "down" in state or "reboot" in state or "maint" in state, state
+    reason = cluster.reason("gpu02")
+    assert reason == "" or reason.startswith("gpugate: "), reason
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu02"]["result"] == "resumed"
+    cluster.wait_for(lambda: cluster.state("gpu02") == "idle", 30, "gpu02 idle")
+    assert cluster.reason("gpu02") == "" and fit(cluster, "gpu02")
+    events = journal_events(cluster, "gpu02")
+    resumed_at = max(i for i, e in enumerate(events) if e[1] == "resume")
+    assert any(e[1] == "verify" and e[2] == "done" for e in events[:resumed_at])
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, tmp_path):
+    text = open(DEMO_BASELINE).read().replace("in_progress = false", "in_progress = true")
+    baseline = tmp_path / "rollout.toml"
+    baseline.write_text(text)
+    cluster = new_cluster(baseline=str(baseline), sweep={"floor": 0.75, "max_batch": 8})
+    cluster.sim("set", "FLEET", "gpu[01-08]", "driver=570.133.20", "fabricmanager=570.133.20", "cuda=12080",
+                "dcgm=4.1.1", "image_version=gpu-2026.09.2")
+    time.sleep(2 * 5 + 2)  # health checks see the nodes on [previous]: pending, not drained
+    assert all(s == "idle" for s in cluster.node_states().values())
+    sampler = InFlightSampler(cluster)
+    sampler.start()
+    code, report, err = run_sweep(cluster, "--rollout", timeout=600)
+    sampler.stop.set()
+    sampler.join()
+    assert code == 0, err
+    assert report["batches"][0]["canary"] is True and report["batches"][0]["nodes"].count("gpu") == 1
+    assert sampler.most <= 2 and report["max_out"]["gpu"] <= 2
+    assert sorted(report["outcomes"]) == cluster.nodes
+    assert all(o["result"] == "resumed" for o in report["outcomes"].values())
+    for node in cluster.nodes:
+        result = subprocess.run([sys.executable, "-m", "gpugate", "check", "--config", cluster.gpugate_conf,
+                                 "--node", node, "--json"], capture_output=True, text=True, timeout=60)
+        data = json.loads(result.stdout)
+        assert data["fit"] and data["pending"] == [] and data["facts"]["nvml"]["driver_version"] == "580.65.06"
+    assert all(s == "idle" for s in cluster.node_states().values())
