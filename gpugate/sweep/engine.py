@@ -342,6 +342,11 @@ class Sweeper:
         for name in nodes:
             st = states.get(name)
             ours = reasons.parse(st.reason, self.tag) if st is not None else None
+            if st is not None and not st.drain and not st.reason and records[name].step == "resume":
+                # Our RESUME went through before a crash: nothing left to do.
+                self._done(name, "resume", "resumed before the sweeper was interrupted")
+                self._finish(name, "resumed", "verified and returned to service")
+                continue
             # Compare, then set: an admin's reason (or an escalation) wins.
             if ours is None or ours.cls == RMA:
                 self._leave(name, "reason changed during the sweep: %r" % (st.reason if st else "gone"))

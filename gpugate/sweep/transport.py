@@ -28,21 +28,24 @@ def _parse(stdout: str) -> Answer:
 class LocalTransport:
     """gpugate runs here and checks the simulated node named by --node."""
 
-    def __init__(self, gpugate: Sequence[str], config: str = ""):
+    def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 8):
         self.gpugate = list(gpugate)
         self.config = config
+        self.fanout = fanout
 
     def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
-        out: Dict[str, Answer] = {}
-        for node in nodes:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(node: str) -> Answer:
             argv = self.gpugate + ["check"] + list(args) + ["--json", "--node", node]
             if self.config:
                 argv += ["--config", self.config]
             try:
-                out[node] = _parse(run(argv, timeout, ok_codes=(0, 1)).stdout)
+                return _parse(run(argv, timeout, ok_codes=(0, 1)).stdout)
             except CommandError as exc:
-                out[node] = str(exc)
-        return out
+                return str(exc)
+        with ThreadPoolExecutor(max_workers=max(1, min(self.fanout, len(nodes)))) as pool:
+            return dict(zip(nodes, pool.map(one, nodes)))
 
 
 class SshTransport:
@@ -78,7 +81,7 @@ class SshTransport:
 def make(settings) -> Union[LocalTransport, SshTransport]:
     sweep = settings.sweep
     if sweep["transport"] == "local":
-        return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source)
+        return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source, int(sweep["fanout"]))
     return SshTransport(sweep["gpugate"], sweep["remote_config"], int(sweep["fanout"]))
 
 
