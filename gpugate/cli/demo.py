@@ -44,6 +44,7 @@ def demo(ctx, nodes, keep, directory):
     \b
     Examples:
       gpugate demo                       # the narrated walk-through (about 2 minutes)
+      gpugate demo --keep                # ... and leave the cluster running afterwards
       gpugate demo up --dir /tmp/gg      # a healthy cluster, left running
       gpugate sim set /tmp/gg/fleet gpu03 driver=550.54.15
       SLURM_CONF=/tmp/gg/slurm.conf sinfo -R
@@ -80,9 +81,9 @@ def _walkthrough(cluster) -> None:
     _say("2. Break four nodes the way fleets break")
     faults = [("gpu02", ["driver=550.54.15"], "drifted: an old driver install"),
               ("gpu03", ["image_version=gpu-2026.09.2", "container_toolkit=1.16.2"], "drifted: old golden image"),
-              ("gpu05", ["gpu.3.xid=79"], "GPU 3 fell off the bus (Xid 79)"),
-              ("gpu07", ["module.on_disk=580.82.07", "nvml.init_error=18"],
-               "driver package upgraded, old kernel module still loaded")]
+              ("gpu05", ["gpu.3.xid=79", "gpus=7"], "a GPU fell off the bus (Xid 79) and stays off"),
+              ("gpu07", ["module.resident=570.133.20", "nvml.init_error=18"],
+               "driver upgraded, old kernel module still loaded")]
     for node, assignments, what in faults:
         cluster.sim("set", "FLEET", node, *assignments)
         click.echo("  %-6s %-55s (gpugate sim set ... %s)" % (node, what, " ".join(assignments)))
@@ -115,7 +116,7 @@ def _walkthrough(cluster) -> None:
     _show(cluster, ["/usr/bin/sinfo", "-R", "-o", "%60E %N"], "%s sinfo -R -o '%%60E %%N'" % env)
 
     _say("5. What an admin does next")
-    click.echo("  gpugate explain --sim %s --node gpu07   (the runbook for a stale module):" % cluster.fleet)
+    click.echo("  gpugate explain --config %s --node gpu07   (the runbook for a stale module):" % cluster.gpugate_conf)
     result = cluster.run([sys.executable, "-m", "gpugate", "explain", "--config", cluster.gpugate_conf,
                           "--node", "gpu07"], check=False)
     click.echo("\n".join("    " + line for line in result.stdout.rstrip().splitlines()))
@@ -124,11 +125,17 @@ def _walkthrough(cluster) -> None:
 
 
 def _sweep_step(cluster) -> None:
-    """The sweep (when installed) returns the drifted nodes and escalates the rest."""
-    try:
-        from . import sweep  # noqa: F401
-    except ImportError:
-        return
+    """The sweep returns what it can fix to service, verified, and escalates the rest."""
+    argv = [sys.executable, "-m", "gpugate", "sweep", "--config", cluster.gpugate_conf]
+    _say("6. gpugate sweep: the plan (nothing changes without --apply)")
+    click.echo(cluster.run(argv, check=False).stdout.rstrip())
+    _say("7. gpugate sweep --apply: reconverge / reboot, verify, and only then RESUME")
+    result = cluster.run(argv + ["--apply"], check=False, timeout=900)
+    click.echo(result.stdout.rstrip())
+    if result.returncode:
+        click.echo(result.stderr.rstrip())
+    _show(cluster, ["/usr/bin/sinfo", "-R", "-o", "%60E %N"],
+          "SLURM_CONF=%s sinfo -R -o '%%60E %%N'   (what is left: escalated for a human)" % cluster.conf)
 
 
 def _wait_fresh_healthcheck(cluster, node: str) -> None:

@@ -65,6 +65,7 @@ class Sweeper:
         self.report = SweepReport()
         self.handled: set = set()
         self.batch_count = 0
+        self.last_findings: Dict[str, List[Finding]] = {}  # what the last failed verification found
         self.verify_failures: set = set()  # nodes of the current batch that failed verification
 
     # ------------------------------------------------------------ the loop
@@ -262,13 +263,17 @@ class Sweeper:
                 self._done(name, "reboot", "already rebooting")  # taken up after a crash
             else:
                 ready.append(name)
+        # A maintenance reservation keeps jobs off the nodes until they are
+        # verified, whatever state the reboot leaves them in (22.05-23.11 clear
+        # the drain after a reboot; ReturnToService=2 revives DOWN nodes).
         existing = self.slurm.reservations() if ready else {}
-        for (reservation, reason_text), group in self._work_groups(ready, records).items():
-            # A maintenance reservation keeps jobs off the node until it is
-            # verified, whatever state the reboot leaves it in (22.05-23.11
-            # clear the drain after a reboot; ReturnToService=2 revives DOWN).
+        by_reservation: Dict[str, List[str]] = {}
+        for name in ready:
+            by_reservation.setdefault(self.journal.nodes()[name].reservation, []).append(name)
+        for reservation, group in sorted(by_reservation.items()):
             if reservation not in existing:
                 self.slurm.reserve(reservation, _hostlist(group))
+        for (_, reason_text), group in self._work_groups(ready, records).items():
             self.slurm.reboot(_hostlist(group), reason_text, next_state="DOWN")
             for name in group:
                 self._done(name, "reboot")
@@ -325,6 +330,9 @@ class Sweeper:
                     self._escalate([name], "the new pin fails verification here; the previous one passes")
                 continue
             why = answer.get("reason") if isinstance(answer, dict) else answer
+            if isinstance(answer, dict):
+                self.last_findings[name] = [Finding.from_json(f) for f in answer.get("findings", [])
+                                            if isinstance(f, dict) and "class" in f and "component" in f]
             self.journal.record(name, "verify", jr.FAILED, detail=str(why))
             self.verify_failures.add(name)
             self._attempt_failed(name, records[name], "verification failed: %s" % why)
@@ -383,8 +391,11 @@ class Sweeper:
             if ours is None:
                 self._leave(name, "reason changed: %r" % (st.reason if st else "gone"))
                 continue
-            findings = [replace(f, cls=RMA) for f in ours.findings] or [
-                Finding(RMA, "verify", "failed", "pass", "rma")]
+            # What is wrong now (the last verification), else what it was drained for.
+            record = self.journal.nodes().get(name)
+            original = reasons.parse(record.reason, self.tag) if record is not None else None
+            found = self.last_findings.get(name) or (list(original.findings) if original else [])
+            findings = [replace(f, cls=RMA) for f in found] or [Finding(RMA, "verify", "failed", "pass", "rma")]
             text = reasons.render(self.tag, RMA, findings)
             self.slurm.drain(name, text)
             self.journal.record(name, "escalate", jr.DONE, detail=why)
