@@ -195,15 +195,20 @@ class Sweeper:
         """Rollout: take in-service nodes on the previous pin out, with a rollout reason."""
         self._begin(nodes, "drain")
         states = self.slurm.nodes()
+        to_drain: Dict[str, List[str]] = {}
         for name in nodes:
             st = states.get(name)
             ours = reasons.parse(st.reason, self.tag) if st is not None and st.drain else None
-            if st is not None and st.drain and (ours is None or ours.cls != ROLLOUT):
-                self._leave(name, "drained by someone else before the rollout reached it")
-                continue
-            if st is not None and not st.drain:
-                self.slurm.drain(name, records[name].reason)
-            self._done(name, "drain")
+            if st is None or (st.drain and (ours is None or ours.cls != ROLLOUT)):
+                self._leave(name, "drained by someone else (or gone) before the rollout reached it")
+            elif not st.drain:
+                to_drain.setdefault(records[name].reason, []).append(name)
+            else:
+                self._done(name, "drain")  # drained by us before a crash
+        for reason_text, group in to_drain.items():  # one Slurm call per reason
+            self.slurm.drain(_hostlist(group), reason_text)
+            for name in group:
+                self._done(name, "drain")
 
     def _step_wait_drained(self, nodes, records) -> None:
         self._begin(nodes, "wait_drained")

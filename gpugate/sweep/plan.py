@@ -180,28 +180,33 @@ def _batches(snapshot, options, figures, candidates, decisions, start) -> List[B
     budget on its own (the previous batch is back in service, or stopped the
     sweep, before the next starts); the first rollout batch is the canary."""
     out: List[Batch] = []
-    remaining = list(candidates)
+    remaining = []
+    for name, remedy in candidates:
+        # A partition at its floor blocks its nodes in every batch of this run.
+        blocked = [p for p in snapshot.nodes[name].partitions if figures[p].budget <= 0]
+        if blocked:
+            decisions[name] = Decision(name, False, remedy, _floor_why(figures, blocked))
+        else:
+            remaining.append((name, remedy))
     index = start
     canary = options.rollout is not None
     while remaining:
         limit = max(1, min(options.max_batch, options.canary if canary else options.max_batch))
         budget = {p: f.budget for p, f in figures.items()}
         taken: Dict[str, List[str]] = {}
-        left = []
-        for name, remedy in remaining:
+        size, left = 0, []
+        for position, (name, remedy) in enumerate(remaining):
+            if size >= limit:
+                left.extend(remaining[position:])  # full: the rest waits, in age order
+                break
             parts = snapshot.nodes[name].partitions
-            size = sum(len(v) for v in taken.values())
-            if size < limit and all(budget.get(p, 0) > 0 for p in parts):
+            if all(budget[p] > 0 for p in parts):
                 for p in parts:
                     budget[p] -= 1
                 taken.setdefault(remedy, []).append(name)
+                size += 1
             else:
                 left.append((name, remedy))
-        if not taken:
-            for name, remedy in left:
-                blocked = [p for p in snapshot.nodes[name].partitions if figures[p].budget <= 0]
-                decisions[name] = Decision(name, False, remedy, _floor_why(figures, blocked))
-            break
         for remedy in REMEDIES:
             if remedy in taken:
                 out.append(Batch(index, remedy, tuple(taken[remedy]), canary=canary))
