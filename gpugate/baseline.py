@@ -47,8 +47,8 @@ def _pins_spec(required: bool) -> Table:
 
 CLOCK_REASONS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80,
                  "sw_thermal": 0x20, "sw_power_cap": 0x4}
-DEFAULT_DRAIN_XIDS = (48, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148,
-                      149, 150, 154)
+DEFAULT_DRAIN_XIDS = (48, 64, 74, 79, 92, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148,
+                      149, 150, 154)  # 94 (contained ECC) is the application's: not a node fault
 # Xid -> action when the GPU cannot be recovered by a reset alone.
 DEFAULT_XID_ACTIONS = {"79": "reboot", "119": "reboot", "120": "reboot", "154": "reset_gpu"}
 XID_ACTIONS = ("reset_gpu", "reboot", "rma", "investigate")
@@ -65,7 +65,8 @@ _HEALTH = Table({
     "retired_pages_pending": (Bool(), True),
     "row_remap_pending": (Bool(), True),
     "row_remap_failure": (Bool(), True),
-    "pcie_min_gen": (AnyOf(Int(0, 10), Choice("max")), "max"),
+    # Off by default: idle GPUs lower their link generation to save power.
+    "pcie_min_gen": (AnyOf(Int(0, 10), Choice("max")), 0),
     "pcie_min_width": (AnyOf(Int(0, 32), Choice("max")), "max"),
     "clock_event_reasons": (ListOf(Choice(*sorted(CLOCK_REASONS))), ("hw_slowdown", "hw_thermal", "power_brake")),
     "nvlink_down_max": (AnyOf(Int(0), Choice("ignore")), 0),
@@ -74,8 +75,9 @@ _HEALTH = Table({
     "dcgm_health_warning": (Choice("drain", "ignore"), "ignore"),
     "dcgm_health_failure": (Choice("drain", "ignore"), "drain"),
     "leftover_processes": (Choice("drain", "ignore"), "drain"),
-    "dcgm_diag": (Table({m: (Int(0, 4), 0 if m in ("healthcheck", "prolog") else (1 if m == "epilog" else 2))
-                         for m in MODES}), lambda: {"healthcheck": 0, "prolog": 0, "epilog": 1, "verify": 2}),
+    # The diagnostic needs idle GPUs: only where the node is the sweep's (verify).
+    "dcgm_diag": (Table({m: (Int(0, 4), 2 if m == "verify" else 0) for m in MODES}),
+                  lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": 2}),
 })
 
 _NODESET = Table({

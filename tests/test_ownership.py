@@ -39,7 +39,13 @@ def node(drain=False, reason="", state="IDLE"):
     (node(True, PROBE.reason), DRIFT, o.UPDATE),
     (node(True, "gpugate: rma xid:gpu3=79 (want none)"), FIT, o.KEEP),
     (node(True, "gpugate: rollout driver=570.133.20 (want 580.65.06)"), DRIFT, o.KEEP),
-    (None, DRIFT, o.NONE),
+    (None, DRIFT, o.UNKNOWN),
+    # A DOWN node (not drained) with someone else's reason: DRAIN would replace it.
+    (node(False, "PSU swap", state="DOWN"), DRIFT, o.KEEP_ADMIN),
+    (node(False, "PSU swap", state="DOWN"), FIT, o.NONE),
+    # The sweep's own reason while it works on the node: hands off.
+    (node(True, "gpugate: drift sweep=reconverge batch 2 attempt 1 (want verified)"), DRIFT2, o.KEEP),
+    (node(True, "gpugate: probe sweep=reboot batch 1 attempt 1 (want verified)"), FIT, o.KEEP),
 ])
 def test_decision(state, verdict, kind):
     decision = o.decide(state, verdict, TAG, ("probe",))

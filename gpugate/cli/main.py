@@ -108,7 +108,7 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
         baseline = baseline.as_previous()
     result = run_check(settings, baseline, node or default_node(), mode)
     if as_json:
-        click.echo(json.dumps(result_json(result), sort_keys=True))
+        click.echo(json.dumps(result_json(result, baseline, settings.baseline), sort_keys=True))
     else:
         from .render import verdict_text
 

@@ -33,6 +33,8 @@ def judge(baseline, expect, facts) -> List[Finding]:
             out.append(Finding(HEALTH, "dcgm_diag", "%s %s" % (_short(result.test), result.status.lower()),
                                "pass (r%d)" % diag.level, _SEVERITY_ACTION.get(result.severity, INVESTIGATE),
                                gpu=result.gpu, detail=result.message[:160]))
+        if not diag.failures and not any(r.status == "Pass" for r in diag.results):
+            out.append(Finding("probe", "dcgm_diag", "no test ran", "pass (r%d)" % diag.level, INVESTIGATE))
         if not diag.failures and diag.exit_code not in (0,):
             out.append(Finding(HEALTH, "dcgm_diag", "exit %d" % diag.exit_code, "pass (r%d)" % diag.level,
                                INVESTIGATE))

@@ -22,6 +22,7 @@ def judge(baseline, expect, facts) -> List[Finding]:
     out += _module(facts)
     out += _bus(expect, facts)
     out += _fabricmanager_service(expect, facts)
+    out += _persistenced(expect, facts)
     return out
 
 
@@ -81,6 +82,20 @@ def _bus(expect, facts):
     if pci > 0 and not failed(nvml) and nvml is not None and nvml.gpu_count == 0:
         out.append(Finding(BROKEN, "nvml_gpus", "0 of %d on bus" % pci, str(pci), RELOAD_OR_REBOOT))
     return out
+
+
+def _persistenced(expect, facts):
+    """The nodeset requires persistence mode: nvidia-persistenced keeps it."""
+    if not expect.persistence or not facts.services:
+        return []
+    state = facts.services.get("persistenced")
+    if state is None:
+        return []
+    if isinstance(state, ProbeFailure):
+        return [probe_finding("persistenced", state)]
+    if state != "active":
+        return [Finding(BROKEN, "persistenced", state, "active", RELOAD_OR_REBOOT)]
+    return []
 
 
 def _fabricmanager_service(expect, facts):

@@ -5,8 +5,11 @@ No controller RPC on the healthy path unless a marker in the state directory
 says gpugate drained this node (whichever of health check, prolog or epilog
 did): only then may a fit verdict have a drain to clear."""
 
+import contextlib
+import fcntl
 import os
-from typing import Any, Dict
+import time
+from typing import Any, Dict, Optional
 
 from ..errors import GpugateError
 from ..slurm import connect, ownership
@@ -18,26 +21,56 @@ def marker_path(settings, node: str) -> str:
     return os.path.join(settings.state_dir(node), MARKER)
 
 
-def act(settings, node: str, verdict, check_fit: bool = False) -> Dict[str, Any]:
-    """Returns what happened: action, why, ok (False: Slurm did not answer;
-    the caller keeps what it needs to try again next run)."""
+def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional[float] = None) -> Dict[str, Any]:
+    """Returns what happened: action, why, ok (False: the verdict could not
+    be applied; the caller keeps what it needs to try again next run), and
+    applied (the node carries the verdict as far as gpugate may put it)."""
     marker = marker_path(settings, node)
     if verdict.fit and not check_fit and not os.path.exists(marker):
-        return {"action": ownership.NONE, "ok": True, "rpc": False}
+        return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
     try:
-        slurm = connect(settings)
-        state = slurm.nodes(node).get(node)
-        decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
-        if decision.kind in (ownership.DRAIN, ownership.UPDATE):
-            slurm.drain(node, decision.reason)
-        elif decision.kind == ownership.UNDRAIN:
-            slurm.undrain(node)
-    except GpugateError as exc:
-        return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True}
+        # Health check, prolog and epilog may act at once: read, decide and
+        # write under one lock, so no run undoes another's newer decision.
+        with _act_lock(settings.state_dir(node), timeout or float(settings.slurm["timeout_seconds"])):
+            slurm = connect(settings, timeout)
+            state = slurm.nodes(node).get(node)
+            decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
+            if decision.kind in (ownership.DRAIN, ownership.UPDATE):
+                slurm.drain(node, decision.reason)
+            elif decision.kind == ownership.UNDRAIN:
+                slurm.undrain(node)
+    except (GpugateError, OSError) as exc:
+        return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
+    if decision.kind == ownership.UNKNOWN:
+        return {"action": decision.kind, "why": decision.why, "ok": verdict.fit, "rpc": True,
+                "error": decision.why, "applied": verdict.fit}
+    reason_ours = state.drain and ownership.reasons.parse(state.reason, settings.reason_tag) is not None
     ours = decision.kind in (ownership.DRAIN, ownership.UPDATE) or (
-        decision.kind in (ownership.KEEP, ownership.NONE) and state is not None and state.drain)
+        decision.kind in (ownership.KEEP, ownership.NONE) and reason_ours)
     _set_marker(marker, ours)
-    return {"action": decision.kind, "why": decision.why, "ok": True, "rpc": True}
+    # Someone else holds the node: our findings are not applied (yet).
+    applied = decision.kind != ownership.KEEP_ADMIN or verdict.fit
+    return {"action": decision.kind, "why": decision.why, "ok": True, "rpc": True, "applied": applied}
+
+
+@contextlib.contextmanager
+def _act_lock(state_dir: str, timeout: float):
+    path = os.path.join(state_dir, "act.lock")
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + max(timeout, 0.5)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise GpugateError("another gpugate run is acting on this node (%s)" % path) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _set_marker(path: str, present: bool) -> None:

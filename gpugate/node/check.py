@@ -32,7 +32,19 @@ def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
     return CheckResult(facts, decide(findings, settings.reason_tag))
 
 
-def result_json(result: CheckResult) -> dict:
+def baseline_id(path: str) -> dict:
+    """Which baseline file a check used: the sweep refuses a verification
+    made against another one (a node that missed the latest push)."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as handle:
+            return {"path": path, "sha256": hashlib.sha256(handle.read()).hexdigest()}
+    except OSError:
+        return {"path": path, "sha256": None}
+
+
+def result_json(result: CheckResult, baseline=None, baseline_path: str = "") -> dict:
     from ..facts import to_jsonable
 
     v, f = result.verdict, result.facts
@@ -43,4 +55,5 @@ def result_json(result: CheckResult) -> dict:
         "pending": [x.to_json() for x in v.notes],
         "facts": to_jsonable(f),
         "durations": {k: round(t, 4) for k, t in f.durations.items()},
+        "baseline": dict(baseline_id(baseline_path), name=getattr(baseline, "name", None)) if baseline_path else None,
     }

@@ -17,7 +17,9 @@ USAGE = """usage: gpugate-{mode} [--config PATH]
 
 Slurm {what} of gpugate.  Reads PATH (default $GPUGATE_CONFIG or
 /etc/gpugate/gpugate.toml).  Exit codes: 0 fit, 1 unfit (drained),
-2 configuration error (nothing changed)."""
+2 configuration or internal error (nothing changed; the prolog and epilog
+exit 0 instead, so that slurmd does not drain the node for gpugate's own
+failure, and log the error)."""
 _WHAT = {"healthcheck": "HealthCheckProgram", "prolog": "Prolog", "epilog": "Epilog"}
 
 
@@ -62,6 +64,12 @@ def main(mode: str, argv: List[str]) -> int:
         record.update(verdict="error", error="internal error: %s: %s" % (type(exc).__name__, exc))
         code = 2
     record["duration"] = round(time.monotonic() - started, 4)
+    if record.get("verdict") == "error" and mode != "healthcheck":
+        # A non-zero prolog/epilog makes slurmd drain the node with an
+        # untagged "Prolog error": a bad baseline push would drain the whole
+        # fleet.  Our own failure is logged loudly and lets the job run.
+        record["exit"] = "0 (gpugate could not judge: job not blocked)"
+        code = 0
     _log(settings, node, record)
     if record.get("verdict") == "error":
         sys.stderr.write("gpugate-%s: %s\n" % (mode, record.get("error")))
@@ -71,9 +79,8 @@ def main(mode: str, argv: List[str]) -> int:
 def _log(settings, node: str, record: Dict[str, object]) -> None:
     from .logline import emit
 
-    if settings is None:
-        # No configuration: syslog only, and a file where an admin looks first.
-        emit("syslog", "/var/log", record) if os.geteuid() == 0 else emit("syslog", "", record)
+    if settings is None:  # no readable configuration, so no state directory: syslog only
+        emit("syslog", "", record)
         return
     emit(settings.log, settings.state_dir(node), record)
 

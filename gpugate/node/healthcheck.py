@@ -9,7 +9,7 @@ import time
 from ..config import load_checked_baseline
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..probes import files
+from ..probes import Budget, files
 from ..verdict import decide
 from . import state as st
 from .act import act
@@ -23,7 +23,13 @@ _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
 def run(settings, node: str, record: dict) -> int:
     state_dir = settings.state_dir(node)
     lock = RunLock(os.path.join(state_dir, "healthcheck.lock"))
-    if not lock.acquire():
+    try:
+        held = lock.acquire()
+    except OSError as exc:
+        # A full or read-only state directory must not switch the check off.
+        record["state_error"] = "no lock: %s" % exc
+        held = True
+    if not held:
         record.update(verdict="skipped", why="previous health check still running")
         return 0
     with lock:
@@ -32,20 +38,28 @@ def run(settings, node: str, record: dict) -> int:
         last = st.read_json(last_path) or {}
         boot_id = files.boot_id(settings.node_root(node))
         cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
+        budget = Budget(settings.budgets["healthcheck"])
         result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor)
         verdict, in_grace = _boot_grace(settings, result)
-        # Without a record (first run, wiped state dir) ask Slurm once.
-        outcome = act(settings, node, verdict, check_fit=not last)
+        if in_grace and verdict.fit:
+            # Only transient-looking findings: report, but neither drain nor
+            # undrain, and do not let the prolog reuse this as "fit".
+            outcome = {"action": "none", "ok": True, "applied": False, "why": "boot grace"}
+        else:
+            # Without a record (first run, wiped state dir) ask Slurm once.
+            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0))
         facts = result.facts
         new_state = {
             "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
-            # Advance the kernel-log cursor only once the verdict is acted on:
-            # a drain that Slurm did not take is retried from the same Xids.
-            "kmsg_cursor": facts.kernel_log_seq if outcome["ok"] else cursor,
-            "fit": verdict.fit, "class": verdict.cls, "reason": verdict.reason,
+            # Advance the kernel-log cursor only once the verdict is applied: a
+            # drain Slurm did not take, or one an admin's drain stands in for,
+            # is retried from the same Xids (within the policy's window).
+            "kmsg_cursor": facts.kernel_log_seq if outcome["ok"] and outcome.get("applied", True) else cursor,
+            "fit": verdict.fit and not in_grace, "class": verdict.cls, "reason": verdict.reason,
             "findings": [f.to_json() for f in verdict.findings],
             "pending": [f.to_json() for f in verdict.notes],
             "pending_drain": not verdict.fit and not outcome["ok"],
+            "pending_reason": verdict.reason if not verdict.fit and not outcome["ok"] else None,
             "baseline_sig": st.file_signature(settings.baseline),
             "config_sig": st.file_signature(settings.source),
             "resolved": baseline.resolved_for(node),

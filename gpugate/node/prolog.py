@@ -22,7 +22,12 @@ def run(settings, node: str, record: dict) -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
     boot_id = files.boot_id(settings.node_root(node))
-    baseline, cursor = fresh_baseline(settings, node, last_state(settings, node), boot_id)
+    last = last_state(settings, node)
+    if last and last.get("pending_drain") and last.get("boot_id") == boot_id:
+        # The health check found the node unfit but could not drain it
+        # (slurmctld was away): no job starts here meanwhile.
+        return _refuse(settings, node, record, last)
+    baseline, cursor = fresh_baseline(settings, node, last, boot_id)
     record["reused"] = baseline is not None
     if baseline is None:
         from ..config import load_checked_baseline
@@ -48,4 +53,16 @@ def run(settings, node: str, record: dict) -> int:
     if not outcome["ok"]:
         # Slurm drains the node itself ("Prolog error") on our non-zero exit.
         record["slurm_error"] = outcome.get("error")
+    return 1
+
+
+def _refuse(settings, node: str, record: dict, last: dict) -> int:
+    from ..findings import Finding
+    from ..verdict import decide
+
+    findings = [Finding.from_json(f) for f in last.get("findings", [])]
+    verdict = decide(findings, settings.reason_tag)
+    outcome = act(settings, node, verdict)
+    record.update(verdict="unfit", cls=verdict.cls, reason=verdict.reason, action=outcome["action"],
+                  why="the last health check's drain is still pending")
     return 1

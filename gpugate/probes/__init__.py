@@ -48,7 +48,15 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     kmsg_text = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
     durations["files"] = time.monotonic() - started
 
-    jobs = _command_jobs(settings, baseline, node, mode, budget)
+    t0 = time.monotonic()
+    pending = None
+    try:
+        # Forked before any thread starts: a fork inherits no lock another thread holds.
+        pending = nvml_probe.Pending(nvml_module(settings, node), gpus=gpus, processes=processes)
+    except Exception as exc:  # the binding itself cannot load (no libnvidia-ml), or no fork
+        nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+
+    jobs = _command_jobs(settings, baseline, node, mode, budget, gpus)
     pool = None
     if jobs:
         from concurrent.futures import ThreadPoolExecutor
@@ -56,12 +64,8 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="probe")
         futures = {name: pool.submit(_timed, fn) for name, fn in jobs.items()}
 
-    t0 = time.monotonic()
-    try:
-        module = nvml_module(settings, node)
-        nvml = nvml_probe.read(module, budget.left(), gpus=gpus, processes=processes)
-    except Exception as exc:  # the binding itself cannot load (no libnvidia-ml)
-        nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+    if pending is not None:
+        nvml = pending.result(budget.left())
     durations["nvml"] = time.monotonic() - t0
 
     if pool is not None:
@@ -72,7 +76,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
                 values[name], durations[name] = future.result(timeout=budget.left())
             except FutureTimeout:
                 values[name] = ProbeFailure(name, "timeout", "no answer within the budget")
-                durations[name] = budget.left()
+                durations[name] = time.monotonic() - started
         pool.shutdown(wait=False)
 
     pci = values.pop("pci", None)
@@ -94,7 +98,7 @@ def _timed(fn):
     return value, time.monotonic() - t0
 
 
-def _command_jobs(settings, baseline, node, mode, budget) -> Dict[str, Callable[[], Any]]:
+def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Callable[[], Any]]:
     cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
     cap = lambda: budget.left(_COMMAND_CAP)  # noqa: E731
     from . import commands
@@ -106,15 +110,15 @@ def _command_jobs(settings, baseline, node, mode, budget) -> Dict[str, Callable[
         jobs["dkms"] = lambda: commands.dkms_status(cmd("dkms"), cap())
         jobs["pci"] = lambda: commands.lspci(cmd("lspci"), cap())
         jobs["packages"] = lambda: commands.packages(settings.packages, cmd("dpkg-query"), cmd("rpm"), cap())
-        jobs["services"] = lambda: {"fabricmanager": commands.service_state(
-            cmd("systemctl"), settings.services["fabricmanager"], cap())}
+        jobs["services"] = lambda: {role: commands.service_state(cmd("systemctl"), unit, cap())
+                                    for role, unit in settings.services.items()}
         if uses_dcgm:
             jobs["dcgm_version"] = lambda: commands.dcgm_version(cmd("dcgmi"), cap())
             jobs["dcgm_health"] = lambda: commands.dcgm_health(cmd("dcgmi"), cap())
     level = baseline.health.dcgm_diag.get(mode, 0)
     if level:
         # The diagnostic may take the whole budget; leave a moment to act.
-        jobs["dcgm_diag"] = lambda: commands.dcgm_diag(cmd("dcgmi"), level, max(budget.left() - 2.0, 0.1))
+        jobs["dcgm_diag"] = lambda: commands.dcgm_diag(cmd("dcgmi"), level, max(budget.left() - 2.0, 0.1), gpus)
     return jobs
 
 

@@ -95,8 +95,13 @@ def dcgm_health(dcgmi: str, timeout: float) -> Any:
                 ok_codes=range(256))
 
 
-def dcgm_diag(dcgmi: str, level: int, timeout: float) -> Any:
-    return _run("dcgmi diag", [dcgmi, "diag", "-r", str(level), "-j"], timeout,
+def dcgm_diag(dcgmi: str, level: int, timeout: float, gpus=None) -> Any:
+    """The diagnostic on the given GPUs only (the job's, in the epilog:
+    other GPUs may be busy with other jobs)."""
+    argv = [dcgmi, "diag", "-r", str(level)]
+    if gpus:
+        argv += ["-i", ",".join(str(g) for g in gpus)]
+    return _run("dcgmi diag", argv + ["-j"], timeout,
                 lambda r: dcgm_parse.parse_diag_json(r.stdout, level, r.rc), ok_codes=DIAG_OK)
 
 

@@ -2,6 +2,7 @@
 simulated sysroot).  Only events newer than a cursor and inside the policy's
 window count: a stale log line must not hold a node drained forever."""
 
+import collections
 import errno
 import os
 import stat
@@ -24,10 +25,13 @@ def read_kmsg(path: str) -> Any:
         return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
     try:
         if not stat.S_ISCHR(os.fstat(fd).st_mode):
-            return os.read(fd, _MAX_BYTES).decode("utf-8", "replace")
+            size = os.fstat(fd).st_size
+            if size > _MAX_BYTES:  # keep the newest part: fresh Xids are at the end
+                os.lseek(fd, size - _MAX_BYTES, os.SEEK_SET)
+            return _read_all(fd).decode("utf-8", "replace")
         # /dev/kmsg: one record per read(), EAGAIN at the end of the buffer.
-        chunks, size = [], 0
-        while size < _MAX_BYTES:
+        chunks, size = collections.deque(), 0
+        while True:
             try:
                 record = os.read(fd, 8192)
             except BlockingIOError:
@@ -40,11 +44,22 @@ def read_kmsg(path: str) -> Any:
                 break
             chunks.append(record)
             size += len(record)
+            while size > _MAX_BYTES:  # keep the newest records
+                size -= len(chunks.popleft())
         return b"".join(chunks).decode("utf-8", "replace")
     except OSError as exc:
         return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def bus_key(bus_id: str) -> str:

@@ -1,13 +1,17 @@
 """NVML facts.  The only module that imports ``pynvml``.
 
-A wedged GPU can hang NVML inside the driver, so the reading runs in a daemon
-thread that the caller abandons at its deadline (the process exits anyway).
+A wedged GPU can hang NVML inside the driver, so the reading runs in a forked
+child that the caller abandons at its deadline (see ``Pending``).
 Every per-GPU call is read separately: one failing call is one ProbeFailure,
 never a healthy-looking default.
 """
 
 import ctypes
-import threading
+import os
+import pickle
+import select
+import signal
+import time
 from typing import Any, Callable, Optional, Sequence
 
 from ..facts import GpuFacts, NvmlFacts, Pcie, ProbeFailure, RemappedRows
@@ -22,22 +26,60 @@ def real_module():
     return pynvml
 
 
-def read(nvml: Any, timeout: float, gpus: Optional[Sequence[int]] = None, processes: bool = False):
-    """NvmlFacts, or a ProbeFailure (init error, or timeout when NVML hangs)."""
-    box = {}
+class Pending:
+    """An NVML reading under way in a child process.
 
-    def work():
+    A wedged GPU can leave NVML stuck in the kernel (D state); a thread stuck
+    there keeps its whole process alive, so the reading runs in a forked child
+    that the check abandons at its deadline.  Fork before starting threads."""
+
+    def __init__(self, nvml: Any, gpus: Optional[Sequence[int]] = None, processes: bool = False):
+        self.read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: read, send, leave without cleanup
+            os.close(self.read_fd)
+            try:
+                value = _read(nvml, gpus, processes)
+            except Exception as exc:  # a bug in a binding must not kill the check
+                value = ProbeFailure("nvml", "error", "%s: %s" % (type(exc).__name__, exc))
+            try:
+                data = pickle.dumps(value)
+            except Exception as exc:
+                data = pickle.dumps(ProbeFailure("nvml", "error", "unpicklable answer: %s" % exc))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view):]
+            os._exit(0)
+        os.close(write_fd)
+
+    def result(self, timeout: float):
+        """NvmlFacts, or a ProbeFailure (init error, or timeout when NVML hangs)."""
+        chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
         try:
-            box["value"] = _read(nvml, gpus, processes)
-        except Exception as exc:  # a bug in a binding must not kill the check
-            box["value"] = ProbeFailure("nvml", "error", "%s: %s" % (type(exc).__name__, exc))
+            while True:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self.read_fd], [], [], max(left, 0.0))
+                if not ready:
+                    os.kill(self.pid, signal.SIGKILL)  # a D-state child lingers; we do not wait for it
+                    return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
+                chunk = os.read(self.read_fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self.read_fd)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception as exc:
+            return ProbeFailure("nvml", "error", "the NVML reader died: %s" % exc)
 
-    thread = threading.Thread(target=work, name="nvml", daemon=True)
-    thread.start()
-    thread.join(max(timeout, 0.0))
-    if thread.is_alive():
-        return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
-    return box["value"]
+
+def read(nvml: Any, timeout: float, gpus: Optional[Sequence[int]] = None, processes: bool = False):
+    return Pending(nvml, gpus, processes).result(timeout)
 
 
 def _read(nvml, gpus, processes):

@@ -41,7 +41,9 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     for level in DIAG_TESTS:
         failing = {int(k): v for k, v in dcgm.get("diag_fail", {}).items()}
         rc = 226 if failing else 0
-        table["dcgmi diag -r %d -j" % level] = {"stdout": _diag(dcgm["version"], level, gpus, failing), "rc": rc}
+        entry = {"stdout": _diag(dcgm["version"], level, gpus, failing), "rc": rc}
+        table["dcgmi diag -r %d -j" % level] = entry
+        table["dcgmi diag -r %d -i *" % level] = entry  # on some GPUs only (the epilog's)
     table["nvidia-smi *"] = _ok("")
     return table
 

@@ -1,7 +1,7 @@
 """The Slurm adapter: the only code that talks to Slurm."""
 
 
-def connect(settings):
+def connect(settings, timeout=None):
     """The backend gpugate.toml chooses; the command backend without pyslurm."""
     slurm = settings.slurm
     if slurm["backend"] == "pyslurm":
@@ -13,4 +13,5 @@ def connect(settings):
             pass  # pyslurm must match Slurm's major.minor; fall back rather than fail
     from .commands import CommandSlurm
 
-    return CommandSlurm(str(slurm["bin_dir"]), settings.slurm_env, float(slurm["timeout_seconds"]))
+    limit = float(slurm["timeout_seconds"])
+    return CommandSlurm(str(slurm["bin_dir"]), settings.slurm_env, min(limit, timeout) if timeout else limit)

@@ -48,9 +48,11 @@ class CommandSlurm:
         try:
             if self.version() >= (23, 2):
                 found = parse_nodes_json(self._run("scontrol", SCONTROL_JSON_ARGV + ([names] if names else [])))
-            else:  # 22.05 `sinfo --json` ignores -n: it always dumps every node
-                found = parse_nodes_json(self._run("sinfo", SINFO_JSON_ARGV))
-            return _only(found, names)
+                return _only(found, names)
+            if not names:
+                return parse_nodes_json(self._run("sinfo", SINFO_JSON_ARGV))
+            # 22.05 `sinfo --json` ignores -n and dumps the whole fleet: for a
+            # few nodes (a node's own check) the text form with -n is cheaper.
         except ParseError:
             pass
         args = list(SINFO_TEXT_ARGV) + (["-n", names] if names else [])

@@ -18,6 +18,7 @@ UPDATE = "update"  # drained by us, findings changed: replace our reason
 UNDRAIN = "undrain"  # drained by us for a self-clearing class, fit again
 KEEP_ADMIN = "keep_admin"  # drained by someone else: hands off
 KEEP = "keep"  # drained by us; leave it (sweep's job, or a more severe class)
+UNKNOWN = "unknown"  # Slurm does not list the node: nothing can be applied
 SWEEP_OWNED = (RMA, ROLLOUT)
 
 
@@ -31,16 +32,19 @@ class Decision:
 def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
     """node: a NodeState (or None when Slurm does not know it)."""
     if node is None:
-        return Decision(NONE, why="node unknown to Slurm")
+        return Decision(UNKNOWN, why="Slurm does not list this node (SLURMD_NODENAME vs NodeName?)")
+    ours = reasons.parse(node.reason, tag) if node.reason else None
     if not node.drain:
+        if node.reason and ours is None and not verdict.fit:
+            # e.g. DOWN with an admin's or Slurm's reason: DRAIN would replace it.
+            return Decision(KEEP_ADMIN, why="someone else's reason on the node: %r" % node.reason[:80])
         if verdict.fit:
             return Decision(NONE)
         return Decision(DRAIN, verdict.reason, "unfit")
-    ours = reasons.parse(node.reason, tag)
     if ours is None:
         return Decision(KEEP_ADMIN, why="drained by someone else: %r" % (node.reason or "(no reason)")[:80])
-    if ours.cls in SWEEP_OWNED:
-        return Decision(KEEP, why="the sweep owns this drain (%s)" % ours.cls)
+    if ours.cls in SWEEP_OWNED or (ours.first is not None and ours.first.component == "sweep"):
+        return Decision(KEEP, why="the sweep has this node (%s)" % ours.text[:60])
     if verdict.fit:
         if ours.cls in tuple(self_clearing):
             return Decision(UNDRAIN, why="fit again; %s clears itself" % ours.cls)

@@ -28,6 +28,9 @@ PIPELINES = {
     "rollback": ("rollback", "reboot", "wait_up", "verify", "resume"),
 }
 RETRY_FROM = {RECONVERGE: "converge", REBOOT: "reboot", "rollout": "converge"}
+# Failures and escalations are handled first, then the pipeline in order.
+STEP_ORDER = ("failed", "escalate", "drain", "wait_drained", "rollback", "converge", "reboot", "wait_up",
+              "verify", "resume")
 _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 
 
@@ -66,7 +69,7 @@ class Sweeper:
         self.handled: set = set()
         self.batch_count = 0
         self.last_findings: Dict[str, List[Finding]] = {}  # what the last failed verification found
-        self.verify_failures: set = set()  # nodes of the current batch that failed verification
+        self.failures: set = set()  # nodes of the current batch whose attempt failed
 
     # ------------------------------------------------------------ the loop
     def snapshot(self):
@@ -88,9 +91,11 @@ class Sweeper:
                 break
             batch = current.batches[0]
             self._start_batch(batch, snap)
-            if batch.canary and self.report.stopped == "" and self._batch_failed(batch.nodes):
-                self.report.stopped = ("canary batch %s failed verification: rollout stopped before the next batch"
-                                       % _hostlist(batch.nodes))
+            if batch.canary and not self.report.stopped:
+                if self._batch_failed(batch.nodes):
+                    self.report.stopped = ("canary batch %s failed verification: rollout stopped before the "
+                                           "next batch" % _hostlist(batch.nodes))
+                self.options = replace(self.options, canary_done=True)
         return self.report
 
     def _resume_in_flight(self) -> None:
@@ -113,9 +118,13 @@ class Sweeper:
         self.say("batch %d (%s%s): %s" % (batch.index, batch.remedy, ", canary" if batch.canary else "",
                                           _hostlist(nodes)))
         remedy = "rollout" if self.options.rollout is not None else batch.remedy
+        known = self.journal.nodes()
         for name in nodes:
             view = snap.nodes[name]
             reason_text = view.reason if view.ours is not None else self._rollout_reason(name)
+            first = view.ours.first if view.ours is not None else None
+            if first is not None and first.component == "sweep" and name in known:
+                reason_text = known[name].reason  # an earlier sweep's work reason: keep the original
             self.journal.enrol(name, remedy, batch.index, reason_text)
             self.report.outcomes[name] = Outcome(name, remedy)
         self._track_out(snap, nodes)
@@ -147,7 +156,7 @@ class Sweeper:
     def _drive(self, nodes: List[str], remedy: str, batch: int) -> None:
         """Move each node through its pipeline, steps taken together for
         every node that is at the same step."""
-        self.verify_failures = set()
+        self.failures = set()
         if remedy == ESCALATE:
             self._escalate(nodes, "no automatic remedy for this finding")
             return
@@ -158,10 +167,10 @@ class Sweeper:
                 self._release_reservations(nodes)
                 return
             steps = {n: self._next_step(rec) for n, rec in pending.items()}
-            order = [s for p in PIPELINES.values() for s in p]
-            step = min(steps.values(), key=lambda s: order.index(s) if s in order else len(order))
+            step = min(steps.values(), key=lambda s: STEP_ORDER.index(s))
             group = sorted(n for n, s in steps.items() if s == step)
             getattr(self, "_step_" + step)(group, pending)
+            self._check_breaker(len(nodes))
             if self.report.stopped:
                 for name in nodes:
                     rec = self.journal.nodes().get(name)
@@ -175,7 +184,14 @@ class Sweeper:
         return PIPELINES["rollback"] if rec.attempt >= 3 else PIPELINES[rec.remedy]
 
     def _next_step(self, rec) -> str:
+        """The step to take next.  A recorded failure is handled again (its
+        retry, rollback or escalation was not recorded before a crash);
+        nothing ever moves from a failure straight to the next step."""
         pipeline = self._pipeline(rec)
+        if rec.status == jr.FAILED:
+            return "failed"
+        if rec.step == "escalate":
+            return "escalate"
         if rec.step == "planned":
             return pipeline[0]
         if rec.status == jr.STARTED or rec.step not in pipeline:
@@ -190,6 +206,13 @@ class Sweeper:
 
     def _done(self, name, step, detail="") -> None:
         self.journal.record(name, step, jr.DONE, detail=detail)
+
+    def _step_failed(self, nodes, records) -> None:
+        for name in nodes:
+            self._attempt_failed(name, records[name], "after an interrupted sweep: " + records[name].detail)
+
+    def _step_escalate(self, nodes, records) -> None:
+        self._escalate(nodes, records[nodes[0]].detail or "escalated")
 
     def _step_drain(self, nodes, records) -> None:
         """Rollout: take in-service nodes on the previous pin out, with a rollout reason."""
@@ -246,7 +269,16 @@ class Sweeper:
             try:
                 run(argv, float(self.cfg["converge_timeout"]))
             except CommandError as exc:
+                if len(group) > 1:
+                    # The site's tool failed for the whole batch: that says
+                    # nothing about the nodes. Stop; never escalate them for it.
+                    for name in group:
+                        self.journal.record(name, step, jr.STARTED, detail=str(exc))
+                    self.report.stopped = ("the %s command failed for the whole batch (%s): fix it, then run "
+                                           "gpugate sweep again" % (step, exc))
+                    return
                 for name in group:
+                    self.failures.add(name)
                     self.journal.record(name, step, jr.FAILED, detail=str(exc))
                     self._attempt_failed(name, records[name], "%s failed: %s" % (step, exc))
                 continue
@@ -311,6 +343,7 @@ class Sweeper:
                 break
             if time.monotonic() >= deadline:
                 for name in sorted(waiting):
+                    self.failures.add(name)
                     self.journal.record(name, "wait_up", jr.FAILED, detail="slurmd did not register in time")
                     self._attempt_failed(name, records[name], "did not come back from the reboot")
                 break
@@ -328,25 +361,57 @@ class Sweeper:
             answers.update(self.transport.check(rollback, ["--mode", "verify", "--pin", "previous"], timeout))
         for name in nodes:
             answer = answers.get(name, "no answer")
-            if isinstance(answer, dict) and answer.get("fit") is True:
+            problem = self._verify_problem(name, answer, records[name])
+            if problem is None:
                 self._done(name, "verify", "fit")
-                if records[name].attempt >= 3 and not self.baseline.rollout_in_progress:
-                    # Fine on the previous pin, but that is drift outside a rollout.
-                    self._escalate([name], "the new pin fails verification here; the previous one passes")
+                continue
+            if problem:
+                self.journal.record(name, "verify", jr.FAILED, detail=problem)
+                self._attempt_failed(name, records[name], problem)
                 continue
             why = answer.get("reason") if isinstance(answer, dict) else answer
+            self.failures.add(name)
             if isinstance(answer, dict):
                 self.last_findings[name] = [Finding.from_json(f) for f in answer.get("findings", [])
                                             if isinstance(f, dict) and "class" in f and "component" in f]
             self.journal.record(name, "verify", jr.FAILED, detail=str(why))
-            self.verify_failures.add(name)
             self._attempt_failed(name, records[name], "verification failed: %s" % why)
+
+    def _check_breaker(self, batch_size: int) -> None:
+        """K failed nodes in one batch (every node of a smaller batch of two
+        or more) stop the sweep: a bad image, converge or baseline is likelier
+        than that many bad nodes at once."""
         limit = int(self.cfg["circuit_breaker"])
-        if len(self.verify_failures) >= limit and not self.report.stopped:
-            self.report.stopped = ("circuit breaker: %d node(s) failed verification in this batch (limit %d). "
-                                   "A bad image, converge or baseline is the likely cause; no further batch "
-                                   "was started. Fix it, then run gpugate sweep again."
-                                   % (len(self.verify_failures), limit))
+        if batch_size >= 2:
+            limit = min(limit, batch_size)
+        if len(self.failures) >= limit and not self.report.stopped:
+            self.report.stopped = ("circuit breaker: %d node(s) failed in this batch (limit %d). A bad image, "
+                                   "converge or baseline is the likely cause; no further batch was started. "
+                                   "Fix it, then run gpugate sweep again." % (len(self.failures), limit))
+
+    def _verify_problem(self, name, answer, rec):
+        """None when the answer passes; a text when it passes but must not be
+        resumed; "" when it plainly failed (the caller records the reason)."""
+        if not isinstance(answer, dict) or answer.get("fit") is not True:
+            return ""
+        if answer.get("node") not in (None, name):
+            return "the verification answered for %s, not %s" % (answer.get("node"), name)
+        if answer.get("pending") and rec.attempt < 3:
+            return "still on the previous pin: %s" % ", ".join(p["component"] for p in answer["pending"])
+        mine = self._baseline_id()
+        if answer.get("baseline") and mine and answer["baseline"].get("sha256") != mine:
+            return "the node checked against another baseline (%s): push the baseline first" % (
+                answer["baseline"].get("name"))
+        if rec.attempt >= 3 and not self.baseline.rollout_in_progress:
+            return "the new pin fails verification here; the previous one passes"
+        return None
+
+    def _baseline_id(self):
+        if not hasattr(self, "_baseline_sha"):
+            from ..node.check import baseline_id
+
+            self._baseline_sha = baseline_id(self.settings.baseline).get("sha256")
+        return self._baseline_sha
 
     def _step_resume(self, nodes, records) -> None:
         self._begin(nodes, "resume")
@@ -354,14 +419,15 @@ class Sweeper:
         ok = []
         for name in nodes:
             st = states.get(name)
-            ours = reasons.parse(st.reason, self.tag) if st is not None else None
             if st is not None and not st.drain and not st.reason and records[name].step == "resume":
                 # Our RESUME went through before a crash: nothing left to do.
                 self._done(name, "resume", "resumed before the sweeper was interrupted")
                 self._finish(name, "resumed", "verified and returned to service")
                 continue
-            # Compare, then set: an admin's reason (or an escalation) wins.
-            if ours is None or ours.cls == RMA:
+            # Compare, then set: only the reason the sweep itself set may be
+            # cleared (Slurm may have appended ": reboot complete").
+            expected = self._work_reason(records[name])
+            if st is None or not (st.reason == expected or st.reason.startswith(expected + " :")):
                 self._leave(name, "reason changed during the sweep: %r" % (st.reason if st else "gone"))
             else:
                 ok.append(name)
@@ -388,7 +454,8 @@ class Sweeper:
         self._escalate([name], why)
 
     def _escalate(self, nodes, why) -> None:
-        self._begin(nodes, "escalate")
+        for name in nodes:
+            self.journal.record(name, "escalate", jr.STARTED, detail=why)
         states = self.slurm.nodes()
         for name in nodes:
             st = states.get(name)

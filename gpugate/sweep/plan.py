@@ -25,7 +25,8 @@ REMEDIES = (RECONVERGE, REBOOT, ESCALATE)
 
 # health components a reboot (which resets every GPU) can fix; the rest escalate.
 _REBOOT_FIXES = {"xid", "gpu", "gpu_count", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
-                 "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus"}
+                 "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus",
+                 "pcie_gen", "pcie_width", "row_remap"}  # a reboot retrains links, applies remaps
 _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) fixes it
 
 
@@ -40,7 +41,7 @@ class Options:
     exclude: FrozenSet[str] = frozenset()  # already handled in this run
     rollout: Optional[FrozenSet[str]] = None  # nodes still on `previous` (sweep --rollout)
     canary: int = 1
-    reboot_xids: FrozenSet[int] = frozenset()  # Xids whose action is reset/reboot
+    canary_done: bool = False  # the sweep's canary batch already passed in this run
     escalate_xids: FrozenSet[int] = frozenset()  # Xids whose action is rma/investigate
 
 
@@ -85,6 +86,11 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
     cls = ours.cls
     first = ours.first
     component = first.component if first else ""
+    if component == "sweep" and cls != RMA:
+        # A sweep was interrupted (halted, or its journal lost): continue its remedy.
+        word = first.observed.split(" ")[0] if first.observed else ""
+        remedy = {"reconverge": RECONVERGE, "rollout": RECONVERGE, "reboot": REBOOT}.get(word, REBOOT)
+        return remedy, "an earlier sweep left it mid-way (%s): %s again" % (first.observed, remedy)
     if cls == PROBE:
         return None, "probe drains clear themselves once the node answers"
     if cls == RMA:
@@ -128,7 +134,11 @@ def partition_figures(snapshot, options: Options) -> Dict[str, PartitionFigures]
         pending = sum(1 for v in views if v.ours is not None and v.name not in options.in_flight)
         in_service = sum(1 for v in views if v.in_service)
         floor = floor_count(members, options.floors.get(part, options.floor))
-        budget = max(members - floor - out_other - in_flight, 0)
+        if options.rollout is not None:
+            # A rollout takes healthy nodes out: only what is in service counts.
+            budget = max(in_service - floor, 0)
+        else:
+            budget = max(members - floor - out_other - in_flight, 0)
         figures[part] = PartitionFigures(part, members, in_service, out_other, pending, in_flight, floor, budget)
     return figures
 
@@ -150,6 +160,8 @@ def plan(snapshot, options: Options) -> Plan:
         if options.rollout is not None:
             if view.name in options.rollout and not view.drain and view.in_service:
                 candidates.append((view.name, RECONVERGE))
+            elif view.ours is not None and view.ours.cls == ROLLOUT:
+                candidates.append((view.name, RECONVERGE))  # drained by an earlier rollout run
             elif view.name in options.rollout:
                 decisions[view.name] = Decision(view.name, False, None, "on the previous pin but out of service")
             continue
@@ -189,7 +201,7 @@ def _batches(snapshot, options, figures, candidates, decisions, start) -> List[B
         else:
             remaining.append((name, remedy))
     index = start
-    canary = options.rollout is not None
+    canary = options.rollout is not None and not options.canary_done
     while remaining:
         limit = max(1, min(options.max_batch, options.canary if canary else options.max_batch))
         budget = {p: f.budget for p, f in figures.items()}

@@ -1,0 +1,143 @@
+"""Node-side entry points run as slurmd runs them (no PATH, only
+SLURMD_NODENAME), without Slurm: metrics, the log line, configuration errors."""
+
+import json
+import os
+import subprocess
+import sysconfig
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DEMO_BASELINE, EXAMPLE_BASELINE, ROOT, gpugate_cmd
+
+
+def entry(mode):
+    return os.path.join(sysconfig.get_path("scripts"), "gpugate-" + mode)
+
+
+@pytest.fixture
+def node_env(fleet, tmp_path):
+    config = tmp_path / "gpugate.toml"
+    prom = tmp_path / "gpugate.prom"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = false\n'
+                      '[healthcheck]\nboot_grace_seconds = 0\nprometheus_textfile = "%s"\n'
+                      '[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm-here"\n'
+                      % (DEMO_BASELINE, tmp_path, prom, fleet, tmp_path))
+    return {"config": str(config), "prom": str(prom), "state": str(tmp_path / "state"), "fleet": fleet}
+
+
+def run_entry(mode, env, node="gpu01", extra_env=None):
+    child_env = {"SLURMD_NODENAME": node}
+    child_env.update(extra_env or {})
+    return subprocess.run([entry(mode), "--config", env["config"]], env=child_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def metrics(path):
+    out = {}
+    with open(path) as handle:
+        for family in text_string_to_metric_families(handle.read()):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_healthcheck_writes_prometheus_textfile_and_one_log_line(node_env):
+    result = run_entry("healthcheck", node_env)
+    assert result.returncode == 0, result.stderr
+    m = metrics(node_env["prom"])
+    assert m[("gpugate_node_fit", ())] == 1
+    assert m[("gpugate_component_matches_pin", (("component", "driver"),))] == 1
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "driver=550.54.15", check=True)
+    result = run_entry("healthcheck", node_env)
+    assert result.returncode == 1  # unfit; Slurm is not there to drain it
+    m = metrics(node_env["prom"])
+    assert m[("gpugate_node_fit", ())] == 0
+    assert m[("gpugate_node_unfit", (("class", "drift"),))] == 1
+    assert m[("gpugate_component_matches_pin", (("component", "driver"),))] == 0
+    assert m[("gpugate_component_matches_pin", (("component", "kernel"),))] == 1
+    with open(os.path.join(node_env["state"], "gpu01", "gpugate.log")) as handle:
+        lines = [json.loads(line) for line in handle]
+    assert len(lines) == 2
+    last = lines[-1]
+    assert {"node", "mode", "verdict", "reason", "durations", "duration", "ts"} <= set(last)
+    assert (last["node"], last["mode"], last["verdict"], last["action"]) == ("gpu01", "healthcheck", "unfit", "failed")
+    assert "slurm_error" in last
+    # The drain could not be applied: the kernel-log cursor did not move.
+    state = json.load(open(os.path.join(node_env["state"], "gpu01", "last-healthcheck.json")))
+    assert state["pending_drain"] is True
+
+
+def test_bad_configuration_changes_nothing_and_says_so(node_env, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('baseline = "relative/path.toml"\n')
+    for mode, code in (("healthcheck", 2), ("prolog", 0), ("epilog", 0)):
+        # The prolog and epilog exit 0: non-zero would make slurmd drain the
+        # node ("Prolog error") for gpugate's own problem, fleet-wide.
+        result = subprocess.run([entry(mode), "--config", str(bad)], env={"SLURMD_NODENAME": "gpu01"},
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == code, mode
+        assert "baseline: expected an absolute path" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_baseline_push_does_not_block_jobs(node_env, tmp_path):
+    assert run_entry("healthcheck", node_env).returncode == 0
+    baseline = tmp_path / "pushed.toml"
+    baseline.write_text("[pin\n")  # a broken push
+    config = open(node_env["config"]).read().replace(DEMO_BASELINE, str(baseline))
+    with open(node_env["config"], "w") as handle:
+        handle.write(config)
+    result = run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "5"})
+    assert result.returncode == 0 and "invalid TOML" in result.stderr
+    assert run_entry("healthcheck", node_env).returncode == 2
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert [r["verdict"] for r in log[-2:]] == ["error", "error"] and "action" not in log[-1]
+
+
+def test_prolog_reuses_fresh_verdict_and_records_job_counters(node_env):
+    assert run_entry("healthcheck", node_env).returncode == 0
+    result = run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0,1"})
+    assert result.returncode == 0, result.stderr
+    job = json.load(open(os.path.join(node_env["state"], "gpu01", "jobs", "77.json")))
+    assert job["gpus"] == [0, 1] and set(job["counters"]) == {"0", "1"}
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["mode"] == "prolog" and log[-1]["reused"] is True
+    # A changed baseline file invalidates the reuse.
+    os.utime(DEMO_BASELINE, None)
+    assert run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "78"}).returncode == 0
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["reused"] is False
+
+
+def test_epilog_sees_ecc_errors_raised_during_the_job(node_env):
+    assert run_entry("healthcheck", node_env).returncode == 0
+    assert run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "90", "SLURM_JOB_GPUS": "2"}).returncode == 0
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "gpu.2.ecc.uncorrected.volatile=1", check=True)
+    result = run_entry("epilog", node_env, extra_env={"SLURM_JOB_ID": "90", "SLURM_JOB_GPUS": "2"})
+    assert result.returncode == 1  # unfit and Slurm unreachable: slurmd drains it ("Epilog error")
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["reason"].startswith("gpugate: health ")
+    assert "ecc_during_job:gpu2=+1" in log[-1]["reason"] or "ecc:gpu2" in log[-1]["reason"]
+    assert not os.path.exists(os.path.join(node_env["state"], "gpu01", "jobs", "90.json"))
+
+
+def test_example_configuration_files_are_valid():
+    from gpugate.baseline import load_baseline
+    from gpugate.config import load_settings
+
+    settings = load_settings(os.path.join(ROOT, "slurm_conf", "gpugate.example.toml"))
+    assert settings.budgets["healthcheck"] < 60 and settings.sweep["converge"]
+    assert load_baseline(EXAMPLE_BASELINE).pin.driver
+
+
+def test_slurm_conf_names_installed_entry_points():
+    result = gpugate_cmd("slurm-conf")
+    assert result.returncode == 0
+    for mode, key in (("healthcheck", "HealthCheckProgram"), ("prolog", "Prolog"), ("epilog", "Epilog")):
+        line = [l for l in result.stdout.splitlines() if l.startswith(key + "=")][0]
+        path = line.split("=", 1)[1]
+        assert path == entry(mode) and os.access(path, os.X_OK)
+    assert "HealthCheckTimeout" in gpugate_cmd("slurm-conf", "--release", "26.05").stdout
+    assert "NONDRAINED_IDLE" in gpugate_cmd("slurm-conf", "--release", "24.11").stdout
+    assert gpugate_cmd("slurm-conf", "--release", "latest").returncode == 2
