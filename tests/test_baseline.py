@@ -70,7 +70,8 @@ def test_settings_defaults_and_errors(tmp_path):
     assert s.state_dir("gpu01") == "/tmp/st/gpu01"
     for data, where in [({"state_dir": "relative"}, "state_dir"), ({"budgets": {"healthcheck": -1}}, "budgets.healthcheck"),
                         ({"commands": {"rm": "/bin/rm"}}, "commands.rm"), ({"reason_tag": "has space"}, "reason_tag"),
-                        ({"slurm": {"backend": "rest"}}, "slurm.backend")]:
+                        ({"slurm": {"backend": "rest"}}, "slurm.backend"),
+                        ({"slurm": {"backend": "pyslurm"}}, "slurm.backend")]:
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
             parse_settings(data, "gpugate.toml")
 

@@ -141,3 +141,22 @@ def test_slurm_conf_names_installed_entry_points():
     assert "HealthCheckTimeout" in gpugate_cmd("slurm-conf", "--release", "26.05").stdout
     assert "NONDRAINED_IDLE" in gpugate_cmd("slurm-conf", "--release", "24.11").stdout
     assert gpugate_cmd("slurm-conf", "--release", "latest").returncode == 2
+
+
+def test_boot_grace_reports_transient_findings_without_draining_or_undraining(node_env):
+    config = open(node_env["config"]).read().replace("boot_grace_seconds = 0", "boot_grace_seconds = 86400")
+    with open(node_env["config"], "w") as handle:
+        handle.write(config)
+    os.rename(os.path.join(node_env["fleet"], "gpu01", "bin", "dcgmi"),
+              os.path.join(node_env["fleet"], "gpu01", "bin", "dcgmi.away"))
+    result = run_entry("healthcheck", node_env)
+    assert result.returncode == 0
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["boot_grace"] is True and log[-1]["action"] == "none"
+    state = json.load(open(os.path.join(node_env["state"], "gpu01", "last-healthcheck.json")))
+    assert state["fit"] is False  # the prolog must not reuse it as fit
+    # A real fault during the grace period still drains (here: Slurm is absent, so it fails).
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "gpu.3.xid=79", check=True)
+    assert run_entry("healthcheck", node_env).returncode == 1
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["reason"] == "gpugate: health xid:gpu3=79 (want none)" and log[-1]["action"] == "failed"

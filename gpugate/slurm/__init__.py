@@ -2,16 +2,12 @@
 
 
 def connect(settings, timeout=None):
-    """The backend gpugate.toml chooses; the command backend without pyslurm."""
-    slurm = settings.slurm
-    if slurm["backend"] == "pyslurm":
-        try:
-            from .pyslurm_backend import PyslurmSlurm
-
-            return PyslurmSlurm(settings)
-        except ImportError:
-            pass  # pyslurm must match Slurm's major.minor; fall back rather than fail
+    """The command backend (scontrol/sinfo: every Slurm host has them, every
+    release).  A pyslurm backend is not part of this release: pyslurm must
+    match Slurm's major.minor and PyPI only has 25.11 builds, so it could not
+    be proven here against a real cluster; the configuration refuses it."""
     from .commands import CommandSlurm
 
+    slurm = settings.slurm
     limit = float(slurm["timeout_seconds"])
     return CommandSlurm(str(slurm["bin_dir"]), settings.slurm_env, min(limit, timeout) if timeout else limit)
