@@ -55,7 +55,8 @@ def test_probe_drain_clears_itself_other_classes_wait(cluster):
 def _healthcheck_processes(node, min_age=2.0):
     """Live gpugate health checks slurmd started for ``node`` that have run
     for more than ``min_age`` seconds (a run that finds the lock taken exits
-    within a fraction of a second: that is not a pile-up)."""
+    within a fraction of a second: that is not a pile-up).  A check's own
+    NVML reader (a forked child) is part of that check, not another run."""
     ticks = os.sysconf("SC_CLK_TCK")
     with open("/proc/uptime") as handle:
         uptime = float(handle.read().split()[0])
@@ -73,10 +74,13 @@ def _healthcheck_processes(node, min_age=2.0):
         if b"gpugate-healthcheck" in cmdline and b"SLURMD_NODENAME=" + node.encode() in environ:
             try:
                 with open("/proc/%s/stat" % pid) as handle:
-                    started = int(handle.read().rsplit(") ", 1)[1].split()[19]) / ticks
+                    fields = handle.read().rsplit(") ", 1)[1].split()
+                started, parent = int(fields[19]) / ticks, fields[1]
+                with open("/proc/%s/cmdline" % parent, "rb") as handle:
+                    parent_is_check = b"gpugate-healthcheck" in handle.read()
             except (OSError, IndexError, ValueError):
                 continue
-            if uptime - started > min_age:
+            if uptime - started > min_age and not parent_is_check:
                 count += 1
     return count
 

@@ -185,7 +185,10 @@ def test_second_sweeper_refuses_to_run(new_cluster):
         lock.release()
 
 
-@pytest.mark.parametrize("step", ["wait_drained", "converge", "reboot", "wait_up", "verify", "resume"])
+@pytest.mark.parametrize("step", [
+    pytest.param("wait_drained", marks=pytest.mark.slow), pytest.param("converge", marks=pytest.mark.slow),
+    "reboot", pytest.param("wait_up", marks=pytest.mark.slow), "verify",
+    pytest.param("resume", marks=pytest.mark.slow)])
 def test_kill9_at_each_step_next_run_completes(new_cluster, step):
     cluster = new_cluster(nodes=3)
     drift_and_drain(cluster, "gpu02")
@@ -217,6 +220,7 @@ def test_kill9_at_each_step_next_run_completes(new_cluster, step):
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
 
 
+@pytest.mark.slow
 def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, tmp_path):
     text = open(DEMO_BASELINE).read().replace("in_progress = false", "in_progress = true")
     baseline = tmp_path / "rollout.toml"
