@@ -3,7 +3,7 @@ Everything that is not the baseline.  Validated like the baseline."""
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional
 
 from .errors import ConfigError
 from .schema import (AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table, check_owner,
@@ -191,15 +191,6 @@ def load_checked_baseline(settings: Settings):
     if settings.check_ownership:
         check_owner(settings.baseline, "baseline")
     return load_baseline(settings.baseline)
-
-
-def validate_settings(settings: Settings) -> Tuple[str, ...]:
-    """Warnings about a valid but odd configuration (shown by `gpugate config check`)."""
-    notes = []
-    if settings.budgets["healthcheck"] > 55:
-        notes.append("budgets.healthcheck is %.0fs: slurmd kills the health check at 60s"
-                     % settings.budgets["healthcheck"])
-    return tuple(notes)
 
 
 __all__ = ["Settings", "load_settings", "parse_settings", "ConfigError", "config_path"]

@@ -32,7 +32,3 @@ class SlurmError(GpugateError):
     """Slurm refused or did not answer."""
 
     exit_code = 3
-
-
-class LockBusy(GpugateError):
-    """Another run holds the lock."""

@@ -85,10 +85,6 @@ class ParsedReason:
         return self.findings[0] if self.findings else None
 
 
-def is_ours(text: str, tag: str) -> bool:
-    return parse(text, tag) is not None
-
-
 def parse(text: Optional[str], tag: str) -> Optional[ParsedReason]:
     """Read a reason back; None when it is not gpugate's (never guess)."""
     if not text or not text.startswith(tag + " "):

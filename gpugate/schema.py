@@ -3,7 +3,7 @@ path and what is allowed, and nothing but ``ConfigError`` ever escapes."""
 
 import os
 import sys
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 from .errors import ConfigError
 
@@ -239,7 +239,3 @@ def check_owner(path: str, what: str) -> None:
     if st.st_mode & 0o022 or (os.geteuid() == 0 and st.st_uid != 0):
         raise ConfigError("%s: %s must be owned by root and not writable by group or others "
                           "(chown root %s; chmod go-w %s)" % (path, what, path, path))
-
-
-def nonempty_strings(values: Sequence[str]) -> bool:
-    return all(isinstance(v, str) and v for v in values)

@@ -1,7 +1,6 @@
 """slurmd's own HealthCheckProgram runs gpugate against a real slurmctld."""
 
 import os
-import sys
 import time
 
 import pytest

@@ -1,7 +1,6 @@
 """Prolog and epilog run by slurmd around real jobs."""
 
 import sys
-import time
 
 import pytest
 

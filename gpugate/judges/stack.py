@@ -21,8 +21,7 @@ def judge(baseline, expect, facts) -> List[Finding]:
     out += _nvml(facts)
     out += _module(facts)
     out += _bus(expect, facts)
-    out += _fabricmanager_service(expect, facts)
-    out += _persistenced(expect, facts)
+    out += _services(expect, facts)
     return out
 
 
@@ -84,28 +83,19 @@ def _bus(expect, facts):
     return out
 
 
-def _persistenced(expect, facts):
-    """The nodeset requires persistence mode: nvidia-persistenced keeps it."""
-    if not expect.persistence or not facts.services:
-        return []
-    state = facts.services.get("persistenced")
-    if state is None:
-        return []
-    if isinstance(state, ProbeFailure):
-        return [probe_finding("persistenced", state)]
-    if state != "active":
-        return [Finding(BROKEN, "persistenced", state, "active", RELOAD_OR_REBOOT)]
-    return []
-
-
-def _fabricmanager_service(expect, facts):
-    if not nvswitch(expect, facts) or not facts.services:
-        return []
-    state = facts.services.get("fabricmanager")
-    if state is None:
-        return []
-    if isinstance(state, ProbeFailure):
-        return [probe_finding("fabricmanager", state)]
-    if state != "active":
-        return [Finding(BROKEN, "fabricmanager", state, "active", RELOAD_OR_REBOOT)]
-    return []
+def _services(expect, facts):
+    """Fabric Manager on NVSwitch nodes; nvidia-persistenced where the
+    nodeset requires persistence mode.  A stopped service is a broken stack."""
+    required = []
+    if nvswitch(expect, facts):
+        required.append("fabricmanager")
+    if expect.persistence:
+        required.append("persistenced")
+    out = []
+    for role in required:
+        state = (facts.services or {}).get(role)
+        if isinstance(state, ProbeFailure):
+            out.append(probe_finding(role, state))
+        elif state is not None and state != "active":
+            out.append(Finding(BROKEN, role, state, "active", RELOAD_OR_REBOOT))
+    return out

@@ -83,3 +83,18 @@ def _set_marker(path: str, present: bool) -> None:
             os.unlink(path)
     except OSError:
         pass  # worst case: one extra RPC, or a probe drain cleared by the sweep
+
+
+def settle(settings, node: str, result, record: Dict[str, Any]) -> bool:
+    """Record a prolog/epilog verdict and drain when unfit.  True when the
+    node is fit or its drain was applied."""
+    verdict = result.verdict
+    record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
+                  durations={k: round(v, 4) for k, v in result.facts.durations.items()})
+    if verdict.fit:
+        return True
+    outcome = act(settings, node, verdict)
+    record["action"] = outcome["action"]
+    if not outcome["ok"]:
+        record["slurm_error"] = outcome.get("error")
+    return bool(outcome["ok"])

@@ -7,7 +7,7 @@ import os
 from ..judges.job import deltas
 from ..probes import files
 from . import state as st
-from .act import act
+from .act import settle
 from .check import run_check
 from .entry import job_gpus
 from .reuse import fresh_baseline, last_state
@@ -31,20 +31,11 @@ def run(settings, node: str, record: dict) -> int:
     result = run_check(settings, baseline, node, "epilog", xid_after=cursor, gpus=gpus,
                        processes=gpus is not None,  # other GPUs may belong to other jobs
                        extra=lambda facts: deltas(start, facts))
-    verdict, facts = result.verdict, result.facts
     if job_file:
         try:
             os.unlink(job_file)
         except OSError:
             pass
-    record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
-                  durations={k: round(v, 4) for k, v in facts.durations.items()})
-    if verdict.fit:
-        return 0
-    outcome = act(settings, node, verdict)
-    record["action"] = outcome["action"]
-    if not outcome["ok"]:
-        # Exit non-zero: slurmd then drains the node ("Epilog error"): never lose a drain.
-        record["slurm_error"] = outcome.get("error")
-        return 1
-    return 0
+    # Drained with our reason: exit 0.  If Slurm did not take the drain, exit
+    # non-zero so slurmd drains the node itself ("Epilog error"): never lose a drain.
+    return 0 if settle(settings, node, result, record) else 1

@@ -12,7 +12,7 @@ import time
 from ..judges.job import start_counters
 from ..probes import files
 from . import state as st
-from .act import act
+from .act import act, settle
 from .check import run_check
 from .entry import job_gpus
 from .reuse import fresh_baseline, last_state
@@ -35,7 +35,7 @@ def run(settings, node: str, record: dict) -> int:
         baseline = load_checked_baseline(settings)
     gpus = job_gpus()
     result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus)
-    facts, verdict = result.facts, result.verdict
+    facts = result.facts
     if job_id:
         try:
             st.write_json(st.job_path(settings.state_dir(node), job_id), {
@@ -44,16 +44,9 @@ def run(settings, node: str, record: dict) -> int:
                 durable=False)  # losing it in a crash only loses the epilog's deltas
         except OSError as exc:
             record["state_error"] = str(exc)[:200]
-    record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
-                  durations={k: round(v, 4) for k, v in facts.durations.items()})
-    if verdict.fit:
+    if settle(settings, node, result, record):
         return 0
-    outcome = act(settings, node, verdict)
-    record["action"] = outcome["action"]
-    if not outcome["ok"]:
-        # Slurm drains the node itself ("Prolog error") on our non-zero exit.
-        record["slurm_error"] = outcome.get("error")
-    return 1
+    return 1  # unfit: Slurm requeues the job (and drains the node itself if our drain failed)
 
 
 def _refuse(settings, node: str, record: dict, last: dict) -> int:

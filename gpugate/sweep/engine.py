@@ -9,7 +9,7 @@ gpugate reason (the reboot carries it, and it is set again after the reboot).
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from .. import reason as reasons
 from ..errors import CommandError, SlurmError
