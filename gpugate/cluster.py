@@ -150,7 +150,7 @@ fleet = "{dir}/fleet"
                 handle.write("#!/bin/sh\n# slurmd passes no arguments: name this cluster's configuration.\n"
                              "exec %s --config %s\n" % (target, self.gpugate_conf))
             os.chmod(shim, 0o755)
-        for tool in ("scontrol", "sinfo"):
+        for tool in ("scontrol", "sinfo", "scancel"):
             shim = self.path("slurm-bin", tool)
             with open(shim, "w") as handle:
                 handle.write('#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'

@@ -246,3 +246,19 @@ def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, 
         data = json.loads(result.stdout)
         assert data["fit"] and data["pending"] == [] and data["facts"]["nvml"]["driver_version"] == "580.65.06"
     assert all(s == "idle" for s in cluster.node_states().values())
+
+
+def test_running_jobs_are_waited_for_unless_forced(new_cluster):
+    cluster = new_cluster(nodes=3, sweep={"drain_timeout": 3})
+    job = cluster.run(["/usr/bin/sbatch", "--parsable", "-w", "gpu02", "-o", "/dev/null", "--wrap", "sleep 300"]).stdout
+    job = job.strip().split(";")[0]
+    cluster.wait_for(lambda: "alloc" in cluster.state("gpu02") or "mix" in cluster.state("gpu02"), 30, "job running")
+    drift_and_drain(cluster, "gpu02")
+    assert "drng" in cluster.state("gpu02") or "draining" in cluster.state("gpu02")
+    code, report, err = run_sweep(cluster)
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "deferred"  # the job was not touched
+    assert "RUNNING" in cluster.scontrol("show", "job", job)
+    code, report, err = run_sweep(cluster, "--force")
+    assert code == 0, err
+    assert report["outcomes"]["gpu02"]["result"] == "resumed"
+    assert "CANCELLED" in cluster.scontrol("show", "job", job)

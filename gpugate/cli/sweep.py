@@ -47,7 +47,8 @@ def _context(config):
 @click.option("--partition", "-p", multiple=True, help="Only nodes in this partition (repeatable).")
 @click.option("--nodes", "-w", default=None, help="Only these nodes (hostlist).")
 @click.option("--max-batch", type=click.IntRange(1, 100000), default=None, help="Nodes per batch at most.")
-@click.option("--force", is_flag=True, help="Do not wait for running jobs to finish (the reboot kills them).")
+@click.option("--force", is_flag=True, help="Cancel the jobs still running on a batch's nodes instead of "
+              "waiting for them to finish.")
 @click.option("--rollout", is_flag=True, help="Roll the fleet from [previous] to [pin]: drain, converge, "
               "verify and resume the nodes still on [previous], canary batch first.")
 @click.option("--preview", is_flag=True, help="Also run the configured preview command on the first batch.")

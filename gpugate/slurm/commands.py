@@ -76,6 +76,10 @@ class CommandSlurm:
     def resume(self, names: str) -> None:
         self.update(names, "RESUME")
 
+    def cancel_jobs(self, names: str) -> None:
+        """Cancel every job on these nodes (the sweep's --force)."""
+        self._run("scancel", ["--nodelist=" + names, "--full"])
+
     def reserve(self, name: str, names: str) -> None:
         """A maintenance reservation: no job starts on these nodes, whatever
         state Slurm gives them (e.g. ReturnToService=2 after a reboot)."""

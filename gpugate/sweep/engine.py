@@ -235,6 +235,9 @@ class Sweeper:
 
     def _step_wait_drained(self, nodes, records) -> None:
         self._begin(nodes, "wait_drained")
+        if self.force:
+            # --force: the admin accepts killing the jobs still running there.
+            self.slurm.cancel_jobs(_hostlist(nodes))
         deadline = time.monotonic() + float(self.cfg["drain_timeout"])
         waiting = set(nodes)
         while waiting:
@@ -244,7 +247,7 @@ class Sweeper:
                 if st is None or not st.drain or reasons.parse(st.reason, self.tag) is None:
                     self._leave(name, "its reason is no longer gpugate's: %r" % (st.reason if st else "gone"))
                     waiting.discard(name)
-                elif self.force or st.drained or st.down:
+                elif st.drained or st.down:
                     self._done(name, "wait_drained")
                     waiting.discard(name)
             if not waiting:

@@ -65,8 +65,12 @@ class SshTransport:
             argv += ["--config", self.config]
         task = task_self()
         task.set_info("fanout", self.fanout)
-        # The remote side is a command line for ssh: every word is quoted.
-        task.run(" ".join(shlex.quote(a) for a in argv), nodes=str(NodeSet.fromlist(nodes)), timeout=timeout)
+        for node in nodes:
+            # --node: judge the Slurm node name, whatever the host calls itself.
+            # The remote side is a command line for ssh: every word is quoted.
+            words = argv + ["--node", node]
+            task.shell(" ".join(shlex.quote(a) for a in words), nodes=str(NodeSet(node)), timeout=timeout)
+        task.resume()
         out: Dict[str, Answer] = {}
         for buf, names in task.iter_buffers():
             for name in names:
