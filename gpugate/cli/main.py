@@ -9,7 +9,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import GpugateError
+from ..errors import ConfigError, GpugateError
 
 EXIT_CODES = """\b
 Exit codes:
@@ -40,7 +40,7 @@ def default_node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def load_context(config, sim, baseline_path, node_required=False):
+def load_context(config, sim, baseline_path, node_required=None):
     """Settings (and a simulated fleet, when --sim is given) for a command."""
     from dataclasses import replace
 
@@ -49,6 +49,8 @@ def load_context(config, sim, baseline_path, node_required=False):
     settings = load_settings(config, missing_ok=config is None)
     if sim:
         settings = replace(settings, sim_fleet=os.path.abspath(sim), check_ownership=False)
+    if node_required and settings.sim_fleet and not os.path.isdir(os.path.join(settings.sim_fleet, node_required)):
+        raise ConfigError("%s: no simulated node %s there" % (settings.sim_fleet, node_required))
     if baseline_path:
         settings = replace(settings, baseline=os.path.abspath(baseline_path))
     return settings
@@ -102,11 +104,12 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
     from ..config import load_checked_baseline
     from ..node.check import result_json, run_check
 
-    settings = load_context(config, sim, baseline_path)
+    node = node or default_node()
+    settings = load_context(config, sim, baseline_path, node)
     baseline = load_checked_baseline(settings)
     if pin == "previous":
         baseline = baseline.as_previous()
-    result = run_check(settings, baseline, node or default_node(), mode)
+    result = run_check(settings, baseline, node, mode)
     if as_json:
         click.echo(json.dumps(result_json(result, baseline, settings.baseline), sort_keys=True))
     else:
@@ -134,6 +137,41 @@ def explain(config, baseline_path, sim, node, mode):
     sys.exit(result.verdict.exit_code)
 
 
+@main.command()
+@_config_opt
+@_baseline_opt
+@_sim_opt
+@_node_opt
+@click.option("--max-age", type=click.FloatRange(0, 86400 * 7), default=0, show_default=True,
+              help="Print the last health check's facts when younger than this (seconds); else probe now.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: node, at, source, facts.")
+def facts(config, baseline_path, sim, node, max_age, as_json):
+    """Print this node's facts (what `gpugate audit` folds across the fleet).
+
+    \b
+    Examples:
+      gpugate facts --json
+      gpugate facts --json --max-age 900     # the last health check's, when fresh
+    """
+    import time
+
+    from ..config import load_checked_baseline
+    from ..node.check import run_check
+    from ..node.reuse import last_state
+
+    node = node or default_node()
+    settings = load_context(config, sim, baseline_path, node)
+    last = last_state(settings, node) if max_age else None
+    if last and last.get("facts") and time.time() - float(last.get("at", 0)) <= max_age:
+        out = {"node": node, "at": last["at"], "source": "last health check", "facts": last["facts"]}
+    else:
+        from ..facts import to_jsonable
+
+        result = run_check(settings, load_checked_baseline(settings), node, "healthcheck")
+        out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts)}
+    click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
+
+
 @main.command("slurm-conf")
 @_config_opt
 @click.option("--release", default="22.05", show_default=True, help="Slurm release the fragment is for.")
@@ -147,3 +185,4 @@ def slurm_conf(config, release):
 from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
 from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
 from . import sweep as _sweep  # noqa: E402,F401  (registers `gpugate sweep`)
+from . import fleet as _fleet  # noqa: E402,F401  (registers `gpugate audit`, `status`, `baseline`, `metrics`)

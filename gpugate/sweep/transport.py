@@ -20,12 +20,22 @@ def _parse(stdout: str) -> Answer:
                 data = json.loads(line)
             except ValueError:
                 break
-            if isinstance(data, dict) and "fit" in data:
+            if isinstance(data, dict) and "node" in data:
                 return data
-    return "no JSON verdict in the output: %r" % stdout.strip()[-200:]
+    return "no JSON answer in the output: %r" % stdout.strip()[-200:]
 
 
-class LocalTransport:
+class _Transport:
+    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+        """`gpugate check ARGS --json` on each node."""
+        return self.run(nodes, ["check"] + list(args), timeout)
+
+    def facts(self, nodes: Sequence[str], max_age: float, timeout: float) -> Dict[str, Answer]:
+        """`gpugate facts --json`: the last health check's facts while fresh, else probed."""
+        return self.run(nodes, ["facts", "--max-age", "%g" % max_age], timeout)
+
+
+class LocalTransport(_Transport):
     """gpugate runs here and checks the simulated node named by --node."""
 
     def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 8):
@@ -33,11 +43,11 @@ class LocalTransport:
         self.config = config
         self.fanout = fanout
 
-    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
         from concurrent.futures import ThreadPoolExecutor
 
         def one(node: str) -> Answer:
-            argv = self.gpugate + ["check"] + list(args) + ["--json", "--node", node]
+            argv = self.gpugate + list(args) + ["--json", "--node", node]
             if self.config:
                 argv += ["--config", self.config]
             try:
@@ -48,7 +58,7 @@ class LocalTransport:
             return dict(zip(nodes, pool.map(one, nodes)))
 
 
-class SshTransport:
+class SshTransport(_Transport):
     """ClusterShell fan-out over ssh, one timeout for the whole batch."""
 
     def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 64):
@@ -56,11 +66,11 @@ class SshTransport:
         self.config = config
         self.fanout = fanout
 
-    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
 
-        argv = self.gpugate + ["check"] + list(args) + ["--json"]
+        argv = self.gpugate + list(args) + ["--json"]
         if self.config:
             argv += ["--config", self.config]
         task = task_self()

@@ -1,0 +1,140 @@
+"""`gpugate audit` and `gpugate metrics`: the fleet's versions, and a
+Prometheus summary for the controller."""
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from ..errors import ConfigError
+from .main import main
+
+
+def _settings(config):
+    from ..config import load_settings
+
+    return load_settings(config, missing_ok=config is None)
+
+
+def audit_path(settings) -> str:
+    """The latest audit's facts, next to the sweep journal (`baseline diff` reads it)."""
+    return os.path.join(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "audit.json")
+
+
+def _select_nodes(settings, nodes, partitions):
+    """The nodes to audit: a hostlist, or Slurm's nodes (optionally of partitions)."""
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+    if nodes and not partitions:
+        try:
+            return sorted(NodeSet(nodes))
+        except NodeSetParseError as exc:
+            raise ConfigError("--nodes %r is not a hostlist: %s" % (nodes, exc)) from None
+    from ..slurm import connect
+
+    states = connect(settings).nodes()
+    chosen = [n for n, st in states.items() if not partitions or set(st.partitions) & set(partitions)]
+    if nodes:
+        wanted = set(NodeSet(nodes))
+        chosen = [n for n in chosen if n in wanted]
+    return sorted(chosen)
+
+
+@main.command()
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
+@click.option("--nodes", "-w", default=None, help="Only these nodes (hostlist); default: every Slurm node.")
+@click.option("--partition", "-p", multiple=True, help="Only nodes of this partition (repeatable).")
+@click.option("--baseline", "-b", "baseline_path", type=click.Path(dir_okay=False), default=None,
+              help="Compare with this baseline (default: the configured one).")
+@click.option("--max-age", type=click.FloatRange(0, 7 * 86400), default=900, show_default=True,
+              help="Use a node's last health-check facts when younger than this (seconds).")
+@click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+def audit(config, nodes, partition, baseline_path, max_age, as_json):
+    """Every component's distinct values across the fleet, folded into
+    hostlists, with the pinned value and the drift.  Exit 1 when any node
+    drifts (for cron jobs and pipelines); unreachable nodes are listed.
+
+    \b
+    Examples:
+      gpugate audit
+      gpugate audit -p gpu --json
+      gpugate audit -w 'gpu[001-064]' -b new-baseline.toml
+    """
+    from dataclasses import replace
+
+    from ..baseline import load_baseline
+    from ..fleet.audit import fold, to_json, to_text
+    from ..node.state import write_json
+    from ..sweep.transport import make as make_transport
+
+    settings = _settings(config)
+    if baseline_path:
+        settings = replace(settings, baseline=os.path.abspath(baseline_path))
+    baseline = load_baseline(settings.baseline)
+    names = _select_nodes(settings, nodes, partition)
+    answers = make_transport(settings).facts(names, max_age, float(settings.sweep["verify_timeout"]))
+    fleet = {n: (a["facts"] if isinstance(a, dict) and isinstance(a.get("facts"), dict) else str(a))
+             for n, a in answers.items()}
+    result = fold(fleet, baseline)
+    try:
+        write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet})
+    except OSError as exc:
+        click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
+    if as_json:
+        click.echo(json.dumps(dict(to_json(result), nodes=len(names)), sort_keys=True))
+    else:
+        click.echo("audit of %d nodes against %s (%s)" % (len(names), baseline.name, settings.baseline))
+        click.echo(to_text(result))
+    sys.exit(1 if result.drift else 0)
+
+
+@main.command()
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the exposition atomically to this file (node_exporter's textfile collector).")
+def metrics(config, output):
+    """Fleet summary in Prometheus text format (controller side): nodes per
+    gpugate class, nodes drained by others, drift per component from the
+    latest audit, and the sweep's progress from its journal.
+
+    \b
+    Examples:
+      gpugate metrics
+      gpugate metrics -o /var/lib/node_exporter/textfile/gpugate_fleet.prom
+    """
+    from ..fleet.metrics import fleet_families
+    from ..metrics import render
+    from ..node.state import read_json
+    from ..slurm import connect
+    from ..sweep.snapshot import take
+
+    settings = _settings(config)
+    snap = take(connect(settings).nodes(), settings.reason_tag, time.time())
+    journal_nodes = {}
+    if os.path.exists(settings.sweep["journal"]):
+        from ..sweep.journal import Journal
+
+        journal = Journal(settings.sweep["journal"])
+        try:
+            journal_nodes = journal.nodes()
+        finally:
+            journal.close()
+    last_audit = read_json(audit_path(settings))
+    baseline = None
+    if last_audit:
+        from ..baseline import load_baseline
+
+        try:
+            baseline = load_baseline(settings.baseline)
+        except ConfigError:
+            baseline = None
+    text = render(fleet_families(snap, journal_nodes, last_audit, baseline))
+    if output:
+        tmp = "%s.tmp.%d" % (output, os.getpid())
+        with open(tmp, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, output)
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,158 @@
+"""The audit: every component's distinct values across the fleet, folded
+into hostlists and compared with the pin.  Pure: facts in, table out."""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+# Node-wide components: how to read each from a node's facts (JSON form).
+NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
+                   "image")
+GPU_COMPONENTS = ("vbios", "gsp_firmware")
+PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    product: Optional[str]  # per-GPU components are grouped per GPU product
+    value: str
+    nodes: Tuple[str, ...]
+    status: str  # pinned | DRIFT | pending | unpinned
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class Audit:
+    rows: Tuple[Row, ...]
+    unreachable: Mapping[str, str] = field(default_factory=dict)  # node -> why
+
+    @property
+    def drift(self) -> bool:
+        return any(r.status == DRIFT for r in self.rows)
+
+
+def _value(x) -> Optional[str]:
+    """A fact's value as text; errors and absent facts as a marked value."""
+    if x is None:
+        return None
+    if isinstance(x, dict) and "error" in x:
+        return "(unreadable: %s)" % x["error"].get("kind", "error")
+    return str(x)
+
+
+def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
+    nvml = facts.get("nvml") or {}
+    nvml_ok = isinstance(nvml, dict) and "error" not in nvml
+    packages = facts.get("packages") or {}
+    image = facts.get("image")
+    return {
+        "kernel": _value(facts.get("kernel_release")),
+        "driver": _value(nvml.get("driver_version")) if nvml_ok else _value(nvml),
+        "cuda_driver": _value(nvml.get("cuda_driver_version")) if nvml_ok else _value(nvml),
+        "module": _value(facts.get("module_resident")),
+        "fabricmanager": _package(packages.get("fabricmanager")),
+        "container_toolkit": _package(packages.get("container_toolkit")),
+        "dcgm": _value(facts.get("dcgm_version")),
+        "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
+    }
+
+
+def _package(pkg) -> Optional[str]:
+    if pkg is None:
+        return None
+    if isinstance(pkg, dict) and "error" in pkg:
+        return _value(pkg)
+    return str(pkg.get("version")) if isinstance(pkg, dict) else None
+
+
+def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
+    """(component, product, value) for every GPU."""
+    nvml = facts.get("nvml") or {}
+    if not isinstance(nvml, dict) or "error" in nvml:
+        return []
+    out = []
+    for gpu in nvml.get("gpus") or ():
+        product = gpu.get("name") if isinstance(gpu.get("name"), str) else "(unknown product)"
+        out.append(("vbios", product, _value(gpu.get("vbios"))))
+        out.append(("gsp_firmware", product, _value(gpu.get("gsp_firmware"))))
+    return out
+
+
+def _status(component: str, product: Optional[str], value: str, baseline) -> str:
+    if value.startswith("(unreadable"):
+        return UNREADABLE  # the node answered, this fact did not: not drift, not fine
+    if baseline is None:
+        return UNPINNED
+    pin, prev = baseline.pin, baseline.previous
+    if component == "vbios":
+        want = pin.vbios.get(product)
+        before = prev.vbios.get(product) if prev else None
+    elif component == "module":
+        want, before = pin.driver, prev.driver if prev else None
+    else:
+        want = pin.get(component)
+        before = prev.get(component) if prev else None
+    if want is None:
+        return UNPINNED
+    if value == want:
+        return PINNED
+    if baseline.rollout_in_progress and before is not None and value == before:
+        return PENDING
+    return DRIFT
+
+
+def fold(fleet: Mapping[str, object], baseline=None) -> Audit:
+    """fleet: node -> facts (the JSON form of NodeFacts), or a string saying
+    why the node could not be read (it is listed as unreachable)."""
+    groups: Dict[Tuple[str, Optional[str], str], set] = {}
+    unreachable = {}
+    for node, facts in fleet.items():
+        if not isinstance(facts, Mapping):
+            unreachable[node] = str(facts)
+            continue
+        for component, value in node_values(facts).items():
+            if value is not None:
+                groups.setdefault((component, None, value), set()).add(node)
+        for component, product, value in gpu_values(facts):
+            if value is not None:
+                groups.setdefault((component, product, value), set()).add(node)
+    order = {c: i for i, c in enumerate(NODE_COMPONENTS + GPU_COMPONENTS)}
+    rows = [Row(c, p, v, tuple(sorted(nodes)), _status(c, p, v, baseline))
+            for (c, p, v), nodes in groups.items()]
+    rows.sort(key=lambda r: (order.get(r.component, 99), r.product or "", r.status != PINNED, -r.count, r.value))
+    return Audit(tuple(rows), unreachable)
+
+
+def hostlist(nodes) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(sorted(nodes))) if nodes else "-"
+
+
+def to_json(audit: Audit) -> dict:
+    return {"drift": audit.drift,
+            "rows": [{"component": r.component, "product": r.product, "value": r.value, "count": r.count,
+                      "nodes": hostlist(r.nodes), "status": r.status} for r in audit.rows],
+            "unreachable": {"nodes": hostlist(audit.unreachable), "why": dict(audit.unreachable)}}
+
+
+def to_text(audit: Audit) -> str:
+    lines = []
+    width = max([len(r.value) for r in audit.rows] + [8])
+    last = None
+    for r in audit.rows:
+        name = r.component + (" [%s]" % r.product if r.product else "")
+        label = name if name != last else ""
+        last = name
+        lines.append("%-40s %-*s %6d  %-28s %s" % (label, width, r.value, r.count, hostlist(r.nodes), r.status))
+    if audit.unreachable:
+        lines.append("%-40s %-*s %6d  %s" % ("UNREACHABLE", width, "", len(audit.unreachable),
+                                             hostlist(audit.unreachable)))
+        for node, why in sorted(audit.unreachable.items())[:20]:
+            lines.append("    %s: %s" % (node, why[:100]))
+    if not lines:
+        lines.append("(no nodes)")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Controller-side metrics: the fleet by gpugate class, drift per component
+(from the latest audit), the sweep's progress.  Label values come from fixed
+sets (classes, components, sweep results): cardinality stays bounded."""
+
+from typing import Mapping, Optional
+
+from ..findings import CLASSES
+from .audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, fold
+
+SWEEP_RESULTS = ("in_flight", "resumed", "escalated", "left", "deferred", "halted")
+_TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left", "deferred": "deferred",
+                    "halted": "halted"}
+
+
+def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline) -> list:
+    by_class = {c: 0 for c in CLASSES}
+    others = in_service = 0
+    for view in snapshot.nodes.values():
+        if view.ours is not None:
+            by_class[view.ours.cls] = by_class.get(view.ours.cls, 0) + 1
+        elif not view.in_service:
+            others += 1
+        if view.in_service:
+            in_service += 1
+    families = [
+        ("gpugate_fleet_nodes", "gauge", "Nodes Slurm knows.", [("gpugate_fleet_nodes", {}, len(snapshot.nodes))]),
+        ("gpugate_fleet_nodes_in_service", "gauge", "Nodes in service.",
+         [("gpugate_fleet_nodes_in_service", {}, in_service)]),
+        ("gpugate_fleet_drained", "gauge", "Nodes drained by gpugate, per class.",
+         [("gpugate_fleet_drained", {"class": c}, n) for c, n in sorted(by_class.items())]),
+        ("gpugate_fleet_out_for_others", "gauge", "Nodes out of service for reasons that are not gpugate's.",
+         [("gpugate_fleet_out_for_others", {}, others)]),
+    ]
+    results = {r: 0 for r in SWEEP_RESULTS}
+    for rec in journal_nodes.values():
+        key = _TERMINAL_RESULT.get(rec.step) if rec.finished else "in_flight"
+        if key:
+            results[key] += 1
+    families.append(("gpugate_sweep_nodes", "gauge", "Nodes in the sweep journal by their latest outcome.",
+                     [("gpugate_sweep_nodes", {"result": r}, n) for r, n in results.items()]))
+    if last_audit and isinstance(last_audit.get("facts"), Mapping):
+        audit = fold(last_audit["facts"], baseline)
+        drifted = {c: set() for c in NODE_COMPONENTS + GPU_COMPONENTS}
+        for row in audit.rows:
+            if row.status == DRIFT:
+                drifted[row.component].update(row.nodes)
+        families += [
+            ("gpugate_audit_drift_nodes", "gauge", "Nodes whose component differs from the pin (latest audit).",
+             [("gpugate_audit_drift_nodes", {"component": c}, len(n)) for c, n in sorted(drifted.items())]),
+            ("gpugate_audit_unreachable_nodes", "gauge", "Nodes the latest audit could not read.",
+             [("gpugate_audit_unreachable_nodes", {}, len(audit.unreachable))]),
+            ("gpugate_audit_timestamp_seconds", "gauge", "When the latest audit ran.",
+             [("gpugate_audit_timestamp_seconds", {}, float(last_audit.get("at", 0)))]),
+        ]
+    return families
