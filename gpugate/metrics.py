@@ -33,10 +33,13 @@ def _number(value: float) -> str:
 
 
 def node_families(node: str, verdict, facts, baseline) -> list:
-    drifted = {f.component for f in verdict.findings if f.cls == "drift"}
+    differs = {f.component for f in list(verdict.findings) + list(verdict.notes) if f.cls in ("drift", "pending")}
+    unknown = {f.component for f in verdict.findings if f.cls == "probe"}
     pinned = [c for c in PIN_COMPONENTS if baseline.pin.get(c) is not None]
     if baseline.pin.vbios:
         pinned.append("vbios")
+    # A component gpugate could not read has no sample: never a healthy-looking 1.
+    pinned = [c for c in pinned if c not in unknown]
     classes = {f.cls for f in verdict.findings}
     return [
         ("gpugate_node_fit", "gauge", "1 when the node passed its last gpugate health check.",
@@ -44,7 +47,7 @@ def node_families(node: str, verdict, facts, baseline) -> list:
         ("gpugate_node_unfit", "gauge", "1 for each class of finding present on the node.",
          [("gpugate_node_unfit", {"class": c}, 1 if c in classes else 0) for c in CHECK_CLASSES]),
         ("gpugate_component_matches_pin", "gauge", "1 when the component equals the baseline pin.",
-         [("gpugate_component_matches_pin", {"component": c}, 0 if c in drifted else 1) for c in pinned]),
+         [("gpugate_component_matches_pin", {"component": c}, 0 if c in differs else 1) for c in pinned]),
         ("gpugate_findings", "gauge", "Number of findings of the last check.",
          [("gpugate_findings", {}, len(verdict.findings))]),
         ("gpugate_last_check_timestamp_seconds", "gauge", "When the last health check ended.",
