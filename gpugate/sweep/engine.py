@@ -308,8 +308,9 @@ class Sweeper:
         # the drain after a reboot; ReturnToService=2 revives DOWN nodes).
         existing = self.slurm.reservations() if ready else {}
         by_reservation: Dict[str, List[str]] = {}
+        current = self.journal.nodes()
         for name in ready:
-            by_reservation.setdefault(self.journal.nodes()[name].reservation, []).append(name)
+            by_reservation.setdefault(current[name].reservation, []).append(name)
         for reservation, group in sorted(by_reservation.items()):
             if reservation not in existing:
                 self.slurm.reserve(reservation, _hostlist(group))
@@ -502,8 +503,9 @@ class Sweeper:
 
     def _work_groups(self, nodes, records) -> Dict[tuple, List[str]]:
         groups: Dict[tuple, List[str]] = {}
+        current = self.journal.nodes()  # one read: batches can hold thousands of nodes
         for name in nodes:
-            rec = self.journal.nodes()[name]
+            rec = current[name]
             groups.setdefault((rec.reservation, self._work_reason(rec)), []).append(name)
         return groups
 
