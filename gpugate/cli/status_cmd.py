@@ -1,0 +1,82 @@
+"""`gpugate status`: gpugate's drains by class, the sweep's word on them, and
+the nodes out for other reasons (listed, never touched).  Read-only."""
+
+import json
+import os
+import sqlite3
+import time
+
+import click
+
+from ..errors import ConfigError, GpugateError
+from .main import main
+
+
+def _hostlist(expr):
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+    try:
+        return set(NodeSet(expr))
+    except (NodeSetParseError, ValueError) as exc:
+        raise ConfigError("--nodes %r is not a hostlist: %s" % (expr, exc)) from None
+
+
+def _journal_nodes(path):
+    """The journal's node records; {} when no sweep has run.  An unreadable
+    journal is reported and skipped: the Slurm view is still worth showing."""
+    if not os.path.exists(path):
+        return {}
+    from ..sweep.journal import Journal
+
+    try:
+        journal = Journal(path)
+    except (GpugateError, sqlite3.Error, OSError) as exc:
+        click.echo("gpugate status: sweep journal %s not read: %s" % (path, exc), err=True)
+        return {}
+    try:
+        return journal.nodes()
+    except sqlite3.Error as exc:
+        click.echo("gpugate status: sweep journal %s not read: %s" % (path, exc), err=True)
+        return {}
+    finally:
+        journal.close()
+
+
+@main.command("status")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: gpugate (nodes by class), others, counts, partitions.")
+@click.option("--partition", "-p", multiple=True, help="Only nodes of this partition (repeatable).")
+@click.option("--nodes", "-w", default=None, help="Only these nodes (hostlist).")
+def status(config, as_json, partition, nodes):
+    """One screen for the on-call admin: the nodes gpugate drained, by class,
+    oldest first, with how long each has been out and what the sweep journal
+    says about it; then the nodes out of service for other reasons (an
+    admin's drain, DOWN, not responding), which gpugate lists and never
+    touches.  Reads Slurm and the journal; changes nothing.
+
+    \b
+    Examples:
+      gpugate status
+      gpugate status -p gpu -w 'gpu[001-064]'
+      gpugate status --json | jq '.gpugate.drift[].node'
+    """
+    from ..config import load_settings
+    from ..fleet.status import render_text, summarize
+    from ..slurm import connect
+    from ..sweep.snapshot import take
+
+    settings = load_settings(config, missing_ok=config is None)
+    wanted = _hostlist(nodes) if nodes else None
+    states = connect(settings).nodes()
+    now = time.time()
+    states = {n: st for n, st in states.items()
+              if (wanted is None or n in wanted) and (not partition or set(st.partitions) & set(partition))}
+    journal_nodes = _journal_nodes(str(settings.sweep["journal"]))
+    summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states)
+    if partition:
+        summary["partitions"] = {p: f for p, f in summary["partitions"].items() if p in partition}
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+    else:
+        click.echo(render_text(summary))

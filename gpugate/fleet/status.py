@@ -1,0 +1,199 @@
+"""`gpugate status`: one screen for the on-call admin.  Pure: a snapshot of
+Slurm's node states and the sweep journal in, a summary (and its text) out.
+
+* gpugate's drains, by class (most severe first), oldest drain first, each
+  with how long it has been out and what the sweep journal says about it.  A
+  node carrying the sweep's work reason (first finding ``sweep=...``) is
+  listed under the class it was drained for.
+* "others": nodes out of service for a reason that is not gpugate's (an
+  admin's drain, DOWN, not responding).  Listed and counted, never touched.
+"""
+
+from typing import Dict, List, Mapping, Optional
+
+from ..findings import CLASSES, ROLLOUT
+
+__all__ = ["summarize", "render_text", "format_age", "state_text"]
+
+# Journal steps that end a node's stay in the sweep; their detail says why.
+_EXPLAINED_STEPS = ("left", "deferred", "halted", "escalate")
+_CLOCK_SLACK = 2.0  # seconds between Slurm's reason time and the journal's
+
+
+def state_text(state) -> str:
+    """Base state and flags of a NodeState: "IDLE+DRAIN", "DOWN+NOT_RESPONDING"."""
+    flags = sorted(state.flags, key=lambda f: (f != "DRAIN", f))
+    return "+".join([state.state] + flags)
+
+
+def _view_state(view) -> str:
+    """What a NodeView alone tells (used when no NodeState is given)."""
+    if view.draining:
+        return "DRAINING"
+    if view.drain:
+        return "DRAINED"
+    return "IN_SERVICE" if view.in_service else "OUT"
+
+
+def _out_for(since: Optional[int], now: float) -> Optional[float]:
+    return None if since is None else max(0.0, float(now) - float(since))
+
+
+def _journal_text(rec) -> str:
+    text = "%s %s (attempt %d)" % (rec.step, rec.status, rec.attempt)
+    if rec.detail and (rec.status == "failed" or rec.step in _EXPLAINED_STEPS):
+        detail = " ".join(rec.detail.split())
+        text += ": " + (detail if len(detail) <= 80 else detail[:78] + "..")
+    return text
+
+
+def _sweep_info(view, rec) -> Optional[str]:
+    """What the sweep says about a node gpugate drained, or None."""
+    first = view.ours.first if view.ours is not None else None
+    work = first is not None and first.component == "sweep"
+    if rec is not None:
+        stale = (rec.finished and view.reason_time is not None
+                 and view.reason_time > rec.updated + _CLOCK_SLACK)
+        if not stale or work:
+            return _journal_text(rec)
+    if work:
+        # The sweep's reason without a journal record (journal lost or moved):
+        # the next sweep continues it from the reason.
+        return "%s (no journal record)" % first.observed
+    return None
+
+
+def _order(entry: dict):
+    since = entry["since"]
+    return (since is None, since if since is not None else 0, entry["node"])
+
+
+def summarize(snapshot, journal_nodes: Mapping[str, object], now: float,
+              states: Optional[Mapping[str, object]] = None) -> dict:
+    """The status summary (JSON-ready).
+
+    snapshot: gpugate.sweep.snapshot.Snapshot; journal_nodes: Journal.nodes()
+    (may be empty); now: epoch seconds.  states (name -> NodeState, the ones
+    the snapshot was taken from) gives each node's exact Slurm state ("IDLE+
+    DRAIN", "DOWN+NOT_RESPONDING"); without it the state is what the snapshot
+    tells ("DRAINED", "DRAINING", "OUT").
+    """
+    journal_nodes = journal_nodes or {}
+    states = states or {}
+    by_class: Dict[str, List[dict]] = {}
+    others: List[dict] = []
+    members: Dict[str, Dict[str, int]] = {}
+    in_service = 0
+
+    for name, view in snapshot.nodes.items():
+        st = states.get(name)
+        state = state_text(st) if st is not None else _view_state(view)
+        kind = None
+        if view.ours is not None:
+            cls = view.ours.cls if view.ours.cls in CLASSES else ROLLOUT
+            by_class.setdefault(cls, []).append({
+                "node": name, "reason": view.reason, "since": view.reason_time,
+                "out_for": _out_for(view.reason_time, now), "state": state,
+                "sweep": _sweep_info(view, journal_nodes.get(name)),
+            })
+            kind = "gpugate"
+        elif not view.in_service:
+            rec = journal_nodes.get(name)
+            others.append({
+                "node": name, "state": state, "reason": view.reason, "since": view.reason_time,
+                "out_for": _out_for(view.reason_time, now),
+                # In the sweep's hands (e.g. rebooting): say so, so nobody intervenes.
+                "sweep": _journal_text(rec) if rec is not None and not rec.finished else None,
+            })
+            kind = "others"
+        else:
+            in_service += 1
+        for part in view.partitions:
+            figures = members.setdefault(part, {"members": 0, "in_service": 0, "gpugate": 0, "others": 0})
+            figures["members"] += 1
+            figures[kind or "in_service"] += 1
+
+    gpugate = {cls: sorted(by_class[cls], key=_order) for cls in CLASSES if cls in by_class}
+    return {
+        "gpugate": gpugate,
+        "others": sorted(others, key=_order),
+        "counts": {
+            "total": len(snapshot.nodes),
+            "in_service": in_service,
+            "gpugate": sum(len(v) for v in gpugate.values()),
+            "gpugate_by_class": {cls: len(v) for cls, v in gpugate.items()},
+            "others": len(others),
+        },
+        "partitions": {p: members[p] for p in sorted(members)},
+    }
+
+
+def format_age(seconds: Optional[float]) -> str:
+    """45s, 4m, 3h12m, 2d05h; "?" when unknown."""
+    if seconds is None:
+        return "?"
+    s = int(max(0, seconds))
+    if s < 60:
+        return "%ds" % s
+    if s < 3600:
+        return "%dm" % (s // 60)
+    if s < 86400:
+        return "%dh%02dm" % (s // 3600, s % 3600 // 60)
+    return "%dd%02dh" % (s // 86400, s % 86400 // 3600)
+
+
+def _body(reason: str, cls: str) -> str:
+    """The reason without its tag and class (the class has its own column)."""
+    words = reason.split(" ", 2)
+    if len(words) >= 2 and words[1] == cls:
+        return words[2] if len(words) == 3 else ""
+    return reason
+
+
+def _short_state(state: str) -> str:
+    """sinfo's mark for a node that does not respond: "DOWN+NOT_RESPONDING" -> "DOWN*"."""
+    words = state.split("+")
+    if "NOT_RESPONDING" in words:
+        words.remove("NOT_RESPONDING")
+        words[0] += "*"
+    return "+".join(words)
+
+
+def render_text(summary: dict) -> str:
+    counts = summary["counts"]
+    by_class = counts["gpugate_by_class"]
+    head = "gpugate drains: %d" % counts.get("gpugate", sum(by_class.values()))
+    if by_class:
+        head += " (%s)" % ", ".join("%s %d" % (cls, n) for cls, n in by_class.items())
+    lines = ["%s        others out: %d        in service: %d/%d"
+             % (head, counts["others"], counts["in_service"], counts["total"])]
+
+    ours = [(cls, e["node"], format_age(e["out_for"]), _body(e["reason"], cls), e.get("sweep"))
+            for cls, entries in summary["gpugate"].items() for e in entries]
+    others = [("others", e["node"], _short_state(e["state"]),
+               "%s (%s)" % (e["reason"] or "(no reason)", format_age(e.get("out_for"))), e.get("sweep"))
+              for e in summary["others"]]
+    if not ours and not others:
+        lines.append("(every node is in service)")
+    every = ours + others
+    w = [max([len(r[i]) for r in every] or [0]) for i in range(2)]
+    for rows in (ours, others):
+        if not rows:
+            continue
+        third = max(len(r[2]) for r in rows)
+        text_w = min(max(len(r[3]) for r in rows), 64)
+        for first, node, col, text, sweep in rows:
+            line = "%-*s  %-*s  %-*s  %s" % (w[0], first, w[1], node, third, col,
+                                            text.ljust(text_w) if sweep else text)
+            if sweep:
+                line += "  sweep: " + sweep
+            lines.append(line.rstrip())
+
+    parts = summary.get("partitions") or {}
+    if parts:
+        lines.append("")
+        pw = max(len(p) for p in parts)
+        for part, f in parts.items():
+            lines.append("partition %-*s  in service %d/%d  gpugate %d  others %d"
+                         % (pw, part, f["in_service"], f["members"], f["gpugate"], f["others"]))
+    return "\n".join(lines)
