@@ -1,0 +1,196 @@
+"""`gpugate baseline`: capture a baseline from a known-good node, and review
+a change between two baselines before it is pushed to the fleet."""
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from ..errors import ConfigError
+from .main import main
+
+_config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
+                           help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
+
+
+@main.group()
+def baseline():
+    """Write a baseline from a known-good node; compare two baselines.
+
+    \b
+    Examples:
+      gpugate baseline capture --node gpu001 --output new-baseline.toml
+      gpugate baseline capture --sim /tmp/fleet --node gpu01
+      gpugate baseline diff /etc/gpugate/baseline.toml new-baseline.toml
+      gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json --json
+    """
+
+
+def _node_facts(config, sim, node):
+    """The node's facts, as `gpugate facts` collects them (DCGM always asked)."""
+    from dataclasses import replace
+
+    from ..baseline import parse_baseline
+    from ..config import load_checked_baseline
+    from ..facts import to_jsonable
+    from ..node.check import run_check
+    from .main import load_context
+
+    settings = load_context(config, sim, None)
+    try:
+        current = load_checked_baseline(settings)  # only to run the probes
+    except ConfigError:
+        current = parse_baseline({"pin": {"driver": "0"}}, "(capture)")
+    if current.pin.dcgm is None:  # the probes ask DCGM only when it is pinned: capture wants its version
+        current = current.with_pin(replace(current.pin, dcgm="0"))
+    result = run_check(settings, current, node, "healthcheck")
+    return result, to_jsonable(result.facts)
+
+
+def _write_new(path: str, text: str, force: bool) -> None:
+    """Write atomically (a temporary file, then rename); never replace an
+    existing file unless ``force``."""
+    path = os.path.abspath(path)
+    if not force and os.path.lexists(path):
+        raise ConfigError("%s exists: not overwriting it (use --force)" % path)
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, ".%s.tmp.%d" % (os.path.basename(path), os.getpid()))
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if the file appeared meanwhile
+            except FileExistsError:
+                raise ConfigError("%s exists: not overwriting it (use --force)" % path) from None
+            except OSError:  # no hard links on this file system
+                os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError("cannot write %s: %s" % (path, exc)) from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+@baseline.command("capture")
+@_config_opt
+@click.option("--sim", type=click.Path(file_okay=False), default=None,
+              help="Capture from a simulated node of this fleet directory.")
+@click.option("--node", "-n", required=True, help="The known-good node to capture from.")
+@click.option("--name", default=None, help="The baseline's name (default: captured-NODE-YYYYMMDD).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
+              help="Write the baseline to this file (atomically) instead of printing it.")
+@click.option("--force", is_flag=True, help="Replace --output when it exists.")
+def capture(config, sim, node, name, output, force):
+    """Write a baseline from a known-good node's facts: every version it runs
+    as the pin, its VBIOS per GPU product, and a [nodes."NODE"] section with
+    its GPU count, product, NVSwitch, MIG and persistence.  Facts that could
+    not be read are left out with a comment saying why; [health] is left out
+    (the defaults apply).  A node whose GPUs of one product disagree on the
+    VBIOS is refused: it is not a good reference.
+
+    \b
+    Examples:
+      gpugate baseline capture --node gpu001
+      gpugate baseline capture --node gpu001 --name h100-r590-2027.01 --output new-baseline.toml
+      gpugate baseline capture --sim /tmp/fleet --node gpu01 -o /tmp/captured.toml --force
+    """
+    from ..findings import BROKEN, HEALTH
+    from ..fleet.capture import capture as capture_text
+
+    result, facts = _node_facts(config, sim, node)
+    name = name or "captured-%s-%s" % (node, time.strftime("%Y%m%d", time.gmtime()))
+    text = capture_text(node, facts, name)
+    unwell = [f for f in result.verdict.findings if f.cls in (HEALTH, BROKEN)]
+    if unwell:
+        click.echo("gpugate: warning: %s has %d finding%s besides versions (e.g. %s): check it is really a good "
+                   "reference" % (node, len(unwell), "" if len(unwell) == 1 else "s",
+                                  "%s %s" % (unwell[0].cls, unwell[0].component)), err=True)
+    if output:
+        _write_new(output, text, force)
+        click.echo("wrote %s (from %s)" % (output, node), err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def audit_path(settings) -> str:
+    """Where `gpugate audit` leaves the latest fleet facts: next to the journal."""
+    return os.path.join(os.path.dirname(str(settings.sweep["journal"])), "audit.json")
+
+
+def read_audit(path: str):
+    """The latest audit's {"at", "baseline", "facts"}; None when there is none."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConfigError("%s: cannot read the audit: %s" % (path, exc)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("facts"), dict):
+        raise ConfigError("%s: not an audit file (expected {\"at\", \"baseline\", \"facts\": {node: facts}})" % path)
+    return data
+
+
+@baseline.command("diff")
+@_config_opt
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+@click.option("--audit", "audit_file", type=click.Path(dir_okay=False), default=None,
+              help="The latest audit's facts (default: audit.json next to the sweep journal).")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: pin, previous, rollout, nodesets, health, would_drift, would_drift_now, "
+                   "unreachable, audit.")
+def diff(config, old, new, audit_file, as_json):
+    """Show what changes between two baselines and, from the latest audit,
+    how many nodes and which would drift under the new one (and how many
+    drift now), before the new one is pushed to the fleet.  Exit 0.
+
+    \b
+    Examples:
+      gpugate baseline diff /etc/gpugate/baseline.toml new-baseline.toml
+      gpugate baseline diff old.toml new.toml --json
+      gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json
+    """
+    from ..baseline import load_baseline
+    from ..config import load_settings
+    from ..fleet.capture import diff as diff_baselines
+    from ..fleet.capture import diff_text
+
+    old_b, new_b = load_baseline(old), load_baseline(new)
+    if audit_file:
+        path = audit_file
+        audit = read_audit(path)
+        if audit is None:
+            raise ConfigError("%s: no such audit file" % path)
+    else:
+        path = audit_path(load_settings(config, missing_ok=True))
+        audit = read_audit(path)
+    result = diff_baselines(old_b, new_b, audit["facts"] if audit else None)
+    if audit:
+        result["audit"] = {"path": path, "at": audit.get("at"), "baseline": audit.get("baseline"),
+                           "nodes": len(audit["facts"])}
+    else:
+        result["audit"] = None
+        result["note"] = "no audit yet: run gpugate audit"
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+    else:
+        click.echo(diff_text(result))
+        click.echo("")
+        if audit:
+            try:
+                when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(audit.get("at"))))
+            except (TypeError, ValueError, OverflowError, OSError):
+                when = "an unknown time"
+            click.echo("(from the audit of %d nodes at %s: %s)" % (len(audit["facts"]), when, path))
+        else:
+            click.echo("no audit yet: run gpugate audit (%s not found): no node prediction" % path)
+    sys.exit(0)
