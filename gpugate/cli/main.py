@@ -185,4 +185,6 @@ def slurm_conf(config, release):
 from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
 from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
 from . import sweep as _sweep  # noqa: E402,F401  (registers `gpugate sweep`)
-from . import fleet as _fleet  # noqa: E402,F401  (registers `gpugate audit`, `status`, `baseline`, `metrics`)
+from . import fleet as _fleet  # noqa: E402,F401  (registers `gpugate audit`, `gpugate metrics`)
+from . import status_cmd as _status  # noqa: E402,F401  (registers `gpugate status`)
+from . import baseline_cmd as _baseline  # noqa: E402,F401
