@@ -160,3 +160,12 @@ def test_boot_grace_reports_transient_findings_without_draining_or_undraining(no
     assert run_entry("healthcheck", node_env).returncode == 1
     log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
     assert log[-1]["reason"] == "gpugate: health xid:gpu3=79 (want none)" and log[-1]["action"] == "failed"
+
+
+def test_prolog_exits_1_when_unfit_whatever_happened_to_the_drain(node_env):
+    assert run_entry("healthcheck", node_env).returncode == 0
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "gpu.4.remapped_rows.pending=1", check=True)
+    result = run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "12"})
+    assert result.returncode == 1  # Slurm requeues the job
+    log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
+    assert log[-1]["reason"] == "gpugate: health row_remap:gpu4=pending (want none)"

@@ -44,9 +44,10 @@ def run(settings, node: str, record: dict) -> int:
                 durable=False)  # losing it in a crash only loses the epilog's deltas
         except OSError as exc:
             record["state_error"] = str(exc)[:200]
-    if settle(settings, node, result, record):
-        return 0
-    return 1  # unfit: Slurm requeues the job (and drains the node itself if our drain failed)
+    settle(settings, node, result, record)
+    # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
+    # the job (and drains the node itself, "Prolog error", if ours failed).
+    return result.verdict.exit_code
 
 
 def _refuse(settings, node: str, record: dict, last: dict) -> int:
