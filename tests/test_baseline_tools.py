@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from gpugate.baseline import PIN_COMPONENTS, load_baseline, parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.fleet.capture import capture, diff, diff_text
+from gpugate.fleet.capture import capture
+from gpugate.fleet.review import diff, diff_text
 
 try:
     import tomllib

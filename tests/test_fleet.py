@@ -2,7 +2,6 @@
 nodes and against the real test cluster."""
 
 import json
-import os
 import subprocess
 import sys
 

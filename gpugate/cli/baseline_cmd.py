@@ -161,8 +161,8 @@ def diff(config, old, new, audit_file, as_json):
     """
     from ..baseline import load_baseline
     from ..config import load_settings
-    from ..fleet.capture import diff as diff_baselines
-    from ..fleet.capture import diff_text
+    from ..fleet.review import diff as diff_baselines
+    from ..fleet.review import diff_text
 
     old_b, new_b = load_baseline(old), load_baseline(new)
     if audit_file:
