@@ -82,11 +82,15 @@ _sim_opt = click.option("--sim", type=click.Path(file_okay=False), default=None,
 _node_opt = click.option("--node", "-n", default=None, help="Node name (default: $SLURMD_NODENAME or the hostname).")
 
 
+def _node_options(command):
+    """--config, --baseline, --sim, --node: every command that looks at one node."""
+    for option in (_node_opt, _sim_opt, _baseline_opt, _config_opt):
+        command = option(command)
+    return command
+
+
 @main.command()
-@_config_opt
-@_baseline_opt
-@_sim_opt
-@_node_opt
+@_node_options
 @click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]),
               default="healthcheck", show_default=True, help="What to collect and the time budget.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys: node, mode, fit, reason, findings, facts, durations).")
@@ -120,10 +124,7 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
 
 
 @main.command()
-@_config_opt
-@_baseline_opt
-@_sim_opt
-@_node_opt
+@_node_options
 @click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]), default="healthcheck")
 def explain(config, baseline_path, sim, node, mode):
     """Check a node and show, for each finding, the runbook step it calls for."""
@@ -131,17 +132,15 @@ def explain(config, baseline_path, sim, node, mode):
     from ..node.check import run_check
     from .render import explain_text
 
-    settings = load_context(config, sim, baseline_path)
-    result = run_check(settings, load_checked_baseline(settings), node or default_node(), mode)
+    node = node or default_node()
+    settings = load_context(config, sim, baseline_path, node)
+    result = run_check(settings, load_checked_baseline(settings), node, mode)
     click.echo(explain_text(result))
     sys.exit(result.verdict.exit_code)
 
 
 @main.command()
-@_config_opt
-@_baseline_opt
-@_sim_opt
-@_node_opt
+@_node_options
 @click.option("--max-age", type=click.FloatRange(0, 86400 * 7), default=0, show_default=True,
               help="Print the last health check's facts when younger than this (seconds); else probe now.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: node, at, source, facts.")
