@@ -59,6 +59,9 @@ Prolog={pro}
 Epilog={epi}
 # Alloc: run the prolog when the job is allocated, before anything starts.
 PrologFlags=Alloc
+# Unlimited by default: bound the prolog and epilog (gpugate's budgets are 8 s
+# and 50 s; the epilog's DCGM diagnostic, when enabled, needs more).
+PrologEpilogTimeout=120
 # Requeue a job whose prolog failed without holding it.
 SchedulerParameters=nohold_on_prolog_fail
 # The sweep reboots through `scontrol reboot`: your site's reboot command.

@@ -69,7 +69,7 @@ def run(settings, node: str, record: dict) -> int:
             st.write_json(last_path, new_state)
         except OSError as exc:
             record["state_error"] = str(exc)[:200]  # full or read-only disk: the drain still stands
-        st.prune_jobs(state_dir, 7 * 86400, time.time())
+        st.prune_jobs(state_dir, 30 * 86400, time.time())  # longer than any job's time limit
         if settings.prometheus_textfile:
             from ..metrics import write_node_textfile
 
