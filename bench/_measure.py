@@ -1,4 +1,5 @@
-"""Whole-process wall time and peak RSS of a command, measured with wait4."""
+"""Shared by the benchmarks: a command's wall time and peak RSS (wait4), and
+the median time of a function."""
 
 import os
 import statistics
@@ -16,13 +17,11 @@ def run_once(argv, env):
     return took, usage.ru_maxrss / 1024.0, proc.returncode  # ru_maxrss is KiB on Linux
 
 
-def measure(argv, env, repeat):
-    """(median seconds, max peak RSS MiB, exit codes seen).  Runs are
-    interleaved by the caller with the reference so both see the same machine."""
-    times, rss, codes = [], [], set()
+def timed(fn, repeat):
+    """(median seconds of fn() over repeat runs, the last value)."""
+    times, value = [], None
     for _ in range(repeat):
-        took, mib, code = run_once(argv, env)
-        times.append(took)
-        rss.append(mib)
-        codes.add(code)
-    return statistics.median(times), max(rss), codes
+        started = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), value

@@ -11,14 +11,14 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpugate.baseline import load_baseline  # noqa: E402
 from gpugate.fleet.audit import DRIFT, fold  # noqa: E402
+from _measure import timed  # noqa: E402
 
 BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpugate", "data",
                         "demo-baseline.toml")
@@ -45,15 +45,8 @@ def main():
     fleet = {"gpu%05d" % i: node_facts(rng) for i in range(args.nodes)}
     text = json.dumps(fleet)
     baseline = load_baseline(BASELINE)
-    load_t, fold_t = [], []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        json.loads(text)
-        load_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        audit = fold(fleet, baseline)
-        fold_t.append(time.perf_counter() - t)
-    ref, took = statistics.median(load_t), statistics.median(fold_t)
+    ref, _ = timed(lambda: json.loads(text), args.repeat)
+    took, audit = timed(lambda: fold(fleet, baseline), args.repeat)
     drift = {r.component for r in audit.rows if r.status == DRIFT}
     print("fleet: %d nodes x 8 GPUs; %d audit rows; drift in %s" % (args.nodes, len(audit.rows), sorted(drift)))
     print("json.loads of the facts (reference)  median %.3f s" % ref)

@@ -11,17 +11,18 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpugate import reason as reasons  # noqa: E402
 from gpugate.findings import Finding  # noqa: E402
 from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
 from gpugate.sweep.plan import Options, plan  # noqa: E402
 from gpugate.sweep.snapshot import take  # noqa: E402
+from _measure import timed  # noqa: E402
 
 TAG = "gpugate:"
 
@@ -50,15 +51,6 @@ def sinfo_json(count: int, seed: int = 7) -> str:
                       "reason_set_by_user": "root" if reason else "",
                       "partitions": ["gpu", "pool%d" % (i % 16)]})
     return json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "nodes": nodes})
-
-
-def timed(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        value = fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), value
 
 
 def main():

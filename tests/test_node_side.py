@@ -118,7 +118,9 @@ def test_epilog_sees_ecc_errors_raised_during_the_job(node_env):
     assert result.returncode == 1  # unfit and Slurm unreachable: slurmd drains it ("Epilog error")
     log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
     assert log[-1]["reason"].startswith("gpugate: health ")
-    assert "ecc_during_job:gpu2=+1" in log[-1]["reason"] or "ecc:gpu2" in log[-1]["reason"]
+    # Both the absolute count and the delta against the prolog's counters.
+    assert "ecc:gpu2=1 uncorrected (want <= 0)" in log[-1]["reason"]
+    assert "ecc_during_job:gpu2=+1 (want +0)" in log[-1]["reason"]
     assert not os.path.exists(os.path.join(node_env["state"], "gpu01", "jobs", "90.json"))
 
 
