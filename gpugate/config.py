@@ -69,6 +69,14 @@ _SWEEP = Table({
     "poll_seconds": (Number(0.1, 600), 5.0),
 })
 
+# Non-acute drains stop at a share of each partition (gpugate.budget).
+_DRAIN_BUDGET = Table({
+    "max_share": (Number(0, 1), 0.1),  # of each partition (at least one node); 1 switches the budget off
+    "classes": (ListOf(Choice("drift", "probe", "broken")), ("drift", "probe")),
+    "recheck_seconds": (Number(0, 86400), 600.0),  # a held node asks the controller again after this
+    "jitter_seconds": (Number(0, 30), 5.0),  # health check: spread a fleet-wide drift over this
+})
+
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
     "state_dir": (_PATH, "/var/lib/gpugate"),
@@ -105,6 +113,7 @@ _CONFIG = Table({
     "kernel_log": (Table({"path": (_PATH, "/dev/kmsg")}), lambda: {"path": "/dev/kmsg"}),
     "sim": (Table({"fleet": (_OPT_PATH, "")}), lambda: {"fleet": ""}),
     "check_ownership": (Bool(), True),
+    "drain_budget": (_DRAIN_BUDGET, lambda: _DRAIN_BUDGET.check({}, "drain_budget")),
     "sweep": (_SWEEP, lambda: _SWEEP.check({}, "sweep")),
 })
 
@@ -128,6 +137,7 @@ class Settings:
     sim_fleet: str
     check_ownership: bool
     sweep: Mapping[str, object] = None
+    drain_budget: Mapping[str, object] = None
     source: str = ""
 
     def state_dir(self, node: str) -> str:
@@ -165,7 +175,8 @@ def parse_settings(data: object, source: str) -> Settings:
         verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
-        check_ownership=raw["check_ownership"], sweep=raw["sweep"], source=source)
+        check_ownership=raw["check_ownership"], sweep=raw["sweep"], drain_budget=raw["drain_budget"],
+        source=source)
 
 
 def config_path(explicit: Optional[str] = None) -> str:

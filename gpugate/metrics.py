@@ -32,7 +32,7 @@ def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) and value != int(value) else str(int(value))
 
 
-def node_families(node: str, verdict, facts, baseline) -> list:
+def node_families(node: str, verdict, facts, baseline, held: bool = False) -> list:
     differs = {f.component for f in list(verdict.findings) + list(verdict.notes) if f.cls in ("drift", "pending")}
     unknown = {f.component for f in verdict.findings if f.cls == "probe"}
     pinned = [c for c in PIN_COMPONENTS if baseline.pin.get(c) is not None]
@@ -48,6 +48,8 @@ def node_families(node: str, verdict, facts, baseline) -> list:
          [("gpugate_node_unfit", {"class": c}, 1 if c in classes else 0) for c in CHECK_CLASSES]),
         ("gpugate_component_matches_pin", "gauge", "1 when the component equals the baseline pin.",
          [("gpugate_component_matches_pin", {"component": c}, 0 if c in differs else 1) for c in pinned]),
+        ("gpugate_drain_held", "gauge", "1 when the node is unfit but the partition's drain budget keeps it in service.",
+         [("gpugate_drain_held", {}, 1 if held else 0)]),
         ("gpugate_findings", "gauge", "Number of findings of the last check.",
          [("gpugate_findings", {}, len(verdict.findings))]),
         ("gpugate_last_check_timestamp_seconds", "gauge", "When the last health check ended.",
@@ -57,8 +59,8 @@ def node_families(node: str, verdict, facts, baseline) -> list:
     ]
 
 
-def write_node_textfile(path: str, node: str, verdict, facts, baseline) -> None:
-    text = render(node_families(node, verdict, facts, baseline))
+def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False) -> None:
+    text = render(node_families(node, verdict, facts, baseline, held))
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
         with open(tmp, "w") as handle:

@@ -53,6 +53,10 @@ def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, base
 
     _require_slurm()
     cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions, sweep=sweep)
+    if "[drain_budget]" not in extra:
+        # Most scenarios drain several drifted nodes of a small partition;
+        # the budget has its own tests (test_slurm_budget.py).
+        extra = "[drain_budget]\nmax_share = 1.0\n" + extra
     with open(baseline or DEMO_BASELINE) as handle:
         cluster.write(handle.read(), extra)
     try:

@@ -104,6 +104,7 @@ def metrics(config, output):
       gpugate metrics
       gpugate metrics -o /var/lib/node_exporter/textfile/gpugate_fleet.prom
     """
+    from ..budget import fleet_usage
     from ..fleet.metrics import fleet_families
     from ..metrics import render
     from ..node.state import read_json
@@ -111,7 +112,8 @@ def metrics(config, output):
     from ..sweep.snapshot import take
 
     settings = _settings(config)
-    snap = take(connect(settings).nodes(), settings.reason_tag, time.time())
+    states = connect(settings).nodes()
+    snap = take(states, settings.reason_tag, time.time())
     journal_nodes = {}
     if os.path.exists(settings.sweep["journal"]):
         from ..sweep.journal import Journal
@@ -130,7 +132,7 @@ def metrics(config, output):
             baseline = load_baseline(settings.baseline)
         except ConfigError:
             baseline = None
-    text = render(fleet_families(snap, journal_nodes, last_audit, baseline))
+    text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states)))
     if output:
         tmp = "%s.tmp.%d" % (output, os.getpid())
         with open(tmp, "w") as handle:

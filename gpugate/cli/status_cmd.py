@@ -61,6 +61,7 @@ def status(config, as_json, partition, nodes):
       gpugate status -p gpu -w 'gpu[001-064]'
       gpugate status --json | jq '.gpugate.drift[].node'
     """
+    from ..budget import fleet_usage
     from ..config import load_settings
     from ..fleet.status import render_text, summarize
     from ..slurm import connect
@@ -70,10 +71,11 @@ def status(config, as_json, partition, nodes):
     wanted = _hostlist(nodes) if nodes else None
     states = connect(settings).nodes()
     now = time.time()
+    budget = fleet_usage(settings, states)  # over whole partitions, before -p/-w
     states = {n: st for n, st in states.items()
               if (wanted is None or n in wanted) and (not partition or set(st.partitions) & set(partition))}
     journal_nodes = _journal_nodes(str(settings.sweep["journal"]))
-    summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states)
+    summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states, budget=budget)
     if partition:
         summary["partitions"] = {p: f for p, f in summary["partitions"].items() if p in partition}
     if as_json:

@@ -12,7 +12,9 @@ _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left"
                     "halted": "halted"}
 
 
-def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline) -> list:
+def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline,
+                   budget: Optional[Mapping] = None) -> list:
+    """budget: partition -> gpugate.budget.Use (None: the budget is off)."""
     by_class = {c: 0 for c in CLASSES}
     others = in_service = 0
     for view in snapshot.nodes.values():
@@ -31,6 +33,15 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
         ("gpugate_fleet_out_for_others", "gauge", "Nodes out of service for reasons that are not gpugate's.",
          [("gpugate_fleet_out_for_others", {}, others)]),
     ]
+    if budget:
+        families += [
+            ("gpugate_drain_budget_nodes", "gauge",
+             "Nodes of the partition gpugate may keep drained for budgeted classes (drift, probe).",
+             [("gpugate_drain_budget_nodes", {"partition": p}, u.allowance) for p, u in sorted(budget.items())]),
+            ("gpugate_drain_budget_used_nodes", "gauge", "Nodes of the partition drained for budgeted classes.",
+             [("gpugate_drain_budget_used_nodes", {"partition": p}, len(u.drained))
+              for p, u in sorted(budget.items())]),
+        ]
     results = {r: 0 for r in SWEEP_RESULTS}
     for rec in journal_nodes.values():
         key = _TERMINAL_RESULT.get(rec.step) if rec.finished else "in_flight"

@@ -69,14 +69,16 @@ def _order(entry: dict):
 
 
 def summarize(snapshot, journal_nodes: Mapping[str, object], now: float,
-              states: Optional[Mapping[str, object]] = None) -> dict:
+              states: Optional[Mapping[str, object]] = None,
+              budget: Optional[Mapping[str, object]] = None) -> dict:
     """The status summary (JSON-ready).
 
     snapshot: gpugate.sweep.snapshot.Snapshot; journal_nodes: Journal.nodes()
     (may be empty); now: epoch seconds.  states (name -> NodeState, the ones
     the snapshot was taken from) gives each node's exact Slurm state ("IDLE+
     DRAIN", "DOWN+NOT_RESPONDING"); without it the state is what the snapshot
-    tells ("DRAINED", "DRAINING", "OUT").
+    tells ("DRAINED", "DRAINING", "OUT").  budget: partition ->
+    gpugate.budget.Use, computed over whole partitions (None: no budget).
     """
     journal_nodes = journal_nodes or {}
     states = states or {}
@@ -124,8 +126,14 @@ def summarize(snapshot, journal_nodes: Mapping[str, object], now: float,
             "gpugate_by_class": {cls: len(v) for cls, v in gpugate.items()},
             "others": len(others),
         },
-        "partitions": {p: members[p] for p in sorted(members)},
+        "partitions": {p: dict(members[p], **_budget_figures((budget or {}).get(p))) for p in sorted(members)},
     }
+
+
+def _budget_figures(use) -> dict:
+    if use is None:
+        return {}
+    return {"budget": {"allowance": use.allowance, "drained": len(use.drained), "spent": use.spent}}
 
 
 def format_age(seconds: Optional[float]) -> str:
@@ -193,7 +201,18 @@ def render_text(summary: dict) -> str:
     if parts:
         lines.append("")
         pw = max(len(p) for p in parts)
+        spent = []
         for part, f in parts.items():
-            lines.append("partition %-*s  in service %d/%d  gpugate %d  others %d"
-                         % (pw, part, f["in_service"], f["members"], f["gpugate"], f["others"]))
+            line = "partition %-*s  in service %d/%d  gpugate %d  others %d" % (
+                pw, part, f["in_service"], f["members"], f["gpugate"], f["others"])
+            b = f.get("budget")
+            if b:
+                line += "  drain budget %d/%d%s" % (b["drained"], b["allowance"], " SPENT" if b["spent"] else "")
+                if b["spent"]:
+                    spent.append(part)
+            lines.append(line)
+        if spent:
+            lines.append("drain budget spent in %s: nodes found unfit for a budgeted class stay in service "
+                         "(their log says action=held; metric gpugate_drain_held); `gpugate audit` lists "
+                         "the drifted nodes" % ", ".join(spent))
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 from ..errors import GpugateError
 from ..slurm import connect, ownership
+from . import hold
 
 MARKER = "drained-by-gpugate"
 
@@ -21,26 +22,41 @@ def marker_path(settings, node: str) -> str:
     return os.path.join(settings.state_dir(node), MARKER)
 
 
-def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional[float] = None) -> Dict[str, Any]:
+def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional[float] = None,
+        spread: bool = False) -> Dict[str, Any]:
     """Returns what happened: action, why, ok (False: the verdict could not
     be applied; the caller keeps what it needs to try again next run), and
-    applied (the node carries the verdict as far as gpugate may put it)."""
+    applied (the node carries the verdict as far as gpugate may put it).
+    Action "held": unfit, but the drain budget keeps the node in service.
+    spread: wait a random moment before a budgeted drain (health check)."""
     marker = marker_path(settings, node)
     if verdict.fit and not check_fit and not os.path.exists(marker):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
+    why_held = hold.held_recently(settings, node, verdict)
+    if why_held:
+        return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": False, "applied": True}
+    limit = timeout or float(settings.slurm["timeout_seconds"])
+    if spread and not os.path.exists(marker):
+        hold.spread(settings, verdict, limit / 4)
     try:
         # Health check, prolog and epilog may act at once: read, decide and
         # write under one lock, so no run undoes another's newer decision.
-        with _act_lock(settings.state_dir(node), timeout or float(settings.slurm["timeout_seconds"])):
+        with _act_lock(settings.state_dir(node), limit):
             slurm = connect(settings, timeout)
             state = slurm.nodes(node).get(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
-            if decision.kind in (ownership.DRAIN, ownership.UPDATE):
+            why_held = None
+            if decision.kind == ownership.DRAIN and hold.applies(settings, verdict):
+                why_held = hold.drain_within_budget(settings, slurm, node, decision.reason)
+            elif decision.kind in (ownership.DRAIN, ownership.UPDATE):
                 slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
                 slurm.undrain(node)
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
+    hold.remember(settings, node, verdict, why_held)
+    if why_held:
+        return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": True, "applied": True}
     if decision.kind == ownership.UNKNOWN:
         return {"action": decision.kind, "why": decision.why, "ok": verdict.fit, "rpc": True,
                 "error": decision.why, "applied": verdict.fit}
@@ -97,4 +113,6 @@ def settle(settings, node: str, result, record: Dict[str, Any]) -> bool:
     record["action"] = outcome["action"]
     if not outcome["ok"]:
         record["slurm_error"] = outcome.get("error")
+    if outcome["action"] == hold.HELD:
+        record["why"] = outcome["why"]
     return bool(outcome["ok"])

@@ -70,6 +70,7 @@ def main(mode: str, argv: List[str]) -> int:
         # fleet.  Our own failure is logged loudly and lets the job run.
         record["exit"] = "0 (gpugate could not judge: job not blocked)"
         code = 0
+    record.setdefault("exit", code)
     _log(settings, node, record)
     if record.get("verdict") == "error":
         sys.stderr.write("gpugate-%s: %s\n" % (mode, record.get("error")))

@@ -13,6 +13,7 @@ from ..probes import Budget, files
 from ..verdict import decide
 from . import state as st
 from .act import act
+from .hold import HELD
 from .check import run_check
 from .lock import RunLock
 
@@ -47,7 +48,7 @@ def run(settings, node: str, record: dict) -> int:
             outcome = {"action": "none", "ok": True, "applied": False, "why": "boot grace"}
         else:
             # Without a record (first run, wiped state dir) ask Slurm once.
-            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0))
+            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0), spread=True)
         facts = result.facts
         new_state = {
             "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
@@ -59,6 +60,7 @@ def run(settings, node: str, record: dict) -> int:
             "findings": [f.to_json() for f in verdict.findings],
             "pending": [f.to_json() for f in verdict.notes],
             "pending_drain": not verdict.fit and not outcome["ok"],
+            "held": outcome["action"] == HELD,
             "pending_reason": verdict.reason if not verdict.fit and not outcome["ok"] else None,
             "baseline_sig": st.file_signature(settings.baseline),
             "config_sig": st.file_signature(settings.source),
@@ -73,7 +75,8 @@ def run(settings, node: str, record: dict) -> int:
         if settings.prometheus_textfile:
             from ..metrics import write_node_textfile
 
-            write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline)
+            write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
+                                held=outcome["action"] == HELD)
         record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
                       action=outcome["action"], durations={k: round(v, 3) for k, v in facts.durations.items()})
         if in_grace:

@@ -13,6 +13,7 @@ from ..judges.job import start_counters
 from ..probes import files
 from . import state as st
 from .act import act, settle
+from .hold import HELD
 from .check import run_check
 from .entry import job_gpus
 from .reuse import fresh_baseline, last_state
@@ -45,6 +46,8 @@ def run(settings, node: str, record: dict) -> int:
         except OSError as exc:
             record["state_error"] = str(exc)[:200]
     settle(settings, node, result, record)
+    if record.get("action") == HELD:
+        return 0  # the drain budget keeps this node in service: so does its job
     # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
     # the job (and drains the node itself, "Prolog error", if ours failed).
     return result.verdict.exit_code
@@ -58,5 +61,6 @@ def _refuse(settings, node: str, record: dict, last: dict) -> int:
     verdict = decide(findings, settings.reason_tag)
     outcome = act(settings, node, verdict)
     record.update(verdict="unfit", cls=verdict.cls, reason=verdict.reason, action=outcome["action"],
-                  why="the last health check's drain is still pending")
-    return 1
+                  why=outcome.get("why") if outcome["action"] == HELD
+                  else "the last health check's drain is still pending")
+    return 0 if outcome["action"] == HELD else 1
