@@ -9,6 +9,7 @@ environment).  Processes are stopped by the pids they wrote, nothing else.
 """
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .errors import GpugateError
 
@@ -54,6 +55,23 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+_VERSIONS: Dict[str, Tuple[int, ...]] = {}
+
+
+def slurm_version(slurmd: str = SBIN + "/slurmd") -> Tuple[int, ...]:
+    """(major, minor) of the installed slurmd, from ``slurmd -V`` ("slurm 24.11.5");
+    the configuration this cluster writes differs between releases."""
+    if slurmd not in _VERSIONS:
+        result = subprocess.run([slurmd, "-V"], capture_output=True, text=True, timeout=30,
+                                stdin=subprocess.DEVNULL, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        match = re.search(r"(\d+)\.(\d+)", result.stdout)
+        if result.returncode != 0 or not match:
+            raise ClusterError("cannot read the Slurm version from `%s -V`: %s"
+                               % (slurmd, (result.stdout + result.stderr).strip()[:200]))
+        _VERSIONS[slurmd] = (int(match.group(1)), int(match.group(2)))
+    return _VERSIONS[slurmd]
 
 
 def node_names(count: int) -> List[str]:
@@ -95,6 +113,12 @@ class Cluster:
         ports = free_ports(len(self.nodes) + 1)
         with open(self.conf, "w") as handle:
             handle.write(self.slurm_conf(ports))
+        if slurm_version() >= (24, 5):
+            # 24.05+ slurmd loads a cgroup plugin even with proctrack/linuxproc
+            # and task/none, and fails without a cgroup file system (chroot,
+            # containers); slurmd reads cgroup.conf next to slurm.conf.
+            with open(self.path("cgroup.conf"), "w") as handle:
+                handle.write("CgroupPlugin=disabled\n")
         self._write_shims()
         self._write_munge_key()
         from .baseline import load_baseline
