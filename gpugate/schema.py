@@ -3,6 +3,7 @@ path and what is allowed, and nothing but ``ConfigError`` ever escapes."""
 
 import os
 import sys
+import time
 from typing import Any, Callable, Dict, Optional
 
 from .errors import ConfigError
@@ -199,12 +200,49 @@ def _join(path: str, key: str) -> str:
     return "%s.%s" % (path, shown) if path else shown
 
 
-def load_toml(path: str, what: str) -> Dict[str, Any]:
-    """Read and parse a TOML file in one read, so a file being rewritten is
-    seen whole or not at all (writers must replace it atomically)."""
-    try:
+# A file changed less than this long ago is read again after this long:
+# git checkout, cp and editors rewrite in place, and a half-written baseline
+# that still parses must never become the pin.
+SETTLE_SECONDS = 0.3
+SETTLE_LIMIT = 3.0  # then give up: "being rewritten", and gpugate changes nothing
+
+
+def _signature(st: os.stat_result):
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_settled(path: str, what: str) -> bytes:
+    """The whole content of a file nobody is writing: unchanged while it was
+    read, and either older than SETTLE_SECONDS or unchanged for that long."""
+    deadline = time.monotonic() + SETTLE_LIMIT
+    while True:
         with open(path, "rb") as handle:
+            before = os.fstat(handle.fileno())
             data = handle.read()
+            after = os.fstat(handle.fileno())
+        if _signature(before) == _signature(after) and len(data) == after.st_size:
+            # Empty: maybe truncated this instant (ext4 shows the new size
+            # a moment before the new mtime), so it is never old enough.
+            if after.st_size and time.time() - after.st_mtime >= SETTLE_SECONDS:
+                return data
+            # Just written, or a clock that ran backwards: wait and look again.
+            time.sleep(SETTLE_SECONDS)
+            try:
+                if _signature(os.stat(path)) == _signature(after):
+                    return data
+            except FileNotFoundError:
+                pass  # replaced right now: read the new one
+        if time.monotonic() >= deadline:
+            raise ConfigError("%s: %s is being rewritten (it kept changing for %.0f s); nothing was changed. "
+                              "Write it to a temporary file and rename it into place." % (path, what, SETTLE_LIMIT))
+        time.sleep(0.05)
+
+
+def load_toml(path: str, what: str) -> Dict[str, Any]:
+    """Read and parse a TOML file seen whole (read_settled): a file being
+    rewritten gives the old or the new content, or an error, never a part."""
+    try:
+        data = read_settled(path, what)
     except FileNotFoundError:
         raise ConfigError("%s: %s not found; create it (see slurm_conf/ for a commented example)"
                           % (path, what)) from None
