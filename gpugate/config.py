@@ -204,4 +204,12 @@ def load_checked_baseline(settings: Settings):
     return load_baseline(settings.baseline)
 
 
+def check_state(settings: Settings, *paths: str) -> None:
+    """State gpugate acts on (the prolog reuses the health check's verdict;
+    the sweep resumes what its journal says) must be root's alone."""
+    if settings.check_ownership:
+        for path in paths:
+            check_owner(path, "gpugate state")
+
+
 __all__ = ["Settings", "load_settings", "parse_settings", "ConfigError", "config_path"]

@@ -112,3 +112,47 @@ def test_a_file_from_the_future_is_read_once_it_holds_still(tmp_path):
     started = time.monotonic()
     assert load_baseline(path).name == "demo-h100-r580"
     assert time.monotonic() - started < schema.SETTLE_LIMIT
+
+
+# ------------------------------------------------------ ownership of files
+def _node_config(tmp_path, fleet, **over):
+    text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = true\n'
+            '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
+            % (over.get("baseline", DEMO_BASELINE), tmp_path, fleet, tmp_path))
+    path = tmp_path / "gpugate.toml"
+    path.write_text(text)
+    path.chmod(0o644)
+    return str(path)
+
+
+def _entry(mode, config, node="gpu01"):
+    import subprocess
+    import sysconfig
+
+    return subprocess.run([os.path.join(sysconfig.get_path("scripts"), "gpugate-" + mode), "--config", config],
+                          env={"SLURMD_NODENAME": node}, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("what", ["config", "baseline", "state"])
+def test_files_others_could_write_are_refused_with_the_fix(fleet, tmp_path, what):
+    baseline = tmp_path / "baseline.toml"
+    baseline.write_text(_text(DEMO_BASELINE))
+    baseline.chmod(0o644)
+    config = _node_config(tmp_path, fleet, baseline=str(baseline))
+    state = tmp_path / "state" / "gpu01"
+    state.mkdir(parents=True)
+    target = {"config": config, "baseline": str(baseline), "state": str(state)}[what]
+    assert _entry("healthcheck", config).returncode == 0  # secure: accepted
+    os.chmod(target, 0o777 if what == "state" else 0o666)
+    result = _entry("healthcheck", config)
+    assert result.returncode == 2
+    assert "must be owned by root and not writable by group or others" in result.stderr
+    assert target in result.stderr and "chmod go-w %s" % target in result.stderr
+    assert "Traceback" not in result.stderr
+    # The prolog logs the same error and lets the job run (exit 0).
+    prolog = _entry("prolog", config)
+    assert prolog.returncode == 0 and "chmod go-w" in prolog.stderr
+    os.chmod(target, 0o755 if what == "state" else 0o644)
+    os.chown(target, 65534, -1)  # nobody
+    result = _entry("healthcheck", config)
+    assert result.returncode == 2 and "owned by root" in result.stderr

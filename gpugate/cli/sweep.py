@@ -69,6 +69,7 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
     """
     if ctx.invoked_subcommand is not None:
         return
+    from ..config import check_state
     from ..sweep.engine import Sweeper
     from ..sweep.journal import Journal
     from ..sweep.plan import plan as make_plan
@@ -79,8 +80,10 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
     settings, baseline, slurm = _context(config)
     options = _options(settings, baseline, partition, nodes, max_batch)
     transport = make_transport(settings)
+    journal_path = str(settings.sweep["journal"])
+    check_state(settings, os.path.dirname(os.path.abspath(journal_path)), journal_path)
     lock = _lock(settings) if apply_ else None
-    journal = Journal(settings.sweep["journal"])
+    journal = Journal(journal_path)
     try:
         from dataclasses import replace
 

@@ -43,9 +43,10 @@ def main(mode: str, argv: List[str]) -> int:
     record: Dict[str, object] = {"node": node, "mode": mode}
     settings = None
     try:
-        from ..config import load_settings
+        from ..config import check_state, load_settings
 
         settings = load_settings(config)
+        check_state(settings, settings.state_dir(node))
         if mode == "healthcheck":
             from .healthcheck import run
         elif mode == "prolog":

@@ -42,12 +42,13 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
 
 
 def file_signature(path: str) -> Optional[list]:
-    """Changes when the file is replaced or edited: invalidates reused verdicts."""
+    """Changes when the file is replaced, edited, chmod-ed or chown-ed:
+    invalidates reused verdicts (and so re-runs the ownership check)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_mtime_ns, st.st_size, st.st_ino]
+    return [st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid]
 
 
 def job_path(state_dir: str, job_id: str) -> str:
