@@ -1,0 +1,98 @@
+"""Node states recorded from real Slurm releases (scripts/record-slurm-fixtures)
+read by the parsers: what each node was put in, from every output form."""
+
+import json
+import os
+
+import pytest
+
+from gpugate.errors import ParseError
+from gpugate.slurm.nodestate import parse_nodes_json, parse_nodes_text
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "slurm")
+RELEASES = sorted(d for d in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, d, "expected.json")))
+
+
+def load(release):
+    with open(os.path.join(FIXTURES, release, "expected.json")) as handle:
+        expected = json.load(handle)
+    parsed = {}
+    for name, how in expected["files"].items():
+        with open(os.path.join(FIXTURES, release, name)) as handle:
+            text = handle.read()
+        if not how["read_by_gpugate"]:
+            continue
+        if name.endswith(".json"):
+            parsed[name] = parse_nodes_json(text)
+        elif name == "sinfo-text.txt":
+            parsed[name] = parse_nodes_text(text)
+    return expected, parsed
+
+
+def test_the_three_releases_are_recorded():
+    assert {"22.05", "24.11", "26.05"} <= set(RELEASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_version_file_names_the_release(release):
+    with open(os.path.join(FIXTURES, release, "sinfo-version.txt")) as handle:
+        assert handle.read().split()[-1].startswith(release + ".")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_form_reads_what_each_node_was_put_in(release):
+    expected, parsed = load(release)
+    # The forms gpugate reads on this release are all there: JSON and text.
+    assert "sinfo-text.txt" in parsed and any(n.endswith(".json") for n in parsed)
+    if release >= "23.02":
+        assert "scontrol-show-node.json" in parsed
+    for name, nodes in parsed.items():
+        assert set(nodes) == set(expected["nodes"]), name
+        for node, want in expected["nodes"].items():
+            got = nodes[node]
+            where = "%s %s (%s)" % (name, node, want["put"])
+            assert got.state == want["state"], where
+            assert got.flags == frozenset(want["flags"]), where
+            assert got.reason == want["reason"], where
+            assert got.partitions == ("gpu",), where
+            if "reason_time" in want:
+                low, high = want["reason_time"]
+                assert got.reason_time is not None and low <= got.reason_time <= high, where
+                assert got.reason_user == want["reason_user"], where
+            else:
+                # 23.02+ names a user even for no reason: only the time says "unset".
+                assert got.reason_time is None, where
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_grouped_sinfo_json_is_refused_not_misread(release):
+    """23.02+ sinfo --json gives gpu02 and gpu03 (both idle+drain, different
+    reasons) one entry with gpu02's reason: the parser must refuse it."""
+    expected, _ = load(release)
+    if expected["files"]["sinfo.json"]["read_by_gpugate"]:
+        pytest.skip("22.05 sinfo --json is per node")
+    with open(os.path.join(FIXTURES, release, "sinfo.json")) as handle:
+        text = handle.read()
+    with pytest.raises(ParseError, match="grouped"):
+        parse_nodes_json(text)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_json_and_text_forms_agree(release):
+    _, parsed = load(release)
+    forms = list(parsed.values())
+    assert len(forms) >= 2
+    for other in forms[1:]:
+        assert other == forms[0]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_derived_properties(release):
+    _, parsed = load(release)
+    for nodes in parsed.values():
+        assert nodes["gpu01"].in_service and not nodes["gpu01"].drain
+        assert nodes["gpu02"].drained and not nodes["gpu02"].in_service
+        assert nodes["gpu03"].drained
+        assert nodes["gpu04"].down and not nodes["gpu04"].responding and not nodes["gpu04"].in_service
+        assert nodes["gpu05"].draining and not nodes["gpu05"].in_service
+        assert nodes["gpu06"].draining and not nodes["gpu06"].drained
