@@ -116,9 +116,9 @@ def test_a_file_from_the_future_is_read_once_it_holds_still(tmp_path):
 
 # ------------------------------------------------------ ownership of files
 def _node_config(tmp_path, fleet, **over):
-    text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = true\n'
+    text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = %s\n'
             '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
-            % (over.get("baseline", DEMO_BASELINE), tmp_path, fleet, tmp_path))
+            % (over.get("baseline", DEMO_BASELINE), tmp_path, over.get("ownership", "true"), fleet, tmp_path))
     path = tmp_path / "gpugate.toml"
     path.write_text(text)
     path.chmod(0o644)
@@ -156,3 +156,179 @@ def test_files_others_could_write_are_refused_with_the_fix(fleet, tmp_path, what
     os.chown(target, 65534, -1)  # nobody
     result = _entry("healthcheck", config)
     assert result.returncode == 2 and "owned by root" in result.stderr
+
+
+# ------------------------------------------- probes failing in odd ways
+def _check(fleet, mode="healthcheck", node="gpu01"):
+    import json
+
+    from conftest import gpugate_cmd
+
+    result = gpugate_cmd("check", "--sim", fleet, "--node", node, "--baseline", DEMO_BASELINE,
+                         "--mode", mode, "--json")
+    assert result.returncode in (0, 1), result.stderr
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout)
+
+
+def _sim(*args):
+    from conftest import gpugate_cmd
+
+    result = gpugate_cmd("sim", *args)
+    assert result.returncode == 0, result.stderr
+
+
+def _components(data):
+    return {(f["component"], f["gpu"], f["observed"]) for f in data["findings"]}
+
+
+@pytest.mark.parametrize("code, cls", [(15, "health"), (999, "probe")])
+def test_nvml_failing_mid_run_on_one_gpu(fleet, code, cls):
+    """GPU 3 answers the first calls, then one call fails: GPU_IS_LOST is the
+    GPU gone (health); an unknown error is "could not tell" (probe) for that
+    GPU's field alone, the other seven GPUs are still judged."""
+    _sim("set", fleet, "gpu01", "gpu.3.nvml_error.nvmlDeviceGetRemappedRows=%d" % code)
+    data = _check(fleet)
+    assert not data["fit"] and data["class"] == cls
+    assert {f["gpu"] for f in data["findings"]} == {3}
+    assert all(g.get("index") is not None for g in data["facts"]["nvml"]["gpus"])
+
+
+@pytest.mark.parametrize("stdout, code", [
+    ("not json at all {", 0),       # garbage, success exit
+    ("", 255),                       # dcgmi's generic failure
+    ('{"DCGM Diagnostic": ', 226),   # "a test failed", but unreadable
+    ("\x00\xff garbage", 205),
+])
+def test_dcgmi_diag_garbage_or_failure_exit_is_never_a_pass(fleet, tmp_path, stdout, code):
+    out = tmp_path / "out"
+    out.write_bytes(stdout.encode("latin-1"))
+    _sim("replay", fleet, "gpu01", "--stdout-file", str(out), "--exit-code", str(code),
+         "--", "dcgmi", "diag", "-r", "2", "-j")
+    data = _check(fleet, "verify")
+    assert not data["fit"] and data["class"] == "probe"
+    assert [f["component"] for f in data["findings"]] == ["dcgm_diag"]
+
+
+@pytest.mark.parametrize("stdout, code", [("garbage", 0), ("", 255), ("{}", 0)])
+def test_dcgmi_health_garbage_is_probe(fleet, tmp_path, stdout, code):
+    out = tmp_path / "out"
+    out.write_text(stdout)
+    _sim("replay", fleet, "gpu01", "--stdout-file", str(out), "--exit-code", str(code),
+         "--", "dcgmi", "health", "-c", "-j")
+    data = _check(fleet)
+    assert data["class"] == "probe" and [f["component"] for f in data["findings"]] == ["dcgm_health"]
+
+
+@pytest.mark.parametrize("how", ["missing", "directory", "unreadable"])
+def test_kernel_log_unreadable_is_probe_not_a_silent_pass(fleet, how):
+    kmsg = os.path.join(fleet, "gpu01", "root", "dev", "kmsg")
+    os.unlink(kmsg)
+    if how == "directory":
+        os.mkdir(kmsg)
+    elif how == "unreadable":
+        os.symlink("/proc/self/mem", kmsg)  # opens, then EIO on read
+    data = _check(fleet)
+    assert data["class"] == "probe"
+    assert [f["component"] for f in data["findings"]] == ["xid"]
+
+
+# ------------------------------------------------ state directory faults
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB file system for the state directory, unmounted afterwards."""
+    import subprocess
+
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mnt)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, "mounting a tmpfs needs root: %s" % result.stderr
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _fill(directory):
+    with open(os.path.join(str(directory), "filler"), "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+
+
+def _last(state):
+    import json
+
+    with open(os.path.join(str(state), "gpu01", "last-healthcheck.json")) as handle:
+        return json.load(handle)
+
+
+def test_state_directory_full_the_check_still_judges_and_no_stale_fit_stays(fleet, tmp_path, small_tmpfs):
+    config = _node_config(tmp_path, fleet, ownership="false")
+    first = _entry("healthcheck", config)
+    assert first.returncode == 0, first.stderr
+    assert _last(small_tmpfs)["fit"] is True
+    _fill(small_tmpfs)
+    _sim("set", fleet, "gpu01", "driver=550.54.15")
+    result = _entry("healthcheck", config)
+    assert result.returncode == 1 and "Traceback" not in result.stderr  # unfit, judged
+    # The old "fit" record is gone: the prolog cannot reuse it.
+    assert not os.path.exists(os.path.join(str(small_tmpfs), "gpu01", "last-healthcheck.json"))
+    prolog = _entry("prolog", config)
+    assert prolog.returncode == 1 and "Traceback" not in prolog.stderr  # still refuses the job
+
+
+def test_state_directory_read_only_the_check_still_judges(fleet, tmp_path, small_tmpfs):
+    import subprocess
+
+    config = _node_config(tmp_path, fleet, ownership="false")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True, timeout=30)
+    _sim("set", fleet, "gpu01", "driver=550.54.15")
+    result = _entry("healthcheck", config)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert _entry("prolog", config).returncode == 1
+    assert _entry("epilog", config, ).returncode in (0, 1)
+
+
+# ----------------------------------------------------------- clock jumps
+def test_a_verdict_from_the_future_is_not_reused(fleet, tmp_path):
+    """The clock stepped back an hour after a fit health check: the prolog
+    must judge afresh, not trust a record "younger than 15 minutes" for an hour."""
+    import json
+
+    config = _node_config(tmp_path, fleet, ownership="false")
+    assert _entry("healthcheck", config).returncode == 0
+    path = os.path.join(str(tmp_path), "state", "gpu01", "last-healthcheck.json")
+    with open(path) as handle:
+        last = json.load(handle)
+    last["at"] = time.time() + 3600
+    with open(path, "w") as handle:
+        json.dump(last, handle)
+    _entry("prolog", config)
+    with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
+        record = json.loads(handle.read().splitlines()[-1])
+    assert record["mode"] == "prolog" and record["reused"] is False
+
+
+def test_boot_time_in_the_future_is_no_boot_grace(fleet, tmp_path):
+    """A clock stepped back makes "seconds since boot" negative: that must
+    not read as "just booted" and hide findings behind the boot grace."""
+    import json
+
+    config = tmp_path / "gpugate.toml"
+    _node_config(tmp_path, fleet, ownership="false")
+    config.write_text(config.read_text().replace("boot_grace_seconds = 0", "boot_grace_seconds = 300"))
+    stat = os.path.join(fleet, "gpu01", "root", "proc", "stat")
+    with open(stat) as handle:
+        text = handle.read()
+    future = int(time.time()) + 3600
+    with open(stat, "w") as handle:
+        handle.write("\n".join("btime %d" % future if line.startswith("btime") else line
+                               for line in text.splitlines()) + "\n")
+    os.unlink(os.path.join(fleet, "gpu01", "bin", "dcgmi"))  # a probe finding: what the grace hides
+    assert _entry("healthcheck", str(config)).returncode == 1
+    with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
+        record = json.loads(handle.read().splitlines()[-1])
+    assert record["verdict"] == "unfit" and not record.get("boot_grace")

@@ -70,7 +70,13 @@ def run(settings, node: str, record: dict) -> int:
         try:
             st.write_json(last_path, new_state)
         except OSError as exc:
-            record["state_error"] = str(exc)[:200]  # full or read-only disk: the drain still stands
+            # Full or read-only disk: the drain still stands in Slurm, but the
+            # prolog must not reuse an older "fit" record (unlinking needs no space).
+            record["state_error"] = str(exc)[:200]
+            try:
+                os.unlink(last_path)
+            except OSError:
+                pass
         st.prune_jobs(state_dir, 30 * 86400, time.time())  # longer than any job's time limit
         if settings.prometheus_textfile:
             from ..metrics import write_node_textfile
@@ -93,7 +99,9 @@ def _boot_grace(settings, result):
     (probe failures, services still starting) are reported but do not drain."""
     verdict, facts = result.verdict, result.facts
     boot = facts.boot_time
-    if verdict.fit or not isinstance(boot, float) or time.time() - boot >= settings.boot_grace_seconds:
+    since_boot = time.time() - boot if isinstance(boot, float) else -1.0
+    # A boot "in the future" is a clock gone wrong, not a fresh boot: no grace.
+    if verdict.fit or not 0 <= since_boot < settings.boot_grace_seconds:
         return verdict, False
     kept = [f for f in verdict.findings if f.cls != PROBE and f.component not in _GRACE_COMPONENTS]
     if len(kept) == len(verdict.findings):

@@ -17,7 +17,8 @@ def emit(settings_log: str, state_dir: str, record: Dict[str, Any]) -> str:
     if settings_log in ("syslog", "both"):
         _syslog(line, record.get("verdict"))
     if settings_log in ("file", "both"):
-        _append(os.path.join(state_dir, LOG_FILE), line)
+        if not _append(os.path.join(state_dir, LOG_FILE), line) and settings_log == "file":
+            _syslog(line, record.get("verdict"))  # full or read-only state dir: the line still goes somewhere
     return line
 
 
@@ -32,7 +33,7 @@ def _syslog(line: str, verdict: Any) -> None:
         pass  # no syslog socket: the file still has the line
 
 
-def _append(path: str, line: str) -> None:
+def _append(path: str, line: str) -> bool:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
@@ -42,5 +43,6 @@ def _append(path: str, line: str) -> None:
             pass
         with open(path, "a") as handle:
             handle.write(line + "\n")
+        return True
     except OSError:
-        pass  # a full or read-only state dir must not break the check
+        return False  # a full or read-only state dir must not break the check

@@ -15,8 +15,11 @@ def fresh_baseline(settings, node: str, last: Optional[dict], boot_id) -> Tuple[
     if not last:
         return None, -1
     cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
+    age = time.time() - float(last.get("at", 0) or 0)
+    # A negative age (the clock was stepped back) is not "fresh": without
+    # the bound a verdict from the "future" would be reused until then.
     if not (last.get("fit") and last.get("boot_id") == boot_id
-            and time.time() - float(last.get("at", 0)) <= settings.verdict_max_age_seconds
+            and 0 <= age <= settings.verdict_max_age_seconds
             and last.get("baseline_sig") == st.file_signature(settings.baseline)
             and last.get("config_sig") == st.file_signature(settings.source)):
         return None, cursor
