@@ -141,6 +141,10 @@ class Settings:
     source: str = ""
 
     def state_dir(self, node: str) -> str:
+        if "{node}" in self.state_dir_template:
+            from .names import check_node_name
+
+            check_node_name(node)  # "../x" must not leave the state directory
         return self.state_dir_template.replace("{node}", node)
 
     def node_root(self, node: str) -> str:

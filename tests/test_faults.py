@@ -332,3 +332,56 @@ def test_boot_time_in_the_future_is_no_boot_grace(fleet, tmp_path):
     with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
         record = json.loads(handle.read().splitlines()[-1])
     assert record["verdict"] == "unfit" and not record.get("boot_grace")
+
+
+# ------------------------------------------------- unusual node names
+from hypothesis import given, settings as hsettings, strategies as hst  # noqa: E402
+
+from gpugate.names import check_node_name, is_node_name  # noqa: E402
+
+
+@hsettings(max_examples=500, deadline=None)
+@given(hst.one_of(hst.text(max_size=80), hst.from_regex(r"[a-z0-9._\-/$;'\"` ]{1,20}", fullmatch=True)))
+def test_a_node_name_is_safe_in_paths_and_argv_or_refused(name):
+    try:
+        checked = check_node_name(name)
+    except ConfigError as exc:
+        assert "not a plain host name" in str(exc)
+        assert not is_node_name(name)
+        return
+    assert checked == name and name.isascii() and name.isprintable()
+    assert not name.startswith(("-", ".")) and "/" not in name and ".." not in name
+    assert not any(c in name for c in " $;'\"`[],|*@!&^")
+
+
+@pytest.mark.parametrize("name", ["../../etc", "-oProxyCommand=x", "gpu 01", "gpu01;rm", "", "gpu[01-02]"])
+def test_an_unsafe_slurmd_nodename_is_refused_and_nothing_is_written(fleet, tmp_path, name):
+    config = _node_config(tmp_path, fleet, ownership="false")
+    before = set(os.listdir(str(tmp_path)))
+    for mode in ("healthcheck", "prolog"):
+        result = _entry(mode, config, node=name) if name else _entry(mode, config, node="")
+        if not name:
+            continue  # empty: the host name is used instead
+        assert result.returncode == (2 if mode == "healthcheck" else 0)
+        assert "not a plain host name" in result.stderr and "Traceback" not in result.stderr
+    if name:
+        assert set(os.listdir(str(tmp_path))) == before  # no state dir made, nothing outside
+
+
+def test_the_sweep_plans_around_an_unsafe_name_and_never_expands_it():
+    from gpugate.slurm.nodestate import NodeState
+    from gpugate.sweep.plan import Options, plan
+    from gpugate.sweep.snapshot import take
+    from gpugate.sweep.transport import expand
+
+    reason = "gpugate: drift driver=550.54.15 (want 580.65.06)"
+    states = {n: NodeState(n, "IDLE", frozenset({"DRAIN"}), reason, 100, "root", ("gpu",))
+              for n in ("gpu01", "-oProxyCommand=x")}
+    states.update({"gpu%02d" % i: NodeState("gpu%02d" % i, "IDLE", frozenset(), "", None, "", ("gpu",))
+                   for i in range(2, 10)})
+    result = plan(take(states, "gpugate:", 1000.0), Options())
+    planned = {n for b in result.batches for n in b.nodes}
+    assert "gpu01" in planned and "-oProxyCommand=x" not in planned
+    assert "unsafe" in result.decisions["-oProxyCommand=x"].why
+    with pytest.raises(ConfigError, match="not a plain host name"):
+        expand(["ansible-playbook", "--limit", "{nodes}"], ["gpu01", "-oProxyCommand=x"])

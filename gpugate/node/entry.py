@@ -44,7 +44,9 @@ def main(mode: str, argv: List[str]) -> int:
     settings = None
     try:
         from ..config import check_state, load_settings
+        from ..names import check_node_name
 
+        check_node_name(node, "SLURMD_NODENAME")
         settings = load_settings(config)
         check_state(settings, settings.state_dir(node))
         if mode == "healthcheck":

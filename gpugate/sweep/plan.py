@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
+from ..names import is_node_name
 
 RECONVERGE = "reconverge"
 REBOOT = "reboot"
@@ -156,6 +157,10 @@ def plan(snapshot, options: Options) -> Plan:
             continue
         if view.name in options.exclude:
             decisions[view.name] = Decision(view.name, False, None, "handled earlier in this run")
+            continue
+        if not is_node_name(view.name):
+            decisions[view.name] = Decision(view.name, False, None,
+                                            "name unsafe in a command line or path: left to an admin")
             continue
         if options.rollout is not None:
             if view.name in options.rollout and not view.drain and view.in_service:

@@ -70,12 +70,15 @@ class SshTransport(_Transport):
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
 
+        from ..names import check_node_name
+
         argv = self.gpugate + list(args) + ["--json"]
         if self.config:
             argv += ["--config", self.config]
         task = task_self()
         task.set_info("fanout", self.fanout)
         for node in nodes:
+            check_node_name(node, "Slurm node name")  # an ssh target: never an option
             # --node: judge the Slurm node name, whatever the host calls itself.
             # The remote side is a command line for ssh: every word is quoted.
             words = argv + ["--node", node]
@@ -103,6 +106,10 @@ def expand(template: Sequence[str], nodes: List[str]) -> List[str]:
     """An argv template with {node} or {nodes} (a hostlist): one argv."""
     from ClusterShell.NodeSet import NodeSet
 
+    from ..names import check_node_name
+
+    for node in nodes:
+        check_node_name(node, "Slurm node name")
     hostlist = str(NodeSet.fromlist(nodes))
     return [word.replace("{nodes}", hostlist).replace("{node}", nodes[0] if len(nodes) == 1 else hostlist)
             for word in template]

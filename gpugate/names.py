@@ -1,0 +1,27 @@
+"""Node names gpugate puts into paths and command lines.
+
+Slurm accepts almost any word as a NodeName; gpugate uses the name in the
+state directory path ({node}) and in the sweep's commands ({node}, {nodes},
+ssh targets).  A name like "../etc", "-oProxyCommand=..." or one with shell
+or hostlist characters must never get there: host names only."""
+
+import re
+
+from .errors import ConfigError
+
+# RFC 1123 labels (plus '_', which some sites use), dot-separated; no leading
+# '-' or '.', so never an option nor a relative path.
+_NODE_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_][A-Za-z0-9_-]{0,62})*\Z")
+MAX_NODE_NAME = 253
+
+
+def is_node_name(name: object) -> bool:
+    return isinstance(name, str) and len(name) <= MAX_NODE_NAME and bool(_NODE_NAME.match(name))
+
+
+def check_node_name(name: object, where: str = "node name") -> str:
+    if not is_node_name(name):
+        raise ConfigError("%s %r is not a plain host name (letters, digits, '-', '_', '.'; not starting "
+                          "with '-' or '.'): gpugate will not put it in a path or a command line"
+                          % (where, str(name)[:80]))
+    return name
