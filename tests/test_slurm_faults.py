@@ -1,0 +1,168 @@
+"""Fault matrix against a real slurmctld: Slurm's tools hanging, failing or
+printing garbage; health check, prolog and epilog at once; reasons with
+unusual characters.  In every case: no traceback, nothing hangs past its
+budget, no drain is lost, nothing is wrongly resumed."""
+
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+# slurmd runs the health check once at start; the tests run the entry points
+# themselves, exactly as slurmd would, so each case is deterministic.
+CLUSTER = {"nodes": 5, "interval": 600}
+
+FAULTS = {
+    "scontrol hangs": {"scontrol": "#!/bin/sh\nexec sleep 3600\n"},
+    "scontrol fails": {"scontrol": "#!/bin/sh\necho 'scontrol: error: Unable to contact slurm controller "
+                                   "(connect failure)' >&2\nexit 1\n"},
+    # Reads of node state answer garbage (sinfo on 22.05, scontrol --json from 23.02); updates work.
+    "reads give garbage": {
+        "sinfo": "#!/bin/sh\necho 'gpu01|%%garbage\\377|||'\necho '{\"nodes\": [tru'\n",
+        "scontrol": "#!/bin/sh\nif [ \"$1\" = --all ]; then echo '{\"nodes\": [{\"name\": 7}'; exit 0; fi\n"
+                    "exec /usr/bin/scontrol \"$@\"\n"},
+}
+
+
+def run_entry(cluster, mode, node, job=None, timeout=120):
+    """What slurmd runs: the shim, no environment but the node (and job)."""
+    env = {"SLURMD_NODENAME": node}
+    if job:
+        env.update(SLURM_JOB_ID=job, SLURM_JOB_UID="0", SLURM_JOB_USER="root")
+    started = time.monotonic()
+    result = subprocess.run([cluster.path("bin", mode)], env=env, capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def last_state(cluster, node):
+    with open(cluster.path("state", node, "last-healthcheck.json")) as handle:
+        return json.load(handle)
+
+
+class Shims:
+    """Swap the logging shims in front of scontrol/sinfo for faulty ones."""
+
+    def __init__(self, cluster, scripts):
+        self.cluster, self.scripts, self.saved = cluster, scripts, {}
+
+    def __enter__(self):
+        for tool, text in self.scripts.items():
+            path = self.cluster.path("slurm-bin", tool)
+            with open(path) as handle:
+                self.saved[path] = handle.read()
+            with open(path, "w") as handle:
+                handle.write(text)
+        return self
+
+    def __exit__(self, *exc):
+        for path, text in self.saved.items():
+            with open(path, "w") as handle:
+                handle.write(text)
+
+
+def _sleepers(cluster):
+    out = subprocess.run(["pgrep", "-f", "sleep 3600"], capture_output=True, text=True, timeout=10).stdout
+    return [p for p in out.split() if p]
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_slurm_tools_failing_lose_no_drain_and_block_no_budget(cluster, fault):
+    node = {"scontrol hangs": "gpu01", "scontrol fails": "gpu02", "reads give garbage": "gpu03"}[fault]
+    cluster.sim("set", "FLEET", node, "gpu.4.xid=79")
+    with Shims(cluster, FAULTS[fault]):
+        result, took = run_entry(cluster, "healthcheck", node)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert took < 40 + 5  # the health check's budget, whatever Slurm's tools do
+        record = cluster.log_records(node)[-1]
+        assert record["verdict"] == "unfit" and record["cls"] == "health"
+        assert record["action"] in ("failed", "unknown") and record["slurm_error"]
+        assert last_state(cluster, node)["pending_drain"] is True
+        assert "drain" not in cluster.state(node)  # nothing could be applied...
+        # ...and no job starts here meanwhile: the prolog refuses it.
+        prolog, took = run_entry(cluster, "prolog", node, job="990001")
+        assert prolog.returncode == 1 and "Traceback" not in prolog.stderr
+        assert took < 30
+    if fault == "scontrol hangs":
+        assert not _sleepers(cluster)  # the hung tool was killed with its process group
+    # Slurm's tools are back: the next health check applies the same drain.
+    result, _ = run_entry(cluster, "healthcheck", node)
+    assert result.returncode == 1
+    assert "drain" in cluster.state(node)
+    assert cluster.reason(node).startswith("gpugate: health xid:gpu4=79 (want none)")
+    assert last_state(cluster, node)["pending_drain"] is False
+
+
+def test_garbage_never_resumes_a_node(cluster):
+    """A node gpugate drained for probe (self-clearing) that is fit again is
+    undrained only on a state Slurm really reported."""
+    node = "gpu04"
+    dcgmi = os.path.join(cluster.fleet, node, "bin", "dcgmi")
+    os.rename(dcgmi, dcgmi + ".away")
+    run_entry(cluster, "healthcheck", node)
+    assert cluster.reason(node).startswith("gpugate: probe dcgm=missing")
+    os.rename(dcgmi + ".away", dcgmi)
+    with Shims(cluster, FAULTS["reads give garbage"]):
+        result, _ = run_entry(cluster, "healthcheck", node)
+        assert result.returncode == 0 and "Traceback" not in result.stderr
+        assert "drain" in cluster.state(node)  # not resumed on garbage
+        assert cluster.log_records(node)[-1]["action"] in ("failed", "unknown")
+    run_entry(cluster, "healthcheck", node)
+    assert "drain" not in cluster.state(node) and cluster.reason(node) == ""  # a real state: resumed
+
+
+def test_health_check_prolog_and_epilog_at_once(cluster):
+    """slurmd does not serialise them: nine runs at once on a node that went
+    bad agree on one drain with the right reason, and none fails."""
+    node = "gpu05"
+    cluster.sim("set", "FLEET", node, "gpu.1.ecc.uncorrected.volatile=2")
+    before = len(cluster.log_records(node))
+    runs = [("healthcheck", None), ("prolog", "990101"), ("epilog", "990101")] * 3
+    with ThreadPoolExecutor(len(runs)) as pool:
+        results = list(pool.map(lambda r: run_entry(cluster, r[0], node, r[1]), runs))
+    for (mode, _), (result, took) in zip(runs, results):
+        assert "Traceback" not in result.stderr, result.stderr
+        assert took < 60, (mode, took)
+    records = cluster.log_records(node)[before:]
+    assert len(records) == len(runs)  # one line per run
+    assert {r["verdict"] for r in records} <= {"unfit", "skipped"}
+    assert not [r for r in records if r.get("slurm_error")]
+    assert cluster.reason(node) == "gpugate: health ecc:gpu1=2 uncorrected (want <= 0)"
+    assert "drain" in cluster.state(node)
+
+
+ODD_REASONS = [
+    'rack 7 | PSU "B" died; ticket=42 (see wiki)',
+    "Wartung: Netzteil getauscht \u00e4\u00f6\u00fc \u2013 bis Montag",
+    "x" * 300,
+]
+
+
+@pytest.mark.parametrize("reason", ODD_REASONS)
+def test_admin_reason_with_unusual_characters_is_kept_byte_for_byte(cluster, reason):
+    node = "gpu01"
+    cluster.scontrol("update", "NodeName=" + node, "State=RESUME", check=False)
+    cluster.scontrol("update", "NodeName=" + node, "State=DRAIN", "Reason=" + reason)
+    stored = cluster.reason(node)
+    cluster.sim("set", "FLEET", node, "image_version=gpu|2026;(x) \u00fc")  # drift too
+    result, _ = run_entry(cluster, "healthcheck", node)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert cluster.log_records(node)[-1]["action"] == "keep_admin"
+    assert cluster.reason(node) == stored
+    cluster.scontrol("update", "NodeName=" + node, "State=RESUME")
+    cluster.sim("set", "FLEET", node, "reboot=1")
+
+
+def test_our_reason_from_unusual_values_is_one_ascii_line(cluster):
+    node = "gpu02"
+    cluster.scontrol("update", "NodeName=" + node, "State=RESUME", check=False)
+    cluster.sim("set", "FLEET", node, "reboot=1", "image_version=gpu|2026;(x) \u00fc\u00e4 " + "y" * 300)
+    run_entry(cluster, "healthcheck", node)
+    reason = cluster.reason(node)
+    assert reason.startswith("gpugate: drift image=gpu|2026,[x] ??")
+    assert reason.isascii() and "\n" not in reason and len(reason.encode()) <= 255
+    sinfo = cluster.run(["/usr/bin/sinfo", "-R", "-h", "-o", "%E|%N"]).stdout
+    assert "%s|%s" % (reason, node) in sinfo
