@@ -262,3 +262,37 @@ def test_running_jobs_are_waited_for_unless_forced(new_cluster):
     assert code == 0, err
     assert report["outcomes"]["gpu02"]["result"] == "resumed"
     assert "CANCELLED" in cluster.scontrol("show", "job", job)
+
+
+def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_service(new_cluster):
+    """An unplanned reboot in the middle of the sweep's verification, and the
+    node comes back on an old driver.  Either the verification sees it (no
+    RESUME: retried, converged again, verified), or it had read the node
+    before the reboot: then the node-side gate drains it again within its
+    health-check interval.  Never in service on the old driver for longer."""
+    cluster = new_cluster(nodes=3)
+    drift_and_drain(cluster, "gpu02")
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "3", "--", "dcgmi", "diag", "-r", "2", "-j")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cluster.env)
+    cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
+                     ("gpu02", "verify", "started", 1) in journal_events(cluster, "gpu02"), 120, "verify to start")
+    reboot = subprocess.run([cluster.path("bin", "reboot")], env=dict(cluster.env, SLURMD_NODENAME="gpu02"),
+                            capture_output=True, text=True, timeout=60)
+    assert reboot.returncode == 0, reboot.stderr
+    cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    result = json.loads(out)["outcomes"]["gpu02"]["result"]
+    events = journal_events(cluster, "gpu02")
+    if result == "resumed":  # verified on what it read before the reboot
+        assert any(e[1] == "verify" and e[2] == "done" for e in events)
+    time.sleep(2 * 5 + 3)  # two health-check intervals
+    state, reason = cluster.state("gpu02"), cluster.reason("gpu02")
+    if "drain" in state:
+        assert reason.startswith(("gpugate: drift driver=550.54.15", "gpugate: rma ")), reason
+    else:
+        assert fit(cluster, "gpu02") and result == "resumed"
+        resumed_at = max(i for i, e in enumerate(events) if e[1] == "resume")
+        # Verified after the unplanned reboot: the failed verify led to another attempt.
+        assert [e for e in events[:resumed_at] if e[1] == "verify" and e[2] == "done"]
