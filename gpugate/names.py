@@ -25,3 +25,16 @@ def check_node_name(name: object, where: str = "node name") -> str:
                           "with '-' or '.'): gpugate will not put it in a path or a command line"
                           % (where, str(name)[:80]))
     return name
+
+
+def parse_hostlist(expr: str, option: str = "--nodes"):
+    """A hostlist an admin typed (-w): a NodeSet, or a ConfigError that says
+    which option and why.  ClusterShell groups (@name) resolve as the admin's
+    groups.conf says: this runs on the admin's command, never on a node check."""
+    from ClusterShell.NodeSet import NodeSet, NodeSetException
+    from ClusterShell.NodeUtils import GroupResolverError
+
+    try:
+        return NodeSet(expr)
+    except (NodeSetException, GroupResolverError, ValueError, RecursionError) as exc:
+        raise ConfigError("%s %r is not a hostlist: %s" % (option, expr, exc)) from None

@@ -424,9 +424,7 @@ def test_cli_hostlists_never_give_a_traceback(cli_config, command, expr):
 
 @pytest.mark.parametrize("command", [
     "audit", "status",
-    pytest.param("sweep", marks=pytest.mark.xfail(strict=True, reason=(
-        "gpugate/cli/sweep.py _options() calls NodeSet(nodes) unguarded: a bad -w is reported as "
-        "'internal error: NodeSetParseError' (exit 2); see the fuzz report for the proposed fix"))),
+    "sweep",
 ])
 @pytest.mark.parametrize("expr", ["gpu[01-", "gpu[3-1]", "gpu[a-b]", "gpu]", "gpu[01-02],,"])
 def test_cli_bad_hostlist_is_a_clear_usage_error(cli_config, command, expr):

@@ -25,19 +25,16 @@ def audit_path(settings) -> str:
 
 def _select_nodes(settings, nodes, partitions):
     """The nodes to audit: a hostlist, or Slurm's nodes (optionally of partitions)."""
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    from ..names import parse_hostlist
 
-    if nodes and not partitions:
-        try:
-            return sorted(NodeSet(nodes))
-        except NodeSetParseError as exc:
-            raise ConfigError("--nodes %r is not a hostlist: %s" % (nodes, exc)) from None
+    wanted = set(parse_hostlist(nodes)) if nodes else None
+    if wanted is not None and not partitions:
+        return sorted(wanted)
     from ..slurm import connect
 
     states = connect(settings).nodes()
     chosen = [n for n, st in states.items() if not partitions or set(st.partitions) & set(partitions)]
-    if nodes:
-        wanted = set(NodeSet(nodes))
+    if wanted is not None:
         chosen = [n for n in chosen if n in wanted]
     return sorted(chosen)
 

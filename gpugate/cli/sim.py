@@ -10,12 +10,9 @@ from .main import main
 
 
 def _nodeset(expr: str):
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    from ..names import parse_hostlist
 
-    try:
-        ns = NodeSet(expr)
-    except (NodeSetParseError, ValueError) as exc:
-        raise ConfigError("%r is not a hostlist expression: %s" % (expr, exc)) from None
+    ns = parse_hostlist(expr, "node list")
     if not len(ns):
         raise ConfigError("empty node list %r" % expr)
     return ns

@@ -8,17 +8,14 @@ import time
 
 import click
 
-from ..errors import ConfigError, GpugateError
+from ..errors import GpugateError
 from .main import main
 
 
 def _hostlist(expr):
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    from ..names import parse_hostlist
 
-    try:
-        return set(NodeSet(expr))
-    except (NodeSetParseError, ValueError) as exc:
-        raise ConfigError("--nodes %r is not a hostlist: %s" % (expr, exc)) from None
+    return set(parse_hostlist(expr))
 
 
 def _journal_nodes(path):

@@ -16,8 +16,7 @@ class SweepBusy(GpugateError):
 
 
 def _options(settings, baseline, partition, nodes, max_batch):
-    from ClusterShell.NodeSet import NodeSet
-
+    from ..names import parse_hostlist
     from ..sweep.plan import Options
 
     policy = baseline.health
@@ -27,7 +26,7 @@ def _options(settings, baseline, partition, nodes, max_batch):
     return Options(
         max_batch=int(max_batch or cfg["max_batch"]), floor=float(cfg["floor"]),
         floors={k: float(v) for k, v in cfg["floors"].items()},
-        nodes=frozenset(NodeSet(nodes)) if nodes else None,
+        nodes=frozenset(parse_hostlist(nodes)) if nodes else None,
         partitions=frozenset(partition) if partition else None,
         canary=int(cfg["canary"]), escalate_xids=escalate)
 
