@@ -385,3 +385,56 @@ def test_the_sweep_plans_around_an_unsafe_name_and_never_expands_it():
     assert "unsafe" in result.decisions["-oProxyCommand=x"].why
     with pytest.raises(ConfigError, match="not a plain host name"):
         expand(["ansible-playbook", "--limit", "{nodes}"], ["gpu01", "-oProxyCommand=x"])
+
+
+# --------------------------------------------------- more clock steps
+def test_xid_window_is_unmoved_by_a_clock_step():
+    """/proc/stat's btime moves with the wall clock, so a step moves boot
+    time and "now" together: the same Xids are fresh before and after."""
+    from gpugate.probes.kernlog import fresh_xids
+
+    text = "\n".join("4,%d,%d,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen off the bus." % (
+        seq, usec) for seq, usec in ((10, 5_000_000), (11, 3_000_000_000)))
+    boot, now = 1_700_000_000.0, 1_700_000_000.0 + 3_100
+    for step in (0.0, -86400.0, 86400.0 * 30):
+        seen = fresh_xids(text, boot + step, -1, 600.0, now + step, {"0000:1b:00": 2})
+        assert [(e.seq, e.gpu) for e in seen] == [(11, 2)]
+
+
+def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
+    import json
+    from dataclasses import replace
+
+    from gpugate.config import parse_settings
+    from gpugate.node import hold
+    from gpugate.verdict import decide
+    from gpugate.findings import Finding
+
+    settings = replace(parse_settings({}, "(test)"), state_dir_template=str(tmp_path / "{node}"))
+    verdict = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")], "gpugate:")
+    (tmp_path / "gpu01").mkdir()
+    path = tmp_path / "gpu01" / hold.HOLD_FILE
+    for at, held in ((time.time() - 10, True), (time.time() + 3600, False), (time.time() - 601, False)):
+        path.write_text(json.dumps({"at": at, "reason": verdict.reason, "why": "drain budget of partition gpu spent"}))
+        assert bool(hold.held_recently(settings, "gpu01", verdict)) is held
+    other = decide([Finding("drift", "kernel", "6.1.0-26-amd64", "6.1.0-27-amd64", "reconverge")], "gpugate:")
+    path.write_text(json.dumps({"at": time.time(), "reason": verdict.reason, "why": "spent"}))
+    assert hold.held_recently(settings, "gpu01", other) is None  # findings changed: ask again
+
+
+def test_sweep_deadlines_use_the_monotonic_clock():
+    """A wall-clock step during a sweep must not cut short or stretch its
+    waits: every deadline in the engine is taken from time.monotonic()."""
+    import ast
+    import inspect
+
+    from gpugate.sweep import engine
+
+    tree = ast.parse(inspect.getsource(engine))
+    deadlines = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and "deadline" in t.id for t in node.targets)]
+    assert len(deadlines) >= 3
+    for node in deadlines:
+        assert "time.monotonic()" in ast.unparse(node.value)
+    source = inspect.getsource(engine)
+    assert "time.time()" not in source.replace("take(self.slurm.nodes(), self.tag, time.time())", "")

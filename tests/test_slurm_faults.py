@@ -166,3 +166,51 @@ def test_our_reason_from_unusual_values_is_one_ascii_line(cluster):
     assert reason.isascii() and "\n" not in reason and len(reason.encode()) <= 255
     sinfo = cluster.run(["/usr/bin/sinfo", "-R", "-h", "-o", "%E|%N"]).stdout
     assert "%s|%s" % (reason, node) in sinfo
+
+
+def test_controller_commands_with_slurmctld_down_change_nothing_and_say_so(cluster):
+    import sys
+
+    gpugate = [sys.executable, "-m", "gpugate"]
+    journal = cluster.path("state", "sweep.db")
+    rows = 0
+    if os.path.exists(journal):
+        import sqlite3
+
+        db = sqlite3.connect(journal)
+        rows = db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0]
+        db.close()
+    cluster.stop_slurmctld()
+    try:
+        for args in (["sweep", "--apply"], ["sweep"], ["status"], ["metrics"], ["audit"]):
+            result = cluster.run(gpugate + args + ["--config", cluster.gpugate_conf], check=False, timeout=120)
+            assert result.returncode == 3, (args, result.returncode, result.stderr)
+            assert "is slurmctld up?" in result.stderr and "Traceback" not in result.stderr
+        if os.path.exists(journal):  # opened, but no node enrolled: no sweep began
+            import sqlite3
+
+            db = sqlite3.connect(journal)
+            try:
+                assert db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0] == rows
+            finally:
+                db.close()
+    finally:
+        cluster._spawn(["/usr/sbin/slurmctld", "-f", cluster.conf, "-i"], "slurmctld")
+        cluster.wait_nodes_up(60)
+
+
+def test_a_sweep_journal_others_could_write_is_refused(cluster, tmp_path):
+    import sys
+
+    journal_dir = tmp_path / "journal"
+    journal_dir.mkdir(mode=0o777)
+    journal_dir.chmod(0o777)
+    config = tmp_path / "gpugate.toml"
+    text = open(cluster.gpugate_conf).read().replace("check_ownership = false", "check_ownership = true")
+    config.write_text(text.replace(cluster.path("state", "sweep.db"), str(journal_dir / "sweep.db")))
+    config.chmod(0o644)
+    result = cluster.run([sys.executable, "-m", "gpugate", "sweep", "--apply", "--config", str(config)],
+                         check=False, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "must be owned by root and not writable by group or others" in result.stderr
+    assert str(journal_dir) in result.stderr and not os.path.exists(journal_dir / "sweep.db")
