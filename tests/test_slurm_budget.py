@@ -63,14 +63,20 @@ def test_wrong_pin_everywhere_drains_only_the_budget_and_xid79_still_drains(clus
 
     given_back = [n for n in cluster.nodes for r in _held(cluster, n, pushed) if "given back" in r["why"]]
     print("drain budget wave: %d give-backs (%s)" % (len(given_back), ",".join(given_back)))
-    # Steady: over two more intervals no further drain, nothing given back.
+    # Steady: over two more intervals no further drain, nothing given back,
+    # and the held nodes' health checks ask the controller nothing (the hold
+    # is remembered for recheck_seconds).
     drained = _drift_drained(cluster)
+    held = [n for n in cluster.nodes if n != "gpu03" and n not in drained["a"] + drained["b"]]
+    calls = len(cluster.slurm_calls())
+    runs = {n: len(cluster.log_records(n)) for n in held}
     for _ in range(2 * INTERVAL):
         assert _drift_drained(cluster) == drained
         time.sleep(1)
+    assert all(len(cluster.log_records(n)) > runs[n] for n in held)  # they did run
+    assert [c for c in cluster.slurm_calls()[calls:] if c.split()[0] in held] == []
     # The Xid node kept its acute reason: the budget neither counts nor holds it.
     assert cluster.reason("gpu03").startswith("gpugate: health xid")
-    held = [n for n in cluster.nodes if n != "gpu03" and n not in drained["a"] + drained["b"]]
     assert len(held) == 3
     for node in held:
         assert cluster.state(node) == "idle" and cluster.reason(node) == ""
