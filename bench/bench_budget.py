@@ -1,0 +1,50 @@
+"""Benchmark: the drain-budget decision of a node about to drain, in a
+10,000-node fleet.
+
+    python3 bench/bench_budget.py [--nodes 10000] [--repeat 5]
+
+A node about to drain for drift reads the fleet's node states once before
+draining (admit) and once after (keep).  Reports the median time of one
+admit() + keep() (target <= 0.1 s: well inside the prolog's 8 s), and as a
+reference measured in the same run, parsing the same fleet's `sinfo --json`
+(the read itself, which the decision cannot avoid).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpugate import budget  # noqa: E402
+from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
+from _measure import timed  # noqa: E402
+from bench_sweep_plan import TAG, sinfo_json  # noqa: E402
+
+CLASSES = ("drift", "probe")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=10000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    text = sinfo_json(args.nodes)
+    parse_t, states = timed(lambda: parse_nodes_json(text), args.repeat)
+    node = next(n for n, st in sorted(states.items()) if not st.drain)
+
+    def decide():
+        return budget.admit(node, states, TAG, CLASSES, 0.1), budget.keep(node, states, TAG, CLASSES, 0.1)
+    decide_t, (admitted, kept) = timed(decide, args.repeat)
+    uses = budget.usage(states, TAG, CLASSES, 0.1)
+    print("fleet: %d nodes in %d partitions; %s: admit=%s keep=%s" % (
+        len(states), len(uses), node, admitted[0], kept[0]))
+    print("parse sinfo --json (reference)  median %.3f s" % parse_t)
+    print("admit + keep                    median %.3f s   (target <= 0.1 s)" % decide_t)
+    print("ratio decision / parse = %.2f" % (decide_t / parse_t))
+    return 0 if decide_t <= 0.1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
