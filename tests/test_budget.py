@@ -133,7 +133,7 @@ def _allowances(states, share):
     return {p: u.allowance for p, u in budget.usage(states, TAG, CLASSES, share).items()}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(fleets())
 def test_all_nodes_at_once_never_leave_a_partition_over_its_budget(case):
     """The worst case: every unfit node reads the same view, all drain in the
@@ -158,7 +158,7 @@ def test_all_nodes_at_once_never_leave_a_partition_over_its_budget(case):
             assert budget.keep(name, states, TAG, CLASSES, share)[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(fleets(multi=False), st.data())
 def test_one_partition_fills_its_budget_exactly(case, data):
     """Single partition: concurrent or one by one, the partition ends with

@@ -168,6 +168,7 @@ def test_our_reason_from_unusual_values_is_one_ascii_line(cluster):
     assert "%s|%s" % (reason, node) in sinfo
 
 
+@pytest.mark.slow  # each command waits out Slurm's own connect retries
 def test_controller_commands_with_slurmctld_down_change_nothing_and_say_so(cluster):
     import sys
 

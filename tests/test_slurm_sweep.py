@@ -264,6 +264,7 @@ def test_running_jobs_are_waited_for_unless_forced(new_cluster):
     assert "CANCELLED" in cluster.scontrol("show", "job", job)
 
 
+@pytest.mark.slow
 def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_service(new_cluster):
     """An unplanned reboot in the middle of the sweep's verification, and the
     node comes back on an old driver.  Either the verification sees it (no
