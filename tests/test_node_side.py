@@ -171,3 +171,42 @@ def test_prolog_exits_1_when_unfit_whatever_happened_to_the_drain(node_env):
     assert result.returncode == 1  # Slurm requeues the job
     log = [json.loads(line) for line in open(os.path.join(node_env["state"], "gpu01", "gpugate.log"))]
     assert log[-1]["reason"] == "gpugate: health row_remap:gpu4=pending (want none)"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", None),
+    ("HealthCheckInterval=300\nHealthCheckTimeout=90\n", 90),
+    ("healthchecktimeout = 45   # short\n", 45),
+    ("NodeName=x HealthCheckTimeout=30 Port=1\n", 30),  # several keys on one line
+    ("# HealthCheckTimeout=10\nHealthCheckTimeout=20\nHealthCheckTimeout=25\n", 25),  # the last wins
+    ("HealthCheckTimeout=0\n", None),  # Slurm resets 0 to its default
+    ("HealthCheckTimeout=abc\n", None),
+    ("MyHealthCheckTimeout=5\n", None),
+])
+def test_health_check_timeout_from_slurm_conf(text, expected):
+    from gpugate.node.slurmd_limits import parse_health_check_timeout
+
+    assert parse_health_check_timeout(text) == expected
+
+
+def test_healthcheck_budget_ends_before_slurmd_kills_it():
+    from gpugate.node.slurmd_limits import healthcheck_budget
+
+    assert healthcheck_budget(40, None) == 40  # up to 25.11: killed at 60 s
+    assert healthcheck_budget(40, 120) == 40  # a longer timeout: the configured budget rules
+    assert healthcheck_budget(100, 120) == 110 - 10 and healthcheck_budget(40, 30) == 20
+    assert healthcheck_budget(40, 8) == 4  # tiny: half of it, rather than nothing
+
+
+def test_healthcheck_honours_healthchecktimeout_of_26_05(node_env, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nHealthCheckTimeout=20\n")
+    with open(node_env["config"]) as handle:
+        text = handle.read()
+    with open(node_env["config"], "w") as handle:
+        handle.write(text.replace("[slurm]\n", '[slurm]\nslurm_conf = "%s"\n' % conf))
+    result = run_entry("healthcheck", node_env)
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(node_env["state"], "gpu01", "gpugate.log")) as handle:
+        record = json.loads(handle.read().splitlines()[-1])
+    assert record["budget"] == 10.0 and record["verdict"] == "fit"

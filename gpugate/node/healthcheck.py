@@ -34,6 +34,7 @@ def run(settings, node: str, record: dict) -> int:
         record.update(verdict="skipped", why="previous health check still running")
         return 0
     with lock:
+        settings = _within_slurmd_timeout(settings, record)
         baseline = load_checked_baseline(settings)
         last_path = os.path.join(state_dir, st.LAST)
         last = st.read_json(last_path) or {}
@@ -92,6 +93,20 @@ def run(settings, node: str, record: dict) -> int:
         if outcome.get("why"):
             record["why"] = outcome["why"]
         return verdict.exit_code
+
+
+def _within_slurmd_timeout(settings, record: dict):
+    """budgets.healthcheck, cut to end before slurmd kills the check."""
+    from dataclasses import replace
+
+    from .slurmd_limits import conf_paths, health_check_timeout, healthcheck_budget
+
+    configured = float(settings.budgets["healthcheck"])
+    budget = healthcheck_budget(configured, health_check_timeout(conf_paths(settings)))
+    if budget < configured:
+        record["budget"] = budget
+        settings = replace(settings, budgets=dict(settings.budgets, healthcheck=budget))
+    return settings
 
 
 def _boot_grace(settings, result):
