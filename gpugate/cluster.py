@@ -439,9 +439,25 @@ def _is_ours(pid: int, what: str) -> bool:
 # empty kernel log, the on-disk module loaded) and its slurmd restarts with -b.
 REBOOT_PROGRAM = """#!{python}
 import os, subprocess, sys, time
-node = os.environ.get("SLURMD_NODENAME", "")
+def slurmd_node():
+    # 26.05 runs RebootProgram as a "power action" without slurmd's
+    # environment: take the node from the calling `slurmd -N NAME`.
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                argv = handle.read().decode("utf-8", "replace").split("\\0")
+            with open("/proc/%d/stat" % pid) as handle:
+                parent = int(handle.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if "-N" in argv[:-1] and os.path.basename(argv[0]).startswith("slurmd"):
+            return argv[argv.index("-N") + 1]
+        pid = parent
+    return ""
+node = os.environ.get("SLURMD_NODENAME", "") or slurmd_node()
 if not node:
-    sys.exit("reboot: SLURMD_NODENAME is not set")
+    sys.exit("reboot: SLURMD_NODENAME is not set and no slurmd -N among my parents")
 subprocess.run(["{python}", "-m", "gpugate", "sim", "set", "{dir}/fleet", node, "reboot=1"],
                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
 pidfile = "{dir}/run/slurmd-%s.pid" % node
