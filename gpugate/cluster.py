@@ -345,6 +345,12 @@ fleet = "{dir}/fleet"
         return self.run([sys.executable, "-m", "gpugate", "sim"] + [a.replace("FLEET", self.fleet) for a in args]).stdout
 
     def reason(self, node: str) -> str:
+        """The reason holding the node out of service.  A node in service has
+        none, whatever `scontrol show node` still prints: 24.11 without
+        accounting storage keeps the reason after RESUME (gpugate reads such
+        a leftover as no reason too, see slurm.nodestate)."""
+        if self.state(node).rstrip("*") in ("idle", "allocated", "mixed"):
+            return ""
         out = self.scontrol("show", "node", node)
         for line in out.splitlines():
             line = line.strip()

@@ -4,6 +4,7 @@ always drain; held nodes keep running jobs."""
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -83,7 +84,8 @@ def test_wrong_pin_everywhere_drains_only_the_budget_and_xid79_still_drains(clus
         record = _held(cluster, node, pushed)[-1]
         assert record["verdict"] == "unfit" and record["cls"] == "drift"
         part = "a" if node in PARTS["a"] else "b"
-        assert record["why"].startswith("drain budget of partition %s spent: 2 of 2 nodes" % part)
+        # "N of 2": at the instant of a give-back N can be more than 2 (see docs/reliability.md).
+        assert re.match(r"drain budget of partition %s spent: [2-4] of 2 nodes" % part, record["why"]), record["why"]
 
     # The admin sees it: gpugate status and the controller's metrics.
     gpugate = [sys.executable, "-m", "gpugate"]

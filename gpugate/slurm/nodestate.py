@@ -580,12 +580,22 @@ def _merge(records: Iterable[NodeState]) -> Dict[str, NodeState]:
     return merged
 
 
+def _without_stale_reason(state: NodeState) -> NodeState:
+    """A reason on a node in service is a leftover: Slurm clears it on RESUME
+    (22.05, 26.05) but 24.11 without accounting storage keeps it.  Read as it
+    is, it would look like an admin's mark ("never touch") on a healthy node,
+    or like the sweep's work on a node it already resumed."""
+    if state.reason and state.in_service:
+        return replace(state, reason="", reason_time=None, reason_user="")
+    return state
+
+
 def _guarded(parse: Callable[[str], Dict[str, NodeState]], text: object, what: str) -> Dict[str, NodeState]:
     """The contract is ParseError for any bad input; turn a slip into one."""
     if not isinstance(text, str):
         raise ParseError(f"{what}: expected text, got {_type(text)}")
     try:
-        return parse(text)
+        return {name: _without_stale_reason(st) for name, st in parse(text).items()}
     except ParseError:
         raise
     except Exception as exc:  # noqa: BLE001 - defensive: never leak another type
