@@ -122,7 +122,40 @@ def _walkthrough(cluster) -> None:
                           "--node", "gpu07"], check=False)
     click.echo("\n".join("    " + line for line in result.stdout.rstrip().splitlines()))
     _sweep_step(cluster)
+    _budget_step(cluster)
     click.echo("\nDone. Every node-side run left one JSON line in %s/state/<node>/gpugate.log." % cluster.dir)
+
+
+def _budget_step(cluster) -> None:
+    """A bad baseline push: the drain budget keeps the fleet in service."""
+    _say("8. A wrong driver pin pushed to every node: the drain budget (25% here, default 10%)")
+    with open(cluster.baseline) as handle:
+        good = handle.read()
+    bad = good.replace('driver = "580.65.06"', 'driver = "580.95.05"', 1).replace(
+        'fabricmanager = "580.65.06"', 'fabricmanager = "580.95.05"', 1)
+    _replace_file(cluster.baseline, bad)
+    click.echo("  baseline.toml now pins driver 580.95.05, which no node runs")
+    healthy = [n for n in cluster.nodes if cluster.state(n) == "idle"]
+
+    def settled():
+        drifted = [n for n in healthy if cluster.reason(n).startswith("gpugate: drift")]
+        held = [n for n in healthy if any(r.get("action") == "held" for r in cluster.log_records(n)[-2:])]
+        return len(drifted) == 2 and len(drifted) + len(held) == len(healthy)
+    cluster.wait_for(settled, 6 * DEMO_INTERVAL + 30, "the budget to settle")
+    _show(cluster, [sys.executable, "-m", "gpugate", "status", "--config", cluster.gpugate_conf],
+          "gpugate status   (two drained for drift; the other unfit nodes keep running jobs)")
+    held = [n for n in healthy if cluster.state(n) == "idle"]
+    record = [r for r in cluster.log_records(held[0]) if r.get("action") == "held"][-1]
+    click.echo("  %s's log line: action=held, why=%s" % (held[0], record.get("why")))
+    _replace_file(cluster.baseline, good)
+    click.echo("  the pin is put back; the two drained nodes wait for `gpugate sweep --apply` to verify them")
+
+
+def _replace_file(path: str, text: str) -> None:
+    tmp = path + ".new"
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
 
 
 def _sweep_step(cluster) -> None:
