@@ -25,3 +25,13 @@ def timed(fn, repeat):
         value = fn()
         times.append(time.perf_counter() - started)
     return statistics.median(times), value
+
+
+def report(reference: str, ref_t: float, measured: str, took: float, target: float) -> int:
+    """Print the reference, the measurement and their ratio; exit status 1
+    when the measurement misses its target."""
+    width = max(len(reference), len(measured)) + 2
+    print("%s median %.3f s" % ((reference + " (reference)").ljust(width + 12), ref_t))
+    print("%s median %.3f s   (target <= %g s)" % (measured.ljust(width + 12), took, target))
+    print("ratio %s / %s = %.2f" % (measured.split()[0], reference.split()[0], took / ref_t))
+    return 0 if took <= target else 1

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpugate.baseline import load_baseline  # noqa: E402
 from gpugate.fleet.audit import DRIFT, fold  # noqa: E402
-from _measure import timed  # noqa: E402
+from _measure import report, timed  # noqa: E402
 
 BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpugate", "data",
                         "demo-baseline.toml")
@@ -49,10 +49,7 @@ def main():
     took, audit = timed(lambda: fold(fleet, baseline), args.repeat)
     drift = {r.component for r in audit.rows if r.status == DRIFT}
     print("fleet: %d nodes x 8 GPUs; %d audit rows; drift in %s" % (args.nodes, len(audit.rows), sorted(drift)))
-    print("json.loads of the facts (reference)  median %.3f s" % ref)
-    print("fold into the audit                  median %.3f s   (target <= 1 s)" % took)
-    print("ratio fold / json.loads = %.2f" % (took / ref))
-    return 0 if took <= 1.0 else 1
+    return report("json.loads of the facts", ref, "fold into the audit", took, 1.0)
 
 
 if __name__ == "__main__":

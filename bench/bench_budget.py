@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpugate import budget  # noqa: E402
 from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
-from _measure import timed  # noqa: E402
+from _measure import report, timed  # noqa: E402
 from bench_sweep_plan import TAG, sinfo_json  # noqa: E402
 
 CLASSES = ("drift", "probe")
@@ -40,10 +40,7 @@ def main():
     uses = budget.usage(states, TAG, CLASSES, 0.1)
     print("fleet: %d nodes in %d partitions; %s: admit=%s keep=%s" % (
         len(states), len(uses), node, admitted[0], kept[0]))
-    print("parse sinfo --json (reference)  median %.3f s" % parse_t)
-    print("admit + keep                    median %.3f s   (target <= 0.1 s)" % decide_t)
-    print("ratio decision / parse = %.2f" % (decide_t / parse_t))
-    return 0 if decide_t <= 0.1 else 1
+    return report("parse sinfo --json", parse_t, "admit + keep", decide_t, 0.1)
 
 
 if __name__ == "__main__":

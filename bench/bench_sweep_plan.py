@@ -22,7 +22,7 @@ from gpugate.findings import Finding  # noqa: E402
 from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
 from gpugate.sweep.plan import Options, plan  # noqa: E402
 from gpugate.sweep.snapshot import take  # noqa: E402
-from _measure import timed  # noqa: E402
+from _measure import report, timed  # noqa: E402
 
 TAG = "gpugate:"
 
@@ -65,10 +65,7 @@ def main():
     plan_t, result = timed(lambda: plan(snap, options), args.repeat)
     pending = sum(1 for v in snap.nodes.values() if v.ours is not None)
     print("fleet: %d nodes, %d drained by gpugate, %d batches planned" % (len(states), pending, len(result.batches)))
-    print("parse sinfo --json (reference)  median %.3f s" % parse_t)
-    print("plan                            median %.3f s   (target <= 1 s)" % plan_t)
-    print("ratio plan / parse = %.2f" % (plan_t / parse_t))
-    return 0 if plan_t <= 1.0 else 1
+    return report("parse sinfo --json", parse_t, "plan", plan_t, 1.0)
 
 
 if __name__ == "__main__":
