@@ -720,7 +720,7 @@ def test_blank_text_is_no_nodes():
 # Properties
 # --------------------------------------------------------------------------
 
-PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _only_parse_error(parse, text):

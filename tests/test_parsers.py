@@ -16,7 +16,7 @@ from gpugate.facts import DcgmHealth, DkmsEntry, Package, XidEvent
 from gpugate.parsers import dcgm, kernlog, system
 
 SAMPLES = "/work/shared/samples"
-PROPS = settings(max_examples=200, deadline=None)
+PROPS = settings(max_examples=120, deadline=None)
 
 # --------------------------------------------------------------------------
 # dcgmi version

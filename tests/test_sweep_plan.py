@@ -47,7 +47,7 @@ options_st = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(fleets(), options_st)
 def test_plan_invariants(snap, options):
     result = plan(snap, options)
