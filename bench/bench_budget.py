@@ -10,7 +10,6 @@ reference measured in the same run, parsing the same fleet's `sinfo --json`
 (the read itself, which the decision cannot avoid).
 """
 
-import argparse
 import os
 import sys
 
@@ -18,20 +17,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpugate import budget  # noqa: E402
-from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
 from _measure import report, timed  # noqa: E402
-from bench_sweep_plan import TAG, sinfo_json  # noqa: E402
+from bench_sweep_plan import TAG, parsed_fleet  # noqa: E402
 
 CLASSES = ("drift", "probe")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=10000)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    text = sinfo_json(args.nodes)
-    parse_t, states = timed(lambda: parse_nodes_json(text), args.repeat)
+    args, parse_t, states = parsed_fleet(__doc__)
     node = next(n for n, st in sorted(states.items()) if not st.drain)
 
     def decide():

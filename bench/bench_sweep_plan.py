@@ -53,13 +53,20 @@ def sinfo_json(count: int, seed: int = 7) -> str:
     return json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "nodes": nodes})
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parsed_fleet(doc: str):
+    """(args, median parse time, node states) of a synthetic fleet: the
+    --nodes/--repeat options and the reference every fleet benchmark uses."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     text = sinfo_json(args.nodes)
     parse_t, states = timed(lambda: parse_nodes_json(text), args.repeat)
+    return args, parse_t, states
+
+
+def main():
+    args, parse_t, states = parsed_fleet(__doc__)
     snap = take(states, TAG, time.time())
     options = Options(max_batch=32, floor=0.5)
     plan_t, result = timed(lambda: plan(snap, options), args.repeat)

@@ -354,18 +354,15 @@ def test_a_node_name_is_safe_in_paths_and_argv_or_refused(name):
     assert not any(c in name for c in " $;'\"`[],|*@!&^")
 
 
-@pytest.mark.parametrize("name", ["../../etc", "-oProxyCommand=x", "gpu 01", "gpu01;rm", "", "gpu[01-02]"])
+@pytest.mark.parametrize("name", ["../../etc", "-oProxyCommand=x", "gpu 01", "gpu01;rm", "gpu[01-02]"])
 def test_an_unsafe_slurmd_nodename_is_refused_and_nothing_is_written(fleet, tmp_path, name):
     config = _node_config(tmp_path, fleet, ownership="false")
     before = set(os.listdir(str(tmp_path)))
     for mode in ("healthcheck", "prolog"):
-        result = _entry(mode, config, node=name) if name else _entry(mode, config, node="")
-        if not name:
-            continue  # empty: the host name is used instead
+        result = _entry(mode, config, node=name)
         assert result.returncode == (2 if mode == "healthcheck" else 0)
         assert "not a plain host name" in result.stderr and "Traceback" not in result.stderr
-    if name:
-        assert set(os.listdir(str(tmp_path))) == before  # no state dir made, nothing outside
+    assert set(os.listdir(str(tmp_path))) == before  # no state dir made, nothing outside
 
 
 def test_the_sweep_plans_around_an_unsafe_name_and_never_expands_it():
@@ -417,6 +414,8 @@ def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
     for at, held in ((time.time() - 10, True), (time.time() + 3600, False), (time.time() - 601, False)):
         path.write_text(json.dumps({"at": at, "reason": verdict.reason, "why": "drain budget of partition gpu spent"}))
         assert bool(hold.held_recently(settings, "gpu01", verdict)) is held
+    path.write_text(json.dumps({"at": "yesterday", "reason": verdict.reason, "why": "spent"}))
+    assert hold.held_recently(settings, "gpu01", verdict) is None  # damaged: ask again
     other = decide([Finding("drift", "kernel", "6.1.0-26-amd64", "6.1.0-27-amd64", "reconverge")], "gpugate:")
     path.write_text(json.dumps({"at": time.time(), "reason": verdict.reason, "why": "spent"}))
     assert hold.held_recently(settings, "gpu01", other) is None  # findings changed: ask again

@@ -32,7 +32,10 @@ def held_recently(settings, node: str, verdict) -> Optional[str]:
     if not applies(settings, verdict):
         return None
     record = st.read_json(os.path.join(settings.state_dir(node), HOLD_FILE)) or {}
-    age = time.time() - float(record.get("at", 0) or 0)
+    try:
+        age = time.time() - float(record.get("at", 0) or 0)
+    except (TypeError, ValueError):
+        return None  # a damaged record: ask the controller, never "held" by default
     # A clock that jumped backwards gives a negative age: ask again.
     if record.get("reason") == verdict.reason and 0 <= age < float(settings.drain_budget["recheck_seconds"]):
         return str(record.get("why", "drain budget spent"))
