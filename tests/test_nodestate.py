@@ -653,9 +653,10 @@ def test_text_argv_and_env():
 
 @pytest.mark.skipif(shutil.which("sinfo") is None, reason="Slurm client not installed")
 def test_installed_sinfo_accepts_the_text_argv(tmp_path):
-    # No controller runs: sinfo parses its options, then fails to connect.
+    # No controller runs: sinfo parses its options, then fails to connect
+    # (MessageTimeout=1: it gives up at once instead of retrying for 9 s).
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=gg\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+    conf.write_text("ClusterName=gg\nSlurmctldHost=localhost\nSlurmctldPort=1\nMessageTimeout=1\n"
                     "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SINFO_", "SLURM_"))}
     env.update(SINFO_TEXT_ENV, SLURM_CONF=str(conf))

@@ -3,6 +3,7 @@ floor, verification before RESUME, escalation, the journal surviving kill -9."""
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import time
 
 import pytest
+from ClusterShell.NodeSet import NodeSet
 
 from conftest import DEMO_BASELINE, make_cluster
 
@@ -86,8 +88,6 @@ class InFlightSampler(threading.Thread):
 
 def drift_and_drain(cluster, nodes, *assignments):
     cluster.sim("set", "FLEET", nodes, *(assignments or ("driver=550.54.15",)))
-    from ClusterShell.NodeSet import NodeSet
-
     names = list(NodeSet(nodes))
     cluster.wait_for(lambda: all("drain" in cluster.state(n) for n in names), 60, "%s drained" % nodes)
     return names
@@ -103,8 +103,11 @@ def test_six_of_eight_drifted_converged_in_batches_under_the_floor(new_cluster):
     cluster = new_cluster(sweep={"floor": 0.5})
     drifted = drift_and_drain(cluster, "gpu[01-06]")
     plan = subprocess.run(sweep_argv(cluster), capture_output=True, text=True, env=cluster.env, timeout=60)
-    assert plan.returncode == 0 and "Batch 1: reconverge  gpu[01-04] (4)" in plan.stdout
-    assert "Batch 2: reconverge  gpu[05-06] (2)" in plan.stdout and "budget" in plan.stdout
+    assert plan.returncode == 0 and "budget" in plan.stdout, plan.stdout
+    # Oldest drain first, and the health checks' jitter decides which drained first.
+    batches = re.findall(r"^Batch (\d+): reconverge  (\S+) \((\d+)\)$", plan.stdout, re.M)
+    assert [(b, int(n)) for b, _, n in batches] == [("1", 4), ("2", 2)], plan.stdout
+    assert NodeSet.fromlist([nodes for _, nodes, _ in batches]) == NodeSet("gpu[01-06]")
     assert journal_rows(cluster) == {}  # the plan changes nothing
     sampler = InFlightSampler(cluster)
     sampler.start()
@@ -292,7 +295,9 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
     events = journal_events(cluster, "gpu02")
     if result == "resumed":  # verified on what it read before the reboot
         assert any(e[1] == "verify" and e[2] == "done" for e in events)
-    time.sleep(2 * 5 + 3)  # two health-check intervals
+    # Within two health-check intervals plus the drain jitter (5 s) and settle time.
+    cluster.wait_for(lambda: "drain" in cluster.state("gpu02") or fit(cluster, "gpu02"), 2 * 5 + 5 + 15,
+                     "gpu02 drained again or fit")
     state, reason = cluster.state("gpu02"), cluster.reason("gpu02")
     if "drain" in state:
         assert reason.startswith(("gpugate: drift driver=550.54.15", "gpugate: rma ")), reason
