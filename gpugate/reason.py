@@ -19,6 +19,10 @@ _SEP = "; "
 _FINDING_RE = re.compile(
     r"^(?P<component>[a-z0-9_]{1,32})(?::gpu(?P<gpu>\d{1,3}))?=(?P<observed>[^;()]*) \(want (?P<expected>[^;()]*)\)$")
 _MORE_RE = re.compile(r"^\+(\d{1,4}) more$")
+# What slurmctld appends to a reason around `scontrol reboot nextstate=...`:
+# " : reboot issued" when it sends the reboot, " : reboot complete" when
+# the node registers again.  The reason is still ours, findings unchanged.
+_SLURM_SUFFIXES = (" : reboot issued", " : reboot complete")
 # Characters with a meaning in the format are replaced, so a value cannot
 # forge a finding boundary; control characters would break `sinfo -R`.
 _REPLACE = str.maketrans({";": ",", "(": "[", ")": "]", "\t": " ", "\r": " ", "\n": " "})
@@ -89,7 +93,7 @@ def parse(text: Optional[str], tag: str) -> Optional[ParsedReason]:
     """Read a reason back; None when it is not gpugate's (never guess)."""
     if not text or not text.startswith(tag + " "):
         return None
-    rest = text[len(tag) + 1:]
+    rest = _without_slurm_suffixes(text[len(tag) + 1:])
     cls, _, body = rest.partition(" ")
     if cls not in CLASSES:
         return None
@@ -108,3 +112,13 @@ def parse(text: Optional[str], tag: str) -> Optional[ParsedReason]:
             continue
         # Free text (e.g. an escalation note) is kept in ``text`` only.
     return ParsedReason(tag=tag, cls=cls, findings=tuple(findings), more=more, text=text)
+
+
+def _without_slurm_suffixes(text: str) -> str:
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _SLURM_SUFFIXES:
+            if text.endswith(suffix):
+                text, stripped = text[:-len(suffix)], True
+    return text

@@ -46,6 +46,17 @@ def node(drain=False, reason="", state="IDLE"):
     # The sweep's own reason while it works on the node: hands off.
     (node(True, "gpugate: drift sweep=reconverge batch 2 attempt 1 (want verified)"), DRIFT2, o.KEEP),
     (node(True, "gpugate: probe sweep=reboot batch 1 attempt 1 (want verified)"), FIT, o.KEEP),
+    # During and after the sweep's `scontrol reboot nextstate=DOWN` Slurm
+    # appends to the reason (recorded on 24.11): still the sweep's.
+    (node(True, "gpugate: drift sweep=reconverge batch 1 attempt 1 (want verified) : reboot issued",
+          state="DOWN"), DRIFT, o.KEEP),
+    (node(False, "gpugate: drift sweep=reconverge batch 1 attempt 1 (want verified) : reboot issued"
+          " : reboot complete", state="DOWN"), DRIFT, o.KEEP),
+    (node(False, "gpugate: rma xid:gpu3=79 (want none)", state="DOWN"), HEALTH, o.KEEP),
+    (node(False, "gpugate: drift sweep=reconverge batch 1 attempt 1 (want verified)", state="DOWN"), FIT, o.NONE),
+    # A node-side reason with Slurm's suffix is still ours, findings and all.
+    (node(True, DRIFT.reason + " : reboot issued", state="DOWN"), DRIFT2, o.UPDATE),
+    (node(True, HEALTH.reason + " : reboot complete"), DRIFT, o.KEEP),
 ])
 def test_decision(state, verdict, kind):
     decision = o.decide(state, verdict, TAG, ("probe",))

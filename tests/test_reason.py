@@ -37,6 +37,18 @@ def test_rendered_reason_is_bounded_ascii_one_line_and_parses_back(findings, tag
     assert first.gpu == (lead.gpu if lead.gpu is not None and lead.gpu < 1000 else None)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(findings_st, min_size=1, max_size=5),
+       st.lists(st.sampled_from([" : reboot issued", " : reboot complete"]), min_size=1, max_size=3))
+def test_slurms_reboot_suffixes_leave_the_reason_ours_and_its_findings(findings, suffixes):
+    # slurmctld appends these around `scontrol reboot nextstate=...`.
+    text = decide(findings, TAG).reason
+    plain, suffixed = reason.parse(text, TAG), reason.parse(text + "".join(suffixes), TAG)
+    assert suffixed is not None
+    assert (suffixed.cls, suffixed.findings, suffixed.more) == (plain.cls, plain.findings, plain.more)
+    assert suffixed.text == text + "".join(suffixes)
+
+
 def test_first_twenty_characters_say_owner_and_class():
     f = Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")
     text = decide([f], TAG).reason

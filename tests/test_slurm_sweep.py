@@ -138,6 +138,10 @@ def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     assert not any(s == "resume" for s, _, _ in steps)
     assert "drain" in cluster.state("gpu02")
     assert cluster.reason("gpu02").startswith("gpugate: rma ")
+    # Slurm appends " : reboot issued" to the sweep's reason while the node
+    # reboots: the node's own health check still never replaces it.
+    actions = [r.get("action") for r in cluster.log_records("gpu02")]
+    assert "keep" in actions and "update" not in actions, actions
     # A later sweep leaves the escalated node alone.
     code, report, err = run_sweep(cluster)
     assert code == 0 and report["outcomes"] == {}
@@ -231,7 +235,14 @@ def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, 
     cluster = new_cluster(baseline=str(baseline), sweep={"floor": 0.75, "max_batch": 8})
     cluster.sim("set", "FLEET", "gpu[01-08]", "driver=570.133.20", "fabricmanager=570.133.20", "cuda=12080",
                 "dcgm=4.1.1", "image_version=gpu-2026.09.2")
-    time.sleep(2 * 5 + 2)  # health checks see the nodes on [previous]: pending, not drained
+    changed = time.time()
+
+    def judged_pending(node):
+        last = json.loads(open(cluster.path("state", node, "last-healthcheck.json")).read())
+        return last["at"] > changed + 1 and last["fit"] and last["pending"]
+
+    # Every node's health check has seen it on [previous]: pending, not drained.
+    cluster.wait_for(lambda: all(judged_pending(n) for n in cluster.nodes), 3 * 5 + 10, "health checks on [previous]")
     assert all(s == "idle" for s in cluster.node_states().values())
     sampler = InFlightSampler(cluster)
     sampler.start()

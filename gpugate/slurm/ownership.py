@@ -34,7 +34,12 @@ def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
     if node is None:
         return Decision(UNKNOWN, why="Slurm does not list this node (SLURMD_NODENAME vs NodeName?)")
     ours = reasons.parse(node.reason, tag) if node.reason else None
+    sweeps = _sweep_owned(ours)
     if not node.drain:
+        if sweeps and not verdict.fit:
+            # DOWN after the sweep's `scontrol reboot nextstate=DOWN`: the
+            # sweep drains it again when slurmd is back, with its own reason.
+            return Decision(KEEP, why="the sweep has this node (%s)" % ours.text[:60])
         if node.reason and ours is None and not verdict.fit:
             # e.g. DOWN with an admin's or Slurm's reason: DRAIN would replace it.
             return Decision(KEEP_ADMIN, why="someone else's reason on the node: %r" % node.reason[:80])
@@ -43,7 +48,7 @@ def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
         return Decision(DRAIN, verdict.reason, "unfit")
     if ours is None:
         return Decision(KEEP_ADMIN, why="drained by someone else: %r" % (node.reason or "(no reason)")[:80])
-    if ours.cls in SWEEP_OWNED or (ours.first is not None and ours.first.component == "sweep"):
+    if sweeps:
         return Decision(KEEP, why="the sweep has this node (%s)" % ours.text[:60])
     if verdict.fit:
         if ours.cls in tuple(self_clearing):
@@ -54,3 +59,10 @@ def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
     if class_rank(verdict.cls) < class_rank(ours.cls):
         return Decision(KEEP, why="keeping the more severe %s reason" % ours.cls)
     return Decision(UPDATE, verdict.reason, "findings changed")
+
+
+def _sweep_owned(ours) -> bool:
+    """An escalation or rollout reason, or the sweep's work reason (sweep=...)."""
+    if ours is None:
+        return False
+    return ours.cls in SWEEP_OWNED or (ours.first is not None and ours.first.component == "sweep")
