@@ -136,7 +136,11 @@ def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     steps = [(s, st, a) for _, s, st, a in journal_events(cluster, "gpu02")]
     assert ("converge", "done", 2) in steps and ("rollback", "done", 3) in steps
     assert not any(s == "resume" for s, _, _ in steps)
-    assert "drain" in cluster.state("gpu02")
+    # The DRAIN flag, not sinfo's %T: Slurm can miss the completion of a reboot
+    # (a ping answered in the second it is issued, with ReturnToService=2);
+    # %T then shows "reboot^" while the node is drained.  The sweep treats such
+    # a reboot as failed: retried, then escalated, never resumed.
+    assert re.search(r"State=\S*DRAIN", cluster.scontrol("show", "node", "gpu02"))
     assert cluster.reason("gpu02").startswith("gpugate: rma ")
     # Slurm appends " : reboot issued" to the sweep's reason while the node
     # reboots: the node's own health check still never replaces it.
