@@ -239,6 +239,10 @@ fleet = "{dir}/fleet"
             "PrologFlags=Alloc",
             "SchedulerParameters=nohold_on_prolog_fail",
         ]
+        if slurm_version() >= (26, 5):
+            # 26.05.2+: slurmd tells the health check whether slurmctld holds
+            # the node in service (SLURM_NODE_IS_HEALTHY); default from 26.11.
+            lines.append("SlurmctldParameters=health_check_report")
         for name, port in zip(self.nodes, ports[1:]):
             lines.append("NodeName=%s NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=1 "
                          "RealMemory=100 State=UNKNOWN" % (name, port))

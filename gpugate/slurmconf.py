@@ -45,6 +45,13 @@ def fragment(config: Optional[str], release_text: str = "22.05") -> str:
     timeout = ""
     if release >= (26, 5):
         timeout = "HealthCheckTimeout=50          # 26.05+: keep above gpugate's budgets.healthcheck\n"
+    if (26, 5) <= release < (26, 11):
+        # A second SlurmctldParameters line would replace the site's own list.
+        timeout += ("# 26.05.2+: with health_check_report slurmd tells the health check whether\n"
+                    "# slurmctld holds the node in service (SLURM_NODE_IS_HEALTHY; always on from\n"
+                    "# 26.11), which spares a fit node's check a controller read. Add it to your\n"
+                    "# SlurmctldParameters list:\n"
+                    "#SlurmctldParameters=health_check_report\n")
     return """# --- gpugate (Slurm {rel}) ---
 {note}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
 # pings; it gets no PATH and is killed at {kill}; gpugate keeps

@@ -141,6 +141,9 @@ def test_slurm_conf_names_installed_entry_points():
         path = line.split("=", 1)[1]
         assert path == entry(mode) and os.access(path, os.X_OK)
     assert "HealthCheckTimeout" in gpugate_cmd("slurm-conf", "--release", "26.05").stdout
+    assert "health_check_report" in gpugate_cmd("slurm-conf", "--release", "26.05").stdout
+    for release in ("24.11", "26.11"):  # not there yet; always on
+        assert "health_check_report" not in gpugate_cmd("slurm-conf", "--release", release).stdout
     assert "NONDRAINED_IDLE" in gpugate_cmd("slurm-conf", "--release", "24.11").stdout
     assert gpugate_cmd("slurm-conf", "--release", "latest").returncode == 2
 
@@ -210,3 +213,42 @@ def test_healthcheck_honours_healthchecktimeout_of_26_05(node_env, tmp_path):
     with open(os.path.join(node_env["state"], "gpu01", "gpugate.log")) as handle:
         record = json.loads(handle.read().splitlines()[-1])
     assert record["budget"] == 10.0 and record["verdict"] == "fit"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("yes", True), ("no", False), ("YES\n", True), ("", None), ("maybe", None), (None, None),
+])
+def test_slurm_node_is_healthy_from_slurmd(value, expected):
+    from gpugate.node.slurmd_limits import slurm_node_is_healthy
+
+    environ = {} if value is None else {"SLURM_NODE_IS_HEALTHY": value}
+    assert slurm_node_is_healthy(environ) is expected
+
+
+def test_fit_node_slurmd_reports_in_service_needs_no_controller(node_env):
+    """26.05.2+ slurmd tells the health check whether slurmctld holds the node
+    in service.  A fit node with gpugate's drain marker (its drain may have
+    been lifted by the sweep or an admin) then needs no controller read; "no",
+    or no word from slurmd, still reads it (Slurm is absent here: that read
+    fails, which is what shows it was tried)."""
+    marker = os.path.join(node_env["state"], "gpu01", "drained-by-gpugate")
+
+    def last_record(**env):
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        open(marker, "w").close()
+        result = run_entry("healthcheck", node_env, extra_env=env)
+        with open(os.path.join(node_env["state"], "gpu01", "gpugate.log")) as handle:
+            return result.returncode, json.loads(handle.read().splitlines()[-1])
+
+    code, record = last_record(SLURM_NODE_IS_HEALTHY="yes")
+    assert code == 0 and record["verdict"] == "fit"
+    assert (record["action"], record["rpc"], record["slurm_in_service"]) == ("none", False, True)
+    assert "slurm_error" not in record and os.path.exists(marker)
+    code, record = last_record(SLURM_NODE_IS_HEALTHY="no")
+    assert (record["action"], record["rpc"], record["slurm_in_service"]) == ("failed", True, False)
+    code, record = last_record()
+    assert (record["action"], record["rpc"]) == ("failed", True) and "slurm_in_service" not in record
+    # Unfit: slurmd's word changes nothing, the drain is attempted.
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "driver=550.54.15", check=True)
+    code, record = last_record(SLURM_NODE_IS_HEALTHY="yes")
+    assert code == 1 and (record["verdict"], record["action"], record["rpc"]) == ("unfit", "failed", True)

@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from gpugate.cluster import slurm_version
+
 pytestmark = pytest.mark.slurm
 INTERVAL = 5
 CLUSTER = {"nodes": 6, "interval": INTERVAL, "extra": "[budgets]\nhealthcheck = 8\n"}
@@ -48,7 +50,18 @@ def test_probe_drain_clears_itself_other_classes_wait(cluster):
     assert cluster.reason("gpu04").startswith("gpugate: probe dcgm=missing")
     os.rename(dcgmi + ".away", dcgmi)
     cluster.wait_for(lambda: cluster.state("gpu04") == "idle", 2 * INTERVAL + 15, "gpu04 undrained")
-    assert [r["action"] for r in cluster.log_records("gpu04") if r.get("action") == "undrain"]
+    records = cluster.log_records("gpu04")
+    undrain = [i for i, r in enumerate(records) if r.get("action") == "undrain"]
+    assert undrain
+    # The undrain read the controller; the checks after it need not.
+    cluster.wait_for(lambda: len(cluster.log_records("gpu04")) > undrain[-1] + 2, 3 * INTERVAL + 10,
+                     "two more health checks on gpu04")
+    records = cluster.log_records("gpu04")
+    later = [r for r in records[undrain[-1] + 1:] if r.get("mode") == "healthcheck" and r.get("verdict") == "fit"]
+    assert records[undrain[-1]]["rpc"] is True and later and all(r["rpc"] is False for r in later)
+    if slurm_version() >= (26, 5):  # slurmd's word on 26.05: drained, then in service
+        assert records[undrain[-1]]["slurm_in_service"] is False
+        assert later[-1]["slurm_in_service"] is True
 
 
 def _healthcheck_ages(node):
@@ -143,29 +156,43 @@ def test_drain_is_not_lost_while_slurmctld_is_down(cluster):
 def test_slurmd_gives_the_health_check_no_path_and_only_the_node_name(cluster):
     """The fact every entry point is built on, checked on each Slurm release
     the suite runs against: no PATH, no SLURM_CONF, cwd slurmd's log dir, and
-    a non-zero exit only logged (26.05.5 too: its SLURM_NODE_IS_HEALTHY is not
-    in this environment)."""
+    a non-zero exit only logged.  From 26.05 (with health_check_report, which
+    the test cluster sets) also SLURM_NODE_IS_HEALTHY: "no" for a node out of
+    service, "yes" otherwise."""
     shim = cluster.path("bin", "healthcheck")
     dump = cluster.path("hc-env")
     with open(shim) as handle:
         original = handle.read()
-    before = (cluster.state("gpu01"), cluster.reason("gpu01"))
+    before = {node: (cluster.state(node), cluster.reason(node)) for node in cluster.nodes}
     try:
+        # Every node's environment is kept; gpu01's check is replaced by exit 1.
         with open(shim + ".new", "w") as handle:
-            handle.write("#!/bin/sh\n[ \"$SLURMD_NODENAME\" = gpu01 ] || exec %s\n"
-                         "/usr/bin/env > %s.tmp; /bin/mv %s.tmp %s\nexit 1\n"
-                         % (original.split("exec ", 1)[1].strip(), dump, dump, dump))
+            handle.write("#!/bin/sh\n/usr/bin/env > %s.$SLURMD_NODENAME.tmp\n"
+                         "/bin/mv %s.$SLURMD_NODENAME.tmp %s.$SLURMD_NODENAME\n"
+                         "[ \"$SLURMD_NODENAME\" = gpu01 ] || exec %s\nexit 1\n"
+                         % (dump, dump, dump, original.split("exec ", 1)[1].strip()))
         os.chmod(shim + ".new", 0o755)
         os.replace(shim + ".new", shim)
-        cluster.wait_for(lambda: os.path.exists(dump), 2 * INTERVAL + 10, "slurmd to run the health check")
-        with open(dump) as handle:
-            env = dict(line.split("=", 1) for line in handle.read().splitlines() if "=" in line)
+        cluster.wait_for(lambda: all(os.path.exists(dump + "." + n) for n in cluster.nodes), 2 * INTERVAL + 10,
+                         "slurmd to run the health check on every node")
+        envs = {}
+        for node in cluster.nodes:
+            with open(dump + "." + node) as handle:
+                envs[node] = dict(line.split("=", 1) for line in handle.read().splitlines() if "=" in line)
+        env = envs["gpu01"]
         assert env.get("SLURMD_NODENAME") == "gpu01"
         assert "PATH" not in env and "SLURM_CONF" not in env
         assert set(env) <= {"SLURMD_NODENAME", "PWD", "SHLVL", "_", "SLURM_NODE_IS_HEALTHY"}, env
         assert env.get("PWD") == cluster.path("log")
+        for node, (state, _) in before.items():
+            said = envs[node].get("SLURM_NODE_IS_HEALTHY")
+            if slurm_version() >= (26, 5):
+                out_of_service = any(word in state for word in ("drain", "down", "fail", "maint"))
+                assert said == ("no" if out_of_service else "yes"), (node, state, said)
+            else:
+                assert said is None, (node, said)
         time.sleep(INTERVAL)
-        assert (cluster.state("gpu01"), cluster.reason("gpu01")) == before  # exit 1: only logged
+        assert (cluster.state("gpu01"), cluster.reason("gpu01")) == before["gpu01"]  # exit 1: only logged
     finally:
         with open(shim + ".new", "w") as handle:
             handle.write(original)

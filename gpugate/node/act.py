@@ -23,15 +23,21 @@ def marker_path(settings, node: str) -> str:
 
 
 def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional[float] = None,
-        spread: bool = False) -> Dict[str, Any]:
+        spread: bool = False, in_service: Optional[bool] = None) -> Dict[str, Any]:
     """Returns what happened: action, why, ok (False: the verdict could not
     be applied; the caller keeps what it needs to try again next run), and
     applied (the node carries the verdict as far as gpugate may put it).
     Action "held": unfit, but the drain budget keeps the node in service.
-    spread: wait a random moment before a budgeted drain (health check)."""
+    spread: wait a random moment before a budgeted drain (health check).
+    in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given)."""
     marker = marker_path(settings, node)
     if verdict.fit and not check_fit and not os.path.exists(marker):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
+    if verdict.fit and in_service:
+        # slurmctld says the node is in service: no drain of ours to clear.
+        # The marker stays; it only ever costs one read, when Slurm says "no".
+        return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True,
+                "why": "fit, and slurmctld holds the node in service (SLURM_NODE_IS_HEALTHY=yes)"}
     why_held = hold.held_recently(settings, node, verdict)
     if why_held:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": False, "applied": True}

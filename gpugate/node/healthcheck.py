@@ -16,6 +16,7 @@ from .act import act
 from .hold import HELD
 from .check import run_check
 from .lock import RunLock
+from .slurmd_limits import slurm_node_is_healthy
 
 # Transient right after boot: services still starting, DCGM not yet up.
 _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
@@ -35,6 +36,9 @@ def run(settings, node: str, record: dict) -> int:
         return 0
     with lock:
         settings = _within_slurmd_timeout(settings, record)
+        in_service = slurm_node_is_healthy(os.environ)
+        if in_service is not None:
+            record["slurm_in_service"] = in_service
         baseline = load_checked_baseline(settings)
         last_path = os.path.join(state_dir, st.LAST)
         last = st.read_json(last_path) or {}
@@ -48,8 +52,10 @@ def run(settings, node: str, record: dict) -> int:
             # undrain, and do not let the prolog reuse this as "fit".
             outcome = {"action": "none", "ok": True, "applied": False, "why": "boot grace"}
         else:
-            # Without a record (first run, wiped state dir) ask Slurm once.
-            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0), spread=True)
+            # Without a record (first run, wiped state dir) ask Slurm once,
+            # unless slurmd already says the node is in service.
+            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0), spread=True,
+                          in_service=in_service)
         facts = result.facts
         new_state = {
             "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
@@ -85,7 +91,7 @@ def run(settings, node: str, record: dict) -> int:
             write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
                                 held=outcome["action"] == HELD)
         record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
-                      action=outcome["action"], durations={k: round(v, 3) for k, v in facts.durations.items()})
+                      action=outcome["action"], rpc=outcome.get("rpc", False), durations={k: round(v, 3) for k, v in facts.durations.items()})
         if in_grace:
             record["boot_grace"] = True
         if not outcome["ok"]:

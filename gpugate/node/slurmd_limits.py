@@ -1,6 +1,10 @@
-"""How long slurmd lets the health check run: it kills it at a hard-coded
-60 s up to 25.11, and at HealthCheckTimeout (slurm.conf, default 60) from
-26.05.  Read from the node's own slurm.conf, never from the controller."""
+"""What slurmd gives the health check, read without asking the controller.
+
+How long it may run: slurmd kills it at a hard-coded 60 s up to 25.11, and at
+HealthCheckTimeout (slurm.conf, default 60) from 26.05; read from the node's
+own slurm.conf.  Whether slurmctld holds the node in service:
+SLURM_NODE_IS_HEALTHY, from 26.05.2 with SlurmctldParameters=health_check_report
+(always from 26.11)."""
 
 import os
 import re
@@ -50,3 +54,12 @@ def healthcheck_budget(configured: float, timeout: Optional[int]) -> float:
     least half of the kill time, so a tiny timeout still gets a check)."""
     kill = float(timeout) if timeout else DEFAULT_KILL
     return max(min(configured, kill - MARGIN), min(configured, kill / 2))
+
+
+def slurm_node_is_healthy(environ) -> Optional[bool]:
+    """SLURM_NODE_IS_HEALTHY: True ("yes") when slurmctld holds the node in
+    service (not drained, draining, down, failing or in a MAINT reservation),
+    False ("no") when it does not, None when slurmd did not say (older Slurm,
+    the option off, or the run before slurmd registers)."""
+    value = environ.get("SLURM_NODE_IS_HEALTHY")
+    return {"yes": True, "no": False}.get(value.strip().lower()) if isinstance(value, str) else None
