@@ -91,7 +91,8 @@ def run(settings, node: str, record: dict) -> int:
             write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
                                 held=outcome["action"] == HELD)
         record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
-                      action=outcome["action"], rpc=outcome.get("rpc", False), durations={k: round(v, 3) for k, v in facts.durations.items()})
+                      action=outcome["action"], rpc=outcome.get("rpc", False),
+                      durations={k: round(v, 3) for k, v in facts.durations.items()})
         if in_grace:
             record["boot_grace"] = True
         if not outcome["ok"]:
