@@ -248,7 +248,14 @@ def test_fit_node_slurmd_reports_in_service_needs_no_controller(node_env):
     assert (record["action"], record["rpc"], record["slurm_in_service"]) == ("failed", True, False)
     code, record = last_record()
     assert (record["action"], record["rpc"]) == ("failed", True) and "slurm_in_service" not in record
-    # Unfit: slurmd's word changes nothing, the drain is attempted.
+    # Unfit: slurmd's word does not spare the read, the drain is attempted.
+    with open(node_env["config"], "a") as handle:
+        handle.write("[drain_budget]\njitter_seconds = 0.2\n")
     gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "driver=550.54.15", check=True)
     code, record = last_record(SLURM_NODE_IS_HEALTHY="yes")
     assert code == 1 and (record["verdict"], record["action"], record["rpc"]) == ("unfit", "failed", True)
+    # In service despite the marker: a new budgeted drain, spread out like any
+    # other; "no" with the marker: gpugate's drain in place, only updated.
+    assert 0 <= record["jitter"] <= 0.2
+    code, record = last_record(SLURM_NODE_IS_HEALTHY="no")
+    assert code == 1 and record["action"] == "failed" and "jitter" not in record

@@ -35,15 +35,27 @@ def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
     if verdict.fit and in_service:
         # slurmctld says the node is in service: no drain of ours to clear.
-        # The marker stays; it only ever costs one read, when Slurm says "no".
+        # The marker stays: it only costs a read once Slurm says "no" (and
+        # never delays a new drain: see the jitter below).
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True,
                 "why": "fit, and slurmctld holds the node in service (SLURM_NODE_IS_HEALTHY=yes)"}
     why_held = hold.held_recently(settings, node, verdict)
     if why_held:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": False, "applied": True}
     limit = timeout or float(settings.slurm["timeout_seconds"])
-    if spread and not os.path.exists(marker):
-        hold.spread(settings, verdict, limit / 4)
+    # A drain of ours in place (the marker) is only updated: no need to spread
+    # it out, unless slurmd says the node is in service (a stale marker).
+    waited = None
+    if spread and not (os.path.exists(marker) and not in_service):
+        waited = hold.spread(settings, verdict, limit / 4)
+    outcome = _apply(settings, node, verdict, marker, limit, timeout)
+    if waited is not None:
+        outcome["jitter"] = round(waited, 3)
+    return outcome
+
+
+def _apply(settings, node: str, verdict, marker: str, limit: float, timeout: Optional[float]) -> Dict[str, Any]:
+    """Read the node's state, decide by the ownership rules, write."""
     try:
         # Health check, prolog and epilog may act at once: read, decide and
         # write under one lock, so no run undoes another's newer decision.

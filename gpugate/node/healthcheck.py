@@ -95,6 +95,8 @@ def run(settings, node: str, record: dict) -> int:
                       durations={k: round(v, 3) for k, v in facts.durations.items()})
         if in_grace:
             record["boot_grace"] = True
+        if "jitter" in outcome:
+            record["jitter"] = outcome["jitter"]
         if not outcome["ok"]:
             record["slurm_error"] = outcome.get("error")
         if outcome.get("why"):

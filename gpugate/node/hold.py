@@ -54,12 +54,16 @@ def remember(settings, node: str, verdict, why: Optional[str]) -> None:
         pass
 
 
-def spread(settings, verdict, limit: float) -> None:
+def spread(settings, verdict, limit: float) -> Optional[float]:
     """The health check waits a random moment before a budgeted drain, so a
     drift found on every node at once reaches the controller spread out and
-    most nodes find the budget already spent (no drain, no give-back)."""
-    if applies(settings, verdict):
-        time.sleep(random.uniform(0, max(0.0, min(float(settings.drain_budget["jitter_seconds"]), limit))))
+    most nodes find the budget already spent (no drain, no give-back).
+    Returns the seconds waited, None when the verdict is not budgeted."""
+    if not applies(settings, verdict):
+        return None
+    wait = random.uniform(0, max(0.0, min(float(settings.drain_budget["jitter_seconds"]), limit)))
+    time.sleep(wait)
+    return wait
 
 
 def drain_within_budget(settings, slurm, node: str, reason: str) -> Optional[str]:
