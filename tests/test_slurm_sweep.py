@@ -242,7 +242,11 @@ def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, 
     changed = time.time()
 
     def judged_pending(node):
-        last = json.loads(open(cluster.path("state", node, "last-healthcheck.json")).read())
+        try:
+            with open(cluster.path("state", node, "last-healthcheck.json")) as handle:
+                last = json.load(handle)
+        except FileNotFoundError:
+            return False  # its first health check has not finished yet
         return last["at"] > changed + 1 and last["fit"] and last["pending"]
 
     # Every node's health check has seen it on [previous]: pending, not drained.
