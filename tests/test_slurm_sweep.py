@@ -93,6 +93,14 @@ def drift_and_drain(cluster, nodes, *assignments):
     return names
 
 
+def drain_flag(cluster, node):
+    """The DRAIN flag, not sinfo's %T: Slurm can miss the completion of a
+    reboot (a ping answered in the second it is issued, with
+    ReturnToService=2); %T then shows "reboot^" while the node is drained.
+    The sweep treats such a reboot as failed: retried, then escalated."""
+    return re.search(r"State=\S*DRAIN", cluster.scontrol("show", "node", node)) is not None
+
+
 def fit(cluster, node):
     result = subprocess.run([sys.executable, "-m", "gpugate", "check", "--config", cluster.gpugate_conf,
                              "--node", node, "--json"], capture_output=True, text=True, timeout=60)
@@ -136,11 +144,7 @@ def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     steps = [(s, st, a) for _, s, st, a in journal_events(cluster, "gpu02")]
     assert ("converge", "done", 2) in steps and ("rollback", "done", 3) in steps
     assert not any(s == "resume" for s, _, _ in steps)
-    # The DRAIN flag, not sinfo's %T: Slurm can miss the completion of a reboot
-    # (a ping answered in the second it is issued, with ReturnToService=2);
-    # %T then shows "reboot^" while the node is drained.  The sweep treats such
-    # a reboot as failed: retried, then escalated, never resumed.
-    assert re.search(r"State=\S*DRAIN", cluster.scontrol("show", "node", "gpu02"))
+    assert drain_flag(cluster, "gpu02")
     assert cluster.reason("gpu02").startswith("gpugate: rma ")
     # Slurm appends " : reboot issued" to the sweep's reason while the node
     # reboots: the node's own health check still never replaces it.
@@ -164,7 +168,7 @@ def test_admin_reason_change_during_the_sweep_is_never_resumed(new_cluster):
     cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=hands off: bad DIMM")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert cluster.reason("gpu03") == "hands off: bad DIMM" and "drain" in cluster.state("gpu03")
+    assert cluster.reason("gpu03") == "hands off: bad DIMM" and drain_flag(cluster, "gpu03")
     assert journal_rows(cluster)["gpu03"][:2] == ("left", "done")
 
 
@@ -178,7 +182,7 @@ def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
     enrolled = set(journal_rows(cluster))
     assert len(enrolled) == 2
     for node in drifted:
-        assert "drain" in cluster.state(node)
+        assert drain_flag(cluster, node)
         assert cluster.reason(node).startswith("gpugate: drift ")  # still gpugate's, never resumed
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
 
@@ -315,10 +319,10 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
     if result == "resumed":  # verified on what it read before the reboot
         assert any(e[1] == "verify" and e[2] == "done" for e in events)
     # Within two health-check intervals plus the drain jitter (5 s) and settle time.
-    cluster.wait_for(lambda: "drain" in cluster.state("gpu02") or fit(cluster, "gpu02"), 2 * 5 + 5 + 15,
+    cluster.wait_for(lambda: drain_flag(cluster, "gpu02") or fit(cluster, "gpu02"), 2 * 5 + 5 + 15,
                      "gpu02 drained again or fit")
-    state, reason = cluster.state("gpu02"), cluster.reason("gpu02")
-    if "drain" in state:
+    reason = cluster.reason("gpu02")
+    if drain_flag(cluster, "gpu02"):
         assert reason.startswith(("gpugate: drift driver=550.54.15", "gpugate: rma ")), reason
     else:
         assert fit(cluster, "gpu02") and result == "resumed"
