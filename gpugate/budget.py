@@ -1,9 +1,10 @@
 """The fleet drain budget: how many nodes of each partition gpugate may keep
-drained for non-acute classes (drift, probe by default).  Pure: Slurm's node
-states in, a decision out.
+drained for budgeted findings.  Pure: Slurm's node states in, a decision out.
 
-A wrong pin pushed to every node makes every node "unfit" at once; the
-budget caps what that costs.  Acute classes (health, broken) always drain.
+A wrong pin, GPU count or service pushed to every node makes every node
+"unfit" at once; the budget caps what that costs.  A finding is budgeted
+unless it is acute (gpugate.findings.ACUTE: Xid, ECC, a lost GPU, a failing
+stack...), whatever its class: every comparison with a file is budgeted.
 
 Every node decides for itself, and many decide at the same moment, so the
 rule is a ranking every node computes the same way from Slurm's view: the
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Tuple
 
 from . import reason as reasons
+from .findings import CHECK_CLASSES
 
-__all__ = ["Use", "allowance", "counted", "usage", "admit", "keep", "active", "fleet_usage"]
-
+__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "admit", "keep", "fleet_usage"]
 
 @dataclass(frozen=True)
 class Use:
@@ -35,10 +36,16 @@ class Use:
         return len(self.drained) >= self.allowance
 
 
-def active(share: float, classes: Iterable[str], cls: Optional[str]) -> bool:
-    """Does the budget apply to a drain of class ``cls``?  A share of 1 (all
-    of a partition) switches it off, and with it the controller reads."""
-    return share < 1 and cls in tuple(classes)
+def switched_on(share: float) -> bool:
+    """A share of 1 (all of a partition) switches the budget off, and with
+    it the controller reads before a drain."""
+    return share < 1
+
+
+def applies(verdict) -> bool:
+    """Does the budget apply to this verdict's drain?  To every unfit verdict
+    without an acute finding."""
+    return not verdict.fit and not verdict.acute
 
 
 def allowance(size: int, share: float) -> int:
@@ -46,13 +53,14 @@ def allowance(size: int, share: float) -> int:
     return max(1, int(math.floor(size * share + 1e-9)))
 
 
-def counted(state, tag: str, classes: Iterable[str]) -> bool:
-    """Drained by gpugate for a budgeted class (the sweep's work reasons keep
-    the class the node was drained for, so they count too)."""
+def counted(state, tag: str) -> bool:
+    """Drained by gpugate for budgeted findings.  The sweep's work reasons
+    (class kept, findings not) count too; escalations (rma) and rollouts are
+    the sweep's own decisions and do not."""
     if not state.drain or not state.reason:
         return False
     ours = reasons.parse(state.reason, tag)
-    return ours is not None and ours.cls in tuple(classes)
+    return ours is not None and ours.cls in CHECK_CLASSES and not reasons.acute(ours)
 
 
 def _rank_key(state):
@@ -60,10 +68,9 @@ def _rank_key(state):
     return (state.reason_time if state.reason_time is not None else math.inf, state.name)
 
 
-def usage(states: Mapping[str, object], tag: str, classes: Iterable[str], share: float,
+def usage(states: Mapping[str, object], tag: str, share: float,
           partitions: Optional[Iterable[str]] = None):
     """partition -> Use, for every partition (or the given ones)."""
-    classes = tuple(classes)
     wanted = None if partitions is None else set(partitions)
     members = {}
     for state in states.values():
@@ -72,49 +79,44 @@ def usage(states: Mapping[str, object], tag: str, classes: Iterable[str], share:
                 members.setdefault(part, []).append(state)
     result = {}
     for part, nodes in sorted(members.items()):
-        drained = sorted((s for s in nodes if counted(s, tag, classes)), key=_rank_key)
+        drained = sorted((s for s in nodes if counted(s, tag)), key=_rank_key)
         result[part] = Use(part, len(nodes), allowance(len(nodes), share), tuple(s.name for s in drained))
     return result
 
 
-def _describe(use: Use, share: float, classes) -> str:
-    return "drain budget of partition %s spent: %d of %d nodes drained for %s (%g%% of %d)" % (
-        use.partition, len(use.drained), use.allowance, "/".join(classes), share * 100, use.size)
+def _describe(use: Use, share: float) -> str:
+    return "drain budget of partition %s spent: %d of %d nodes drained for budgeted findings (%g%% of %d)" % (
+        use.partition, len(use.drained), use.allowance, share * 100, use.size)
 
 
-def admit(node: str, states: Mapping[str, object], tag: str, classes: Iterable[str],
-          share: float) -> Tuple[bool, str]:
+def admit(node: str, states: Mapping[str, object], tag: str, share: float) -> Tuple[bool, str]:
     """Before draining ``node``: (True, "") when every partition it is in has
-    room for one more; else (False, why)."""
-    classes = tuple(classes)
+    room for one more; else (False, why).  A node Slurm does not list has no
+    partition to count in: (False, why), never a drain by default."""
     me = states.get(node)
     if me is None:
-        return True, ""
-    for use in usage(states, tag, classes, share, me.partitions).values():
+        return False, "Slurm does not list this node: its partitions' drain budget cannot be read"
+    for use in usage(states, tag, share, me.partitions).values():
         others = [n for n in use.drained if n != node]
         if len(others) >= use.allowance:
-            return False, _describe(use, share, classes)
+            return False, _describe(use, share)
     return True, ""
 
 
-def keep(node: str, states: Mapping[str, object], tag: str, classes: Iterable[str],
-         share: float) -> Tuple[bool, str]:
+def keep(node: str, states: Mapping[str, object], tag: str, share: float) -> Tuple[bool, str]:
     """After draining ``node``: may it keep the drain?  False when, in any of
     its partitions, it ranks beyond the allowance (others drained first)."""
-    classes = tuple(classes)
     me = states.get(node)
     if me is None:
         return True, ""
-    for use in usage(states, tag, classes, share, me.partitions).values():
+    for use in usage(states, tag, share, me.partitions).values():
         if node in use.drained and use.drained.index(node) >= use.allowance:
-            return False, _describe(use, share, classes)
+            return False, _describe(use, share)
     return True, ""
 
 
 def fleet_usage(settings, states: Mapping[str, object]):
     """partition -> Use under the site's configuration; None when the budget
-    is switched off (max_share 1 or no classes)."""
-    cfg = settings.drain_budget
-    if not active(float(cfg["max_share"]), cfg["classes"], next(iter(cfg["classes"]), None)):
-        return None
-    return usage(states, settings.reason_tag, cfg["classes"], float(cfg["max_share"]))
+    is switched off (max_share 1)."""
+    share = float(settings.drain_budget["max_share"])
+    return usage(states, settings.reason_tag, share) if switched_on(share) else None

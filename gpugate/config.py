@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from .errors import ConfigError
-from .schema import (AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table, check_owner,
+from .schema import (AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Removed, Str, Table, check_owner,
                      load_toml, validate)
 
 DEFAULT_CONFIG = "/etc/gpugate/gpugate.toml"
@@ -69,10 +69,14 @@ _SWEEP = Table({
     "poll_seconds": (Number(0.1, 600), 5.0),
 })
 
-# Non-acute drains stop at a share of each partition (gpugate.budget).
+# Drains for anything but an acute finding stop at a share of each
+# partition (gpugate.budget).
 _DRAIN_BUDGET = Table({
     "max_share": (Number(0, 1), 0.1),  # of each partition (at least one node); 1 switches the budget off
-    "classes": (ListOf(Choice("drift", "probe", "broken")), ("drift", "probe")),
+    # Which findings are budgeted is not configurable: every comparison with
+    # a file is (gpugate.findings.ACUTE lists the intrinsic events).
+    "classes": (Removed("every finding but an acute one (Xid, ECC, a lost GPU, a failing stack) is budgeted, "
+                        "whatever its class; delete this key"), None),
     "recheck_seconds": (Number(0, 86400), 600.0),  # a held node asks the controller again after this
     "jitter_seconds": (Number(0, 30), 5.0),  # health check: spread a fleet-wide drift over this
 })

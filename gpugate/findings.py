@@ -36,6 +36,30 @@ def class_rank(name: str) -> int:
     return _RANK.get(name, 0)
 
 
+# Acute findings: intrinsic events of this node (a hardware fault, a stack
+# that fails on its own), which drain at once.  Every other finding compares
+# the node with what a file expects (versions, packages, services, the GPU
+# count, product, MIG or persistence a nodeset names), or says gpugate could
+# not tell (probe): a wrong baseline or gpugate.toml could raise those on
+# every node at once, so they drain only within the partition's drain
+# budget (gpugate.budget).  Keyed by (class, component): the component alone
+# decides, so a reason read back from Slurm is classified the same way.
+ACUTE = {
+    HEALTH: frozenset({
+        "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
+        "row_remap", "nvlink", "pcie_gen", "pcie_width", "clocks", "recovery", "dcgm_health",
+        "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost"}),
+    BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes"}),
+}
+
+
+def is_acute(cls: str, component: str) -> bool:
+    """Does a finding of this class and component drain at once, outside the
+    drain budget?  Unknown pairs are budgeted: a file-caused finding must
+    never escape the budget by a name this table does not know."""
+    return component in ACUTE.get(cls, ())
+
+
 @dataclass(frozen=True)
 class Finding:
     cls: str
@@ -45,6 +69,10 @@ class Finding:
     action: str
     gpu: Optional[int] = None
     detail: str = ""
+
+    @property
+    def acute(self) -> bool:
+        return is_acute(self.cls, self.component)
 
     def to_json(self) -> dict:
         return {"class": self.cls, "component": self.component, "gpu": self.gpu,
@@ -59,7 +87,16 @@ class Finding:
                    detail=data.get("detail", ""))
 
 
+def severity(cls: str, acute: bool) -> tuple:
+    """Acute before budgeted, then by class: what leads a reason, and what an
+    existing gpugate reason may be replaced by (never by a milder one)."""
+    return (bool(acute), class_rank(cls))
+
+
 def sort_findings(findings):
-    """Most severe class first, then node-wide before per-GPU, then GPU index."""
-    return sorted(findings, key=lambda f: (-class_rank(f.cls), f.gpu is not None,
+    """Acute first, then the most severe class, then node-wide before
+    per-GPU, then GPU index.  A reason therefore leads with its acute
+    finding when it has one: Slurm's copy of the reason tells whether the
+    drain counts against the drain budget (gpugate.reason.acute)."""
+    return sorted(findings, key=lambda f: (not f.acute, -class_rank(f.cls), f.gpu is not None,
                                            f.gpu if f.gpu is not None else -1))

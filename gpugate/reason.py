@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from .findings import CLASSES, Finding, sort_findings
+from .findings import CHECK_CLASSES, CLASSES, Finding, is_acute, sort_findings
 
 MAX_BYTES = 255
 _VALUE_MAX = 64
@@ -112,6 +112,18 @@ def parse(text: Optional[str], tag: str) -> Optional[ParsedReason]:
             continue
         # Free text (e.g. an escalation note) is kept in ``text`` only.
     return ParsedReason(tag=tag, cls=cls, findings=tuple(findings), more=more, text=text)
+
+
+def acute(parsed: Optional[ParsedReason]) -> bool:
+    """Was this drain for an acute finding (outside the drain budget)?
+    Reasons lead with their acute finding (findings.sort_findings), so the
+    first finding decides.  The sweep's work reasons keep only the class
+    (``sweep=...`` first): they read as budgeted, as does anything unknown,
+    which can only make the budget stricter, never looser."""
+    if parsed is None or parsed.cls not in CHECK_CLASSES:
+        return False
+    first = next((f for f in parsed.findings if f.component != "sweep"), None)
+    return first is not None and is_acute(parsed.cls, first.component)
 
 
 def _without_slurm_suffixes(text: str) -> str:

@@ -168,6 +168,17 @@ class MapOf(Spec):
         return out
 
 
+class Removed(Spec):
+    """A key that no longer exists, with what to do instead: a file that
+    still sets it is refused loudly rather than silently doing less."""
+
+    def __init__(self, why: str):
+        self.allowed = why
+
+    def check(self, value, path):
+        raise Invalid(path, "removed: " + self.allowed)
+
+
 class Table(Spec):
     """A table with known keys: field -> (spec, default or REQUIRED)."""
 

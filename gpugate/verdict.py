@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from . import reason
-from .findings import CHECK_CLASSES, PENDING, Finding, class_rank, sort_findings
+from .findings import CHECK_CLASSES, PENDING, Finding, sort_findings
 
 EXIT_FIT = 0
 EXIT_UNFIT = 1
@@ -14,7 +14,7 @@ EXIT_USAGE = 2
 @dataclass(frozen=True)
 class Verdict:
     fit: bool
-    cls: Optional[str]  # most severe class among unfit findings
+    cls: Optional[str]  # the class of the leading finding (acute first, then most severe)
     reason: Optional[str]
     findings: Tuple[Finding, ...]  # unfit findings, most severe first
     notes: Tuple[Finding, ...] = ()  # reported only (pending rollout)
@@ -22,6 +22,11 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         return EXIT_FIT if self.fit else EXIT_UNFIT
+
+    @property
+    def acute(self) -> bool:
+        """Unfit for an intrinsic event: drains at once, outside the drain budget."""
+        return any(f.acute for f in self.findings)
 
     @property
     def actions(self) -> Tuple[str, ...]:
@@ -33,5 +38,7 @@ def decide(findings: Sequence[Finding], tag: str) -> Verdict:
     notes = tuple(f for f in findings if f.cls == PENDING)
     if not unfit:
         return Verdict(True, None, None, (), notes)
-    cls = max((f.cls for f in unfit), key=class_rank)
+    # The reason's class is its first finding's: acute first, then the most
+    # severe class (so Slurm's copy tells an acute drain from a budgeted one).
+    cls = unfit[0].cls
     return Verdict(False, cls, reason.render(tag, cls, unfit), tuple(unfit), notes)

@@ -14,6 +14,9 @@ DRIFT = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge
 DRIFT2 = decide([Finding("drift", "driver", "550.54.16", "580.65.06", "reconverge")], TAG)
 HEALTH = decide([Finding("health", "xid", "79", "none", "reboot", gpu=3)], TAG)
 PROBE = decide([Finding("probe", "dcgm", "timeout", "answer", "investigate")], TAG)
+# Budgeted health (the GPU count a nodeset expects) and acute broken (a stale module).
+COUNT = decide([Finding("health", "gpu_count", "8", "4", "reboot")], TAG)
+STALE = decide([Finding("broken", "module", "loaded 550.54.15", "on-disk 580.65.06", "reload_or_reboot")], TAG)
 
 
 def node(drain=False, reason="", state="IDLE"):
@@ -57,6 +60,13 @@ def node(drain=False, reason="", state="IDLE"):
     # A node-side reason with Slurm's suffix is still ours, findings and all.
     (node(True, DRIFT.reason + " : reboot issued", state="DOWN"), DRIFT2, o.UPDATE),
     (node(True, HEALTH.reason + " : reboot complete"), DRIFT, o.KEEP),
+    # Acute outranks budgeted whatever the classes: a budgeted health reason
+    # gives way to an acute broken one, never the other way round.
+    (node(True, COUNT.reason), STALE, o.UPDATE),
+    (node(True, STALE.reason), COUNT, o.KEEP),
+    (node(True, COUNT.reason), HEALTH, o.UPDATE),
+    (node(True, HEALTH.reason), COUNT, o.KEEP),
+    (node(True, DRIFT.reason), COUNT, o.UPDATE),
 ])
 def test_decision(state, verdict, kind):
     decision = o.decide(state, verdict, TAG, ("probe",))

@@ -23,8 +23,7 @@ _SETTLE_MAX = 3.0
 
 
 def applies(settings, verdict) -> bool:
-    cfg = settings.drain_budget
-    return not verdict.fit and budget.active(float(cfg["max_share"]), cfg["classes"], verdict.cls)
+    return budget.switched_on(float(settings.drain_budget["max_share"])) and budget.applies(verdict)
 
 
 def held_recently(settings, node: str, verdict) -> Optional[str]:
@@ -69,8 +68,7 @@ def spread(settings, verdict, limit: float) -> Optional[float]:
 def drain_within_budget(settings, slurm, node: str, reason: str) -> Optional[str]:
     """Drain ``node`` with ``reason`` unless its partitions' budget is spent.
     None when the node is (and stays) drained; otherwise why it was held."""
-    cfg = settings.drain_budget
-    rule = (settings.reason_tag, tuple(cfg["classes"]), float(cfg["max_share"]))
+    rule = (settings.reason_tag, float(settings.drain_budget["max_share"]))
     ok, why = budget.admit(node, slurm.nodes(), *rule)
     if not ok:
         return why

@@ -2,7 +2,8 @@
 
 The reason text is the only mark of ownership (ReasonUser is root for every
 root process), so: never overwrite or clear a reason without gpugate's tag;
-never replace our reason with a milder class; never touch the sweep's own
+never replace our reason with a milder one (acute before budgeted, then by
+class); never touch the sweep's own
 reasons (rma, rollout) from a node-side check.
 """
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .. import reason as reasons
-from ..findings import RMA, ROLLOUT, class_rank
+from ..findings import RMA, ROLLOUT, severity
 
 NONE = "none"  # nothing to do
 DRAIN = "drain"  # not drained: drain with our reason
@@ -56,7 +57,9 @@ def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
         return Decision(KEEP, why="fit now, but %s waits for the sweep's verification" % ours.cls)
     if node.reason == verdict.reason:
         return Decision(NONE, why="already drained with this reason")
-    if class_rank(verdict.cls) < class_rank(ours.cls):
+    if severity(verdict.cls, verdict.acute) < severity(ours.cls, reasons.acute(ours)):
+        # An acute reason outranks a budgeted one of any class, so Slurm's
+        # copy keeps telling the drain budget what this drain is.
         return Decision(KEEP, why="keeping the more severe %s reason" % ours.cls)
     return Decision(UPDATE, verdict.reason, "findings changed")
 
