@@ -31,6 +31,12 @@ _BY_COMPONENT = {
                   "if it stays missing: reseat or RMA"],
     "pci_gpus": ["fewer NVIDIA devices on the PCI bus than expected: reboot; then hardware check"],
     "pcie_width": ["the PCIe link trained narrower than the GPU supports: reseat the GPU or riser"],
+    "pcie_gen": ["the PCIe link trained slower than the GPU supports: reseat the GPU or riser, check the "
+                 "BIOS link-speed setting"],
+    "pcie_max_gen": ["the GPU cannot reach the baseline's pcie_min_gen at all: the baseline's [health] "
+                     "minimum does not fit this hardware; fix the baseline (or its nodeset)"],
+    "pcie_max_width": ["the GPU cannot reach the baseline's pcie_min_width at all: the baseline's [health] "
+                       "minimum does not fit this hardware; fix the baseline (or its nodeset)"],
     "recovery": ["NVML's recovery action asks for it: reset the GPU or reboot as it says"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],

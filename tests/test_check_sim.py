@@ -233,3 +233,24 @@ def test_version_and_help():
     assert result.returncode == 0 and result.stdout.startswith("gpugate, version ")
     result = gpugate_cmd("--help")
     assert "Examples:" in result.stdout and "Exit codes:" in result.stdout
+
+
+def test_pcie_below_the_policy_but_at_the_gpus_own_maximum_is_budgeted(fleet, tmp_path):
+    """A link trained below what the GPU can do is hardware (acute); a policy
+    minimum beyond what the GPU can do is a baseline that does not fit the
+    node: pcie_max_width, budgeted, so a typo cannot drain a partition."""
+    from gpugate.findings import is_acute
+
+    baseline = tmp_path / "baseline.toml"
+    with open(DEMO_BASELINE) as handle:
+        baseline.write_text(handle.read().replace('pcie_min_width = "max"', "pcie_min_width = 32"))
+    result = gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--baseline", str(baseline), "--json")
+    data = json.loads(result.stdout)
+    assert result.returncode == 1, result.stderr
+    assert {(f["component"], f["observed"], f["expected"]) for f in data["findings"]} == {
+        ("pcie_max_width", "x16 max", "x32")}
+    assert not any(is_acute(f["class"], f["component"]) for f in data["findings"])
+    sim_set(fleet, "gpu01", "gpu.0.pcie.width=8")
+    data = check(fleet)
+    assert [f["component"] for f in data["findings"]] == ["pcie_width"]
+    assert is_acute(data["class"], "pcie_width")

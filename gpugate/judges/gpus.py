@@ -106,17 +106,23 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
 
 
 def _pcie(policy, gpu):
+    """A link trained below what it can do is the hardware's fault (acute);
+    one at its own maximum but below the policy's minimum is a baseline that
+    does not fit this node (budgeted: pcie_max_gen / pcie_max_width)."""
     link = gpu.pcie
     if link is None or failed(link):
         return []
     out = []
-    min_gen = link.max_gen if policy.pcie_min_gen == "max" else policy.pcie_min_gen
-    if min_gen and link.gen < min_gen:
-        out.append(Finding(HEALTH, "pcie_gen", "gen%d" % link.gen, "gen%d" % min_gen, INVESTIGATE, gpu=gpu.index))
-    min_width = link.max_width if policy.pcie_min_width == "max" else policy.pcie_min_width
-    if min_width and link.width < min_width:
-        out.append(Finding(HEALTH, "pcie_width", "x%d" % link.width, "x%d" % min_width, INVESTIGATE,
-                           gpu=gpu.index))
+    for name, now, best, floor, unit in (("gen", link.gen, link.max_gen, policy.pcie_min_gen, "gen%d"),
+                                         ("width", link.width, link.max_width, policy.pcie_min_width, "x%d")):
+        wanted = best if floor == "max" else floor
+        if not wanted or now >= wanted:
+            continue
+        if best and now >= best:
+            out.append(Finding(HEALTH, "pcie_max_" + name, (unit + " max") % best, unit % wanted, INVESTIGATE,
+                               gpu=gpu.index))
+        else:
+            out.append(Finding(HEALTH, "pcie_" + name, unit % now, unit % wanted, INVESTIGATE, gpu=gpu.index))
     return out
 
 
