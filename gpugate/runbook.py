@@ -29,6 +29,8 @@ _BY_COMPONENT = {
             "errors on one GPU: RMA"],
     "gpu_count": ["a GPU is missing: check `lspci -d 10de:` and the kernel log for Xid 79; reboot; "
                   "if it stays missing: reseat or RMA"],
+    "gpus_lost": ["the node shows fewer GPUs than it did before: check `lspci -d 10de:` and the kernel "
+                  "log for Xid 79; reboot; if it stays missing: reseat or RMA"],
     "pci_gpus": ["fewer NVIDIA devices on the PCI bus than expected: reboot; then hardware check"],
     "pcie_width": ["the PCIe link trained narrower than the GPU supports: reseat the GPU or riser"],
     "pcie_gen": ["the PCIe link trained slower than the GPU supports: reseat the GPU or riser, check the "

@@ -218,3 +218,27 @@ def test_one_partition_fills_its_budget_exactly(case, data):
                 assert budget.keep(name, states, TAG, share)[0]
     expected = pre if pre >= allowance else min(allowance, pre + len(candidates))
     assert _budgeted_counts(states, share).get("a", 0) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 16)), st.one_of(st.none(), st.integers(0, 16)),
+       st.one_of(st.none(), st.integers(0, 16)), st.one_of(st.none(), st.integers(0, 16)))
+def test_gpus_lost_only_below_the_nodes_own_high_water_mark(high, expected, nvml_count, pci):
+    from types import SimpleNamespace
+
+    from gpugate.judges import lost
+
+    nvml = None if nvml_count is None else SimpleNamespace(gpu_count=nvml_count)
+    facts = SimpleNamespace(nvml=nvml, pci_gpus=pci)
+    seen = [c for c in (nvml_count, pci) if c is not None]
+    found = lost.judge(high, expected, facts)
+    should = bool(seen) and high is not None and min(seen) < high and min(seen) != expected
+    assert bool(found) == should
+    assert all(f.acute and f.component == "gpus_lost" for f in found)
+    new = lost.next_high(high, expected, facts)
+    if seen and min(seen) == expected:
+        assert new == expected  # the baseline's count is the node's normal again
+    elif seen:
+        assert new == max(seen + ([high] if high is not None else []))
+    else:
+        assert new == high

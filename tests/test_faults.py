@@ -271,7 +271,8 @@ def test_state_directory_full_the_check_still_judges_and_no_stale_fit_stays(flee
     assert first.returncode == 0, first.stderr
     assert _last(small_tmpfs)["fit"] is True
     _fill(small_tmpfs)
-    _sim("set", fleet, "gpu01", "driver=550.54.15")
+    # Acute (Xid 79): no drain budget to read before refusing the job.
+    _sim("set", fleet, "gpu01", "gpu.3.xid=79")
     result = _entry("healthcheck", config)
     assert result.returncode == 1 and "Traceback" not in result.stderr  # unfit, judged
     # The old "fit" record is gone: the prolog cannot reuse it.
@@ -285,7 +286,7 @@ def test_state_directory_read_only_the_check_still_judges(fleet, tmp_path, small
 
     config = _node_config(tmp_path, fleet, ownership="false")
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True, timeout=30)
-    _sim("set", fleet, "gpu01", "driver=550.54.15")
+    _sim("set", fleet, "gpu01", "gpu.3.xid=79")
     result = _entry("healthcheck", config)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert _entry("prolog", config).returncode == 1
@@ -437,3 +438,48 @@ def test_sweep_deadlines_use_the_monotonic_clock():
         assert "time.monotonic()" in ast.unparse(node.value)
     source = inspect.getsource(engine)
     assert "time.time()" not in source.replace("take(self.slurm.nodes(), self.tag, time.time())", "")
+
+
+def test_budgeted_finding_with_slurm_unreachable_lets_the_job_run(fleet, tmp_path):
+    """A drift (what a bad baseline push causes everywhere) cannot be weighed
+    against the drain budget while Slurm does not answer: the prolog neither
+    drains nor exits non-zero (slurmd would drain 'Prolog error' outside the
+    budget); an acute finding still refuses the job."""
+    import json
+
+    config = _node_config(tmp_path, fleet, ownership="false")
+    _sim("set", fleet, "gpu01", "driver=550.54.15")
+    prolog = _entry("prolog", config)
+    assert prolog.returncode == 0, prolog.stderr
+    with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
+        line = json.loads(handle.read().splitlines()[-1])
+    assert line["verdict"] == "unfit" and line["action"] == "held" and "unreadable" in line["why"]
+    assert _entry("epilog", config).returncode == 0
+    _sim("set", fleet, "gpu01", "gpu.3.xid=79")
+    assert _entry("prolog", config).returncode == 1
+
+
+def test_a_gpu_the_node_showed_before_and_lost_is_acute(fleet, tmp_path):
+    """gpus=7 on an 8-GPU node: the count the baseline expects is budgeted,
+    but fewer GPUs than this node itself showed is a lost GPU (acute), in
+    the health check and in the prolog."""
+    import json
+
+    from gpugate.findings import is_acute
+
+    config = _node_config(tmp_path, fleet, ownership="false")
+    assert _entry("healthcheck", config).returncode == 0
+    _sim("set", fleet, "gpu01", "gpus=7")
+    assert _entry("healthcheck", config).returncode == 1
+    assert _entry("prolog", config).returncode == 1  # acute: refused without reading the budget
+    with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
+        health, prolog = [json.loads(line) for line in handle.read().splitlines()[-2:]]
+    for record in (health, prolog):
+        assert record["reason"].startswith("gpugate: health gpus_lost=7 (want 8 as before)"), record
+    assert is_acute("health", "gpus_lost")
+    # A node that never showed 8 (first run on 7): only the budgeted count finding.
+    os.unlink(os.path.join(str(tmp_path), "state", "gpu01", "last-healthcheck.json"))
+    assert _entry("healthcheck", config).returncode == 1
+    with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
+        record = json.loads(handle.read().splitlines()[-1])
+    assert "gpus_lost" not in record["reason"] and "gpu_count=7 (want 8)" in record["reason"]

@@ -110,8 +110,12 @@ def test_wrong_pin_everywhere_drains_only_the_budget_and_xid79_still_drains(clus
     prolog = [r for r in cluster.log_records(node) if r.get("mode") == "prolog" and r.get("job") == job]
     assert prolog and prolog[-1]["action"] == "held" and prolog[-1]["exit"] == 0
 
-    # An acute finding on a held node drains it at once, budget spent or not.
+    # An acute finding on a held node drains it at once, budget spent or not:
+    # a GPU lost (fewer than the node showed), an Xid 79.
     cluster.sim("set", "FLEET", node, "gpus=7")
-    cluster.wait_for(lambda: cluster.reason(node).startswith("gpugate: health"), 3 * INTERVAL + 20,
+    cluster.sim("set", "FLEET", held[1], "gpu.5.xid=79")
+    cluster.wait_for(lambda: cluster.reason(node).startswith("gpugate: health gpus_lost=7"), 3 * INTERVAL + 20,
                      "held %s drained for a lost GPU" % node)
+    cluster.wait_for(lambda: cluster.reason(held[1]).startswith("gpugate: health xid:gpu5=79"), 3 * INTERVAL + 20,
+                     "held %s drained for Xid 79" % held[1])
     assert _drift_drained(cluster) == drained

@@ -22,12 +22,13 @@ def marker_path(settings, node: str) -> str:
     return os.path.join(settings.state_dir(node), MARKER)
 
 
-def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional[float] = None,
+def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optional[float] = None,
         spread: bool = False, in_service: Optional[bool] = None) -> Dict[str, Any]:
     """Returns what happened: action, why, ok (False: the verdict could not
     be applied; the caller keeps what it needs to try again next run), and
     applied (the node carries the verdict as far as gpugate may put it).
     Action "held": unfit, but the drain budget keeps the node in service.
+    deadline (time.monotonic()): every Slurm call and wait ends by then.
     spread: wait a random moment before a budgeted drain (health check).
     in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given)."""
     marker = marker_path(settings, node)
@@ -42,30 +43,38 @@ def act(settings, node: str, verdict, check_fit: bool = False, timeout: Optional
     why_held = hold.held_recently(settings, node, verdict)
     if why_held:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": False, "applied": True}
-    limit = timeout or float(settings.slurm["timeout_seconds"])
+    limit = float(settings.slurm["timeout_seconds"])
+    if deadline is not None:
+        limit = min(limit, max(deadline - time.monotonic(), 0.0))
     # A drain of ours in place (the marker) is only updated: no need to spread
     # it out, unless slurmd says the node is in service (a stale marker).
     waited = None
     if spread and not (os.path.exists(marker) and not in_service):
         waited = hold.spread(settings, verdict, limit / 4)
-    outcome = _apply(settings, node, verdict, marker, limit, timeout)
+    outcome = _apply(settings, node, verdict, marker, limit, deadline)
     if waited is not None:
         outcome["jitter"] = round(waited, 3)
     return outcome
 
 
-def _apply(settings, node: str, verdict, marker: str, limit: float, timeout: Optional[float]) -> Dict[str, Any]:
+def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float]) -> Dict[str, Any]:
     """Read the node's state, decide by the ownership rules, write."""
     try:
         # Health check, prolog and epilog may act at once: read, decide and
         # write under one lock, so no run undoes another's newer decision.
         with _act_lock(settings.state_dir(node), limit):
-            slurm = connect(settings, timeout)
+            slurm = connect(settings, deadline=deadline)
             state = slurm.nodes(node).get(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
             why_held = None
-            if decision.kind == ownership.DRAIN and hold.applies(settings, verdict):
+            budgeted = hold.applies(settings, verdict)
+            if decision.kind == ownership.DRAIN and budgeted:
                 why_held = hold.drain_within_budget(settings, slurm, node, decision.reason)
+            elif decision.kind in (ownership.NONE, ownership.UPDATE) and budgeted and hold.unsettled(settings, node):
+                # An earlier run drained but ended before checking the ranking.
+                if decision.kind == ownership.UPDATE:
+                    slurm.drain(node, decision.reason)
+                why_held = hold.settle_drain(settings, slurm, node, decision.reason or state.reason)
             elif decision.kind in (ownership.DRAIN, ownership.UPDATE):
                 slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
@@ -119,18 +128,27 @@ def _set_marker(path: str, present: bool) -> None:
         pass  # worst case: one extra RPC, or a probe drain cleared by the sweep
 
 
-def settle(settings, node: str, result, record: Dict[str, Any]) -> bool:
+def settle(settings, node: str, result, record: Dict[str, Any], deadline: Optional[float] = None) -> bool:
     """Record a prolog/epilog verdict and drain when unfit.  True when the
-    node is fit or its drain was applied."""
+    node is fit, its drain was applied, or a budgeted drain could not be
+    (Slurm away or slow: the budget cannot be read, so the node is not
+    taken out by a non-zero exit either)."""
     verdict = result.verdict
     record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
                   durations={k: round(v, 4) for k, v in result.facts.durations.items()})
     if verdict.fit:
         return True
-    outcome = act(settings, node, verdict)
+    outcome = act(settings, node, verdict, deadline=deadline)
     record["action"] = outcome["action"]
     if not outcome["ok"]:
         record["slurm_error"] = outcome.get("error")
+        if hold.applies(settings, verdict):
+            # A non-zero exit would make slurmd drain the node ("Prolog
+            # error") outside the budget: a bad file could then take out
+            # every node whose prolog runs while slurmctld is away.
+            record["action"] = hold.HELD
+            record["why"] = "drain budget unreadable (Slurm did not answer): not drained, job not blocked"
+            return True
     if outcome["action"] == hold.HELD:
         record["why"] = outcome["why"]
     return bool(outcome["ok"])

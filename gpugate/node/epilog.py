@@ -3,6 +3,7 @@ GPUs still held by leftover processes, and the DCGM diagnostic when the
 policy asks for it (the GPUs are free now).  Drain with the reason when unfit."""
 
 import os
+import time
 
 from ..judges.job import deltas
 from ..probes import files
@@ -14,6 +15,7 @@ from .reuse import fresh_baseline, last_state
 
 
 def run(settings, node: str, record: dict) -> int:
+    deadline = time.monotonic() + float(settings.budgets["epilog"])
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
     boot_id = files.boot_id(settings.node_root(node))
@@ -38,4 +40,4 @@ def run(settings, node: str, record: dict) -> int:
             pass
     # Drained with our reason: exit 0.  If Slurm did not take the drain, exit
     # non-zero so slurmd drains the node itself ("Epilog error"): never lose a drain.
-    return 0 if settle(settings, node, result, record) else 1
+    return 0 if settle(settings, node, result, record, deadline) else 1

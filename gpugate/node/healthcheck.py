@@ -9,7 +9,8 @@ import time
 from ..config import load_checked_baseline
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..probes import Budget, files
+from ..judges import lost
+from ..probes import files
 from ..verdict import decide
 from . import state as st
 from .act import act
@@ -23,6 +24,7 @@ _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
 
 
 def run(settings, node: str, record: dict) -> int:
+    started = time.monotonic()
     state_dir = settings.state_dir(node)
     lock = RunLock(os.path.join(state_dir, "healthcheck.lock"))
     try:
@@ -44,8 +46,11 @@ def run(settings, node: str, record: dict) -> int:
         last = st.read_json(last_path) or {}
         boot_id = files.boot_id(settings.node_root(node))
         cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
-        budget = Budget(settings.budgets["healthcheck"])
-        result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor)
+        # Every Slurm call below ends by this deadline (slurmd kills the run soon after).
+        deadline = started + float(settings.budgets["healthcheck"])
+        expected_gpus = baseline.expect_for(node).gpus
+        result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor,
+                           extra=lambda facts: lost.judge(last.get("gpus_high"), expected_gpus, facts))
         verdict, in_grace = _boot_grace(settings, result)
         if in_grace and verdict.fit:
             # Only transient-looking findings: report, but neither drain nor
@@ -54,7 +59,7 @@ def run(settings, node: str, record: dict) -> int:
         else:
             # Without a record (first run, wiped state dir) ask Slurm once,
             # unless slurmd already says the node is in service.
-            outcome = act(settings, node, verdict, check_fit=not last, timeout=max(budget.left(), 1.0), spread=True,
+            outcome = act(settings, node, verdict, check_fit=not last, deadline=deadline, spread=True,
                           in_service=in_service)
         facts = result.facts
         new_state = {
@@ -72,6 +77,7 @@ def run(settings, node: str, record: dict) -> int:
             "baseline_sig": st.file_signature(settings.baseline),
             "config_sig": st.file_signature(settings.source),
             "resolved": baseline.resolved_for(node),
+            "gpus_high": lost.next_high(last.get("gpus_high"), expected_gpus, facts),
             "facts": to_jsonable(facts),
         }
         try:

@@ -12,10 +12,13 @@ import time
 from typing import Optional
 
 from .. import budget
+from ..errors import SlurmError
+from ..slurm.commands import MIN_CALL_SECONDS as _MIN_CALL
 from . import state as st
 
 HELD = "held"  # unfit, not drained: the partition's drain budget is spent
 HOLD_FILE = "drain-held.json"
+UNSETTLED = "budget-unsettled"  # a budgeted drain sent, its ranking not yet checked
 # Slurm stamps reasons in whole seconds: once its clock has passed our
 # second, every drain stamped at or before ours is visible.
 _SETTLE = 1.1
@@ -68,26 +71,70 @@ def spread(settings, verdict, limit: float) -> Optional[float]:
 def drain_within_budget(settings, slurm, node: str, reason: str) -> Optional[str]:
     """Drain ``node`` with ``reason`` unless its partitions' budget is spent.
     None when the node is (and stays) drained; otherwise why it was held."""
-    rule = (settings.reason_tag, float(settings.drain_budget["max_share"]))
-    ok, why = budget.admit(node, slurm.nodes(), *rule)
+    ok, why = budget.admit(node, slurm.nodes(), *_rule(settings))
     if not ok:
         return why
+    # The drain must be followed by the re-read that may give it back: start
+    # it only with time left for both (slurmd kills a health check at its
+    # timeout, and a drain never checked against the ranking could exceed
+    # the budget).  Should the run die in between anyway, the marker makes
+    # the next run finish the check (settle_drain).
+    need = 2 * max(slurm.slowest, _MIN_CALL) + _SETTLE
+    if slurm.time_left() < need:
+        raise SlurmError("not enough time left in this run to drain within the drain budget (%.1f s left, "
+                         "a Slurm call takes %.1f s): retried on the next run" % (slurm.time_left(), slurm.slowest))
+    _set_unsettled(settings, node, True)
     slurm.drain(node, reason)
+    return settle_drain(settings, slurm, node, reason)
+
+
+def unsettled(settings, node: str) -> bool:
+    """A budgeted drain was sent but its ranking never checked (the run ended first)."""
+    return os.path.exists(os.path.join(settings.state_dir(node), UNSETTLED))
+
+
+def settle_drain(settings, slurm, node: str, reason: str) -> Optional[str]:
+    """After a budgeted drain: keep it if the node ranks within the allowance,
+    else give it back.  None when kept (or no longer ours); why when given back."""
     # Nodes that passed admit() together all drained: the ranking decides
     # which keep the drain.  Read once every drain up to ours is stamped.
-    time.sleep(_SETTLE)
+    _sleep_within(slurm, _SETTLE)
     states = slurm.nodes()
     me = states.get(node)
     if me is not None and me.reason_time is not None:
         wait = min(me.reason_time + _SETTLE - time.time(), _SETTLE_MAX)
-        if wait > 0:
-            time.sleep(wait)
+        if wait > 0 and _sleep_within(slurm, wait):
             states = slurm.nodes()
             me = states.get(node)
     if me is None or me.reason != reason or not me.drain:
+        _set_unsettled(settings, node, False)
         return None  # changed meanwhile (an admin, the sweep): not ours to give back
-    ok, why = budget.keep(node, states, *rule)
-    if ok:
-        return None
-    slurm.undrain(node)
-    return why + "; others drained first, drain given back"
+    ok, why = budget.keep(node, states, *_rule(settings))
+    if not ok:
+        slurm.undrain(node)
+    _set_unsettled(settings, node, False)
+    return None if ok else why + "; others drained first, drain given back"
+
+
+def _rule(settings):
+    return settings.reason_tag, float(settings.drain_budget["max_share"])
+
+
+def _sleep_within(slurm, seconds: float) -> bool:
+    """Sleep unless that would leave no time for the next Slurm call."""
+    if slurm.time_left() - seconds < max(slurm.slowest, _MIN_CALL):
+        return False
+    time.sleep(seconds)
+    return True
+
+
+def _set_unsettled(settings, node: str, present: bool) -> None:
+    path = os.path.join(settings.state_dir(node), UNSETTLED)
+    try:
+        if present:
+            with open(path, "w"):
+                pass
+        elif os.path.exists(path):
+            os.unlink(path)
+    except OSError:
+        pass  # a full disk: the ranking is still checked in this run

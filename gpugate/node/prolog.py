@@ -9,6 +9,7 @@ then exit 1 so Slurm requeues the job."""
 import os
 import time
 
+from ..judges import lost
 from ..judges.job import start_counters
 from ..probes import files
 from . import state as st
@@ -20,6 +21,7 @@ from .reuse import fresh_baseline, last_state
 
 
 def run(settings, node: str, record: dict) -> int:
+    deadline = time.monotonic() + float(settings.budgets["prolog"])
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
     boot_id = files.boot_id(settings.node_root(node))
@@ -27,7 +29,7 @@ def run(settings, node: str, record: dict) -> int:
     if last and last.get("pending_drain") and last.get("boot_id") == boot_id:
         # The health check found the node unfit but could not drain it
         # (slurmctld was away): no job starts here meanwhile.
-        return _refuse(settings, node, record, last)
+        return _refuse(settings, node, record, last, deadline)
     baseline, cursor = fresh_baseline(settings, node, last, boot_id)
     record["reused"] = baseline is not None
     if baseline is None:
@@ -35,7 +37,9 @@ def run(settings, node: str, record: dict) -> int:
 
         baseline = load_checked_baseline(settings)
     gpus = job_gpus()
-    result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus)
+    high, expected = (last or {}).get("gpus_high"), baseline.expect_for(node).gpus
+    result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus,
+                       extra=lambda facts: lost.judge(high, expected, facts))
     facts = result.facts
     if job_id:
         try:
@@ -45,7 +49,7 @@ def run(settings, node: str, record: dict) -> int:
                 durable=False)  # losing it in a crash only loses the epilog's deltas
         except OSError as exc:
             record["state_error"] = str(exc)[:200]
-    settle(settings, node, result, record)
+    settle(settings, node, result, record, deadline)
     if record.get("action") == HELD:
         return 0  # the drain budget keeps this node in service: so does its job
     # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
@@ -53,14 +57,18 @@ def run(settings, node: str, record: dict) -> int:
     return result.verdict.exit_code
 
 
-def _refuse(settings, node: str, record: dict, last: dict) -> int:
+def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:
     from ..findings import Finding
     from ..verdict import decide
 
     findings = [Finding.from_json(f) for f in last.get("findings", [])]
     verdict = decide(findings, settings.reason_tag)
-    outcome = act(settings, node, verdict)
-    record.update(verdict="unfit", cls=verdict.cls, reason=verdict.reason, action=outcome["action"],
+    from .hold import applies
+
+    outcome = act(settings, node, verdict, deadline=deadline)
+    held = outcome["action"] == HELD or (not outcome["ok"] and applies(settings, verdict))
+    record.update(verdict="unfit", cls=verdict.cls, reason=verdict.reason, action=HELD if held else outcome["action"],
                   why=outcome.get("why") if outcome["action"] == HELD
+                  else "drain budget unreadable (Slurm did not answer): not drained, job not blocked" if held
                   else "the last health check's drain is still pending")
-    return 0 if outcome["action"] == HELD else 1
+    return 0 if held else 1

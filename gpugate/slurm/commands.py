@@ -2,6 +2,7 @@
 every Slurm host, every version).  The only code that runs them."""
 
 import re
+import time
 from typing import Dict, Optional, Tuple
 
 from ..errors import CommandError, ParseError, SlurmError
@@ -12,26 +13,43 @@ from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SI
 _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
 
 
+# A call with less time than this left is not started: it could only time out.
+MIN_CALL_SECONDS = 0.5
+
+
 class CommandSlurm:
-    def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0):
+    def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0,
+                 deadline: Optional[float] = None):
         self.bin_dir = bin_dir.rstrip("/")
         self.env = dict(env or {"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
         self.timeout = timeout
+        self.deadline = deadline  # time.monotonic(): no call outlives it
         self._version: Optional[Tuple[int, int]] = None
         self.calls = 0  # commands run: the sweep's benchmark counts them
+        self.slowest = 0.0  # seconds of the slowest call so far
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def _run(self, tool: str, args, env_extra=None, timeout=None) -> str:
         env = dict(self.env)
         env.update(env_extra or {})
+        limit = min(timeout or self.timeout, self.time_left())
+        if limit < MIN_CALL_SECONDS:
+            raise SlurmError("%s %s not started: no time left in this run's budget (gpugate retries on its "
+                             "next run)" % (tool, args[0] if args else ""))
         self.calls += 1
+        started = time.monotonic()
         try:
-            return run([self.bin_dir + "/" + tool] + list(args), timeout or self.timeout, env=env).stdout
+            return run([self.bin_dir + "/" + tool] + list(args), limit, env=env).stdout
         except CommandError as exc:
             hint = ""
             if exc.timed_out or "Unable to contact slurm controller" in exc.stderr \
                     or "Connection refused" in exc.stderr:
                 hint = " (is slurmctld up? gpugate retries on its next run)"
             raise SlurmError("%s%s" % (exc, hint)) from None
+        finally:
+            self.slowest = max(self.slowest, time.monotonic() - started)
 
     def version(self) -> Tuple[int, int]:
         if self._version is None:

@@ -1,0 +1,42 @@
+"""GPUs lost: fewer GPUs than this very node showed before.
+
+The GPU count a nodeset expects comes from a file, so a mismatch with it is
+budgeted (a typo must not drain a partition).  A node that showed N GPUs and
+now shows fewer has lost one, whatever the baseline says: that is an
+intrinsic event and drains at once.  The high-water mark is the node's own
+(kept in its health-check record); it is reset once the count matches what
+the baseline expects, so an admin who removes a GPU on purpose and updates
+the baseline is not held to the old count."""
+
+from typing import List, Optional, Tuple
+
+from ..facts import failed
+from ..findings import HEALTH, REBOOT, Finding
+
+
+def counts(facts) -> Tuple[Optional[int], Optional[int]]:
+    """(fewest, most) GPUs this run saw, over NVML and the PCI bus; None when neither answered."""
+    seen = []
+    nvml = facts.nvml
+    if nvml is not None and not failed(nvml) and isinstance(nvml.gpu_count, int):
+        seen.append(nvml.gpu_count)
+    if isinstance(facts.pci_gpus, int):
+        seen.append(facts.pci_gpus)
+    return (min(seen), max(seen)) if seen else (None, None)
+
+
+def judge(high: Optional[int], expected: Optional[int], facts) -> List[Finding]:
+    fewest, _ = counts(facts)
+    if not isinstance(high, int) or fewest is None or fewest >= high or fewest == expected:
+        return []
+    return [Finding(HEALTH, "gpus_lost", str(fewest), "%d as before" % high, REBOOT)]
+
+
+def next_high(high: Optional[int], expected: Optional[int], facts) -> Optional[int]:
+    """The high-water mark to keep after this run."""
+    fewest, most = counts(facts)
+    if most is None:
+        return high if isinstance(high, int) else None
+    if fewest == expected:
+        return fewest  # matches the baseline: the node's normal, whatever it was
+    return max(most, high) if isinstance(high, int) else most
