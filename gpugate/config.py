@@ -23,9 +23,15 @@ DEFAULT_COMMANDS = {
     "nvidia-smi": "/usr/bin/nvidia-smi",
 }
 DEFAULT_BUDGETS = {"healthcheck": 40.0, "prolog": 8.0, "epilog": 50.0, "verify": 1200.0}
+# Globs (dpkg-query -W and rpm -qa both take them); the first that matches wins.
+# Fabric Manager: Debian/Ubuntu nvidia-fabricmanager-<branch>; RHEL/Rocky
+# nvidia-fabricmanager from 580, nvidia-fabric-manager before.  "-[0-9]*"
+# keeps -devel/-dev packages out.  DCGM and the driver are read from dcgmi and
+# NVML, not from packages.
 DEFAULT_PACKAGES = {
     "container_toolkit": ("nvidia-container-toolkit",),
-    "fabricmanager": ("nvidia-fabricmanager-*", "nvidia-fabricmanager", "cuda-drivers-fabricmanager-*"),
+    "fabricmanager": ("nvidia-fabricmanager-[0-9]*", "nvidia-fabricmanager", "nvidia-fabric-manager",
+                      "cuda-drivers-fabricmanager-[0-9]*"),
 }
 
 

@@ -16,7 +16,9 @@ class ProbeFailure:
 
     kind: ``timeout`` | ``missing`` (tool or file absent) | ``error`` (non-zero
     exit, unreadable, unparseable) | ``absent`` (the tool answered: the thing
-    asked about does not exist) | ``nvml`` (an NVMLError; ``code`` is its value).
+    asked about does not exist) | ``nvml`` (an NVMLError; ``code`` is its value)
+    | ``unchecked`` (the configuration says not to read it, e.g.
+    ``packages.manager = "none"``: no finding, but never taken for a value).
     """
 
     source: str
@@ -31,8 +33,15 @@ class ProbeFailure:
         return text + (" (%s)" % self.detail if self.detail else "")
 
 
+UNCHECKED = "unchecked"
+
+
 def failed(value: Any) -> bool:
     return isinstance(value, ProbeFailure)
+
+
+def unchecked(value: Any) -> bool:
+    return isinstance(value, ProbeFailure) and value.kind == UNCHECKED
 
 
 @dataclass(frozen=True)

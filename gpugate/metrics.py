@@ -1,5 +1,6 @@
 """Prometheus text exposition.  Node side: a textfile for node_exporter's
-textfile collector (verdict, class, per-component match with the pin).
+textfile collector (verdict, class, per-component match with the pin, and
+whether each component could be read at all).
 Labels are bounded: classes and component names are fixed sets."""
 
 import os
@@ -7,7 +8,9 @@ import time
 from typing import Iterable, List, Tuple
 
 from .baseline import PIN_COMPONENTS
+from .facts import ProbeFailure, failed, unchecked
 from .findings import CHECK_CLASSES
+from .judges.common import nvswitch
 
 Sample = Tuple[str, dict, float]
 
@@ -32,22 +35,89 @@ def _number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) and value != int(value) else str(int(value))
 
 
-def node_families(node: str, verdict, facts, baseline, held: bool = False) -> list:
+# What a pinned component's reading was on this node.
+MATCHES, DIFFERS, UNREADABLE, UNCHECKED = "matches", "differs", "unreadable", "unchecked"
+
+
+def _gpu_state(nvml, read, pinned_here) -> str:
+    """Per-GPU components: every GPU must be read, one unreadable GPU is enough."""
+    if nvml is None or failed(nvml) or not nvml.gpus:
+        return UNREADABLE
+    values = [read(g) for g in nvml.gpus]
+    if any(v is not None and not isinstance(v, str) for v in values):
+        return UNREADABLE
+    return MATCHES if any(pinned_here(g, v) for g, v in zip(nvml.gpus, values)) else UNCHECKED
+
+
+def _vbios(gpu):
+    # Every GPU has a VBIOS, and without the product no pin applies: both must be read.
+    if not isinstance(gpu.name, str) or gpu.vbios is None:
+        return gpu.name if failed(gpu.name) else ProbeFailure("nvml", "error", "no VBIOS version")
+    return gpu.vbios
+
+
+def _package_state(packages, role) -> str:
+    pkg = packages if failed(packages) else None if packages is None else packages.get(role, None)
+    if packages is None:
+        return UNREADABLE  # the health check always reads packages: missing means not read
+    if failed(pkg):
+        return UNCHECKED if unchecked(pkg) else UNREADABLE
+    return MATCHES  # a Package, or None: not installed, which the judge calls drift
+
+
+def component_states(verdict, facts, baseline, expect) -> dict:
+    """component -> matches | differs | unreadable | unchecked, for each
+    pinned component.  Pure.  "matches" needs a value that was read: a
+    fact that is an error or missing is unreadable, never a match."""
+    pin, nvml = baseline.pin, facts.nvml
+    nvml_ok = nvml is not None and not failed(nvml)
+    readable = {
+        "kernel": isinstance(facts.kernel_release, str),
+        "image": isinstance(facts.image, dict) and isinstance(facts.image_version, str),
+        "driver": nvml_ok and isinstance(nvml.driver_version, str),
+        "cuda_driver": nvml_ok and isinstance(nvml.cuda_driver_version, str),
+        "dcgm": isinstance(facts.dcgm_version, str),
+    }
+    states = {c: MATCHES if ok else UNREADABLE for c, ok in readable.items()}
+    # A GPU without GSP (None) and a product without a VBIOS pin are not compared.
+    states["gsp_firmware"] = _gpu_state(nvml, lambda g: g.gsp_firmware, lambda g, v: v is not None)
+    states["vbios"] = _gpu_state(nvml, _vbios, lambda g, v: g.name in pin.vbios)
+    states["container_toolkit"] = _package_state(facts.packages, "container_toolkit")
+    states["fabricmanager"] = _package_state(facts.packages, "fabricmanager")
+    if states["fabricmanager"] == MATCHES and not nvswitch(expect, facts):
+        # Only NVSwitch nodes are judged; not knowing whether this is one is unknown.
+        states["fabricmanager"] = UNREADABLE if failed(facts.pci_nvswitches) else UNCHECKED
     differs = {f.component for f in list(verdict.findings) + list(verdict.notes) if f.cls in ("drift", "pending")}
     unknown = {f.component for f in verdict.findings if f.cls == "probe"}
-    pinned = [c for c in PIN_COMPONENTS if baseline.pin.get(c) is not None]
-    if baseline.pin.vbios:
-        pinned.append("vbios")
-    # A component gpugate could not read has no sample: never a healthy-looking 1.
-    pinned = [c for c in pinned if c not in unknown]
+    pinned = [c for c in PIN_COMPONENTS if pin.get(c) is not None] + (["vbios"] if pin.vbios else [])
+    out = {}
+    for c in pinned:
+        state = UNREADABLE if c in unknown else states[c]
+        out[c] = DIFFERS if state == MATCHES and c in differs else state
+    return out
+
+
+def node_families(node: str, verdict, facts, baseline, held: bool = False) -> list:
+    states = component_states(verdict, facts, baseline, baseline.expect_for(node))
     classes = {f.cls for f in verdict.findings}
+
+    def per_component(name, state):
+        return [(name, {"component": c}, 1 if s == state else 0) for c, s in sorted(states.items())]
+
     return [
         ("gpugate_node_fit", "gauge", "1 when the node passed its last gpugate health check.",
          [("gpugate_node_fit", {}, 1 if verdict.fit else 0)]),
         ("gpugate_node_unfit", "gauge", "1 for each class of finding present on the node.",
          [("gpugate_node_unfit", {"class": c}, 1 if c in classes else 0) for c in CHECK_CLASSES]),
-        ("gpugate_component_matches_pin", "gauge", "1 when the component equals the baseline pin.",
-         [("gpugate_component_matches_pin", {"component": c}, 0 if c in differs else 1) for c in pinned]),
+        ("gpugate_component_matches_pin", "gauge",
+         "1 when the component was read and equals the baseline pin; 0 when it differs, could not be read "
+         "or is not checked.", per_component("gpugate_component_matches_pin", MATCHES)),
+        ("gpugate_component_unreadable", "gauge",
+         "1 when the component could not be read (NVML error, a tool failing, timing out or missing; any GPU).",
+         per_component("gpugate_component_unreadable", UNREADABLE)),
+        ("gpugate_component_unchecked", "gauge",
+         "1 when the component is pinned but not checked here (packages.manager = none, no NVSwitch, "
+         "no GPU with a pinned product or with GSP).", per_component("gpugate_component_unchecked", UNCHECKED)),
         ("gpugate_drain_held", "gauge", "1 when the node is unfit but the partition's drain budget keeps it in service.",
          [("gpugate_drain_held", {}, 1 if held else 0)]),
         ("gpugate_findings", "gauge", "Number of findings of the last check.",

@@ -8,7 +8,6 @@ import time
 
 import click
 
-from ..errors import ConfigError
 from .main import main
 
 
@@ -108,7 +107,12 @@ def metrics(config, output):
     from ..slurm import connect
     from ..sweep.snapshot import take
 
+    from ..baseline import load_baseline
+
     settings = _settings(config)
+    # A baseline that does not load is an error, not "nothing is pinned":
+    # exit 2 before anything is read or written.
+    baseline = load_baseline(settings.baseline)
     states = connect(settings).nodes()
     snap = take(states, settings.reason_tag, time.time())
     journal_nodes = {}
@@ -121,14 +125,6 @@ def metrics(config, output):
         finally:
             journal.close()
     last_audit = read_json(audit_path(settings))
-    baseline = None
-    if last_audit:
-        from ..baseline import load_baseline
-
-        try:
-            baseline = load_baseline(settings.baseline)
-        except ConfigError:
-            baseline = None
     text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states)))
     if output:
         tmp = "%s.tmp.%d" % (output, os.getpid())

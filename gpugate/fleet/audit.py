@@ -9,6 +9,11 @@ NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager",
                    "image")
 GPU_COMPONENTS = ("vbios", "gsp_firmware")
 PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
+UNCHECKED = "unchecked"  # configured not to be read (packages.manager = "none")
+STATUSES = (PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE, UNCHECKED)
+# One state per node and component (a per-GPU component has a row per GPU
+# value): the worst wins, and "could not tell" is worse than any good state.
+_WORST_FIRST = (DRIFT, UNREADABLE, PENDING, UNCHECKED, UNPINNED, PINNED)
 
 
 @dataclass(frozen=True)
@@ -17,7 +22,7 @@ class Row:
     product: Optional[str]  # per-GPU components are grouped per GPU product
     value: str
     nodes: Tuple[str, ...]
-    status: str  # pinned | DRIFT | pending | unpinned
+    status: str  # one of STATUSES
 
     @property
     def count(self) -> int:
@@ -39,7 +44,9 @@ def _value(x) -> Optional[str]:
     if x is None:
         return None
     if isinstance(x, dict) and "error" in x:
-        return "(unreadable: %s)" % x["error"].get("kind", "error")
+        error = x["error"] if isinstance(x["error"], dict) else {}
+        kind = str(error.get("kind", "error"))
+        return "(unchecked)" if kind == "unchecked" else "(unreadable: %s)" % kind
     return str(x)
 
 
@@ -47,6 +54,8 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
     nvml = facts.get("nvml") or {}
     nvml_ok = isinstance(nvml, dict) and "error" not in nvml
     packages = facts.get("packages") or {}
+    if isinstance(packages, dict) and "error" in packages:  # the whole probe failed
+        packages = {role: packages for role in ("fabricmanager", "container_toolkit")}
     image = facts.get("image")
     return {
         "kernel": _value(facts.get("kernel_release")),
@@ -72,11 +81,16 @@ def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
     """(component, product, value) for every GPU."""
     nvml = facts.get("nvml") or {}
     if not isinstance(nvml, dict) or "error" in nvml:
-        return []
+        # No GPU could be read: say so, rather than leave the node out of the rows.
+        value = _value(nvml) if isinstance(nvml, dict) else "(unreadable: nvml)"
+        return [(c, None, value) for c in GPU_COMPONENTS]
     out = []
     for gpu in nvml.get("gpus") or ():
-        product = gpu.get("name") if isinstance(gpu.get("name"), str) else "(unknown product)"
-        out.append(("vbios", product, _value(gpu.get("vbios"))))
+        name = gpu.get("name")
+        product = name if isinstance(name, str) else "(unknown product)"
+        # Without the product there is no telling which VBIOS pin applies.
+        vbios = _value(gpu.get("vbios")) if isinstance(name, str) else (_value(name) or "(unreadable: name)")
+        out.append(("vbios", product, vbios))
         out.append(("gsp_firmware", product, _value(gpu.get("gsp_firmware"))))
     return out
 
@@ -84,6 +98,8 @@ def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
 def _status(component: str, product: Optional[str], value: str, baseline) -> str:
     if value.startswith("(unreadable"):
         return UNREADABLE  # the node answered, this fact did not: not drift, not fine
+    if value == "(unchecked)":
+        return UNCHECKED
     if baseline is None:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
@@ -124,6 +140,18 @@ def fold(fleet: Mapping[str, object], baseline=None) -> Audit:
             for (c, p, v), nodes in groups.items()]
     rows.sort(key=lambda r: (order.get(r.component, 99), r.product or "", r.status != PINNED, -r.count, r.value))
     return Audit(tuple(rows), unreachable)
+
+
+def node_states(audit: Audit) -> Dict[str, Dict[str, str]]:
+    """component -> node -> its one state (the worst of its rows)."""
+    rank = {s: i for i, s in enumerate(_WORST_FIRST)}
+    out: Dict[str, Dict[str, str]] = {c: {} for c in NODE_COMPONENTS + GPU_COMPONENTS}
+    for row in audit.rows:
+        states = out.setdefault(row.component, {})
+        for node in row.nodes:
+            if node not in states or rank[row.status] < rank[states[node]]:
+                states[node] = row.status
+    return out
 
 
 def hostlist(nodes) -> str:

@@ -5,7 +5,7 @@ sets (classes, components, sweep results): cardinality stays bounded."""
 from typing import Mapping, Optional
 
 from ..findings import CLASSES
-from .audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, fold
+from .audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, STATUSES, fold, node_states
 
 SWEEP_RESULTS = ("in_flight", "resumed", "escalated", "left", "deferred", "halted")
 _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left", "deferred": "deferred",
@@ -51,13 +51,20 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
                      [("gpugate_sweep_nodes", {"result": r}, n) for r, n in results.items()]))
     if last_audit and isinstance(last_audit.get("facts"), Mapping):
         audit = fold(last_audit["facts"], baseline)
-        drifted = {c: set() for c in NODE_COMPONENTS + GPU_COMPONENTS}
-        for row in audit.rows:
-            if row.status == DRIFT:
-                drifted[row.component].update(row.nodes)
+        states = node_states(audit)
+        components = sorted(NODE_COMPONENTS + GPU_COMPONENTS)
+        counts = {(c, s): 0 for c in components for s in STATUSES}
+        for c in components:
+            for state in states.get(c, {}).values():
+                counts[(c, state)] += 1
         families += [
             ("gpugate_audit_drift_nodes", "gauge", "Nodes whose component differs from the pin (latest audit).",
-             [("gpugate_audit_drift_nodes", {"component": c}, len(n)) for c, n in sorted(drifted.items())]),
+             [("gpugate_audit_drift_nodes", {"component": c}, counts[(c, DRIFT)]) for c in components]),
+            ("gpugate_audit_component_nodes", "gauge",
+             "Nodes per component and state in the latest audit: pinned, drift, pending, unpinned, unreadable "
+             "(could not be read), unchecked (configured off). A node counts once, in its worst state.",
+             [("gpugate_audit_component_nodes", {"component": c, "state": s.lower()}, counts[(c, s)])
+              for c in components for s in STATUSES]),
             ("gpugate_audit_unreachable_nodes", "gauge", "Nodes the latest audit could not read.",
              [("gpugate_audit_unreachable_nodes", {}, len(audit.unreachable))]),
             ("gpugate_audit_timestamp_seconds", "gauge", "When the latest audit ran.",

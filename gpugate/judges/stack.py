@@ -93,7 +93,8 @@ def _services(expect, facts):
         required.append("persistenced")
     out = []
     for role in required:
-        state = (facts.services or {}).get(role)
+        services = facts.services
+        state = services if failed(services) else (services or {}).get(role)
         if isinstance(state, ProbeFailure):
             out.append(probe_finding(role, state))
         elif state is not None and state != "active":

@@ -6,7 +6,7 @@ pin is `pending` (reported, never drained): the sweep moves it on purpose.
 
 from typing import List, Optional
 
-from ..facts import ProbeFailure, failed
+from ..facts import ProbeFailure, failed, unchecked
 from ..findings import DRIFT, PENDING, RECONVERGE, Finding
 from .common import nvswitch, probe_finding
 
@@ -20,7 +20,8 @@ def judge(baseline, expect, facts) -> List[Finding]:
         if expected is None or observed is None:
             return
         if isinstance(observed, ProbeFailure):
-            out.append(probe_finding(component, observed, gpu))
+            if not unchecked(observed):  # configured off: no finding, and no value either
+                out.append(probe_finding(component, observed, gpu))
             return
         if observed == expected:
             return
@@ -42,6 +43,8 @@ def judge(baseline, expect, facts) -> List[Finding]:
             if isinstance(gpu.name, str) and gpu.name in pin.vbios:
                 compare("vbios", gpu.vbios, gpu.index, expected=pin.vbios[gpu.name])
     packages = facts.packages  # None: not collected in this mode
+    if failed(packages):  # the whole probe gave up (budget): every role is unknown
+        packages = {role: packages for role in ("container_toolkit", "fabricmanager")}
     if packages is not None:
         compare("container_toolkit", _package_version(packages.get("container_toolkit"), pin.container_toolkit))
     if packages is not None and nvswitch(expect, facts):

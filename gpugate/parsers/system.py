@@ -98,17 +98,36 @@ def parse_dpkg_query(text: str) -> Dict[str, Package]:
     return packages
 
 
+RPM_QUERYFORMAT = "%{NAME}\t%{EPOCH}\t%{VERSION}\t%{RELEASE}\t%{ARCH}\n"
+_RPM_NOT_INSTALLED = re.compile(r"^package \S+ is not installed$")
+_RPM_EPOCH = re.compile(r"^(?:\(none\)|[0-9]+)$")
+
+
 def parse_rpm_query(text: str) -> Dict[str, Package]:
-    """rpm -q --qf '%{NAME}\\t%{VERSION}\\t%{RELEASE}\\n'; absent packages are skipped."""
-    packages = {}
+    """rpm -qa --qf RPM_QUERYFORMAT (name, epoch, version, release, arch; the
+    epoch "(none)" when unset).  The older three-field form (name, version,
+    release) and `rpm -q`'s "package X is not installed" lines are read too.
+    A name installed in several versions (rpm allows it) keeps them all,
+    joined with ",": such a node matches no single pin."""
+    found: Dict[str, list] = {}
     for line in text.splitlines():
-        if not line.strip() or re.match(r"package .* is not installed$", line.strip()):
+        if not line.strip() or _RPM_NOT_INSTALLED.match(line.strip()):
             continue
         fields = [f.strip() for f in line.split("\t")]
-        if len(fields) != 3 or not all(fields):
-            raise ParseError("rpm -q: expected 'name<TAB>version<TAB>release', saw %s" % _excerpt(line))
-        name, version, release = fields
-        packages[name] = Package(name=name, version=version, held=False, raw_version="%s-%s" % (version, release))
+        if len(fields) == 3:
+            fields = [fields[0], "(none)"] + fields[1:] + [""]
+        if (len(fields) != 5 or not all(fields[:4]) or not _RPM_EPOCH.match(fields[1])
+                or any(c.isspace() or c == "," for f in fields for c in f)):
+            raise ParseError("rpm -qa: expected 'name<TAB>epoch<TAB>version<TAB>release<TAB>arch', saw %s"
+                             % _excerpt(line))
+        name, epoch, version, release = fields[:4]
+        raw = ("" if epoch == "(none)" else epoch + ":") + "%s-%s" % (version, release)
+        found.setdefault(name, []).append((version, raw))
+    packages = {}
+    for name, installed in found.items():
+        versions = sorted({v for v, _ in installed})
+        raws = sorted({r for _, r in installed})
+        packages[name] = Package(name=name, version=",".join(versions), held=False, raw_version=",".join(raws))
     return packages
 
 

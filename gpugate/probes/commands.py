@@ -5,7 +5,7 @@ timeout becomes a ProbeFailure."""
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import CommandError, ParseError
-from ..facts import ProbeFailure
+from ..facts import UNCHECKED, ProbeFailure
 from ..parsers import dcgm as dcgm_parse
 from ..parsers import system
 from ..runner import run
@@ -52,7 +52,8 @@ def packages(settings_packages: Mapping[str, Any], dpkg_query: str, rpm: str, ti
     manager = settings_packages["manager"]
     roles = {role: tuple(settings_packages[role]) for role in ("container_toolkit", "fabricmanager")}
     if manager == "none":
-        return {}
+        # Not read, so neither "absent" (drift) nor a value that could match a pin.
+        return {role: ProbeFailure("packages", UNCHECKED, 'packages.manager = "none"') for role in roles}
     patterns = sorted({p for pats in roles.values() for p in pats})
     if manager == "dpkg":
         fmt = "${Package}\t${Version}\t${db:Status-Abbrev}\t${Status}\n"
@@ -60,9 +61,10 @@ def packages(settings_packages: Mapping[str, Any], dpkg_query: str, rpm: str, ti
         found = _run("packages", [dpkg_query, "-W", "-f=" + fmt]
                      + patterns, timeout, _stdout(system.parse_dpkg_query), ok_codes=(0, 1))
     else:
-        found = _run("packages", [rpm, "-q", "--qf", "%{NAME}\t%{VERSION}\t%{RELEASE}\n"]
-                     + [p for p in patterns if "*" not in p], timeout,
-                     _stdout(system.parse_rpm_query), ok_codes=(0, 1))
+        # -qa takes globs and exits 0 when nothing matches; `rpm -q` adds one
+        # to its exit code per missing name, which hides real rpm failures.
+        found = _run("packages", [rpm, "-qa", "--qf", system.RPM_QUERYFORMAT] + patterns, timeout,
+                     _stdout(system.parse_rpm_query))
     if isinstance(found, ProbeFailure):
         return {role: found for role in roles}
     return {role: _pick(found, pats) for role, pats in roles.items()}

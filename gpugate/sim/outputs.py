@@ -31,7 +31,7 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         table["dkms status"] = _ok("")
     table["lspci -n -d 10de:"] = _ok(_lspci(model["pci"]))
     table["dpkg-query -W *"] = _dpkg(model["packages"])
-    table["rpm -q *"] = _ok("")
+    table["rpm -qa *"] = _ok(_rpm(model["packages"]))
     for unit, state in model["services"].items():
         table["systemctl is-active %s" % unit] = {"stdout": state + "\n", "rc": 0 if state == "active" else 3}
     dcgm = model["dcgm"]
@@ -67,6 +67,11 @@ def _dpkg(packages: Dict[str, Any]) -> Dict[str, Any]:
     # dpkg-query exits 1 when a pattern matches no package.
     return {"stdout": "\n".join(lines) + ("\n" if lines else ""), "rc": 0 if lines else 1,
             "stderr": "" if lines else "dpkg-query: no packages found matching nvidia-*\n"}
+
+
+def _rpm(packages: Dict[str, Any]) -> str:
+    # rpm -qa --qf '%{NAME}\t%{EPOCH}\t%{VERSION}\t%{RELEASE}\t%{ARCH}\n'; exit 0 even when nothing matches.
+    return "".join("%s\t(none)\t%s\t1.el9\tx86_64\n" % (p["name"], p["version"]) for p in packages.values() if p)
 
 
 def _health(overall: str) -> str:
