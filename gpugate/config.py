@@ -149,6 +149,7 @@ class Settings:
     sweep: Mapping[str, object] = None
     drain_budget: Mapping[str, object] = None
     source: str = ""
+    last_good_dir: str = ""  # node-side runs: where the last good copies are kept (node.lastgood)
 
     def state_dir(self, node: str) -> str:
         if "{node}" in self.state_dir_template:

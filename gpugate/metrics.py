@@ -97,7 +97,7 @@ def component_states(verdict, facts, baseline, expect) -> dict:
     return out
 
 
-def node_families(node: str, verdict, facts, baseline, held: bool = False) -> list:
+def node_families(node: str, verdict, facts, baseline, held: bool = False, config_error: bool = False) -> list:
     states = component_states(verdict, facts, baseline, baseline.expect_for(node))
     classes = {f.cls for f in verdict.findings}
 
@@ -120,6 +120,9 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False) -> li
          "no GPU with a pinned product or with GSP).", per_component("gpugate_component_unchecked", UNCHECKED)),
         ("gpugate_drain_held", "gauge", "1 when the node is unfit but the partition's drain budget keeps it in service.",
          [("gpugate_drain_held", {}, 1 if held else 0)]),
+        ("gpugate_config_error", "gauge",
+         "1 when gpugate.toml or the baseline did not load and the node judges with its last good copy.",
+         [("gpugate_config_error", {}, 1 if config_error else 0)]),
         ("gpugate_findings", "gauge", "Number of findings of the last check.",
          [("gpugate_findings", {}, len(verdict.findings))]),
         ("gpugate_last_check_timestamp_seconds", "gauge", "When the last health check ended.",
@@ -129,8 +132,9 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False) -> li
     ]
 
 
-def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False) -> None:
-    text = render(node_families(node, verdict, facts, baseline, held))
+def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
+                        config_error: bool = False) -> None:
+    text = render(node_families(node, verdict, facts, baseline, held, config_error))
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
         with open(tmp, "w") as handle:

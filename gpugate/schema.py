@@ -259,6 +259,10 @@ def load_toml(path: str, what: str) -> Dict[str, Any]:
                           % (path, what)) from None
     except OSError as exc:
         raise ConfigError("%s: cannot read %s: %s" % (path, what, exc.strerror or exc)) from None
+    return parse_toml_bytes(data, path)
+
+
+def parse_toml_bytes(data: bytes, path: str) -> Dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

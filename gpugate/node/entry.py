@@ -43,11 +43,13 @@ def main(mode: str, argv: List[str]) -> int:
     record: Dict[str, object] = {"node": node, "mode": mode}
     settings = None
     try:
-        from ..config import check_state, load_settings
+        from ..config import check_state, config_path
         from ..names import check_node_name
+        from .lastgood import load_settings
 
         check_node_name(node, "SLURMD_NODENAME")
-        settings = load_settings(config)
+        # A file that does not load: the last good copy, and the error logged.
+        settings = load_settings(config_path(config), node, record)
         check_state(settings, settings.state_dir(node))
         if mode == "healthcheck":
             from .healthcheck import run
@@ -57,8 +59,9 @@ def main(mode: str, argv: List[str]) -> int:
             from .epilog import run
         code = run(settings, node, record)
     except ConfigError as exc:
-        # Bad configuration changes nothing: no drain, no resume, a loud log.
-        record.update(verdict="error", error=str(exc)[:500])
+        # Bad configuration with no last good copy changes nothing: no
+        # drain, no resume, a loud log.
+        record.update(verdict="error", error=str(exc)[:500], config_error=str(exc)[:500])
         code = 2
     except GpugateError as exc:
         record.update(verdict="error", error=str(exc)[:500])
@@ -77,6 +80,8 @@ def main(mode: str, argv: List[str]) -> int:
     _log(settings, node, record)
     if record.get("verdict") == "error":
         sys.stderr.write("gpugate-%s: %s\n" % (mode, record.get("error")))
+    elif record.get("config_error"):
+        sys.stderr.write("gpugate-%s: %s\n" % (mode, record["config_error"]))
     return code
 
 

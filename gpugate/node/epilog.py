@@ -21,9 +21,9 @@ def run(settings, node: str, record: dict) -> int:
     boot_id = files.boot_id(settings.node_root(node))
     baseline, cursor = fresh_baseline(settings, node, last_state(settings, node), boot_id)
     if baseline is None:
-        from ..config import load_checked_baseline
+        from .lastgood import load_baseline
 
-        baseline = load_checked_baseline(settings)
+        baseline = load_baseline(settings, record)
     job_file = st.job_path(settings.state_dir(node), job_id) if job_id else None
     job = st.read_json(job_file) if job_file else None
     if job and job.get("boot_id") == boot_id and isinstance(job.get("kmsg_seq"), int):

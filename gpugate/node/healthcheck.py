@@ -6,7 +6,6 @@ record of facts and verdict for the prolog to reuse."""
 
 import os
 import time
-from ..config import load_checked_baseline
 from ..facts import to_jsonable
 from ..findings import PROBE
 from ..judges import lost
@@ -16,6 +15,7 @@ from . import state as st
 from .act import act
 from .hold import HELD
 from .check import run_check
+from .lastgood import load_baseline
 from .lock import RunLock
 from .slurmd_limits import slurm_node_is_healthy
 
@@ -41,7 +41,7 @@ def run(settings, node: str, record: dict) -> int:
         in_service = slurm_node_is_healthy(os.environ)
         if in_service is not None:
             record["slurm_in_service"] = in_service
-        baseline = load_checked_baseline(settings)
+        baseline = load_baseline(settings, record)
         last_path = os.path.join(state_dir, st.LAST)
         last = st.read_json(last_path) or {}
         boot_id = files.boot_id(settings.node_root(node))
@@ -79,6 +79,7 @@ def run(settings, node: str, record: dict) -> int:
             "resolved": baseline.resolved_for(node),
             "gpus_high": lost.next_high(last.get("gpus_high"), expected_gpus, facts),
             "facts": to_jsonable(facts),
+            "config_error": record.get("config_error"),
         }
         try:
             st.write_json(last_path, new_state)
@@ -95,7 +96,7 @@ def run(settings, node: str, record: dict) -> int:
             from ..metrics import write_node_textfile
 
             write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
-                                held=outcome["action"] == HELD)
+                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")))
         record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
                       action=outcome["action"], rpc=outcome.get("rpc", False),
                       durations={k: round(v, 3) for k, v in facts.durations.items()})

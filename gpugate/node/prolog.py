@@ -29,13 +29,17 @@ def run(settings, node: str, record: dict) -> int:
     if last and last.get("pending_drain") and last.get("boot_id") == boot_id:
         # The health check found the node unfit but could not drain it
         # (slurmctld was away): no job starts here meanwhile.
+        if last.get("config_error"):
+            record["config_error"] = last["config_error"]  # judged with the last good copy
         return _refuse(settings, node, record, last, deadline)
     baseline, cursor = fresh_baseline(settings, node, last, boot_id)
     record["reused"] = baseline is not None
+    if baseline is not None and last.get("config_error"):
+        record["config_error"] = last["config_error"]  # judged with the last good copy
     if baseline is None:
-        from ..config import load_checked_baseline
+        from .lastgood import load_baseline
 
-        baseline = load_checked_baseline(settings)
+        baseline = load_baseline(settings, record)
     gpus = job_gpus()
     high, expected = (last or {}).get("gpus_high"), baseline.expect_for(node).gpus
     result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus,
