@@ -125,20 +125,9 @@ def _keep(where: str, name: str, path: str, validate: Callable[[bytes], object])
 
 
 def _write(path: str, data: bytes) -> None:
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from .state import write_bytes
+
+    write_bytes(path, data, mode=0o600)
 
 
 def fingerprint(settings) -> Optional[str]:

@@ -12,12 +12,17 @@ JOBS = "jobs"
 
 
 def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
+    write_bytes(path, json.dumps(data, sort_keys=True, separators=(",", ":")).encode(), durable)
+
+
+def write_bytes(path: str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        with open(tmp, "w") as handle:
-            json.dump(data, handle, sort_keys=True, separators=(",", ":"))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
