@@ -36,6 +36,30 @@ def class_rank(name: str) -> int:
     return _RANK.get(name, 0)
 
 
+# Acute findings: intrinsic events of this node (a hardware fault, a stack
+# that fails on its own), which drain at once.  Every other finding compares
+# the node with what a file expects (versions, packages, services, the GPU
+# count, product, MIG or persistence a nodeset names), or says gpugate could
+# not tell (probe): a wrong baseline or gpugate.toml could raise those on
+# every node at once, so they drain only within the partition's drain
+# budget (gpugate.budget).  Keyed by (class, component): the component alone
+# decides, so a reason read back from Slurm is classified the same way.
+ACUTE = {
+    HEALTH: frozenset({
+        "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
+        "row_remap", "nvlink", "pcie_gen", "pcie_width", "clocks", "recovery", "dcgm_health",
+        "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost"}),
+    BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes"}),
+}
+
+
+def is_acute(cls: str, component: str) -> bool:
+    """Does a finding of this class and component drain at once, outside the
+    drain budget?  Unknown pairs are budgeted: a file-caused finding must
+    never escape the budget by a name this table does not know."""
+    return component in ACUTE.get(cls, ())
+
+
 @dataclass(frozen=True)
 class Finding:
     cls: str
