@@ -32,6 +32,9 @@ _BY_COMPONENT = {
     "pci_gpus": ["fewer NVIDIA devices on the PCI bus than expected: reboot; then hardware check"],
     "pcie_width": ["the PCIe link trained narrower than the GPU supports: reseat the GPU or riser"],
     "recovery": ["NVML's recovery action asks for it: reset the GPU or reboot as it says"],
+    "uncovered": ["no [nodes.\"...\"] section of the baseline names this node, so gpugate does not know "
+                  "what it should look like: add it to a section's hostlist (gpugate baseline check "
+                  "new-baseline.toml shows the effect first); the drain clears itself on the next check"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],
 }
