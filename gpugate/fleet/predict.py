@@ -233,6 +233,6 @@ def to_text(prediction: Prediction) -> str:
                        ("over budget already" if len(p.unfit) > p.allowance else "within budget"))
                       for p in prediction.partitions]
     width = max([len(str(row[0])) for row in table] + [9])
-    lines += ["%-*s %7s %6s %5s %4s %5s %7s  %s" % ((width,) + tuple(row)) for row in table]
+    lines += ["%-*s  %7s %6s %5s %4s %5s %7s  %s" % ((width,) + tuple(row)) for row in table]
     lines += over_lines(prediction)
     return "\n".join(lines)
