@@ -157,6 +157,10 @@ def test_no_audit_or_one_without_partitions_exits_2_saying_what_to_do(audited, t
     result = check(str(conf), DEMO_BASELINE)
     assert result.returncode == 2
     assert "records no partitions" in result.stderr and "run gpugate audit again" in result.stderr
+    saved["partitions"] = {"gpu01": "gpu"}
+    (tmp_path / "audit.json").write_text(json.dumps(saved))
+    result = check(str(conf), DEMO_BASELINE)
+    assert result.returncode == 2 and "must map each node to its partitions" in result.stderr
 
 
 def test_audit_without_slurm_keeps_no_partitions_and_says_so(tmp_path):

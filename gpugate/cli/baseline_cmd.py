@@ -136,7 +136,9 @@ def read_audit(path: str):
         raise ConfigError("%s: cannot read the audit: %s" % (path, exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("facts"), dict):
         raise ConfigError("%s: not an audit file (expected {\"at\", \"baseline\", \"facts\": {node: facts}})" % path)
-    if not isinstance(data.get("partitions"), (dict, type(None))):
+    parts = data.get("partitions")
+    if parts is not None and not (isinstance(parts, dict) and all(
+            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parts.values())):
         raise ConfigError("%s: \"partitions\" must map each node to its partitions" % path)
     return data
 
