@@ -206,19 +206,31 @@ class Baseline:
     health: HealthPolicy
     source: str = ""
     resolved_expect: Optional[NodeExpect] = None  # set when loaded from a node's cache
+    resolved_covered: Optional[bool] = None  # likewise
+
+    def _sections_for(self, node: str):
+        if not self.nodesets:
+            return []
+        from ClusterShell.NodeSet import NodeSet
+
+        return [values for pattern, values in self.nodesets if node in NodeSet(pattern)]
 
     def expect_for(self, node: str) -> NodeExpect:
         """Merge every [nodes."..."] section that names this node; later wins."""
         if self.resolved_expect is not None:
             return self.resolved_expect
         merged: Dict[str, object] = {}
-        if self.nodesets:
-            from ClusterShell.NodeSet import NodeSet
-
-            for pattern, values in self.nodesets:
-                if node in NodeSet(pattern):
-                    merged.update({k: v for k, v in values.items() if v is not None})
+        for values in self._sections_for(node):
+            merged.update({k: v for k, v in values.items() if v is not None})
         return NodeExpect(**merged)
+
+    def covers(self, node: str) -> bool:
+        """Does a [nodes."..."] section name this node?  One that none names
+        has no expected shape: the judges report it (uncovered) rather than
+        judge it against nothing."""
+        if self.resolved_covered is not None:
+            return self.resolved_covered
+        return bool(self._sections_for(node))
 
     def with_pin(self, pin: Pins) -> "Baseline":
         return replace(self, pin=pin)
@@ -242,7 +254,7 @@ class Baseline:
         return {"name": self.name, "pin": asdict(self.pin),
                 "previous": asdict(self.previous) if self.previous else None,
                 "rollout": self.rollout_in_progress, "expect": asdict(self.expect_for(node)),
-                "health": asdict(self.health), "source": self.source}
+                "covered": self.covers(node), "health": asdict(self.health), "source": self.source}
 
 
 def from_resolved(data: Mapping[str, object]) -> Baseline:
@@ -255,7 +267,7 @@ def from_resolved(data: Mapping[str, object]) -> Baseline:
                     previous=Pins(**data["previous"]) if data["previous"] else None,
                     rollout_in_progress=bool(data["rollout"]), nodesets=(),
                     health=HealthPolicy(**health), source=str(data.get("source", "")),
-                    resolved_expect=NodeExpect(**data["expect"]))
+                    resolved_expect=NodeExpect(**data["expect"]), resolved_covered=bool(data["covered"]))
 
 
 def _pins(raw: Mapping[str, object], driver_default: Optional[str] = None) -> Pins:

@@ -192,4 +192,74 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def _failure(value: Any) -> Optional[ProbeFailure]:
+    if isinstance(value, dict) and set(value) == {"error"} and isinstance(value["error"], dict):
+        e = value["error"]
+        return ProbeFailure(str(e.get("source", "")), str(e.get("kind", "error")), str(e.get("detail") or ""),
+                            e.get("code"))
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """Lists back to tuples (the judges test for tuples), errors back to
+    ProbeFailure; other JSON as it is."""
+    failure = _failure(value)
+    if failure is not None:
+        return failure
+    if isinstance(value, list):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _record(kind, nested=None):
+    def decode(value: Any) -> Any:
+        failure = _failure(value)
+        if failure is not None or value is None:
+            return failure
+        if not isinstance(value, dict):
+            raise TypeError("%s: expected an object, got %s" % (kind.__name__, type(value).__name__))
+        args = {f.name: (nested or {}).get(f.name, _plain)(value[f.name]) for f in fields(kind) if f.name in value}
+        return kind(**args)
+    return decode
+
+
+def _each(decode):
+    def many(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(decode(v) for v in value)
+        return _plain(value)
+    return many
+
+
+def _per_key(decode):
+    def per(value: Any) -> Any:
+        if isinstance(value, dict) and _failure(value) is None:
+            return {k: decode(v) for k, v in value.items()}
+        return _plain(value)
+    return per
+
+
+_GPU = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
+_NODE = _record(NodeFacts, {
+    "nvml": _record(NvmlFacts, {"gpus": _each(_GPU)}),
+    "dkms": _each(_record(DkmsEntry)),
+    "packages": _per_key(_record(Package)),
+    "dcgm_health": _record(DcgmHealth),
+    "dcgm_diag": _record(DcgmDiag, {"results": _each(_record(DcgmTestResult))}),
+    "xids": _each(_record(XidEvent)),
+    "durations": dict,
+})
+
+
+def from_jsonable(data: Any) -> NodeFacts:
+    """The inverse of ``to_jsonable`` for a node's facts (as `gpugate
+    facts --json` and the audit keep them), so the judges can run on them.
+    Raises TypeError or ValueError on something else."""
+    if not isinstance(data, dict) or _failure(data) is not None:
+        raise TypeError("node facts: expected an object")
+    return _NODE(data)
+
+
 Fact = Union[Any, ProbeFailure]

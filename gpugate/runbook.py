@@ -40,6 +40,9 @@ _BY_COMPONENT = {
     "pcie_max_width": ["the GPU cannot reach the baseline's pcie_min_width at all: the baseline's [health] "
                        "minimum does not fit this hardware; fix the baseline (or its nodeset)"],
     "recovery": ["NVML's recovery action asks for it: reset the GPU or reboot as it says"],
+    "uncovered": ["no [nodes.\"...\"] section of the baseline names this node, so gpugate does not know "
+                  "what it should look like: add it to a section's hostlist (gpugate baseline check "
+                  "new-baseline.toml shows the effect first); the drain clears itself on the next check"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],
 }

@@ -18,6 +18,17 @@ def gpugate_cmd(*args, check=False, timeout=120, env=None):
                           text=True, timeout=timeout, check=check, env=full_env)
 
 
+def sim_config(directory, fleet_dir, extra=""):
+    """gpugate.toml for a simulated fleet audited through the local
+    transport; the journal (and so audit.json) in ``directory``."""
+    path = os.path.join(str(directory), "gpugate.toml")
+    with open(path, "w") as handle:
+        handle.write('baseline = "%s"\ncheck_ownership = false\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
+                     'journal = "%s/sweep.db"\ngpugate = ["%s", "-m", "gpugate"]\n%s'
+                     % (DEMO_BASELINE, fleet_dir, directory, sys.executable, extra))
+    return path
+
+
 @pytest.fixture
 def fleet(tmp_path):
     """A simulated fleet of three healthy nodes matching the demo baseline."""

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DEMO_BASELINE, gpugate_cmd, make_cluster
+from conftest import DEMO_BASELINE, gpugate_cmd, make_cluster, sim_config
 from gpugate.baseline import load_baseline
 from gpugate.fleet.audit import DRIFT, PINNED, UNREADABLE, fold, hostlist, to_json
 
@@ -64,10 +64,7 @@ def test_fold_partitions_every_node_exactly_once_per_component(spec):
 def test_audit_of_simulated_nodes_exit_codes_and_json(tmp_path):
     fleet_dir = str(tmp_path / "fleet")
     gpugate_cmd("sim", "init", fleet_dir, "--nodes", "gpu[01-04]", "--baseline", DEMO_BASELINE, check=True)
-    config = tmp_path / "gpugate.toml"
-    config.write_text('baseline = "%s"\ncheck_ownership = false\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
-                      'journal = "%s/sweep.db"\ngpugate = ["%s", "-m", "gpugate"]\n'
-                      % (DEMO_BASELINE, fleet_dir, tmp_path, sys.executable))
+    config = sim_config(tmp_path, fleet_dir)
     result = gpugate_cmd("audit", "--config", str(config), "-w", "gpu[01-04]")
     assert result.returncode == 0, result.stderr
     gpugate_cmd("sim", "set", fleet_dir, "gpu[02-03]", "dcgm=3.3.5", check=True)

@@ -1,6 +1,6 @@
 """The drain reason: ASCII, one line, <= 255 bytes, class first, parses back."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from gpugate import reason
 from gpugate.findings import CHECK_CLASSES, Finding, class_rank
@@ -87,3 +87,29 @@ def test_foreign_reasons_are_not_ours():
                  "Node unexpectedly rebooted", "reboot requested", "Reboot ASAP", "", None,
                  "gpugate:drift x", "gpugate: weird x=1 (want 2)", "NHC: nv_health: GPU lost"]:
         assert reason.parse(text, TAG) is None, text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", fullmatch=True),
+       st.from_regex(r"/[a-z0-9_./-]{1,300}", fullmatch=True), st.lists(findings_st, max_size=5))
+def test_an_uncovered_node_renders_bounded_and_parses_back(node, path, others):
+    """Item 7: the finding for a node no [nodes] section names, alone or
+    after other findings, with any node name and baseline path."""
+    from gpugate.baseline import parse_baseline
+    from gpugate.judges import _uncovered
+
+    assume(node not in ("x-not-this-node1", "x-not-this-node2"))
+    baseline = parse_baseline({"pin": {"driver": "1"}, "nodes": {"x-not-this-node[1-2]": {"gpus": 8}}}, path)
+    uncovered = _uncovered(baseline, node)
+    assert [(f.cls, f.component, f.observed) for f in uncovered] == [("probe", "uncovered", node)]
+    assert uncovered[0].expected == "a [nodes] section in %s" % path
+    alone = decide(uncovered, TAG).reason
+    assert len(alone.encode("ascii")) <= reason.MAX_BYTES
+    parsed = reason.parse(alone, TAG)
+    assert parsed.cls == "probe" and parsed.more == 0
+    assert (parsed.first.component, parsed.first.observed) == ("uncovered", node)
+    assert parsed.first.expected.startswith("a [nodes] section in ")
+    mixed = decide(others + uncovered, TAG).reason
+    assert len(mixed.encode("ascii")) <= reason.MAX_BYTES
+    parsed = reason.parse(mixed, TAG)
+    assert len(parsed.findings) + parsed.more == len(others) + 1

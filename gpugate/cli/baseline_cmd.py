@@ -14,10 +14,14 @@ from .main import main
 _config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
                            help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
 
+_audit_opt = click.option("--audit", "audit_file", type=click.Path(dir_okay=False), default=None,
+                          help="The latest audit's facts (default: audit.json next to the sweep journal).")
+
 
 @main.group()
 def baseline():
-    """Write a baseline from a known-good node; compare two baselines.
+    """Write a baseline from a known-good node; compare two baselines;
+    check a new one against the drain budget before it is pushed.
 
     \b
     Examples:
@@ -25,6 +29,7 @@ def baseline():
       gpugate baseline capture --sim /tmp/fleet --node gpu01
       gpugate baseline diff /etc/gpugate/baseline.toml new-baseline.toml
       gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json --json
+      gpugate baseline check new-baseline.toml --audit audit.json
     """
 
 
@@ -120,13 +125,8 @@ def capture(config, sim, node, name, output, force):
         click.echo(text, nl=False)
 
 
-def audit_path(settings) -> str:
-    """Where `gpugate audit` leaves the latest fleet facts: next to the journal."""
-    return os.path.join(os.path.dirname(str(settings.sweep["journal"])), "audit.json")
-
-
 def read_audit(path: str):
-    """The latest audit's {"at", "baseline", "facts"}; None when there is none."""
+    """The latest audit's {"at", "baseline", "facts", "partitions"}; None when there is none."""
     try:
         with open(path) as handle:
             data = json.load(handle)
@@ -136,22 +136,56 @@ def read_audit(path: str):
         raise ConfigError("%s: cannot read the audit: %s" % (path, exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("facts"), dict):
         raise ConfigError("%s: not an audit file (expected {\"at\", \"baseline\", \"facts\": {node: facts}})" % path)
+    parts = data.get("partitions")
+    if parts is not None and not (isinstance(parts, dict) and all(
+            isinstance(v, list) and all(isinstance(p, str) for p in v) for v in parts.values())):
+        raise ConfigError("%s: \"partitions\" must map each node to its partitions" % path)
     return data
+
+
+def _latest_audit(config, audit_file):
+    """(settings, path, audit or None): --audit when given (it must exist),
+    else audit.json next to the sweep journal."""
+    from ..config import load_settings
+    from .fleet import audit_path
+
+    settings = load_settings(config, missing_ok=True)
+    path = audit_file or audit_path(settings)
+    audit = read_audit(path)
+    if audit is None and audit_file:
+        raise ConfigError("%s: no such audit file" % path)
+    return settings, path, audit
+
+
+def _predict(settings, old, new, audit):
+    from ..fleet.predict import predict
+
+    return predict(old, new, audit["facts"], audit.get("partitions"),
+                   float(settings.drain_budget["max_share"]), settings.reason_tag)
+
+
+def _when(audit) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(audit.get("at"))))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unknown time"
 
 
 @baseline.command("diff")
 @_config_opt
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("new", type=click.Path(dir_okay=False))
-@click.option("--audit", "audit_file", type=click.Path(dir_okay=False), default=None,
-              help="The latest audit's facts (default: audit.json next to the sweep journal).")
+@_audit_opt
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: pin, previous, rollout, nodesets, health, would_drift, would_drift_now, "
-                   "unreachable, audit.")
+                   "unreachable, prediction, audit.")
 def diff(config, old, new, audit_file, as_json):
     """Show what changes between two baselines and, from the latest audit,
-    how many nodes and which would drift under the new one (and how many
-    drift now), before the new one is pushed to the fleet.  Exit 0.
+    what the new one would do to each node before it is pushed: the
+    findings of every class it adds and removes (the judges `gpugate check`
+    runs, on each node's audited facts), acute or within the drain budget,
+    and per partition how many nodes it leaves unfit against the budget.
+    Exit 0 (`gpugate baseline check` is the gate that fails).
 
     \b
     Examples:
@@ -160,20 +194,15 @@ def diff(config, old, new, audit_file, as_json):
       gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json
     """
     from ..baseline import load_baseline
-    from ..config import load_settings
+    from ..fleet import predict as prediction
     from ..fleet.review import diff as diff_baselines
     from ..fleet.review import diff_text
 
     old_b, new_b = load_baseline(old), load_baseline(new)
-    if audit_file:
-        path = audit_file
-        audit = read_audit(path)
-        if audit is None:
-            raise ConfigError("%s: no such audit file" % path)
-    else:
-        path = audit_path(load_settings(config, missing_ok=True))
-        audit = read_audit(path)
+    settings, path, audit = _latest_audit(config, audit_file)
     result = diff_baselines(old_b, new_b, audit["facts"] if audit else None)
+    predicted = _predict(settings, old_b, new_b, audit) if audit else None
+    result["prediction"] = prediction.to_json(predicted) if predicted else None
     if audit:
         result["audit"] = {"path": path, "at": audit.get("at"), "baseline": audit.get("baseline"),
                            "nodes": len(audit["facts"])}
@@ -182,15 +211,73 @@ def diff(config, old, new, audit_file, as_json):
         result["note"] = "no audit yet: run gpugate audit"
     if as_json:
         click.echo(json.dumps(result, sort_keys=True))
-    else:
-        click.echo(diff_text(result))
+        sys.exit(0)
+    click.echo(diff_text(result))
+    click.echo("")
+    if audit:
+        click.echo(prediction.to_text(predicted))
         click.echo("")
-        if audit:
-            try:
-                when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(audit.get("at"))))
-            except (TypeError, ValueError, OverflowError, OSError):
-                when = "an unknown time"
-            click.echo("(from the audit of %d nodes at %s: %s)" % (len(audit["facts"]), when, path))
-        else:
-            click.echo("no audit yet: run gpugate audit (%s not found): no node prediction" % path)
+        click.echo("(from the audit of %d nodes at %s: %s)" % (len(audit["facts"]), _when(audit), path))
+    else:
+        click.echo("no audit yet: run gpugate audit (%s not found): no node prediction" % path)
     sys.exit(0)
+
+
+@baseline.command("check")
+@_config_opt
+@click.argument("new", type=click.Path(dir_okay=False))
+@click.option("--old", "old_path", type=click.Path(dir_okay=False), default=None,
+              help="The baseline the fleet runs now (default: the configured one): what NEW changes is "
+                   "counted against it.")
+@_audit_opt
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: new, old, audit, prediction (nodes, changes, partitions, unknown, "
+                   "uncovered, over_budget).")
+def check_cmd(config, new, old_path, audit_file, as_json):
+    """Would NEW make more nodes of a partition unfit than its drain budget
+    allows?  For a site's git CI, before NEW is pushed: NEW is validated,
+    then judged on every node's facts from the last `gpugate audit` (the
+    judges `gpugate check` runs), against the baseline the fleet runs now.
+    Read-only: nothing is changed.
+
+    \b
+    Exit 0: within every partition's budget.
+    Exit 1: over budget; one line per partition names the count, the budget
+            and the first findings with their nodes.
+    Exit 2: NEW does not load (the loader's error), no audit, or an audit
+            without Slurm's partitions.
+
+    \b
+    Examples:
+      gpugate baseline check new-baseline.toml
+      gpugate baseline check baseline.toml --old /etc/gpugate/baseline.toml --audit audit.json
+      gpugate baseline check baseline.toml --audit audit.json --json
+    """
+    from ..baseline import load_baseline
+    from ..fleet import predict as prediction
+
+    new_b = load_baseline(new)
+    settings, path, audit = _latest_audit(config, audit_file)
+    if audit is None:
+        raise ConfigError("no audit at %s: run gpugate audit first (on the controller), or give --audit FILE"
+                          % path)
+    if audit.get("partitions") is None:
+        raise ConfigError("%s: the audit records no partitions (Slurm did not answer, or an older gpugate "
+                          "wrote it): run gpugate audit again where Slurm answers" % path)
+    old = old_path or settings.baseline
+    old_b = load_baseline(old) if old_path or os.path.exists(old) else None
+    predicted = _predict(settings, old_b, new_b, audit)
+    over = prediction.over_lines(predicted)
+    if as_json:
+        click.echo(json.dumps({"new": new, "old": old if old_b else None, "exit_code": 1 if over else 0,
+                               "audit": {"path": path, "at": audit.get("at"), "nodes": len(audit["facts"])},
+                               "prediction": prediction.to_json(predicted)}, sort_keys=True))
+        sys.exit(1 if over else 0)
+    click.echo("%s (%s) against the audit of %d nodes at %s (%s), compared with %s"
+               % (new, new_b.name, len(audit["facts"]), _when(audit), path,
+                  old if old_b else "no current baseline (%s not found): every finding is new" % old))
+    click.echo(prediction.to_text(predicted))
+    if over:
+        click.echo("gpugate baseline check: %s would drain more than the budget allows in partition %s"
+                   % (new, ", ".join(p.partition for p in predicted.over)), err=True)
+    sys.exit(1 if over else 0)

@@ -23,19 +23,30 @@ def audit_path(settings) -> str:
 
 
 def _select_nodes(settings, nodes, partitions):
-    """The nodes to audit: a hostlist, or Slurm's nodes (optionally of partitions)."""
+    """The nodes to audit (a hostlist, or Slurm's nodes, optionally of
+    partitions) and node -> partitions of every Slurm node, which `baseline
+    check` needs for the drain budget; None when Slurm did not answer and
+    a hostlist was given (the audit goes on without them)."""
+    from ..errors import SlurmError
     from ..names import parse_hostlist
-
-    wanted = set(parse_hostlist(nodes)) if nodes else None
-    if wanted is not None and not partitions:
-        return sorted(wanted)
     from ..slurm import connect
 
-    states = connect(settings).nodes()
+    wanted = set(parse_hostlist(nodes)) if nodes else None
+    try:
+        states = connect(settings).nodes()
+    except SlurmError as exc:
+        if wanted is None or partitions:
+            raise
+        click.echo("gpugate audit: no partitions recorded (Slurm did not answer: %s); `baseline check` "
+                   "needs them: run the audit where Slurm answers" % exc, err=True)
+        return sorted(wanted), None
+    member_of = {n: list(st.partitions) for n, st in states.items()}
+    if wanted is not None and not partitions:
+        return sorted(wanted), member_of
     chosen = [n for n, st in states.items() if not partitions or set(st.partitions) & set(partitions)]
     if wanted is not None:
         chosen = [n for n in chosen if n in wanted]
-    return sorted(chosen)
+    return sorted(chosen), member_of
 
 
 @main.command()
@@ -50,7 +61,9 @@ def _select_nodes(settings, nodes, partitions):
 def audit(config, nodes, partition, baseline_path, max_age, as_json):
     """Every component's distinct values across the fleet, folded into
     hostlists, with the pinned value and the drift.  Exit 1 when any node
-    drifts (for cron jobs and pipelines); unreachable nodes are listed.
+    drifts or no [nodes] section covers it (for cron jobs and pipelines);
+    unreachable and uncovered nodes are listed.  The facts and Slurm's
+    partitions are kept for `gpugate baseline diff` and `baseline check`.
 
     \b
     Examples:
@@ -69,13 +82,14 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     if baseline_path:
         settings = replace(settings, baseline=os.path.abspath(baseline_path))
     baseline = load_baseline(settings.baseline)
-    names = _select_nodes(settings, nodes, partition)
+    names, member_of = _select_nodes(settings, nodes, partition)
     answers = make_transport(settings).facts(names, max_age, float(settings.sweep["verify_timeout"]))
     fleet = {n: (a["facts"] if isinstance(a, dict) and isinstance(a.get("facts"), dict) else str(a))
              for n, a in answers.items()}
     result = fold(fleet, baseline)
     try:
-        write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet})
+        write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet,
+                                          "partitions": member_of})
     except OSError as exc:
         click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
     if as_json:
@@ -83,7 +97,7 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     else:
         click.echo("audit of %d nodes against %s (%s)" % (len(names), baseline.name, settings.baseline))
         click.echo(to_text(result))
-    sys.exit(1 if result.drift else 0)
+    sys.exit(1 if result.drift or result.uncovered else 0)
 
 
 @main.command()

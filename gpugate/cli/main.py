@@ -14,7 +14,8 @@ from ..errors import ConfigError, GpugateError
 EXIT_CODES = """\b
 Exit codes:
   0  fit / success
-  1  unfit (check), drift found (audit), sweep stopped by its circuit breaker
+  1  unfit (check), drift or uncovered nodes (audit), over the drain budget
+     (baseline check), sweep stopped by its circuit breaker
   2  usage or configuration error: nothing was changed
   3  Slurm did not answer or refused"""
 

@@ -33,6 +33,8 @@ class Row:
 class Audit:
     rows: Tuple[Row, ...]
     unreachable: Mapping[str, str] = field(default_factory=dict)  # node -> why
+    uncovered: Tuple[str, ...] = ()  # nodes no [nodes] section of the baseline names
+    baseline_source: str = ""
 
     @property
     def drift(self) -> bool:
@@ -139,7 +141,8 @@ def fold(fleet: Mapping[str, object], baseline=None) -> Audit:
     rows = [Row(c, p, v, tuple(sorted(nodes)), _status(c, p, v, baseline))
             for (c, p, v), nodes in groups.items()]
     rows.sort(key=lambda r: (order.get(r.component, 99), r.product or "", r.status != PINNED, -r.count, r.value))
-    return Audit(tuple(rows), unreachable)
+    uncovered = tuple(sorted(n for n in fleet if not baseline.covers(n))) if baseline is not None else ()
+    return Audit(tuple(rows), unreachable, uncovered, baseline.source if baseline is not None else "")
 
 
 def node_states(audit: Audit) -> Dict[str, Dict[str, str]]:
@@ -164,7 +167,9 @@ def to_json(audit: Audit) -> dict:
     return {"drift": audit.drift,
             "rows": [{"component": r.component, "product": r.product, "value": r.value, "count": r.count,
                       "nodes": hostlist(r.nodes), "status": r.status} for r in audit.rows],
-            "unreachable": {"nodes": hostlist(audit.unreachable), "why": dict(audit.unreachable)}}
+            "unreachable": {"nodes": hostlist(audit.unreachable), "why": dict(audit.unreachable)},
+            "uncovered": {"count": len(audit.uncovered), "nodes": hostlist(audit.uncovered),
+                          "baseline": audit.baseline_source}}
 
 
 def to_text(audit: Audit) -> str:
@@ -181,6 +186,10 @@ def to_text(audit: Audit) -> str:
                                              hostlist(audit.unreachable)))
         for node, why in sorted(audit.unreachable.items())[:20]:
             lines.append("    %s: %s" % (node, why[:100]))
+    if audit.uncovered:
+        # Judged against no nodeset: `gpugate check` reports them (probe uncovered).
+        lines.append("%-40s %-*s %6d  %-28s no [nodes] section in %s" % (
+            "UNCOVERED", width, "", len(audit.uncovered), hostlist(audit.uncovered), audit.baseline_source))
     if not lines:
         lines.append("(no nodes)")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from ..facts import NodeFacts
 from dataclasses import replace
 
 from ..facts import failed
-from ..findings import DRIFT, PENDING, Finding, sort_findings
+from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings
 from . import dcgm, gpus, stack, versions
 
 
@@ -22,7 +22,19 @@ def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
     findings += versions.judge(baseline, expect, facts)
     findings += gpus.judge(baseline, expect, facts)
     findings += dcgm.judge(baseline, expect, facts)
+    findings += _uncovered(baseline, facts.node)
     return sort_findings(_fold_gpus(_dedupe(findings), _gpu_count(facts)))
+
+
+def _uncovered(baseline: Baseline, node: str) -> List[Finding]:
+    """No [nodes] section names the node: its GPU count, product and the
+    rest are unknown, so it is not judged fit on the pins alone.  A probe
+    finding (within the drain budget): it clears once a section covers it."""
+    if baseline.covers(node):
+        return []
+    where = baseline.source or "the baseline"
+    return [Finding(PROBE, "uncovered", node, "a [nodes] section in %s" % where, INVESTIGATE,
+                    detail="no [nodes.\"...\"] section of %s names %s" % (where, node))]
 
 
 def _dedupe(findings: List[Finding]) -> List[Finding]:
