@@ -36,7 +36,7 @@ def settings_for():
 
     def make(fleet_dir, baseline=DEMO_BASELINE, **extra):
         base = parse_settings({}, "(test)")
-        return replace(base, sim_fleet=fleet_dir, baseline=baseline, check_ownership=False, **extra)
+        return replace(base, sim_fleet=fleet_dir, baseline=baseline, **extra)
     return make
 
 

@@ -65,7 +65,7 @@ def test_audit_of_simulated_nodes_exit_codes_and_json(tmp_path):
     fleet_dir = str(tmp_path / "fleet")
     gpugate_cmd("sim", "init", fleet_dir, "--nodes", "gpu[01-04]", "--baseline", DEMO_BASELINE, check=True)
     config = tmp_path / "gpugate.toml"
-    config.write_text('baseline = "%s"\ncheck_ownership = false\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
+    config.write_text('baseline = "%s"\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
                       'journal = "%s/sweep.db"\ngpugate = ["%s", "-m", "gpugate"]\n'
                       % (DEMO_BASELINE, fleet_dir, tmp_path, sys.executable))
     result = gpugate_cmd("audit", "--config", str(config), "-w", "gpu[01-04]")

@@ -48,7 +48,7 @@ def main(mode: str, argv: List[str]) -> int:
 
         check_node_name(node, "SLURMD_NODENAME")
         settings = load_settings(config)
-        check_state(settings, settings.state_dir(node))
+        check_state(settings.state_dir(node))
         if mode == "healthcheck":
             from .healthcheck import run
         elif mode == "prolog":
