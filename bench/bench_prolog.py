@@ -28,7 +28,7 @@ def setup(work):
                     "--baseline", BASELINE], check=True, stdout=subprocess.DEVNULL)
     config = os.path.join(work, "gpugate.toml")
     with open(config, "w") as handle:
-        handle.write('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = false\n'
+        handle.write('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
                      '[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n' % (BASELINE, work, fleet, work))
     return config
 

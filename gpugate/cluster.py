@@ -104,21 +104,21 @@ class Cluster:
     # -------------------------------------------------------------- writing
     def write(self, baseline_text: str, gpugate_extra: str = "") -> None:
         """Create the directory: configuration, shims, the simulated fleet."""
+        # gpugate refuses anything it reads or runs that is not root's alone
+        # (gpugate.trust): no group or other write bit, whatever the umask.
+        os.makedirs(self.dir, mode=0o755, exist_ok=True)
         for sub in ("log", "run", "spool/ctld", "state", "bin", "munge", "slurm-bin"):
-            os.makedirs(self.path(sub), exist_ok=True)
+            os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
         os.chmod(self.path("munge"), 0o700)
-        with open(self.baseline, "w") as handle:
-            handle.write(baseline_text)
+        _write_file(self.baseline, baseline_text)
         self._write_gpugate_toml(gpugate_extra)
         ports = free_ports(len(self.nodes) + 1)
-        with open(self.conf, "w") as handle:
-            handle.write(self.slurm_conf(ports))
+        _write_file(self.conf, self.slurm_conf(ports))
         if slurm_version() >= (24, 5):
             # 24.05+ slurmd loads a cgroup plugin even with proctrack/linuxproc
             # and task/none, and fails without a cgroup file system (chroot,
             # containers); slurmd reads cgroup.conf next to slurm.conf.
-            with open(self.path("cgroup.conf"), "w") as handle:
-                handle.write("CgroupPlugin=disabled\n")
+            _write_file(self.path("cgroup.conf"), "CgroupPlugin=disabled\n")
         self._write_shims()
         self._write_munge_key()
         from .baseline import load_baseline
@@ -133,7 +133,6 @@ class Cluster:
 baseline = "{dir}/baseline.toml"
 state_dir = "{dir}/state/{{node}}"
 log = "file"
-check_ownership = false
 
 [healthcheck]
 boot_grace_seconds = 0
@@ -150,8 +149,7 @@ fleet = "{dir}/fleet"
 {sweep}
 {extra}
 """.format(dir=self.dir, extra=extra, sweep=self._sweep_toml())
-        with open(self.gpugate_conf, "w") as handle:
-            handle.write(text)
+        _write_file(self.gpugate_conf, text)
 
     def _sweep_toml(self) -> str:
         """The sweep of a simulated fleet: local transport, `gpugate sim
@@ -169,21 +167,12 @@ fleet = "{dir}/fleet"
     def _write_shims(self) -> None:
         for mode in ENTRY_POINTS:
             target = installed_entry_point(mode)
-            shim = self.path("bin", mode)
-            with open(shim, "w") as handle:
-                handle.write("#!/bin/sh\n# slurmd passes no arguments: name this cluster's configuration.\n"
-                             "exec %s --config %s\n" % (target, self.gpugate_conf))
-            os.chmod(shim, 0o755)
+            _write_file(self.path("bin", mode), "#!/bin/sh\n# slurmd passes no arguments: name this cluster's "
+                        "configuration.\nexec %s --config %s\n" % (target, self.gpugate_conf), 0o755)
         for tool in ("scontrol", "sinfo", "scancel"):
-            shim = self.path("slurm-bin", tool)
-            with open(shim, "w") as handle:
-                handle.write('#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'
-                             % (tool, self.path("log", "slurm-calls.log"), BIN, tool))
-            os.chmod(shim, 0o755)
-        reboot = self.path("bin", "reboot")
-        with open(reboot, "w") as handle:
-            handle.write(REBOOT_PROGRAM.format(python=sys.executable, dir=self.dir))
-        os.chmod(reboot, 0o755)
+            _write_file(self.path("slurm-bin", tool), '#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'
+                        % (tool, self.path("log", "slurm-calls.log"), BIN, tool), 0o755)
+        _write_file(self.path("bin", "reboot"), REBOOT_PROGRAM.format(python=sys.executable, dir=self.dir), 0o755)
 
     def _write_munge_key(self) -> None:
         key = self.path("munge", "munge.key")
@@ -490,6 +479,12 @@ if os.fork() == 0:
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     os._exit(0)
 """
+
+
+def _write_file(path: str, text: str, mode: int = 0o644) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+    os.chmod(path, mode)  # exactly: the umask could have left a group write bit
 
 
 def node_names_from_conf(conf: str) -> List[str]:

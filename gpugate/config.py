@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from .errors import ConfigError
-from .schema import (AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Removed, Str, Table, check_owner,
-                     load_toml, validate)
+from . import trust
+from .schema import (AnyOf, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
+                     validate)
 
 DEFAULT_CONFIG = "/etc/gpugate/gpugate.toml"
 CONFIG_ENV = "GPUGATE_CONFIG"
@@ -52,7 +53,23 @@ def _tag(value: str) -> Optional[str]:
 _PATH = Str("/var/lib/gpugate", _abs_path)
 _OPT_PATH = AnyOf(Choice(""), _PATH)
 
-_ARGV = ListOf(Str("ansible-playbook"), max_items=200)
+class _Argv(ListOf):
+    """A command as an argv list; its program an absolute path (gpugate runs
+    it as root with no PATH, and only a file root alone can change)."""
+
+    def __init__(self):
+        super().__init__(Str("/usr/bin/ansible-playbook"), max_items=200)
+        self.allowed = "an array of strings, the first an absolute path"
+
+    def check(self, value, path):
+        argv = super().check(value, path)
+        problem = _abs_path(argv[0]) if argv else None
+        if problem:
+            raise Invalid(path + "[0]", problem)
+        return argv
+
+
+_ARGV = _Argv()
 _SWEEP = Table({
     "journal": (_PATH, "/var/lib/gpugate/sweep.db"),
     "max_batch": (Int(1, 100000), 8),
@@ -122,7 +139,9 @@ _CONFIG = Table({
     }), lambda: {"fabricmanager": "nvidia-fabricmanager", "persistenced": "nvidia-persistenced"}),
     "kernel_log": (Table({"path": (_PATH, "/dev/kmsg")}), lambda: {"path": "/dev/kmsg"}),
     "sim": (Table({"fleet": (_OPT_PATH, "")}), lambda: {"fleet": ""}),
-    "check_ownership": (Bool(), True),
+    # Was a way to switch the trust checks off, read from a file they check.
+    "check_ownership": (Removed("trust checks cannot be switched off from a file they check; make the files "
+                                 "root's (chown root F; chmod go-w F) and delete this key"), None),
     "drain_budget": (_DRAIN_BUDGET, lambda: _DRAIN_BUDGET.check({}, "drain_budget")),
     "sweep": (_SWEEP, lambda: _SWEEP.check({}, "sweep")),
 })
@@ -145,7 +164,6 @@ class Settings:
     services: Mapping[str, str]
     kernel_log: str
     sim_fleet: str
-    check_ownership: bool
     sweep: Mapping[str, object] = None
     drain_budget: Mapping[str, object] = None
     source: str = ""
@@ -190,7 +208,7 @@ def parse_settings(data: object, source: str) -> Settings:
         verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
-        check_ownership=raw["check_ownership"], sweep=raw["sweep"], drain_budget=raw["drain_budget"],
+        sweep=raw["sweep"], drain_budget=raw["drain_budget"],
         source=source)
 
 
@@ -204,27 +222,31 @@ def load_settings(path: Optional[str] = None, *, missing_ok: bool = False) -> Se
     path = config_path(path)
     if missing_ok and not os.path.exists(path):
         return parse_settings({}, "(defaults)")
-    data = load_toml(path, "gpugate configuration")
-    settings = parse_settings(data, path)
-    if settings.check_ownership:
-        check_owner(path, "gpugate configuration")
-    return settings
+    data = load_toml(path, "gpugate configuration")  # refused unless root's alone (gpugate.trust)
+    return parse_settings(data, path)
 
 
 def load_checked_baseline(settings: Settings):
     from .baseline import load_baseline
 
-    if settings.check_ownership:
-        check_owner(settings.baseline, "baseline")
-    return load_baseline(settings.baseline)
+    return load_baseline(settings.baseline)  # load_toml walks it like gpugate.toml
 
 
-def check_state(settings: Settings, *paths: str) -> None:
+def check_state(*directories: str, files=()) -> None:
     """State gpugate acts on (the prolog reuses the health check's verdict;
-    the sweep resumes what its journal says) must be root's alone."""
-    if settings.check_ownership:
-        for path in paths:
-            check_owner(path, "gpugate state")
+    the sweep resumes what its journal says) must be root's alone; what does
+    not exist yet is created by root in a directory only root can write."""
+    for path in directories:
+        _trusted(trust.check_dir, path)
+    for path in files:
+        _trusted(trust.check_file, path)
+
+
+def _trusted(check, path: str) -> None:
+    try:
+        check(path, "gpugate state")
+    except OSError as exc:
+        raise ConfigError("%s: cannot check gpugate state: %s" % (path, exc.strerror or exc)) from None
 
 
 __all__ = ["Settings", "load_settings", "parse_settings", "ConfigError", "config_path"]

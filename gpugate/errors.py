@@ -18,13 +18,15 @@ class ParseError(GpugateError):
 class CommandError(GpugateError):
     """An external command failed, timed out or is missing."""
 
-    def __init__(self, argv, message, rc=None, stdout="", stderr="", timed_out=False, missing=False):
+    def __init__(self, argv, message, rc=None, stdout="", stderr="", timed_out=False, missing=False,
+                 refused=False):
         self.argv = list(argv)
         self.rc = rc
         self.stdout = stdout
         self.stderr = stderr
         self.timed_out = timed_out
         self.missing = missing
+        self.refused = refused  # not root's alone (gpugate.trust): nothing ran
         super().__init__(message)
 
 

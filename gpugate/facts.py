@@ -15,7 +15,8 @@ class ProbeFailure:
     """A fact that could not be read.
 
     kind: ``timeout`` | ``missing`` (tool or file absent) | ``error`` (non-zero
-    exit, unreadable, unparseable) | ``absent`` (the tool answered: the thing
+    exit, unreadable, unparseable) | ``refused`` (the tool is not root's
+    alone: gpugate.trust; not run) | ``absent`` (the tool answered: the thing
     asked about does not exist) | ``nvml`` (an NVMLError; ``code`` is its value)
     | ``unchecked`` (the configuration says not to read it, e.g.
     ``packages.manager = "none"``: no finding, but never taken for a value).

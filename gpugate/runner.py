@@ -1,6 +1,8 @@
 """Every external command goes through ``run``: argv only, a timeout, its own
 process group (so a hung tool's children die with it), and a typed error that
-carries argv, exit code and output.  Never ``shell=True``."""
+carries argv, exit code and output.  Never ``shell=True``.  The program must
+be an absolute path that only root can change (gpugate.trust), and the file
+checked is the file run (/proc/self/fd/N), whatever the path says later."""
 
 import os
 import signal
@@ -8,6 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from . import trust
 from .errors import CommandError
 
 # Exit codes that still come with a valid answer on stdout (dcgmi diag: a test
@@ -31,17 +34,24 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
         raise CommandError(argv, "empty command")
     if timeout <= 0:
         raise CommandError(argv, "%s: no time left in the budget" % argv[0], timed_out=True)
+    fd = _open_checked(argv)
     try:
+        # argv[0] stays what the tool expects; the kernel runs the checked
+        # inode (a "#!" interpreter gets /proc/self/fd/N, kept open by pass_fds).
         proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            argv, executable="/proc/self/fd/%d" % fd, pass_fds=(fd,),
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
             start_new_session=True, close_fds=True)
     except FileNotFoundError:
-        raise CommandError(argv, "%s: not found" % argv[0], missing=True) from None
+        raise CommandError(argv, "%s: cannot start it through /proc/self/fd (is /proc mounted?)" % argv[0],
+                           missing=True) from None
     except PermissionError as exc:
         raise CommandError(argv, "%s: cannot execute (%s)" % (argv[0], exc), missing=True) from None
     except OSError as exc:
         raise CommandError(argv, "%s: cannot start (%s)" % (argv[0], exc)) from None
+    finally:
+        os.close(fd)
     try:
         out, err = proc.communicate(input_text, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -56,6 +66,20 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
                                                      ": " + first[0][:200] if first else ""),
                            rc=proc.returncode, stdout=stdout, stderr=stderr)
     return Result(tuple(argv), proc.returncode, stdout, stderr)
+
+
+def _open_checked(argv) -> int:
+    """An fd on argv[0] after the trust walk, or CommandError: nothing runs."""
+    try:
+        fd = trust.open_executable(argv[0])
+    except trust.Untrusted as exc:
+        raise CommandError(argv, str(exc), refused=True) from None
+    except FileNotFoundError:
+        raise CommandError(argv, "%s: not found" % argv[0], missing=True) from None
+    except OSError as exc:
+        raise CommandError(argv, "%s: cannot open it to check it (%s)" % (argv[0], exc.strerror or exc),
+                           missing=isinstance(exc, (NotADirectoryError, PermissionError))) from None
+    return fd
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -4,7 +4,11 @@ import os
 import sysconfig
 from typing import Optional
 
+from . import trust
 from .config import DEFAULT_CONFIG
+from .errors import ConfigError
+
+REBOOT_PROGRAM = "/usr/sbin/reboot"
 
 # HealthCheckNodeState values each Slurm release accepts.
 NODE_STATES = {
@@ -33,10 +37,28 @@ def allowed_states(release) -> str:
     return NODE_STATES[best]
 
 
+def vouch(programs) -> str:
+    """slurmd runs every program this fragment names as root, and gpugate
+    never does (so runner's check cannot cover them): refuse to point slurmd
+    at one root could not vouch for.  One missing here (slurm-conf run off
+    the node) is a comment in the fragment, not an error."""
+    notes = []
+    for key, path in programs:
+        try:
+            os.close(trust.open_executable(path, key))
+        except FileNotFoundError:
+            notes.append("# NOTE: %s=%s does not exist on this machine: install it on the nodes\n" % (key, path))
+        except OSError as exc:
+            raise ConfigError("%s: %s: cannot check it (%s)" % (path, key, exc.strerror or exc)) from None
+    return "".join(notes)
+
+
 def fragment(config: Optional[str], release_text: str = "22.05") -> str:
     release = _release(release_text)
     scripts = sysconfig.get_path("scripts")
     entry = {m: os.path.join(scripts, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")}
+    missing = vouch([("HealthCheckProgram", entry["healthcheck"]), ("Prolog", entry["prolog"]),
+                     ("Epilog", entry["epilog"]), ("RebootProgram", REBOOT_PROGRAM)])
     note = ""
     if config and os.path.abspath(config) != DEFAULT_CONFIG:
         note = ("# gpugate reads %s by default; slurmd passes no arguments, so install\n"
@@ -53,7 +75,7 @@ def fragment(config: Optional[str], release_text: str = "22.05") -> str:
                     "# SlurmctldParameters list:\n"
                     "#SlurmctldParameters=health_check_report\n")
     return """# --- gpugate (Slurm {rel}) ---
-{note}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
+{note}{missing}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
 # pings; it gets no PATH and is killed at {kill}; gpugate keeps
 # its own budget (budgets.healthcheck, default 40 s) and locks against overlap.
 HealthCheckProgram={hc}
@@ -72,8 +94,8 @@ PrologEpilogTimeout=120
 # Requeue a job whose prolog failed without holding it.
 SchedulerParameters=nohold_on_prolog_fail
 # The sweep reboots through `scontrol reboot`: your site's reboot command.
-RebootProgram=/usr/sbin/reboot
+RebootProgram={reboot}
 # --- end gpugate ---
 """.format(rel="%d.%02d" % release, note=note, kill="60 s" if release < (26, 5) else "HealthCheckTimeout",
            hc=entry["healthcheck"], states=allowed_states(release), timeout=timeout,
-           pro=entry["prolog"], epi=entry["epilog"])
+           pro=entry["prolog"], epi=entry["epilog"], missing=missing, reboot=REBOOT_PROGRAM)

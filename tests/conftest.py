@@ -23,7 +23,7 @@ def sim_config(directory, fleet_dir, extra=""):
     transport; the journal (and so audit.json) in ``directory``."""
     path = os.path.join(str(directory), "gpugate.toml")
     with open(path, "w") as handle:
-        handle.write('baseline = "%s"\ncheck_ownership = false\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
+        handle.write('baseline = "%s"\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "local"\n'
                      'journal = "%s/sweep.db"\ngpugate = ["%s", "-m", "gpugate"]\n%s'
                      % (DEMO_BASELINE, fleet_dir, directory, sys.executable, extra))
     return path
@@ -47,7 +47,7 @@ def settings_for():
 
     def make(fleet_dir, baseline=DEMO_BASELINE, **extra):
         base = parse_settings({}, "(test)")
-        return replace(base, sim_fleet=fleet_dir, baseline=baseline, check_ownership=False, **extra)
+        return replace(base, sim_fleet=fleet_dir, baseline=baseline, **extra)
     return make
 
 

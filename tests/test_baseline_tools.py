@@ -253,7 +253,7 @@ def audit_fleet(tmp_path_factory):
     result = gpugate("sim", "set", fleet, "gpu03", "driver=550.54.15")
     assert result.returncode == 0, result.stderr
     config = tmp / "gpugate.toml"
-    config.write_text('baseline = "%s"\ncheck_ownership = false\n' % DEMO_BASELINE)
+    config.write_text('baseline = "%s"\n' % DEMO_BASELINE)
     out = {}
     for node in ("gpu01", "gpu02", "gpu03"):
         result = gpugate("facts", "--config", str(config), "--sim", fleet, "--node", node, "--json")
@@ -389,7 +389,7 @@ def test_cli_diff_default_audit_next_to_the_journal(tmp_path, audit_fleet):
     state = tmp_path / "state"
     state.mkdir()
     config = tmp_path / "gpugate.toml"
-    config.write_text('check_ownership = false\n[sweep]\njournal = "%s/sweep.db"\n' % state)
+    config.write_text('[sweep]\njournal = "%s/sweep.db"\n' % state)
     result = gpugate("baseline", "diff", old, new, "--config", str(config))
     assert result.returncode == 0, result.stderr
     assert "no audit yet: run gpugate audit" in result.stdout

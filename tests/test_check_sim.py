@@ -166,7 +166,7 @@ def test_dcgmi_missing_is_probe(fleet):
 
 def test_dcgmi_hanging_is_probe_within_budget(fleet, tmp_path):
     config = tmp_path / "gpugate.toml"
-    config.write_text("check_ownership = false\n[budgets]\nhealthcheck = 6\n")
+    config.write_text("[budgets]\nhealthcheck = 6\n")
     result = gpugate_cmd("sim", "replay", fleet, "gpu01", "--hang", "--", "dcgmi", "health", "-c", "-j")
     assert result.returncode == 0, result.stderr
     started = time.monotonic()
@@ -179,7 +179,7 @@ def test_dcgmi_hanging_is_probe_within_budget(fleet, tmp_path):
 
 def test_nvml_hanging_is_probe_within_budget(fleet, tmp_path):
     config = tmp_path / "gpugate.toml"
-    config.write_text("check_ownership = false\n[budgets]\nhealthcheck = 4\n")
+    config.write_text("[budgets]\nhealthcheck = 4\n")
     sim_set(fleet, "gpu01", "nvml.hang=1")
     started = time.monotonic()
     data = check(fleet, "gpu01", "healthcheck", "--config", str(config))

@@ -116,9 +116,9 @@ def test_a_file_from_the_future_is_read_once_it_holds_still(tmp_path):
 
 # ------------------------------------------------------ ownership of files
 def _node_config(tmp_path, fleet, **over):
-    text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = %s\n'
+    text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
             '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
-            % (over.get("baseline", DEMO_BASELINE), tmp_path, over.get("ownership", "true"), fleet, tmp_path))
+            % (over.get("baseline", DEMO_BASELINE), tmp_path, fleet, tmp_path))
     path = tmp_path / "gpugate.toml"
     path.write_text(text)
     path.chmod(0o644)
@@ -268,7 +268,7 @@ def _last(state):
 
 
 def test_state_directory_full_the_check_still_judges_and_no_stale_fit_stays(fleet, tmp_path, small_tmpfs):
-    config = _node_config(tmp_path, fleet, ownership="false")
+    config = _node_config(tmp_path, fleet)
     first = _entry("healthcheck", config)
     assert first.returncode == 0, first.stderr
     assert _last(small_tmpfs)["fit"] is True
@@ -286,7 +286,7 @@ def test_state_directory_full_the_check_still_judges_and_no_stale_fit_stays(flee
 def test_state_directory_read_only_the_check_still_judges(fleet, tmp_path, small_tmpfs):
     import subprocess
 
-    config = _node_config(tmp_path, fleet, ownership="false")
+    config = _node_config(tmp_path, fleet)
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True, timeout=30)
     _sim("set", fleet, "gpu01", "gpu.3.xid=79")
     result = _entry("healthcheck", config)
@@ -301,7 +301,7 @@ def test_a_verdict_from_the_future_is_not_reused(fleet, tmp_path):
     must judge afresh, not trust a record "younger than 15 minutes" for an hour."""
     import json
 
-    config = _node_config(tmp_path, fleet, ownership="false")
+    config = _node_config(tmp_path, fleet)
     assert _entry("healthcheck", config).returncode == 0
     path = os.path.join(str(tmp_path), "state", "gpu01", "last-healthcheck.json")
     with open(path) as handle:
@@ -321,7 +321,7 @@ def test_boot_time_in_the_future_is_no_boot_grace(fleet, tmp_path):
     import json
 
     config = tmp_path / "gpugate.toml"
-    _node_config(tmp_path, fleet, ownership="false")
+    _node_config(tmp_path, fleet)
     config.write_text(config.read_text().replace("boot_grace_seconds = 0", "boot_grace_seconds = 300"))
     stat = os.path.join(fleet, "gpu01", "root", "proc", "stat")
     with open(stat) as handle:
@@ -359,7 +359,7 @@ def test_a_node_name_is_safe_in_paths_and_argv_or_refused(name):
 
 @pytest.mark.parametrize("name", ["../../etc", "-oProxyCommand=x", "gpu 01", "gpu01;rm", "gpu[01-02]"])
 def test_an_unsafe_slurmd_nodename_is_refused_and_nothing_is_written(fleet, tmp_path, name):
-    config = _node_config(tmp_path, fleet, ownership="false")
+    config = _node_config(tmp_path, fleet)
     before = set(os.listdir(str(tmp_path)))
     for mode in ("healthcheck", "prolog"):
         result = _entry(mode, config, node=name)

@@ -377,7 +377,7 @@ def cli_config(tmp_path_factory):
     command fails fast after it has parsed its hostlist."""
     d = tmp_path_factory.mktemp("cli")
     path = d / "gpugate.toml"
-    path.write_text('baseline = "%s"\nstate_dir = "%s"\ncheck_ownership = false\n'
+    path.write_text('baseline = "%s"\nstate_dir = "%s"\n'
                     '[slurm]\nbin_dir = "%s"\n'
                     '[sweep]\njournal = "%s"\ntransport = "local"\ngpugate = ["%s"]\n'
                     % (DEMO_BASELINE, d / "state", d / "no-slurm", d / "sweep.db", d / "no-gpugate"))

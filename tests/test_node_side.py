@@ -20,7 +20,7 @@ def entry(mode):
 def node_env(fleet, tmp_path):
     config = tmp_path / "gpugate.toml"
     prom = tmp_path / "gpugate.prom"
-    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\ncheck_ownership = false\n'
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
                       '[healthcheck]\nboot_grace_seconds = 0\nprometheus_textfile = "%s"\n'
                       '[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm-here"\n'
                       % (DEMO_BASELINE, tmp_path, prom, fleet, tmp_path))

@@ -150,8 +150,7 @@ def _healthy(tmp_path_factory):
         gpugate_cmd("sim", "init", fleet, "--nodes", "gpu01", "--baseline", DEMO_BASELINE, check=True)
         from gpugate.config import parse_settings
 
-        settings = replace(parse_settings({}, "(test)"), sim_fleet=fleet, baseline=DEMO_BASELINE,
-                           check_ownership=False)
+        settings = replace(parse_settings({}, "(test)"), sim_fleet=fleet, baseline=DEMO_BASELINE)
         _HEALTHY["facts"] = run_check(settings, BASELINE, "gpu01", "healthcheck").facts
     return _HEALTHY["facts"]
 
@@ -273,7 +272,7 @@ def test_metrics_with_a_bad_baseline_exits_2_and_leaves_the_textfile_as_it_was(t
     prom.write_text("# the previous run's exposition\n")
     config = tmp_path / "gpugate.toml"
     # No Slurm there: reaching it would be exit 3, not 2.
-    config.write_text('baseline = "%s"\ncheck_ownership = false\n[slurm]\nbin_dir = "%s/no-slurm"\n'
+    config.write_text('baseline = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
                       '[sweep]\njournal = "%s/sweep.db"\n' % (bad, tmp_path, tmp_path))
     result = gpugate_cmd("metrics", "--config", str(config), "-o", str(prom))
     assert result.returncode == 2, (result.stdout, result.stderr)

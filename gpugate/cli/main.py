@@ -49,7 +49,7 @@ def load_context(config, sim, baseline_path, node_required=None):
 
     settings = load_settings(config, missing_ok=config is None)
     if sim:
-        settings = replace(settings, sim_fleet=os.path.abspath(sim), check_ownership=False)
+        settings = replace(settings, sim_fleet=os.path.abspath(sim))
     if node_required and settings.sim_fleet and not os.path.isdir(os.path.join(settings.sim_fleet, node_required)):
         raise ConfigError("%s: no simulated node %s there" % (settings.sim_fleet, node_required))
     if baseline_path:

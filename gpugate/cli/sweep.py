@@ -80,7 +80,7 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
     options = _options(settings, baseline, partition, nodes, max_batch)
     transport = make_transport(settings)
     journal_path = str(settings.sweep["journal"])
-    check_state(settings, os.path.dirname(os.path.abspath(journal_path)), journal_path)
+    check_state(os.path.dirname(os.path.abspath(journal_path)), files=(journal_path,))
     lock = _lock(settings) if apply_ else None
     journal = Journal(journal_path)
     try:

@@ -99,7 +99,7 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 @contextlib.contextmanager
 def _act_lock(state_dir: str, timeout: float):
     path = os.path.join(state_dir, "act.lock")
-    os.makedirs(state_dir, exist_ok=True)
+    os.makedirs(state_dir, mode=0o755, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         deadline = time.monotonic() + max(timeout, 0.5)

@@ -50,7 +50,7 @@ def main(mode: str, argv: List[str]) -> int:
         check_node_name(node, "SLURMD_NODENAME")
         # A file that does not load: the last good copy, and the error logged.
         settings = load_settings(config_path(config), node, record)
-        check_state(settings, settings.state_dir(node))
+        check_state(settings.state_dir(node))
         if mode == "healthcheck":
             from .healthcheck import run
         elif mode == "prolog":

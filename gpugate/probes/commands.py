@@ -20,7 +20,10 @@ def _run(source: str, argv: Sequence[str], timeout: float, parse: Callable[[Any]
     try:
         result = run(argv, timeout, env=ENV, ok_codes=tuple(ok_codes) + tuple(absent_codes))
     except CommandError as exc:
-        kind = "timeout" if exc.timed_out else "missing" if exc.missing else "error"
+        # refused: not root's alone, so not run; never "missing" (dkms reads
+        # that as "no dkms here") and never a healthy answer.
+        kind = ("refused" if exc.refused else "timeout" if exc.timed_out else "missing" if exc.missing
+                else "error")
         return ProbeFailure(source, kind, str(exc)[:200], exc.rc)
     if result.rc in absent_codes:
         return ProbeFailure(source, "absent", (result.stderr or result.stdout).strip()[:200], result.rc)

@@ -50,7 +50,7 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
     directory = node_dir(fleet, node)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
     _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
     render(directory, model)
 
@@ -142,14 +142,14 @@ def render(directory: str, model: Dict[str, Any]) -> None:
 
 
 def _install_executables(bindir: str) -> None:
-    os.makedirs(bindir, exist_ok=True)
+    os.makedirs(bindir, mode=0o755, exist_ok=True)
     stub = os.path.join(os.path.dirname(__file__), "replay_stub.py")
     with open(stub) as handle:
         body = handle.read()
     # -IS (one word: the kernel passes one argument): start fast and ignore the environment; the stub needs only the stdlib.
-    script = "#!%s -IS\n%s" % (sys.executable, body)
     for name in EXECUTABLES:
         path = os.path.join(bindir, name)
+        script = "#!%s -IS\nSELF = %r\n%s" % (sys.executable, path, body)
         try:
             with open(path) as handle:
                 if handle.read() == script:
@@ -161,7 +161,7 @@ def _install_executables(bindir: str) -> None:
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
     """Atomic replace: a probe never reads a half-written simulated file."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     tmp = "%s.tmp.%d" % (path, os.getpid())
     with open(tmp, "w") as handle:
         handle.write(text)

@@ -9,9 +9,12 @@ import time
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(sys.argv[0]))
+    # gpugate runs the checked file as /proc/self/fd/N, so a script's argv[0]
+    # is not its path: the installer writes SELF above this text.
+    me = globals().get("SELF") or os.path.abspath(sys.argv[0])
+    here = os.path.dirname(me)
     table_path = os.path.join(os.path.dirname(here), "replay.json")
-    key = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    key = " ".join([os.path.basename(me)] + sys.argv[1:])
     try:
         with open(table_path) as handle:
             table = json.load(handle)

@@ -51,7 +51,11 @@ class NodeRecord:
 
 class Journal:
     def __init__(self, path: str):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        from ..config import check_state
+
+        # The sweep resumes nodes on what this says: root's alone, like gpugate.toml.
+        check_state(os.path.dirname(os.path.abspath(path)), files=(os.path.abspath(path),))
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
         self.path = path
         self.db = sqlite3.connect(path, timeout=10, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")

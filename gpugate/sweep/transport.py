@@ -3,11 +3,15 @@ locally with --node for simulated fleets.  Both return, per node, the JSON
 object `gpugate check --json` printed, or an error string."""
 
 import json
+import os
 import shlex
 from typing import Dict, List, Sequence, Union
 
-from ..errors import CommandError
+from .. import trust
+from ..errors import CommandError, ConfigError
 from ..runner import run
+
+SSH = "/usr/bin/ssh"  # ClusterShell runs it itself (not through runner): checked here
 
 Answer = Union[dict, str]  # the check's JSON object, or why there is none
 
@@ -67,16 +71,26 @@ class SshTransport(_Transport):
         self.fanout = fanout
 
     def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+        argv = self.gpugate + list(args) + ["--json"]
+        if self.config:
+            argv += ["--config", self.config]
+        ssh = open_ssh()
+        try:
+            return self._run(nodes, argv, timeout, ssh)
+        finally:
+            os.close(ssh)
+
+    def _run(self, nodes: Sequence[str], argv: List[str], timeout: float, ssh: int) -> Dict[str, Answer]:
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
 
         from ..names import check_node_name
 
-        argv = self.gpugate + list(args) + ["--json"]
-        if self.config:
-            argv += ["--config", self.config]
         task = task_self()
         task.set_info("fanout", self.fanout)
+        # ClusterShell forks without closing fds: ssh runs from the checked file.
+        os.set_inheritable(ssh, True)
+        task.set_info("ssh_path", "/proc/self/fd/%d" % ssh)
         for node in nodes:
             check_node_name(node, "Slurm node name")  # an ssh target: never an option
             # --node: judge the Slurm node name, whatever the host calls itself.
@@ -95,10 +109,20 @@ class SshTransport(_Transport):
         return out
 
 
+def open_ssh() -> int:
+    """An fd on the checked ssh, or ConfigError: the sweep stops before it
+    asks a node anything (a node without an answer would count as failed)."""
+    try:
+        return trust.open_executable(SSH, "ssh (the sweep's transport)")
+    except OSError as exc:
+        raise ConfigError("%s: cannot use ssh for the sweep's transport: %s" % (SSH, exc.strerror or exc)) from None
+
+
 def make(settings) -> Union[LocalTransport, SshTransport]:
     sweep = settings.sweep
     if sweep["transport"] == "local":
         return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source, int(sweep["fanout"]))
+    os.close(open_ssh())  # refuse before the first step, not in the middle of a batch
     return SshTransport(sweep["gpugate"], sweep["remote_config"], int(sweep["fanout"]))
 
 
