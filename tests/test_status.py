@@ -253,3 +253,26 @@ def test_status_matches_sinfo_and_leaves_others_alone(tmp_path):
         assert "drain" in cluster.state("gpu03")
     finally:
         cluster.stop()
+
+
+def test_config_errors_from_the_latest_audit_are_shown_with_a_hostlist():
+    from gpugate.fleet.audit import fold, to_json, to_text
+    from gpugate.fleet.status import config_errors
+
+    audit = {"at": NOW - 120, "facts": {}, "config_errors": {
+        "gpu002": "baseline.toml: invalid TOML (judging with the last good baseline)",
+        "gpu001": "baseline.toml: invalid TOML (judging with the last good baseline)"}}
+    errors = config_errors(audit, NOW)
+    assert errors["nodes"] == ["gpu001", "gpu002"] and errors["hostlist"] == "gpu[001-002]"
+    assert errors["age"] == 120 and errors["first"].startswith("gpu001: baseline.toml: invalid TOML")
+    summary = summarize(take({}, TAG, NOW), {}, NOW)
+    summary["config_errors"] = errors
+    text = render_text(summary)
+    assert "CONFIG ERROR on 2 nodes (audit of 2m ago): gpu[001-002]" in text
+    # No audit, or one without errors: nothing said.
+    assert config_errors(None, NOW) is None
+    summary["config_errors"] = config_errors({"at": NOW, "facts": {}}, NOW)
+    assert "CONFIG ERROR" not in render_text(summary)
+    folded = fold({}, None, audit["config_errors"])
+    assert to_json(folded)["config_error"]["nodes"] == "gpu[001-002]"
+    assert "CONFIG ERROR (last good copy in use)" in to_text(folded)

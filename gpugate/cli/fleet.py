@@ -61,7 +61,8 @@ def _select_nodes(settings, nodes, partitions):
 def audit(config, nodes, partition, baseline_path, max_age, as_json):
     """Every component's distinct values across the fleet, folded into
     hostlists, with the pinned value and the drift.  Exit 1 when any node
-    drifts or no [nodes] section covers it (for cron jobs and pipelines);
+    drifts, no [nodes] section covers it, or its gpugate.toml/baseline does
+    not load there (it gates with its last good copy; for cron jobs and pipelines);
     unreachable and uncovered nodes are listed.  The facts and Slurm's
     partitions are kept for `gpugate baseline diff` and `baseline check`.
 
@@ -86,10 +87,11 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     answers = make_transport(settings).facts(names, max_age, float(settings.sweep["verify_timeout"]))
     fleet = {n: (a["facts"] if isinstance(a, dict) and isinstance(a.get("facts"), dict) else str(a))
              for n, a in answers.items()}
-    result = fold(fleet, baseline)
+    errors = {n: a["config_error"] for n, a in answers.items() if isinstance(a, dict) and a.get("config_error")}
+    result = fold(fleet, baseline, errors)
     try:
         write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet,
-                                          "partitions": member_of})
+                                          "partitions": member_of, "config_errors": errors})
     except OSError as exc:
         click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
     if as_json:
@@ -97,7 +99,7 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     else:
         click.echo("audit of %d nodes against %s (%s)" % (len(names), baseline.name, settings.baseline))
         click.echo(to_text(result))
-    sys.exit(1 if result.drift or result.uncovered else 0)
+    sys.exit(1 if result.drift or result.uncovered or result.config_errors else 0)
 
 
 @main.command()

@@ -43,11 +43,15 @@ def default_node() -> str:
 
 def load_context(config, sim, baseline_path, node_required=None):
     """Settings (and a simulated fleet, when --sim is given) for a command."""
-    from dataclasses import replace
-
     from ..config import load_settings
 
-    settings = load_settings(config, missing_ok=config is None)
+    return in_context(load_settings(config, missing_ok=config is None), sim, baseline_path, node_required)
+
+
+def in_context(settings, sim=None, baseline_path=None, node_required=None):
+    """Settings with --sim and --baseline applied, the simulated node checked."""
+    from dataclasses import replace
+
     if sim:
         settings = replace(settings, sim_fleet=os.path.abspath(sim))
     if node_required and settings.sim_fleet and not os.path.isdir(os.path.join(settings.sim_fleet, node_required)):
@@ -144,7 +148,9 @@ def explain(config, baseline_path, sim, node, mode):
 @_node_options
 @click.option("--max-age", type=click.FloatRange(0, 86400 * 7), default=0, show_default=True,
               help="Print the last health check's facts when younger than this (seconds); else probe now.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: node, at, source, facts.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: node, at, source, facts, config_error (null, or why the node judges with "
+                   "its last good gpugate.toml/baseline).")
 def facts(config, baseline_path, sim, node, max_age, as_json):
     """Print this node's facts (what `gpugate audit` folds across the fleet).
 
@@ -155,20 +161,34 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
     """
     import time
 
-    from ..config import load_checked_baseline
+    from ..config import config_path
     from ..node.check import run_check
+    from ..node.lastgood import for_admin
     from ..node.reuse import last_state
 
     node = node or default_node()
-    settings = load_context(config, sim, baseline_path, node)
+    record = {}  # config_error: the files did not load; the node's last good copies did
+    if sim or baseline_path:
+        from ..config import load_checked_baseline
+
+        settings = load_context(config, sim, baseline_path, node)
+        baseline = load_checked_baseline(settings)
+    else:
+        from ..config import load_settings
+
+        settings, baseline = for_admin(lambda: load_settings(config, missing_ok=config is None),
+                                       config_path(config), node, record)
+        settings = in_context(settings, node_required=node)
     last = last_state(settings, node) if max_age else None
     if last and last.get("facts") and time.time() - float(last.get("at", 0)) <= max_age:
-        out = {"node": node, "at": last["at"], "source": "last health check", "facts": last["facts"]}
+        out = {"node": node, "at": last["at"], "source": "last health check", "facts": last["facts"],
+               "config_error": last.get("config_error") or record.get("config_error")}
     else:
         from ..facts import to_jsonable
 
-        result = run_check(settings, load_checked_baseline(settings), node, "healthcheck")
-        out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts)}
+        result = run_check(settings, baseline, node, "healthcheck")
+        out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts),
+               "config_error": record.get("config_error")}
     click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
 
 

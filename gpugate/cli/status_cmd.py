@@ -60,7 +60,7 @@ def status(config, as_json, partition, nodes):
     """
     from ..budget import fleet_usage
     from ..config import load_settings
-    from ..fleet.status import render_text, summarize
+    from ..fleet.status import config_errors, render_text, summarize
     from ..slurm import connect
     from ..sweep.snapshot import take
 
@@ -75,7 +75,16 @@ def status(config, as_json, partition, nodes):
     summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states, budget=budget)
     if partition:
         summary["partitions"] = {p: f for p, f in summary["partitions"].items() if p in partition}
+    summary["config_errors"] = config_errors(_last_audit(settings), now)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
         click.echo(render_text(summary))
+
+
+def _last_audit(settings):
+    """The latest audit (audit.json next to the sweep journal), or None."""
+    from ..node.state import read_json
+    from .fleet import audit_path
+
+    return read_json(audit_path(settings))

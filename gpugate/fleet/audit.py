@@ -35,6 +35,8 @@ class Audit:
     unreachable: Mapping[str, str] = field(default_factory=dict)  # node -> why
     uncovered: Tuple[str, ...] = ()  # nodes no [nodes] section of the baseline names
     baseline_source: str = ""
+    # node -> why it judges with its last good gpugate.toml/baseline (node.lastgood)
+    config_errors: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def drift(self) -> bool:
@@ -122,9 +124,11 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
     return DRIFT
 
 
-def fold(fleet: Mapping[str, object], baseline=None) -> Audit:
+def fold(fleet: Mapping[str, object], baseline=None, config_errors: Optional[Mapping[str, str]] = None) -> Audit:
     """fleet: node -> facts (the JSON form of NodeFacts), or a string saying
-    why the node could not be read (it is listed as unreachable)."""
+    why the node could not be read (it is listed as unreachable).
+    config_errors: node -> why its files did not load (it judges with the
+    last good copies)."""
     groups: Dict[Tuple[str, Optional[str], str], set] = {}
     unreachable = {}
     for node, facts in fleet.items():
@@ -142,7 +146,8 @@ def fold(fleet: Mapping[str, object], baseline=None) -> Audit:
             for (c, p, v), nodes in groups.items()]
     rows.sort(key=lambda r: (order.get(r.component, 99), r.product or "", r.status != PINNED, -r.count, r.value))
     uncovered = tuple(sorted(n for n in fleet if not baseline.covers(n))) if baseline is not None else ()
-    return Audit(tuple(rows), unreachable, uncovered, baseline.source if baseline is not None else "")
+    errors = {n: str(e) for n, e in (config_errors or {}).items() if e}
+    return Audit(tuple(rows), unreachable, uncovered, baseline.source if baseline is not None else "", errors)
 
 
 def node_states(audit: Audit) -> Dict[str, Dict[str, str]]:
@@ -169,7 +174,9 @@ def to_json(audit: Audit) -> dict:
                       "nodes": hostlist(r.nodes), "status": r.status} for r in audit.rows],
             "unreachable": {"nodes": hostlist(audit.unreachable), "why": dict(audit.unreachable)},
             "uncovered": {"count": len(audit.uncovered), "nodes": hostlist(audit.uncovered),
-                          "baseline": audit.baseline_source}}
+                          "baseline": audit.baseline_source},
+            "config_error": {"count": len(audit.config_errors), "nodes": hostlist(audit.config_errors),
+                             "why": dict(audit.config_errors)}}
 
 
 def to_text(audit: Audit) -> str:
@@ -190,6 +197,12 @@ def to_text(audit: Audit) -> str:
         # Judged against no nodeset: `gpugate check` reports them (probe uncovered).
         lines.append("%-40s %-*s %6d  %-28s no [nodes] section in %s" % (
             "UNCOVERED", width, "", len(audit.uncovered), hostlist(audit.uncovered), audit.baseline_source))
+    if audit.config_errors:
+        # These nodes gate with their last good copies: the pushed file is broken there.
+        lines.append("%-40s %-*s %6d  %s" % ("CONFIG ERROR (last good copy in use)", width, "",
+                                             len(audit.config_errors), hostlist(audit.config_errors)))
+        for node, why in sorted(audit.config_errors.items())[:20]:
+            lines.append("    %s: %s" % (node, why[:160]))
     if not lines:
         lines.append("(no nodes)")
     return "\n".join(lines)

@@ -50,7 +50,8 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
     families.append(("gpugate_sweep_nodes", "gauge", "Nodes in the sweep journal by their latest outcome.",
                      [("gpugate_sweep_nodes", {"result": r}, n) for r, n in results.items()]))
     if last_audit and isinstance(last_audit.get("facts"), Mapping):
-        audit = fold(last_audit["facts"], baseline)
+        errors = last_audit.get("config_errors")
+        audit = fold(last_audit["facts"], baseline, errors if isinstance(errors, Mapping) else None)
         states = node_states(audit)
         components = sorted(NODE_COMPONENTS + GPU_COMPONENTS)
         counts = {(c, s): 0 for c in components for s in STATUSES}
@@ -67,6 +68,9 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
               for c in components for s in STATUSES]),
             ("gpugate_audit_unreachable_nodes", "gauge", "Nodes the latest audit could not read.",
              [("gpugate_audit_unreachable_nodes", {}, len(audit.unreachable))]),
+            ("gpugate_audit_config_error_nodes", "gauge",
+             "Nodes whose gpugate.toml or baseline did not load in the latest audit (they gate with their "
+             "last good copies).", [("gpugate_audit_config_error_nodes", {}, len(audit.config_errors))]),
             ("gpugate_audit_timestamp_seconds", "gauge", "When the latest audit ran.",
              [("gpugate_audit_timestamp_seconds", {}, float(last_audit.get("at", 0)))]),
         ]

@@ -215,4 +215,28 @@ def render_text(summary: dict) -> str:
             lines.append("drain budget spent in %s: nodes found unfit for a budgeted class stay in service "
                          "(their log says action=held; metric gpugate_drain_held); `gpugate audit` lists "
                          "the drifted nodes" % ", ".join(spent))
+    errors = summary.get("config_errors")
+    if errors and errors.get("nodes"):
+        lines.append("")
+        lines.append("CONFIG ERROR on %d nodes (audit of %s ago): %s gate with their last good gpugate.toml/"
+                     "baseline; fix the pushed file. First: %s" % (
+                         len(errors["nodes"]), format_age(errors.get("age")), errors["hostlist"],
+                         errors["first"][:200]))
     return "\n".join(lines)
+
+
+def config_errors(last_audit: Optional[Mapping[str, object]], now: float) -> Optional[dict]:
+    """What the latest audit says of nodes whose files did not load, for the
+    summary: {"nodes", "hostlist", "first", "age"}; None without an audit."""
+    from .audit import hostlist
+
+    if not isinstance(last_audit, Mapping):
+        return None
+    errors = last_audit.get("config_errors")
+    errors = {str(n): str(e) for n, e in errors.items()} if isinstance(errors, Mapping) else {}
+    try:
+        age = max(now - float(last_audit.get("at", 0)), 0.0)
+    except (TypeError, ValueError):
+        age = None
+    first = "%s: %s" % sorted(errors.items())[0] if errors else ""
+    return {"nodes": sorted(errors), "hostlist": hostlist(errors), "first": first, "age": age}

@@ -77,6 +77,23 @@ def load_baseline(settings, record: dict):
     return baseline
 
 
+def for_admin(settings_loader: Callable[[], object], config_path: str, node: str, record: dict):
+    """(settings, baseline) for an admin command run on a node (`gpugate
+    facts`, which the audit runs): what the files say, else the node's last
+    good copies as its entry points use them, recording the error."""
+    from ..config import load_checked_baseline
+
+    try:
+        settings = settings_loader()
+    except ConfigError:
+        settings = load_settings(config_path, node, record)
+        return settings, load_baseline(settings, record)
+    try:
+        return settings, load_checked_baseline(settings)
+    except ConfigError:
+        return settings, load_baseline(replace(settings, last_good_dir=directory(config_path, node)), record)
+
+
 def kept(where: str) -> dict:
     """What the directory holds: {"gpugate.toml": {"sha256", "at", "source"}, ...}."""
     try:
