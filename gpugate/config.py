@@ -101,7 +101,10 @@ _DRAIN_BUDGET = Table({
     "classes": (Removed("every finding but an acute one (Xid, ECC, a lost GPU, a failing stack) is budgeted, "
                         "whatever its class; delete this key"), None),
     "recheck_seconds": (Number(0, 86400), 600.0),  # a held node asks the controller again after this
-    "jitter_seconds": (Number(0, 30), 5.0),  # health check: spread a fleet-wide drift over this
+    # Health check: spread a fleet-wide drift over this many seconds before
+    # reading the budget; "auto": as much of HealthCheckInterval as the run's
+    # time budget leaves (gpugate.node.hold.spread).
+    "jitter_seconds": (AnyOf(Choice("auto"), Number(0, 3600)), "auto"),
 })
 
 _CONFIG = Table({

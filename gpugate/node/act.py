@@ -50,7 +50,8 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     # it out, unless slurmd says the node is in service (a stale marker).
     waited = None
     if spread and not (os.path.exists(marker) and not in_service):
-        waited = hold.spread(settings, verdict, limit / 4)
+        left = deadline - time.monotonic() if deadline is not None else 4 * limit
+        waited = hold.spread(settings, verdict, left)
     outcome = _apply(settings, node, verdict, marker, limit, deadline)
     if waited is not None:
         outcome["jitter"] = round(waited, 3)
@@ -64,12 +65,16 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
         # write under one lock, so no run undoes another's newer decision.
         with _act_lock(settings.state_dir(node), limit):
             slurm = connect(settings, deadline=deadline)
-            state = slurm.nodes(node).get(node)
+            budgeted = hold.applies(settings, verdict)
+            # A budgeted drain needs the fleet's states anyway: one read
+            # gives this node's own state and the budget (a node already
+            # drained by us only needs its own).
+            fleet = slurm.nodes() if budgeted and not os.path.exists(marker) else None
+            state = (fleet if fleet is not None else slurm.nodes(node)).get(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
             why_held = None
-            budgeted = hold.applies(settings, verdict)
             if decision.kind == ownership.DRAIN and budgeted:
-                why_held = hold.drain_within_budget(settings, slurm, node, decision.reason)
+                why_held = hold.drain_within_budget(settings, slurm, node, decision.reason, fleet)
             elif decision.kind in (ownership.NONE, ownership.UPDATE) and budgeted and hold.unsettled(settings, node):
                 # An earlier run drained but ended before checking the ranking.
                 if decision.kind == ownership.UPDATE:

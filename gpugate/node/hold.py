@@ -23,6 +23,10 @@ UNSETTLED = "budget-unsettled"  # a budgeted drain sent, its ranking not yet che
 # second, every drain stamped at or before ours is visible.
 _SETTLE = 1.1
 _SETTLE_MAX = 3.0
+# What the jitter leaves per Slurm call still to make (a typical answer
+# takes well under a second; slower ones fail safe: "not enough time").
+_CALL_RESERVE = 3.0
+_DEFAULT_INTERVAL = 60  # no HealthCheckInterval found in slurm.conf
 
 
 def applies(settings, verdict) -> bool:
@@ -56,22 +60,31 @@ def remember(settings, node: str, verdict, why: Optional[str]) -> None:
         pass
 
 
-def spread(settings, verdict, limit: float) -> Optional[float]:
+def spread(settings, verdict, left: float) -> Optional[float]:
     """The health check waits a random moment before a budgeted drain, so a
     drift found on every node at once reaches the controller spread out and
-    most nodes find the budget already spent (no drain, no give-back).
+    most nodes find the budget already spent (no drain, no give-back).  The
+    window is ``jitter_seconds`` ("auto": HealthCheckInterval), cut to what
+    the run can spend (``left`` seconds) and still read, drain and re-read.
     Returns the seconds waited, None when the verdict is not budgeted."""
     if not applies(settings, verdict):
         return None
-    wait = random.uniform(0, max(0.0, min(float(settings.drain_budget["jitter_seconds"]), limit)))
+    wanted = settings.drain_budget["jitter_seconds"]
+    if wanted == "auto":
+        from .slurmd_limits import conf_paths, health_check_interval
+
+        wanted = health_check_interval(conf_paths(settings)) or _DEFAULT_INTERVAL
+    reserve = 3 * min(float(settings.slurm["timeout_seconds"]), _CALL_RESERVE) + _SETTLE
+    wait = random.uniform(0, max(0.0, min(float(wanted), left - reserve)))
     time.sleep(wait)
     return wait
 
 
-def drain_within_budget(settings, slurm, node: str, reason: str) -> Optional[str]:
+def drain_within_budget(settings, slurm, node: str, reason: str, states=None) -> Optional[str]:
     """Drain ``node`` with ``reason`` unless its partitions' budget is spent.
-    None when the node is (and stays) drained; otherwise why it was held."""
-    ok, why = budget.admit(node, slurm.nodes(), *_rule(settings))
+    None when the node is (and stays) drained; otherwise why it was held.
+    states: the fleet's node states when the caller has just read them."""
+    ok, why = budget.admit(node, states if states is not None else slurm.nodes(), *_rule(settings))
     if not ok:
         return why
     # The drain must be followed by the re-read that may give it back: start

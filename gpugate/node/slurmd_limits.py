@@ -17,32 +17,38 @@ MARGIN = 10.0
 # a configless slurmd keeps.
 CANDIDATES = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf")
 _KEY = re.compile(r"(?i)(?:^|\s)HealthCheckTimeout\s*=\s*(\S+)")
+_INTERVAL = re.compile(r"(?i)(?:^|\s)HealthCheckInterval\s*=\s*(\S+)")
 _MAX_BYTES = 1 << 20
 
 
-def parse_health_check_timeout(text: str) -> Optional[int]:
-    """HealthCheckTimeout from slurm.conf text (the last one wins, as in
-    Slurm), or None when absent or unreadable (0 and junk: Slurm resets them
-    to its default)."""
+def parse_health_check_timeout(text: str, key: "re.Pattern" = _KEY) -> Optional[int]:
+    """HealthCheckTimeout (or another HealthCheck* key) from slurm.conf text
+    (the last one wins, as in Slurm), or None when absent or unreadable (0
+    and junk: Slurm resets them to its default)."""
     found = None
     for line in text.splitlines():
         line = line.split("#", 1)[0]
-        for match in _KEY.finditer(line):
+        for match in key.finditer(line):
             value = match.group(1)
             found = int(value) if value.isdigit() and 0 < int(value) <= 65535 else None
     return found
 
 
-def health_check_timeout(paths: Iterable[str]) -> Optional[int]:
+def health_check_timeout(paths: Iterable[str], key: "re.Pattern" = _KEY) -> Optional[int]:
     for path in paths:
         if not path:
             continue
         try:
             with open(path, "r", errors="replace") as handle:
-                return parse_health_check_timeout(handle.read(_MAX_BYTES))
+                return parse_health_check_timeout(handle.read(_MAX_BYTES), key)
         except OSError:
             continue
     return None
+
+
+def health_check_interval(paths: Iterable[str]) -> Optional[int]:
+    """HealthCheckInterval: how often slurmd runs the health check."""
+    return health_check_timeout(paths, _INTERVAL)
 
 
 def conf_paths(settings) -> list:

@@ -1,0 +1,145 @@
+"""Controller load of a fleet-wide event, measured on a real slurmctld.
+
+Boots a real cluster of N ``slurmd -N`` on loopback (default 48, two equal
+partitions), pushes a baseline whose driver pin no node runs (a budgeted
+drift on every node), runs every node's health check at once (the worst
+case: a push reaches the fleet in the same minute), waits out
+``recheck_seconds`` and runs them all again (held nodes ask again).  Reads
+slurmctld's own RPC statistics (``sdiag``, by message type) before and
+after each wave, and gpugate's own record of the Slurm commands it ran.
+
+Reports, per unfit node and recheck period: node-state reads (full fleet and
+single node) and updates; the bytes one full read moves (the JSON the same
+command prints) and extrapolates both to 10,000 nodes.  The reference,
+measured in the same run, is one full-fleet read per unfit node: the ratio
+says how many full reads gpugate costs per unfit node and period (target:
+at most 2).  A healthy wave is measured too (target: 0 RPCs).
+
+    python3 bench/bench_controller_load.py [--nodes 48] [--keep DIR]
+"""
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gpugate.cluster import Cluster  # noqa: E402
+
+DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
+RECHECK = 20
+_RPC = re.compile(r"^\s+(REQUEST_\w+|MESSAGE_\w+)\s+\(\s*\d+\)\s+count:(\d+)", re.M)
+READS = ("REQUEST_NODE_INFO", "REQUEST_NODE_INFO_SINGLE", "REQUEST_PARTITION_INFO")
+FULL = ("REQUEST_NODE_INFO", "REQUEST_PARTITION_INFO")
+
+
+def sdiag(cluster):
+    """message type -> count since the last reset (slurmctld's own count)."""
+    out = cluster.run(["/usr/bin/sdiag"]).stdout
+    section = out.split("Remote Procedure Call statistics by message type", 1)[-1]
+    section = section.split("Remote Procedure Call statistics by user", 1)[0]
+    return {name: int(count) for name, count in _RPC.findall(section)}
+
+
+def wave(cluster):
+    """Every node's health check at once, as slurmd runs it; the RPCs it cost."""
+    import subprocess
+
+    cluster.run(["/usr/bin/sdiag", "-r"])
+    calls = len(cluster.slurm_calls())
+
+    def one(node):
+        return subprocess.run([cluster.path("bin", "healthcheck")], env={"SLURMD_NODENAME": node},
+                              capture_output=True, timeout=120).returncode
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(cluster.nodes)) as pool:
+        codes = list(pool.map(one, cluster.nodes))
+    took = time.monotonic() - started
+    rpcs = sdiag(cluster)
+    ours = cluster.slurm_calls()[calls:]
+    return codes, rpcs, ours, took
+
+
+def full_read_bytes(cluster):
+    """What one full node-state read moves, as the JSON the command prints."""
+    version = tuple(int(x) for x in re.findall(r"\d+", cluster.run(["/usr/bin/sinfo", "--version"]).stdout)[:2])
+    argv = ["/usr/bin/scontrol", "show", "node", "--json"] if version >= (23, 2) else ["/usr/bin/sinfo", "--json"]
+    return len(cluster.run(argv).stdout.encode())
+
+
+def summarize(label, nodes, codes, rpcs, ours, took):
+    reads = {k: rpcs.get(k, 0) for k in READS}
+    updates = rpcs.get("REQUEST_UPDATE_NODE", 0)
+    print("%-34s %3d nodes  %5.1f s  reads %s  updates %d  gpugate commands %d" % (
+        label, nodes, took, " ".join("%s=%d" % (k[8:].lower(), v) for k, v in reads.items()), updates, len(ours)))
+    return reads, updates
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=48)
+    parser.add_argument("--keep", help="run in this directory and leave it")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_controller_load: needs root (slurmctld, slurmd, munged)", file=sys.stderr)
+        return 2
+    directory = args.keep or tempfile.mkdtemp(prefix="gpugate-load-")
+    os.chmod(directory, 0o755)
+    half = args.nodes // 2
+    cluster = Cluster(directory, nodes=args.nodes, health_interval=600,
+                      partitions={"a": "gpu[01-%02d]" % half, "b": "gpu[%02d-%02d]" % (half + 1, args.nodes)})
+    with open(DEMO_BASELINE) as handle:
+        good = handle.read()
+    cluster.write(good, "[drain_budget]\nmax_share = 0.1\nrecheck_seconds = %d\n" % RECHECK)
+    try:
+        cluster.start(timeout=180)
+        n = args.nodes
+        codes, rpcs, ours, took = wave(cluster)
+        assert all(c == 0 for c in codes), codes
+        healthy, _ = summarize("healthy fleet (every node fit)", n, codes, rpcs, ours, took)
+        bad = good.replace('driver = "580.65.06"', 'driver = "580.95.05"', 1).replace(
+            'fabricmanager = "580.65.06"', 'fabricmanager = "580.95.05"', 1)
+        tmp = cluster.baseline + ".new"
+        with open(tmp, "w") as handle:
+            handle.write(bad)
+        os.replace(tmp, cluster.baseline)
+        time.sleep(0.5)
+        codes, rpcs, ours, took = wave(cluster)
+        first, first_updates = summarize("wrong pin, first wave", n, codes, rpcs, ours, took)
+        time.sleep(RECHECK + 1)
+        codes, rpcs, ours, took = wave(cluster)
+        later, later_updates = summarize("one recheck period later", n, codes, rpcs, ours, took)
+        drained = sum(1 for s in cluster.node_states().values() if "drain" in s)
+        size = full_read_bytes(cluster)
+        print()
+        print("drained %d of %d (budget 10%% of each partition, at least 1)" % (drained, n))
+        full_first = sum(first[k] for k in FULL)
+        full_later = sum(later[k] for k in FULL)
+        single = first["REQUEST_NODE_INFO_SINGLE"] + later["REQUEST_NODE_INFO_SINGLE"]
+        print("reference: 1 full read per unfit node and period = %d reads of %d bytes (%.0f bytes/node)"
+              % (n, size, size / n))
+        for label, full in (("first wave", full_first), ("each later period", full_later)):
+            print("%-18s full reads %3d = %.2f per unfit node (ratio to the reference; target <= 2)"
+                  % (label, full, full / n))
+        print("single-node reads over both waves: %d (%.2f per node); healthy wave: %d RPCs (target 0)"
+              % (single, single / n, sum(healthy.values())))
+        per_node = (full_first + full_later) / float(n)
+        print("at 10,000 nodes, all unfit: %.0f full reads of ~%.1f MB in the first wave, %.0f per later "
+              "period; %.1f GB moved in the first wave" % (
+                  full_first / n * 10000, size / n * 10000 / 1e6, full_later / n * 10000,
+                  full_first / n * 10000 * size / n * 10000 / 1e9))
+        return 0 if per_node <= 4 and full_first / n <= 2 and full_later / n <= 2 and not sum(healthy.values()) else 1
+    finally:
+        cluster.stop()
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
