@@ -88,6 +88,9 @@ _SWEEP = Table({
     "transport": (Choice("ssh", "local"), "ssh"),
     "gpugate": (_ARGV, ("/opt/gpugate/bin/gpugate",)),
     "remote_config": (_OPT_PATH, ""),
+    # ssh -F: the sweep's own ssh_config (hosts, keys, known_hosts); trust-checked.
+    "ssh_config": (_OPT_PATH, ""),
+    "connect_timeout": (Int(1, 3600), 10),  # seconds ssh waits for a node to accept the connection
     "fanout": (Int(1, 4096), 64),
     "poll_seconds": (Number(0.1, 600), 5.0),
 })

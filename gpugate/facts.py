@@ -127,10 +127,13 @@ class DcgmHealth:
     watches_set: Optional[bool] = None
 
 
+NOT_RUN = "NotRun"
+
+
 @dataclass(frozen=True)
 class DcgmTestResult:
     test: str
-    status: str  # "Pass" | "Fail" | "Skip" | "Warn"
+    status: str  # "Pass" | "Fail" | "Skip" | "Warn" | "NotRun" (refused on MIG; message: DCGM's words)
     gpu: Optional[int] = None
     error_id: Optional[int] = None
     severity: Optional[int] = None
@@ -146,6 +149,11 @@ class DcgmDiag:
     @property
     def failures(self) -> Tuple[DcgmTestResult, ...]:
         return tuple(r for r in self.results if r.status in ("Fail", "Warn"))
+
+    @property
+    def not_run(self) -> Tuple[DcgmTestResult, ...]:
+        """What DCGM refused to run on MIG: neither a failure nor a pass."""
+        return tuple(r for r in self.results if r.status == NOT_RUN)
 
 
 @dataclass(frozen=True)

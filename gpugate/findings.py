@@ -16,6 +16,10 @@ ROLLOUT = "rollout"  # drained on purpose by a planned rollout
 # Reported, never drained: a component still on the previous pin while a
 # planned rollout is in progress.
 PENDING = "pending"
+# Reported, never drained, never a pass: a check that did not run, with why
+# (the DCGM diagnostic DCGM refuses on MIG GPUs).  The node is verified on
+# everything else, and says what it was not verified on.
+NOT_RUN = "not_run"
 
 CLASSES = (RMA, HEALTH, BROKEN, DRIFT, ROLLOUT, PROBE)
 CHECK_CLASSES = (HEALTH, BROKEN, DRIFT, PROBE)

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from . import reason
-from .findings import CHECK_CLASSES, PENDING, Finding, sort_findings
+from .findings import CHECK_CLASSES, NOT_RUN, PENDING, Finding, sort_findings
 
 EXIT_FIT = 0
 EXIT_UNFIT = 1
@@ -18,6 +18,7 @@ class Verdict:
     reason: Optional[str]
     findings: Tuple[Finding, ...]  # unfit findings, most severe first
     notes: Tuple[Finding, ...] = ()  # reported only (pending rollout)
+    not_verified: Tuple[Finding, ...] = ()  # checks that did not run (DCGM diag on MIG): neither pass nor fail
 
     @property
     def exit_code(self) -> int:
@@ -36,9 +37,10 @@ class Verdict:
 def decide(findings: Sequence[Finding], tag: str) -> Verdict:
     unfit = sort_findings([f for f in findings if f.cls in CHECK_CLASSES])
     notes = tuple(f for f in findings if f.cls == PENDING)
+    not_verified = tuple(f for f in findings if f.cls == NOT_RUN)
     if not unfit:
-        return Verdict(True, None, None, (), notes)
+        return Verdict(True, None, None, (), notes, not_verified)
     # The reason's class is its first finding's: acute first, then the most
     # severe class (so Slurm's copy tells an acute drain from a budgeted one).
     cls = unfit[0].cls
-    return Verdict(False, cls, reason.render(tag, cls, unfit), tuple(unfit), notes)
+    return Verdict(False, cls, reason.render(tag, cls, unfit), tuple(unfit), notes, not_verified)

@@ -19,13 +19,22 @@ def verdict_text(result) -> str:
         lines.append(_finding_line(f))
     for f in v.notes:
         lines.append("  pending %-18s on %s, rollout to %s in progress" % (f.component, f.observed, f.expected))
+    for f in v.not_verified:
+        lines.append(_not_run_line(f))
     lines.append("probes: " + ", ".join("%s %.2fs" % (k, t) for k, t in sorted(facts.durations.items()))
                  + " (sum %.2fs)" % took)
     return "\n".join(lines)
 
 
+def _not_run_line(f) -> str:
+    return "  NOT VERIFIED %s %s (want %s): %s" % (f.component, f.observed, f.expected, f.detail)
+
+
 def explain_text(result) -> str:
     v = result.verdict
+    if v.fit and v.not_verified:
+        return "\n".join(["%s: fit on everything checked; not verified:" % result.facts.node]
+                         + [_not_run_line(f) for f in v.not_verified])
     if v.fit:
         return "%s: fit; nothing to do." % result.facts.node
     lines = ["%s is unfit (%s)." % (result.facts.node, v.cls), "reason: %s" % v.reason, ""]
@@ -35,4 +44,5 @@ def explain_text(result) -> str:
             lines.append("   detail: %s" % f.detail)
         for step in runbook.steps(f):
             lines.append("   - %s" % step)
+    lines += ["not verified:"] + [_not_run_line(f) for f in v.not_verified] if v.not_verified else []
     return "\n".join(lines)

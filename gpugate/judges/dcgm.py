@@ -1,10 +1,11 @@
 """DCGM: the health watches and the diagnostic.  A diagnostic that fails on
-the pinned versions is hardware (`health`); one we could not run is `probe`."""
+the pinned versions is hardware (`health`); one we could not run is `probe`;
+one DCGM refuses on MIG GPUs is `not_run` (reported, neither pass nor fail)."""
 
 from typing import List
 
-from ..facts import ProbeFailure
-from ..findings import HEALTH, INVESTIGATE, RESET_GPU, RMA_ACTION, Finding
+from ..facts import ProbeFailure, failed
+from ..findings import HEALTH, INVESTIGATE, NOT_RUN, PROBE, RESET_GPU, RMA_ACTION, Finding
 from .common import probe_finding
 
 # DCGM error severities (dcgmErrorSeverity_t): 2 isolate the GPU, 6 reset it.
@@ -28,6 +29,8 @@ def judge(baseline, expect, facts) -> List[Finding]:
     diag = facts.dcgm_diag
     if isinstance(diag, ProbeFailure):
         out.append(probe_finding("dcgm_diag", diag))
+    elif diag is not None and diag.not_run:
+        out.append(_refused(diag, facts))
     elif diag is not None:
         for result in diag.failures:
             out.append(Finding(HEALTH, "dcgm_diag", "%s %s" % (_short(result.test), result.status.lower()),
@@ -39,6 +42,25 @@ def judge(baseline, expect, facts) -> List[Finding]:
             out.append(Finding(HEALTH, "dcgm_diag", "exit %d" % diag.exit_code, "pass (r%d)" % diag.level,
                                INVESTIGATE))
     return out
+
+
+def _mig_gpus(facts) -> List[int]:
+    nvml = facts.nvml
+    if nvml is None or failed(nvml):
+        return []
+    return [g.index for g in nvml.gpus if g.mig_enabled is True]
+
+
+def _refused(diag, facts) -> Finding:
+    """DCGM refused the whole run on MIG: nothing was diagnosed, on any GPU.
+    Believed only when NVML shows MIG on: otherwise gpugate cannot tell."""
+    words = "; ".join(r.message for r in diag.not_run)[:300]
+    mig = _mig_gpus(facts)
+    if not mig:
+        return Finding(PROBE, "dcgm_diag", "refused for MIG, NVML shows no MIG GPU", "pass (r%d)" % diag.level,
+                       INVESTIGATE, detail=words)
+    return Finding(NOT_RUN, "dcgm_diag", "not run on MIG (MIG on gpus %s)" % ",".join(str(g) for g in mig),
+                   "pass (r%d)" % diag.level, INVESTIGATE, detail=words)
 
 
 def _short(test: str) -> str:

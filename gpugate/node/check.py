@@ -53,6 +53,9 @@ def result_json(result: CheckResult, baseline=None, baseline_path: str = "") -> 
         "exit_code": v.exit_code,
         "findings": [x.to_json() for x in v.findings],
         "pending": [x.to_json() for x in v.notes],
+        # What this check could not verify (DCGM refuses its diagnostic on MIG):
+        # the verdict covers everything else, never these.
+        "not_verified": [x.to_json() for x in v.not_verified],
         "facts": to_jsonable(f),
         "durations": {k: round(t, 4) for k, t in f.durations.items()},
         "baseline": dict(baseline_id(baseline_path), name=getattr(baseline, "name", None)) if baseline_path else None,

@@ -71,6 +71,7 @@ def run(settings, node: str, record: dict) -> int:
             "fit": verdict.fit and not in_grace, "class": verdict.cls, "reason": verdict.reason,
             "findings": [f.to_json() for f in verdict.findings],
             "pending": [f.to_json() for f in verdict.notes],
+            "not_verified": [f.to_json() for f in verdict.not_verified],
             "pending_drain": not verdict.fit and not outcome["ok"],
             "held": outcome["action"] == HELD,
             "pending_reason": verdict.reason if not verdict.fit and not outcome["ok"] else None,
@@ -137,4 +138,4 @@ def _boot_grace(settings, result):
     kept = [f for f in verdict.findings if f.cls != PROBE and f.component not in _GRACE_COMPONENTS]
     if len(kept) == len(verdict.findings):
         return verdict, False
-    return decide(kept + list(verdict.notes), settings.reason_tag), True
+    return decide(kept + list(verdict.notes) + list(verdict.not_verified), settings.reason_tag), True

@@ -10,7 +10,7 @@ import re
 from typing import Any, List, Optional, Tuple
 
 from gpugate.errors import ParseError
-from gpugate.facts import DcgmDiag, DcgmHealth, DcgmTestResult
+from gpugate.facts import NOT_RUN, DcgmDiag, DcgmHealth, DcgmTestResult
 
 # dcgmi prints this on stdout (not JSON) when `dcgmi health -s` was never run.
 _NO_WATCHES = re.compile(r"health watches not (?:enabled|set)", re.I)
@@ -186,11 +186,58 @@ def _test_results(test: Any) -> List[DcgmTestResult]:
     return out
 
 
+# What DCGM's NVVS says when it refuses to run on MIG (NvidiaValidationSuite::
+# BuildCommonGpusList, DCGM 2.x-4.x).  dcgmi prints it as a line of text, or
+# as runtime_error in -j mode; it refuses the whole run, not one test.
+_MIG_REFUSALS = (
+    re.compile(r"^GPU ([0-9]{1,4})'s MIG configuration is incompatible with the diagnostic\b"),
+    re.compile(r"^Cannot run diagnostic: CUDA does not support enumerating GPUs with MIG mode enabled"
+               r"(?:, yet GPU ([0-9]{1,4}) is MIG enabled)?"),
+    re.compile(r"^Cannot run diagnostic: MIG is enabled, but no compute instances are configured\b"),
+    re.compile(r"^Cannot run diagnostic: CUDA does not support enumerating GPUs when one more GPUs has MIG "
+               r"mode enabled\b"),
+)
+DIAG_EXIT_OK = (0, 205, 226)  # 226 is also DCGM_ST_NVVS_ERROR (-30): what a refusal exits with
+
+
+def _mig_refusal(line: str) -> Optional[DcgmTestResult]:
+    """One line of DCGM's words -> a NotRun result, or None."""
+    line = line.strip()
+    for pattern in _MIG_REFUSALS:
+        match = pattern.match(line)
+        if match:
+            gpu = match.group(1) if match.groups() else None
+            words = line if len(line) <= _MAX_INCIDENT else line[:_MAX_INCIDENT] + "..."
+            return DcgmTestResult(test="diagnostic", status=NOT_RUN, gpu=int(gpu) if gpu else None,
+                                  message="not run on MIG: " + words)
+    return None
+
+
+def parse_diag_refusal(text: str) -> Optional[Tuple[DcgmTestResult, ...]]:
+    """The plain-text refusal (issue NVIDIA/DCGM#94 prints the line twice):
+    every non-blank line must be one of DCGM's MIG refusals, else None (any
+    other text is not evidence that only MIG stopped the diagnostic)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    found = [_mig_refusal(line) for line in lines]
+    if not lines or any(r is None for r in found):
+        return None
+    return tuple(dict.fromkeys(found))  # the same words twice are one refusal
+
+
 def parse_diag_json(text: str, level: int, exit_code: int) -> DcgmDiag:
     """`dcgmi diag -r N -j`.  Exit 0, 226 (a test failed) and 205 (isolate-class
-    failure) all print the JSON report on stdout.  A report with runtime_error
-    (the diag could not run: GPUs busy, MIG, paused DCGM...) is a ParseError."""
-    doc = _load_json(text, "dcgmi diag -j")
+    failure) all print the JSON report on stdout.  A refusal to run on MIG
+    (runtime_error in JSON, or DCGM's plain line) gives NotRun results, any
+    exit code; any other runtime_error (GPUs busy, paused DCGM...) is a
+    ParseError: never a pass.  The caller refuses a report with an exit code
+    outside DIAG_EXIT_OK."""
+    try:
+        doc = _load_json(text, "dcgmi diag -j")
+    except ParseError:
+        refused = parse_diag_refusal(text)
+        if refused is None:
+            raise
+        return DcgmDiag(level=level, exit_code=exit_code, results=refused)
     # DCGM 2.x/3.x: "DCGM GPU Diagnostic"; DCGM 4.x: "DCGM Diagnostic" (+ entity_groups, metadata).
     root = None
     if isinstance(doc, dict):
@@ -200,6 +247,9 @@ def parse_diag_json(text: str, level: int, exit_code: int) -> DcgmDiag:
                          % _show(doc))
     if root.get("runtime_error"):
         error = root["runtime_error"]
+        refused = parse_diag_refusal(error) if isinstance(error, str) else None
+        if refused is not None:
+            return DcgmDiag(level=level, exit_code=exit_code, results=refused)
         shown = _excerpt(error, 200) if isinstance(error, str) else _show(error)
         raise ParseError("dcgmi diag did not run (exit %s): %s" % (exit_code, shown))
     categories = root.get("test_categories")

@@ -12,7 +12,6 @@ from ..runner import run
 
 # What the tools need: slurmd gives us no environment at all.
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-DIAG_OK = (0, 205, 226)  # dcgmi diag: failures still print valid JSON
 
 
 def _run(source: str, argv: Sequence[str], timeout: float, parse: Callable[[Any], Any],
@@ -106,8 +105,18 @@ def dcgm_diag(dcgmi: str, level: int, timeout: float, gpus=None) -> Any:
     argv = [dcgmi, "diag", "-r", str(level)]
     if gpus:
         argv += ["-i", ",".join(str(g) for g in gpus)]
-    return _run("dcgmi diag", argv + ["-j"], timeout,
-                lambda r: dcgm_parse.parse_diag_json(r.stdout, level, r.rc), ok_codes=DIAG_OK)
+    # Every exit code is parsed: a refusal on MIG is not a report, whatever its
+    # code; the parser reads a report only with the codes that carry one.
+    return _run("dcgmi diag", argv + ["-j"], timeout, lambda r: _diag(r, level), ok_codes=range(256))
+
+
+def _diag(result, level: int) -> Any:
+    # dcgmi prints its refusal on stdout; read stderr only when stdout is empty.
+    text = result.stdout if result.stdout.strip() else result.stderr
+    diag = dcgm_parse.parse_diag_json(text, level, result.rc)
+    if result.rc not in dcgm_parse.DIAG_EXIT_OK and not diag.not_run:
+        raise ParseError("dcgmi diag exited %d: a report counts only with exit 0, 205 or 226" % result.rc)
+    return diag
 
 
 def _stdout(parse: Callable[[str], Any]) -> Callable[[Any], Any]:

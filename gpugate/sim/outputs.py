@@ -38,10 +38,13 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     table["dcgmi --version"] = _ok("\ndcgmi  version: %s\n\n" % dcgm["version"])
     table["dcgmi health -c -j"] = _ok(_health(dcgm["health"]))
     gpus = len(model["nvml"]["gpus"])
+    mig = [i for i, g in enumerate(model["nvml"]["gpus"]) if (g.get("mig") or [0])[0]]
     for level in DIAG_TESTS:
         failing = {int(k): v for k, v in dcgm.get("diag_fail", {}).items()}
         rc = 226 if failing else 0
         entry = {"stdout": _diag(dcgm["version"], level, gpus, failing), "rc": rc}
+        if mig:  # DCGM refuses the whole run while a GPU has MIG on
+            entry = {"stdout": _diag_refusal(dcgm["version"], mig[0]), "rc": 226}
         table["dcgmi diag -r %d -j" % level] = entry
         table["dcgmi diag -r %d -i *" % level] = entry  # on some GPUs only (the epilog's)
     table["nvidia-smi *"] = _ok("")
@@ -83,9 +86,24 @@ def _health(overall: str) -> str:
     return json.dumps({"body": body, "header": ["Health Monitor Report"]}, indent=1)
 
 
+MIG_REFUSAL = "GPU %d's MIG configuration is incompatible with the diagnostic because it prevents access to the entire GPU."
+
+
+def _diag_refusal(version: str, gpu: int) -> str:
+    """dcgmi diag -j refusing MIG: runtime_error (Diag.cpp's failure message),
+    exit 226 (DCGM_ST_NVVS_ERROR, -30)."""
+    if _dcgm4(version):
+        return json.dumps({"DCGM Diagnostic": {"version": version, "runtime_error": MIG_REFUSAL % gpu}}, indent=1)
+    return json.dumps({"DCGM GPU Diagnostic": {"runtime_error": MIG_REFUSAL % gpu}}, indent=1)
+
+
+def _dcgm4(version: str) -> bool:
+    return version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 4
+
+
 def _diag(version: str, level: int, gpus: int, failing: Dict[int, str]) -> str:
     """A dcgmi diag -j report in the format of the node's DCGM major version."""
-    dcgm4 = version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 4
+    dcgm4 = _dcgm4(version)
     tests = []
     for name in DIAG_TESTS[level]:
         results = []

@@ -4,6 +4,7 @@ object `gpugate check --json` printed, or an error string."""
 
 import json
 import os
+import re
 import shlex
 from typing import Dict, List, Sequence, Union
 
@@ -65,22 +66,28 @@ class LocalTransport(_Transport):
 class SshTransport(_Transport):
     """ClusterShell fan-out over ssh, one timeout for the whole batch."""
 
-    def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 64):
+    def __init__(self, gpugate: Sequence[str], config: str = "", fanout: int = 64, ssh_config: str = "",
+                 connect_timeout: int = 10):
         self.gpugate = list(gpugate)
         self.config = config
         self.fanout = fanout
+        self.ssh_config = ssh_config
+        self.connect_timeout = connect_timeout
 
     def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
         argv = self.gpugate + list(args) + ["--json"]
         if self.config:
             argv += ["--config", self.config]
-        ssh = open_ssh()
+        fds = [open_ssh()]
         try:
-            return self._run(nodes, argv, timeout, ssh)
+            if self.ssh_config:
+                fds.append(open_ssh_config(self.ssh_config))
+            return self._run(nodes, argv, timeout, fds)
         finally:
-            os.close(ssh)
+            for fd in fds:
+                os.close(fd)
 
-    def _run(self, nodes: Sequence[str], argv: List[str], timeout: float, ssh: int) -> Dict[str, Answer]:
+    def _run(self, nodes: Sequence[str], argv: List[str], timeout: float, fds: List[int]) -> Dict[str, Answer]:
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
 
@@ -88,9 +95,14 @@ class SshTransport(_Transport):
 
         task = task_self()
         task.set_info("fanout", self.fanout)
+        task.set_info("connect_timeout", self.connect_timeout)
         # ClusterShell forks without closing fds: ssh runs from the checked file.
-        os.set_inheritable(ssh, True)
-        task.set_info("ssh_path", "/proc/self/fd/%d" % ssh)
+        os.set_inheritable(fds[0], True)
+        task.set_info("ssh_path", "/proc/self/fd/%d" % fds[0])
+        # ssh closes every fd above 2 as it starts, so -F names the checked
+        # file by its resolved path: every directory on it is root's alone.
+        config = os.readlink("/proc/self/fd/%d" % fds[1]) if len(fds) > 1 else ""
+        task.set_info("ssh_options", "-F %s" % shlex.quote(config) if config else "")
         for node in nodes:
             check_node_name(node, "Slurm node name")  # an ssh target: never an option
             # --node: judge the Slurm node name, whatever the host calls itself.
@@ -99,14 +111,44 @@ class SshTransport(_Transport):
             task.shell(" ".join(shlex.quote(a) for a in words), nodes=str(NodeSet(node)), timeout=timeout)
         task.resume()
         out: Dict[str, Answer] = {}
+        codes = {name: rc for rc, names in task.iter_retcodes() for name in names}
         for buf, names in task.iter_buffers():
             for name in names:
-                out[name] = _parse(buf.message().decode("utf-8", "replace"))
+                out[name] = answer(name, buf.message().decode("utf-8", "replace"), codes.get(name))
         for name in task.iter_keys_timeout():
-            out[name] = "timed out after %.0fs" % timeout
+            out[name] = "timed out after %.0fs (ssh connected or not, no answer in time)" % timeout
         for node in nodes:
-            out.setdefault(node, "no answer (ssh failed or printed nothing)")
+            out.setdefault(node, ssh_failure(node, "", codes.get(node)) or
+                           "no answer (ssh exited %s and printed nothing)" % codes.get(node))
         return out
+
+
+# What ssh (OpenSSH) prints when it cannot run the command on the node.
+_UNREACHABLE = ("Connection refused", "Connection timed out", "No route to host", "Could not resolve hostname",
+                "Network is unreachable", "Connection closed by", "Connection reset by", "Permission denied",
+                "Name or service not known", "connect to host")
+
+
+def ssh_failure(node: str, output: str, rc) -> str:
+    """Why ssh did not run gpugate on the node (exit 255), or "" when it did.
+    Pure: the transport's answer for the audit (UNREACHABLE) and the sweep."""
+    if rc != 255:
+        return ""
+    # ssh names itself by its argv[0]: /proc/self/fd/N prints as "N: ".
+    lines = [re.sub(r"^[0-9]+: ", "ssh: ", line.strip()) for line in output.splitlines()
+             if line.strip() and not line.startswith("@@@")]
+    if "Host key verification failed" in output:
+        return ("host key verification failed: %s's host key is not the one its known_hosts file holds, so "
+                "ssh refused to connect and nothing ran there. If the node was reinstalled, replace its key "
+                "(ssh-keygen -R %s -f KNOWN_HOSTS, then add the new one); otherwise someone may be "
+                "answering in its place" % (node, node))
+    said = next((line for line in lines if any(m in line for m in _UNREACHABLE)), lines[-1] if lines else "")
+    return "unreachable: ssh failed (exit 255): %s" % (said[:200] or "no message")
+
+
+def answer(node: str, output: str, rc) -> Answer:
+    """One node's answer: the JSON object, or why there is none."""
+    return ssh_failure(node, output, rc) or _parse(output)
 
 
 def open_ssh() -> int:
@@ -118,12 +160,24 @@ def open_ssh() -> int:
         raise ConfigError("%s: cannot use ssh for the sweep's transport: %s" % (SSH, exc.strerror or exc)) from None
 
 
+def open_ssh_config(path: str) -> int:
+    """An fd on the checked [sweep] ssh_config (it names keys, known_hosts
+    and commands ssh runs: root's alone, like ssh itself)."""
+    try:
+        return trust.open_file(path, "[sweep] ssh_config")
+    except OSError as exc:
+        raise ConfigError("%s: cannot read [sweep] ssh_config: %s" % (path, exc.strerror or exc)) from None
+
+
 def make(settings) -> Union[LocalTransport, SshTransport]:
     sweep = settings.sweep
     if sweep["transport"] == "local":
         return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source, int(sweep["fanout"]))
     os.close(open_ssh())  # refuse before the first step, not in the middle of a batch
-    return SshTransport(sweep["gpugate"], sweep["remote_config"], int(sweep["fanout"]))
+    if sweep["ssh_config"]:
+        os.close(open_ssh_config(sweep["ssh_config"]))
+    return SshTransport(sweep["gpugate"], sweep["remote_config"], int(sweep["fanout"]), sweep["ssh_config"],
+                        int(sweep["connect_timeout"]))
 
 
 def expand(template: Sequence[str], nodes: List[str]) -> List[str]:

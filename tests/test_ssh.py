@@ -1,0 +1,126 @@
+"""Issue 13, item 5: ssh, for real.  OpenSSH's sshd on loopback, a throwaway
+key, and an ssh_config ([sweep] ssh_config) that makes each simulated node
+reachable by its name; `gpugate audit` and the sweep's verification run
+through ClusterShell over it, and the node side is the real `gpugate
+facts/check --node NAME` against the simulated fleet."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
+from gpugate.sweep.transport import answer, ssh_failure
+from ssh_rig import HANG_SECONDS, SshRig
+
+NODES = {"gpu01": "ok", "gpu02": "ok", "gpu03": "ok", "gpu04": "closed", "gpu05": "mismatch", "gpu06": "hang"}
+TIMEOUT = 6  # [sweep] verify_timeout: the hang's bound
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    rig = SshRig().start()
+    base = tmp_path_factory.mktemp("ssh")
+    fleet = str(base / "fleet")
+    gpugate_cmd("sim", "init", fleet, "--nodes", "gpu[01-06]", "--baseline", DEMO_BASELINE, check=True)
+    rig.fleet = fleet
+    rig.ssh_conf = rig.ssh_config(NODES)
+    # The remote side runs this tree's gpugate, whatever the node's cwd.
+    remote = ["/usr/bin/env", "PYTHONPATH=" + ROOT, sys.executable, "-m", "gpugate"]
+    rig.gpugate_conf = str(base / "gpugate.toml")
+    with open(rig.gpugate_conf, "w") as handle:
+        handle.write('baseline = "%s"\n[sim]\nfleet = "%s"\n[sweep]\ntransport = "ssh"\njournal = "%s/sweep.db"\n'
+                     'gpugate = %s\nremote_config = "%s"\nssh_config = "%s"\nverify_timeout = %d\n'
+                     'connect_timeout = 3\n'
+                     % (DEMO_BASELINE, fleet, base, json.dumps(remote), rig.gpugate_conf, rig.ssh_conf, TIMEOUT))
+    yield rig
+    rig.stop()
+
+
+def _transport(rig):
+    from gpugate.config import load_settings
+    from gpugate.sweep.transport import SshTransport, make
+
+    transport = make(load_settings(rig.gpugate_conf))
+    assert isinstance(transport, SshTransport)
+    return transport
+
+
+@pytest.mark.ssh
+def test_audit_through_sshd_lists_the_unreachable_and_judges_only_the_answers(rig):
+    gpugate_cmd("sim", "set", rig.fleet, "gpu03", "dcgm=3.3.5", check=True)
+    try:
+        started = time.monotonic()
+        result = gpugate_cmd("audit", "--config", rig.gpugate_conf, "-w", "gpu[01-06]", "--json", timeout=120)
+        took = time.monotonic() - started
+    finally:
+        gpugate_cmd("sim", "set", rig.fleet, "gpu03", "dcgm=4.2.3", check=True)
+    assert result.returncode == 1, result.stderr  # gpu03 drifts
+    data = json.loads(result.stdout)
+    dcgm = {(r["value"], r["nodes"], r["status"]) for r in data["rows"] if r["component"] == "dcgm"}
+    assert dcgm == {("4.2.3", "gpu[01-02]", "pinned"), ("3.3.5", "gpu03", "DRIFT")}  # only the answers
+    why = data["unreachable"]["why"]
+    assert data["unreachable"]["nodes"] == "gpu[04-06]"
+    assert why["gpu04"].startswith("unreachable: ssh failed (exit 255)") and "Connection refused" in why["gpu04"]
+    assert why["gpu05"].startswith("host key verification failed: gpu05's host key is not the one")
+    assert "ssh-keygen -R gpu05" in why["gpu05"]
+    assert why["gpu06"].startswith("timed out after %ds" % TIMEOUT)
+    assert TIMEOUT <= took < TIMEOUT + 20  # the hang is bounded by the timeout, not by the node
+    text = gpugate_cmd("audit", "--config", rig.gpugate_conf, "-w", "gpu[01-05]", timeout=120).stdout
+    assert "UNREACHABLE" in text and "host key verification failed" in text
+
+
+@pytest.mark.ssh
+def test_the_sweeps_verification_over_ssh(rig):
+    """The sweep's verify step calls transport.check(nodes, ["--mode", "verify"], verify_timeout)."""
+    gpugate_cmd("sim", "set", rig.fleet, "gpu02", "gpu.3.xid=79", check=True)
+    answers = _transport(rig).check(["gpu01", "gpu02", "gpu04", "gpu05", "gpu06"], ["--mode", "verify"], TIMEOUT)
+    assert answers["gpu01"]["fit"] is True and answers["gpu01"]["node"] == "gpu01"
+    assert answers["gpu01"]["mode"] == "verify" and answers["gpu01"]["facts"]["dcgm_diag"]["level"] == 2
+    assert answers["gpu02"]["fit"] is False and "xid:gpu3=79" in answers["gpu02"]["reason"]
+    # No answer is never fit: the sweep's normal failure path (retry, rollback, rma).
+    for node in ("gpu04", "gpu05", "gpu06"):
+        assert isinstance(answers[node], str), answers[node]
+    assert "host key verification failed" in answers["gpu05"]
+    assert answers["gpu06"].startswith("timed out")
+
+
+@pytest.mark.ssh
+def test_the_ssh_config_is_trust_checked(rig, tmp_path):
+    from dataclasses import replace
+
+    from gpugate.config import load_settings
+    from gpugate.errors import ConfigError
+    from gpugate.sweep.transport import make
+
+    settings = load_settings(rig.gpugate_conf)
+    loose = tmp_path / "ssh_config"
+    loose.write_text(open(rig.ssh_conf).read())
+    os.chmod(str(loose), 0o666)
+    with pytest.raises(ConfigError, match="chmod go-w"):
+        make(replace(settings, sweep=dict(settings.sweep, ssh_config=str(loose))))
+    assert HANG_SECONDS > TIMEOUT  # the hanging node really outlives the timeout
+
+
+# ------------------------------------------------ pure: what ssh's exit says
+
+def test_ssh_failures_are_named():
+    refused = "7: connect to host 127.0.0.1 port 2222: Connection refused\n"
+    assert ssh_failure("gpu04", refused, 255) == (
+        "unreachable: ssh failed (exit 255): ssh: connect to host 127.0.0.1 port 2222: Connection refused")
+    changed = "@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\nHost key verification failed.\n"
+    assert ssh_failure("gpu05", changed, 255).startswith("host key verification failed: gpu05's host key")
+    assert ssh_failure("gpu01", '{"node": "gpu01", "fit": true}', 0) == ""
+    assert answer("gpu01", '{"node": "gpu01", "fit": true}\n', 1) == {"node": "gpu01", "fit": True}
+
+
+@given(st.text(), st.sampled_from(["", '{"node": "gpu01", "fit": true}\n']))
+def test_ssh_exit_255_is_never_an_answer(noise, json_line):
+    """ssh's own failure (exit 255) never reads as the node's verdict, even
+    with a JSON line in the output."""
+    got = answer("gpu01", noise + "\n" + json_line, 255)
+    assert isinstance(got, str) and got
