@@ -63,14 +63,19 @@ class CommandSlurm:
     def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
         """Node states (all nodes, or a hostlist).  JSON first; the text
         format when JSON is unavailable or unreadable."""
+        # One node: `sinfo -n NODE` is the only read slurmctld answers with
+        # that node alone (REQUEST_NODE_INFO_SINGLE); `scontrol show node`
+        # and `sinfo --json` load every node and filter here (Slurm's
+        # scontrol/info_node.c, sinfo/sinfo.c).  A node's own check uses it.
+        single = bool(names) and not any(c in names for c in "[],")
         try:
-            if self.version() >= (23, 2):
+            if not single and self.version() >= (23, 2):
                 found = parse_nodes_json(self._run("scontrol", SCONTROL_JSON_ARGV + ([names] if names else [])))
                 return _only(found, names)
             if not names:
                 return parse_nodes_json(self._run("sinfo", SINFO_JSON_ARGV))
             # 22.05 `sinfo --json` ignores -n and dumps the whole fleet: for a
-            # few nodes (a node's own check) the text form with -n is cheaper.
+            # few nodes the text form with -n is cheaper.
         except ParseError:
             pass
         args = list(SINFO_TEXT_ARGV) + (["-n", names] if names else [])
