@@ -37,19 +37,25 @@ def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[s
         repeat_limit=int(cfg["repeat_limit"]), repeat_window=float(cfg["repeat_window"]))
 
 
-def open_journal(settings):
+def _check_journal(settings) -> None:
     from ..config import check_state
-    from .journal import Journal
 
     path = str(settings.sweep["journal"])
     check_state(os.path.dirname(os.path.abspath(path)), files=(path,))
-    return Journal(path)
+
+
+def open_journal(settings):
+    from .journal import Journal
+
+    _check_journal(settings)
+    return Journal(str(settings.sweep["journal"]))
 
 
 def lock(settings):
     """The sweep's lock (a second sweeper refuses to run), or SweepBusy."""
     from ..node.lock import RunLock
 
+    _check_journal(settings)  # before the lock file is created in its directory
     path = os.path.join(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "sweep.lock")
     held = RunLock(path)
     if not held.acquire():
