@@ -93,6 +93,10 @@ _SWEEP = Table({
     "connect_timeout": (Int(1, 3600), 10),  # seconds ssh waits for a node to accept the connection
     "fanout": (Int(1, 4096), 64),
     "poll_seconds": (Number(0.1, 600), 5.0),
+    # Repeat offenders: drained again for a component the sweep returned the
+    # node to service for repeat_limit times within repeat_window seconds: rma.
+    "repeat_limit": (Int(0, 1000), 3),  # 0: never escalate for repeats
+    "repeat_window": (Number(60, 365 * 86400), 7 * 86400.0),
 })
 
 # Drains for anything but an acute finding stop at a share of each

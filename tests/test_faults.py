@@ -426,20 +426,26 @@ def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
 
 def test_sweep_deadlines_use_the_monotonic_clock():
     """A wall-clock step during a sweep must not cut short or stretch its
-    waits: every deadline in the engine is taken from time.monotonic()."""
+    waits: every deadline in the sweep is taken from time.monotonic(), in its
+    one deadline-poll helper (sweep/waits.py), which every wait goes through."""
     import ast
     import inspect
 
-    from gpugate.sweep import engine
+    from gpugate.sweep import engine, steps, waits
 
-    tree = ast.parse(inspect.getsource(engine))
-    deadlines = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                 and any(isinstance(t, ast.Name) and "deadline" in t.id for t in node.targets)]
-    assert len(deadlines) >= 3
+    deadlines = []
+    for module in (engine, steps, waits):
+        tree = ast.parse(inspect.getsource(module))
+        deadlines += [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                      and any(isinstance(t, ast.Name) and "deadline" in t.id for t in node.targets)]
+        assert "time.time()" not in inspect.getsource(module)  # the wall clock only through Sweeper.clock
+    assert deadlines
     for node in deadlines:
         assert "time.monotonic()" in ast.unparse(node.value)
-    source = inspect.getsource(engine)
-    assert "time.time()" not in source.replace("take(self.slurm.nodes(), self.tag, time.time())", "")
+    assert "deadline" not in inspect.getsource(engine) + inspect.getsource(steps)  # no hand-written loop
+    source = inspect.getsource(steps)
+    # The sweep's waits: jobs to end, slurmd to register, the node back in service.
+    assert source.count("self._wait(nodes, settle,") == 3 and "poll_until(" in source
 
 
 def test_budgeted_finding_with_slurm_unreachable_lets_the_job_run(fleet, tmp_path):

@@ -329,3 +329,103 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
         resumed_at = max(i for i, e in enumerate(events) if e[1] == "resume")
         # Verified after the unplanned reboot: the failed verify led to another attempt.
         assert [e for e in events[:resumed_at] if e[1] == "verify" and e[2] == "done"]
+
+
+def test_one_host_whose_converge_always_fails_does_not_stop_the_others(new_cluster):
+    """Issue 13, item 3: the site's converge fails for the whole batch
+    because of one host.  Retried node by node, the other three converge,
+    reboot, verify and resume; the bad one alone is retried, rolled back and
+    escalated.  One bad node is under the circuit breaker: the sweep goes on."""
+    cluster = new_cluster(nodes=6, sweep={"floor": 0})
+    drifted = drift_and_drain(cluster, "gpu[01-04]")
+    cluster.sim("set", "FLEET", "gpu03", "converge=error")  # `gpugate sim converge` exits 1 when it holds gpu03
+    code, report, err = run_sweep(cluster)
+    assert code == 0 and not report["stopped"], err
+    assert report["batches"][0]["nodes"] == "gpu[01-04]"
+    results = {n: o["result"] for n, o in report["outcomes"].items()}
+    assert results == {"gpu01": "resumed", "gpu02": "resumed", "gpu03": "escalated", "gpu04": "resumed"}
+    steps = [(s, st, a) for _, s, st, a in journal_events(cluster, "gpu03")]
+    assert ("converge", "failed", 1) in steps and ("converge", "failed", 2) in steps
+    assert ("rollback", "failed", 3) in steps and steps[-1][:2] == ("escalate", "done")
+    assert not any(s in ("reboot", "resume") for s, _, _ in steps)
+    assert drain_flag(cluster, "gpu03") and cluster.reason("gpu03").startswith("gpugate: rma driver=550.54.15")
+    cluster.wait_for(lambda: all(cluster.state(n) == "idle" for n in drifted if n != "gpu03"), 30, "others idle")
+    assert all(fit(cluster, n) for n in drifted if n != "gpu03")
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+def _node_reads(lines):
+    """The sweep's reads of node states (the controller's calls carry no
+    SLURMD_NODENAME): (whole fleet?, what they named)."""
+    reads = []
+    for line in lines:
+        if not line.startswith(" "):
+            continue  # a node's own health check, prolog or reboot program
+        words = line.split()
+        if words[0] == "sinfo" and "--version" not in words:
+            reads.append(words[words.index("-n") + 1] if "-n" in words else None)
+        elif words[0] == "scontrol" and "show" in words and "node" in words:
+            after = words[words.index("node") + 1:]
+            reads.append(after[0] if after else None)
+    return reads
+
+
+def test_waits_poll_only_the_nodes_in_flight_at_poll_seconds(new_cluster):
+    """Issue 13, item 2: a sweep of one node on an 8-node cluster reads the
+    whole fleet only to plan; every wait reads that node alone, every
+    poll_seconds (2 s here; before, every second whatever it said)."""
+    cluster = new_cluster(nodes=8, sweep={"poll_seconds": 2})
+    drift_and_drain(cluster, "gpu02")
+    before = len(cluster.slurm_calls())
+    started = time.monotonic()
+    code, report, err = run_sweep(cluster)
+    took = time.monotonic() - started
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    reads = _node_reads(cluster.slurm_calls()[before:])
+    whole = [r for r in reads if r is None]
+    named = [r for r in reads if r is not None]
+    print("sweep of gpu02: %d node reads in %.0f s: %d of the whole fleet, %d of gpu02 alone"
+          % (len(reads), took, len(whole), len(named)))
+    assert len(whole) == 2  # the plan, and the plan that finds nothing left
+    assert set(named) == {"gpu02"}
+    # The three waits read at once, then every 2 s; the reboot and resume
+    # steps read once each; verification may read once more.  Before, the
+    # reboot wait alone read every second.
+    assert len(named) <= took / 2 + 3 + 2 + 3
+
+
+def test_a_node_drained_again_for_the_same_component_is_escalated_and_forgiven(new_cluster):
+    """Issue 13, item 6, with repeat_limit = 1: returned to service once for
+    the driver, drained for it again: escalated `rma repeat=...`, never
+    reconverged again; `gpugate status` lists it; one command clears it and
+    the next sweep repairs and verifies it."""
+    cluster = new_cluster(nodes=4, sweep={"repeat_limit": 1})
+    drift_and_drain(cluster, "gpu02")
+    code, report, err = run_sweep(cluster)
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    cluster.wait_for(lambda: cluster.state("gpu02") == "idle", 30, "gpu02 idle")
+    drift_and_drain(cluster, "gpu02")  # the same component again
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    outcome = report["outcomes"]["gpu02"]
+    assert outcome["result"] == "escalated" and "repeat offender" in outcome["detail"]
+    assert cluster.reason("gpu02").startswith("gpugate: rma repeat=driver 1x in 7d (want under 1)")
+    assert drain_flag(cluster, "gpu02")
+    assert not any(s == "converge" for _, s, _, a in journal_events(cluster, "gpu02")[-6:])
+    status = subprocess.run([sys.executable, "-m", "gpugate", "status", "--config", cluster.gpugate_conf],
+                            capture_output=True, text=True, timeout=60, env=cluster.env)
+    assert status.returncode == 0, status.stderr
+    lines = [x for x in status.stdout.splitlines() if x.strip().startswith("gpu02  driver")]
+    assert lines, status.stdout + status.stderr
+    line = lines[0]
+    assert "1x" in line and "ESCALATED rma" in line, status.stdout
+    code, report, err = run_sweep(cluster)  # rma waits for a human
+    assert code == 0 and report["outcomes"] == {}
+    forgive = subprocess.run(sweep_argv(cluster, "forgive", "gpu02"), capture_output=True, text=True, timeout=60,
+                             env=cluster.env)
+    assert forgive.returncode == 0 and "drained again" in forgive.stdout, forgive.stderr
+    assert cluster.reason("gpu02").startswith("gpugate: drift driver=550.54.15")
+    code, report, err = run_sweep(cluster)
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    cluster.wait_for(lambda: cluster.state("gpu02") == "idle", 30, "gpu02 idle")
+    assert fit(cluster, "gpu02")

@@ -276,3 +276,33 @@ def test_config_errors_from_the_latest_audit_are_shown_with_a_hostlist():
     folded = fold({}, None, audit["config_errors"])
     assert to_json(folded)["config_error"]["nodes"] == "gpu[001-002]"
     assert "CONFIG ERROR (last good copy in use)" in to_text(folded)
+
+
+def test_repeat_offenders_are_listed_with_count_last_times_and_what_comes_next():
+    from gpugate.fleet.status import repeat_offenders
+    from gpugate.sweep.history import ESCALATED, FORGIVEN, RESUMED, Event
+
+    now, day = 100 * 86400.0, 86400.0
+    history = {
+        "gpu001": tuple(Event("gpu001", RESUMED, now - d * day, frozenset({"xid"})) for d in (5, 3, 1)) + (
+            Event("gpu001", ESCALATED, now - 60, frozenset({"xid"}), "repeat offender: ..."),),
+        "gpu002": tuple(Event("gpu002", RESUMED, now - d * day, frozenset({"driver"})) for d in (6, 2, 1)),
+        "gpu003": tuple(Event("gpu003", RESUMED, now - d * day, frozenset({"driver"})) for d in (4, 2)),
+        "gpu004": (Event("gpu004", RESUMED, now - 2 * day, frozenset({"driver"})),),  # once: not a repeat
+        "gpu005": tuple(Event("gpu005", RESUMED, now - d * day, frozenset({"ecc"})) for d in (4, 2)) + (
+            Event("gpu005", FORGIVEN, now - day),),
+    }
+    out = repeat_offenders(history, now, 3, 7 * day)
+    assert set(out["nodes"]) == {"gpu001", "gpu002", "gpu003"}
+    assert out["nodes"]["gpu001"]["escalated"] and out["nodes"]["gpu001"]["count"] == 3
+    assert out["nodes"]["gpu002"]["next_drain_escalates"] and out["nodes"]["gpu002"]["ago"] == [day, 2 * day, 6 * day]
+    assert not out["nodes"]["gpu003"]["next_drain_escalates"]
+    text = render_text({"counts": {"gpugate_by_class": {}, "others": 0, "in_service": 5, "total": 5},
+                        "gpugate": {}, "others": [], "repeat_offenders": out})
+    lines = text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("Repeat offenders")))
+    assert "within 7d; limit 3" in lines[start]
+    assert lines[start + 1].split()[:3] == ["gpu001", "xid", "3x"] and lines[start + 1].endswith("ESCALATED rma")
+    assert lines[start + 2].split()[:3] == ["gpu002", "driver", "3x"]
+    assert "last 1d00h, 2d00h, 6d00h ago" in lines[start + 2] and lines[start + 2].endswith("escalates")
+    assert "gpugate sweep forgive NODE" in lines[-1]

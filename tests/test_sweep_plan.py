@@ -1,6 +1,6 @@
 """The sweep planner: a pure function, property-tested."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from gpugate import reason as reasons
 from gpugate.findings import Finding
@@ -154,3 +154,72 @@ def test_rollout_takes_in_service_nodes_canary_first():
 def test_floor_count():
     assert floor_count(8, 0.5) == 4 and floor_count(8, 0.75) == 6 and floor_count(3, 0.5) == 2
     assert floor_count(8, 3) == 3 and floor_count(2, 5) == 2 and floor_count(8, 0) == 0
+
+
+# ------------------------------------------------------------ repeat offenders
+from gpugate.sweep import history as hist  # noqa: E402
+
+COMPONENTS = ["driver", "xid", "ecc", "module"]
+DAY = 86400.0
+
+
+@st.composite
+def histories(draw):
+    events = []
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from([hist.RESUMED, hist.RESUMED, hist.REDRAINED, hist.ESCALATED, hist.FORGIVEN]))
+        comps = frozenset(draw(st.lists(st.sampled_from(COMPONENTS), max_size=2)))
+        events.append(hist.Event("n", kind, draw(st.floats(0, 20 * DAY)), comps))
+    return tuple(events)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.lists(st.sampled_from(COMPONENTS), min_size=1, max_size=3), st.integers(0, 5),
+       st.floats(DAY, 14 * DAY))
+def test_repeat_rule_counts_returns_for_the_same_component_within_the_window_since_forgiven(
+        events, current, limit, window):
+    now = 20 * DAY
+    found = hist.repeat_of(current, events, now, limit, window)
+    cleared = max([e.at for e in events if e.kind == hist.FORGIVEN], default=-1.0)
+
+    def count(c):
+        return sum(1 for e in events if e.kind == hist.RESUMED and c in e.components and e.at >= now - window
+                   and e.at > cleared)
+    if limit == 0:
+        assert found is None
+    elif found is None:
+        assert all(count(c) < limit for c in current)
+    else:
+        assert found.component in current and found.count == count(found.component) >= limit
+        assert found.count == max(count(c) for c in current)
+    # Forgiving now clears it, whatever came before.
+    assert hist.repeat_of(current, events + (hist.Event("n", hist.FORGIVEN, now),), now, limit, window) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), options_st, st.data(), st.integers(1, 4))
+def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, options, data, limit):
+    from dataclasses import replace
+
+    # Each node's history: some returns to service for what it is drained for now, and noise.
+    # The fleet is seen at 0: its history lies in the 20 days before.
+    history = {}
+    for name, view in snap.nodes.items():
+        comps = hist.components(view.ours)
+        noise = data.draw(histories())
+        back = [hist.Event(name, hist.RESUMED, -data.draw(st.floats(0, 10 * DAY)), comps)
+                for _ in range(data.draw(st.integers(0, 4)))] if comps else []
+        history[name] = tuple(replace(e, node=name, at=e.at - 20 * DAY) for e in noise) + tuple(back)
+    with_history = replace(options, history=history, repeat_limit=limit, repeat_window=7 * DAY)
+    result = plan(snap, with_history)
+    without = plan(snap, options)
+    for name, d in result.decisions.items():
+        view = snap.nodes[name]
+        repeat = hist.repeat_of(hist.components(view.ours), history.get(name, ()), snap.taken_at, limit, 7 * DAY)
+        if without.decisions[name].remedy in ("reconverge", "reboot") and repeat is not None:
+            assert d.remedy == ESCALATE and d.included and d.repeat == repeat and "repeat offender" in d.why
+            assert not any(name in b.nodes for b in result.batches if b.remedy != ESCALATE)
+            event("a repeat offender escalated")
+        elif d.repeat is None:
+            # Everything else is decided as without the history (batches may shift: repeats take no capacity).
+            assert (d.included, d.remedy) == (without.decisions[name].included, without.decisions[name].remedy)

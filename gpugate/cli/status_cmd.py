@@ -18,23 +18,24 @@ def _hostlist(expr):
     return set(parse_hostlist(expr))
 
 
-def _journal_nodes(path):
-    """The journal's node records; {} when no sweep has run.  An unreadable
-    journal is reported and skipped: the Slurm view is still worth showing."""
+def _journal(path):
+    """The journal's node records and history; ({}, {}) when no sweep has run.
+    An unreadable journal is reported and skipped: the Slurm view is still
+    worth showing."""
     if not os.path.exists(path):
-        return {}
+        return {}, {}
     from ..sweep.journal import Journal
 
     try:
         journal = Journal(path)
     except (GpugateError, sqlite3.Error, OSError) as exc:
         click.echo("gpugate status: sweep journal %s not read: %s" % (path, exc), err=True)
-        return {}
+        return {}, {}
     try:
-        return journal.nodes()
+        return journal.nodes(), journal.history()
     except sqlite3.Error as exc:
         click.echo("gpugate status: sweep journal %s not read: %s" % (path, exc), err=True)
-        return {}
+        return {}, {}
     finally:
         journal.close()
 
@@ -50,17 +51,20 @@ def status(config, as_json, partition, nodes):
     oldest first, with how long each has been out and what the sweep journal
     says about it; then the nodes out of service for other reasons (an
     admin's drain, DOWN, not responding), which gpugate lists and never
-    touches.  Reads Slurm and the journal; changes nothing.
+    touches; then the repeat offenders (nodes the sweep returned to service
+    again and again for the same component; `gpugate sweep forgive NODE`
+    clears one).  Reads Slurm and the journal; changes nothing.
 
     \b
     Examples:
       gpugate status
       gpugate status -p gpu -w 'gpu[001-064]'
       gpugate status --json | jq '.gpugate.drift[].node'
+      gpugate status --json | jq '.repeat_offenders'
     """
     from ..budget import fleet_usage
     from ..config import load_settings
-    from ..fleet.status import config_errors, render_text, summarize
+    from ..fleet.status import config_errors, render_text, repeat_offenders, summarize
     from ..slurm import connect
     from ..sweep.snapshot import take
 
@@ -71,11 +75,14 @@ def status(config, as_json, partition, nodes):
     budget = fleet_usage(settings, states)  # over whole partitions, before -p/-w
     states = {n: st for n, st in states.items()
               if (wanted is None or n in wanted) and (not partition or set(st.partitions) & set(partition))}
-    journal_nodes = _journal_nodes(str(settings.sweep["journal"]))
+    journal_nodes, history = _journal(str(settings.sweep["journal"]))
     summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states, budget=budget)
     if partition:
         summary["partitions"] = {p: f for p, f in summary["partitions"].items() if p in partition}
     summary["config_errors"] = config_errors(_last_audit(settings), now)
+    summary["repeat_offenders"] = repeat_offenders(
+        {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
+        float(settings.sweep["repeat_window"]))
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:

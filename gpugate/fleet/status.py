@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..findings import CLASSES, ROLLOUT
 
-__all__ = ["summarize", "render_text", "format_age", "state_text"]
+__all__ = ["summarize", "render_text", "format_age", "state_text", "repeat_offenders"]
 
 # Journal steps that end a node's stay in the sweep; their detail says why.
 _EXPLAINED_STEPS = ("left", "deferred", "halted", "escalate")
@@ -215,6 +215,7 @@ def render_text(summary: dict) -> str:
             lines.append("drain budget spent in %s: nodes found unfit for a budgeted class stay in service "
                          "(their log says action=held; metric gpugate_drain_held); `gpugate audit` lists "
                          "the drifted nodes" % ", ".join(spent))
+    lines += _repeat_lines(summary.get("repeat_offenders"))
     errors = summary.get("config_errors")
     if errors and errors.get("nodes"):
         lines.append("")
@@ -240,3 +241,36 @@ def config_errors(last_audit: Optional[Mapping[str, object]], now: float) -> Opt
         age = None
     first = "%s: %s" % sorted(errors.items())[0] if errors else ""
     return {"nodes": sorted(errors), "hostlist": hostlist(errors), "first": first, "age": age}
+
+
+def repeat_offenders(history: Mapping[str, object], now: float, limit: int, window: float) -> dict:
+    """For the summary: the nodes the sweep returned to service at least
+    twice for one component within the window, and those it escalated for
+    it.  history: Journal.history()."""
+    from ..sweep.history import offenders
+
+    nodes = offenders(history, now, limit, window)
+    for entry in nodes.values():
+        entry["ago"] = [max(now - t, 0.0) for t in entry["last"]]
+    return {"limit": limit, "window": window, "nodes": nodes}
+
+
+def _repeat_lines(repeats: Optional[Mapping[str, object]]) -> List[str]:
+    if not repeats or not repeats.get("nodes"):
+        return []
+    from ..sweep.history import span
+
+    limit = repeats["limit"]
+    lines = ["", "Repeat offenders (returned to service again and again for one component within %s; limit %s%s):"
+             % (span(repeats["window"]), limit, ", off" if not limit else "")]
+    nodes = repeats["nodes"]
+    width = max(len(n) for n in nodes)
+    order = sorted(nodes, key=lambda n: (not nodes[n]["escalated"], -nodes[n]["count"], n))
+    for name in order:
+        e = nodes[name]
+        state = ("ESCALATED rma" if e["escalated"] else
+                 "next drain for it escalates" if e["next_drain_escalates"] else "")
+        lines.append(("  %-*s  %-12s %3dx  last %s ago  %s" % (
+            width, name, e["component"], e["count"], ", ".join(format_age(a) for a in e["ago"]), state)).rstrip())
+    lines.append("  `gpugate sweep forgive NODE` clears a node's record (after a part was replaced)")
+    return lines

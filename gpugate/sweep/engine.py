@@ -5,6 +5,7 @@ up by the next run from the recorded step.
 Invariants: a node is RESUMEd only after it passed verification and only
 while its reason is still gpugate's; every node in the sweep's hands keeps a
 gpugate reason (the reboot carries it, and it is set again after the reboot).
+The steps themselves are in steps.py; the waits poll through waits.py.
 """
 
 import time
@@ -12,13 +13,14 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Sequence
 
 from .. import reason as reasons
-from ..errors import CommandError, SlurmError
+from ..errors import SlurmError
 from ..findings import RMA, ROLLOUT, Finding
-from ..runner import run
+from . import history as hist
 from . import journal as jr
 from .plan import ESCALATE, REBOOT, RECONVERGE, Options, Plan, plan
 from .snapshot import take
-from .transport import expand
+from .steps import Steps
+from .steps import hostlist as _hostlist
 
 # The steps of one attempt, in order, per remedy.  Attempt 3 is the rollback.
 PIPELINES = {
@@ -31,7 +33,6 @@ RETRY_FROM = {RECONVERGE: "converge", REBOOT: "reboot", "rollout": "converge"}
 # Failures and escalations are handled first, then the pipeline in order.
 STEP_ORDER = ("failed", "escalate", "drain", "wait_drained", "rollback", "converge", "reboot", "wait_up",
               "verify", "resume")
-_REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 
 
 @dataclass
@@ -51,9 +52,10 @@ class SweepReport:
     max_out: Dict[str, int] = field(default_factory=dict)  # most nodes in our hands per partition
 
 
-class Sweeper:
+class Sweeper(Steps):
     def __init__(self, settings, baseline, slurm, transport, journal: jr.Journal, options: Options,
-                 force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep):
+                 force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep,
+                 clock=time.time):
         self.settings = settings
         self.cfg = settings.sweep
         self.baseline = baseline
@@ -64,6 +66,7 @@ class Sweeper:
         self.force = force
         self.say = say
         self.sleep = sleep
+        self.clock = clock  # wall clock, for Slurm's reason times and the history; waits are monotonic
         self.tag = settings.reason_tag
         self.report = SweepReport()
         self.handled: set = set()
@@ -73,11 +76,11 @@ class Sweeper:
 
     # ------------------------------------------------------------ the loop
     def snapshot(self):
-        return take(self.slurm.nodes(), self.tag, time.time())
+        return take(self.slurm.nodes(), self.tag, self.clock())
 
     def make_plan(self, snapshot, rollout_nodes=None) -> Plan:
         in_flight = frozenset(self.journal.in_flight())
-        return plan(snapshot, replace(self.options, in_flight=in_flight,
+        return plan(snapshot, replace(self.options, in_flight=in_flight, history=self.journal.history(),
                                       exclude=frozenset(self.handled) | self.options.exclude,
                                       rollout=rollout_nodes if rollout_nodes is not None else self.options.rollout))
 
@@ -119,12 +122,17 @@ class Sweeper:
                                           _hostlist(nodes)))
         remedy = "rollout" if self.options.rollout is not None else batch.remedy
         known = self.journal.nodes()
+        history = self.journal.history()
         for name in nodes:
             view = snap.nodes[name]
             reason_text = view.reason if view.ours is not None else self._rollout_reason(name)
             first = view.ours.first if view.ours is not None else None
             if first is not None and first.component == "sweep" and name in known:
                 reason_text = known[name].reason  # an earlier sweep's work reason: keep the original
+            past = [e.kind for e in history.get(name, ()) if e.kind in (hist.RESUMED, hist.REDRAINED)]
+            if past and past[-1] == hist.RESUMED and hist.components(view.ours):
+                # Back after the sweep returned it to service: the history the repeat rule counts on.
+                self.journal.note(name, hist.REDRAINED, hist.components(view.ours), at=view.reason_time or None)
             self.journal.enrol(name, remedy, batch.index, reason_text)
             self.report.outcomes[name] = Outcome(name, remedy)
         self._track_out(snap, nodes)
@@ -132,20 +140,6 @@ class Sweeper:
                                     "canary": batch.canary})
         self._drive(nodes, remedy, batch.index)
         self._wait_in_service([n for n in nodes if self.report.outcomes[n].result == "resumed"])
-
-    def _wait_in_service(self, nodes) -> None:
-        """Resumed nodes count toward the floor only once Slurm has them in
-        service (a rebooted slurmd can show as not responding for a ping or
-        two): wait for that before planning the next batch."""
-        deadline = time.monotonic() + float(self.cfg["reboot_timeout"])
-        waiting = set(nodes)
-        while waiting and time.monotonic() < deadline:
-            states = self.slurm.nodes()
-            waiting = {n for n in waiting if not (states.get(n) is not None and states[n].in_service)}
-            if waiting:
-                self.sleep(min(float(self.cfg["poll_seconds"]), 1.0))
-        if waiting:
-            self.say("  %s resumed but not yet in service; the floor counts them as out" % _hostlist(waiting))
 
     def _track_out(self, snap, nodes) -> None:
         for part, members in snap.partition_members().items():
@@ -214,173 +208,6 @@ class Sweeper:
     def _step_escalate(self, nodes, records) -> None:
         self._escalate(nodes, records[nodes[0]].detail or "escalated")
 
-    def _step_drain(self, nodes, records) -> None:
-        """Rollout: take in-service nodes on the previous pin out, with a rollout reason."""
-        self._begin(nodes, "drain")
-        states = self.slurm.nodes()
-        to_drain: Dict[str, List[str]] = {}
-        for name in nodes:
-            st = states.get(name)
-            ours = reasons.parse(st.reason, self.tag) if st is not None and st.drain else None
-            if st is None or (st.drain and (ours is None or ours.cls != ROLLOUT)):
-                self._leave(name, "drained by someone else (or gone) before the rollout reached it")
-            elif not st.drain:
-                to_drain.setdefault(records[name].reason, []).append(name)
-            else:
-                self._done(name, "drain")  # drained by us before a crash
-        for reason_text, group in to_drain.items():  # one Slurm call per reason
-            self.slurm.drain(_hostlist(group), reason_text)
-            for name in group:
-                self._done(name, "drain")
-
-    def _step_wait_drained(self, nodes, records) -> None:
-        self._begin(nodes, "wait_drained")
-        if self.force:
-            # --force: the admin accepts killing the jobs still running there.
-            self.slurm.cancel_jobs(_hostlist(nodes))
-        deadline = time.monotonic() + float(self.cfg["drain_timeout"])
-        waiting = set(nodes)
-        while waiting:
-            states = self.slurm.nodes()
-            for name in sorted(waiting):
-                st = states.get(name)
-                if st is None or not st.drain or reasons.parse(st.reason, self.tag) is None:
-                    self._leave(name, "its reason is no longer gpugate's: %r" % (st.reason if st else "gone"))
-                    waiting.discard(name)
-                elif st.drained or st.down:
-                    self._done(name, "wait_drained")
-                    waiting.discard(name)
-            if not waiting:
-                break
-            if time.monotonic() >= deadline:
-                for name in sorted(waiting):
-                    self.journal.record(name, "deferred", jr.DONE, detail="jobs still running at the drain timeout")
-                    self._finish(name, "deferred", "still draining: left for the next run")
-                break
-            self.sleep(float(self.cfg["poll_seconds"]))
-
-    def _step_converge(self, nodes, records, template=None, step="converge") -> None:
-        template = list(template if template is not None else self.cfg["converge"])
-        self._begin(nodes, step)
-        if not template:
-            for name in nodes:
-                self._done(name, step, "no converge command configured: reboot only")
-            return
-        groups = [[n] for n in nodes] if self.cfg["converge_per"] == "node" else [list(nodes)]
-        for group in groups:
-            argv = expand(template, group)
-            try:
-                run(argv, float(self.cfg["converge_timeout"]))
-            except CommandError as exc:
-                if len(group) > 1:
-                    # The site's tool failed for the whole batch: that says
-                    # nothing about the nodes. Stop; never escalate them for it.
-                    for name in group:
-                        self.journal.record(name, step, jr.STARTED, detail=str(exc))
-                    self.report.stopped = ("the %s command failed for the whole batch (%s): fix it, then run "
-                                           "gpugate sweep again" % (step, exc))
-                    return
-                for name in group:
-                    self.failures.add(name)
-                    self.journal.record(name, step, jr.FAILED, detail=str(exc))
-                    self._attempt_failed(name, records[name], "%s failed: %s" % (step, exc))
-                continue
-            for name in group:
-                self._done(name, step)
-
-    def _step_rollback(self, nodes, records) -> None:
-        self._step_converge(nodes, records, template=self.cfg["rollback"], step="rollback")
-
-    def _step_reboot(self, nodes, records) -> None:
-        self._begin(nodes, "reboot")
-        states = self.slurm.nodes()
-        ready = []
-        for name in nodes:
-            st = states.get(name)
-            if st is None or reasons.parse(st.reason, self.tag) is None:
-                self._leave(name, "reason changed before the reboot: %r" % (st.reason if st else "gone"))
-            elif st.flags & _REBOOT_FLAGS:
-                self._done(name, "reboot", "already rebooting")  # taken up after a crash
-            else:
-                ready.append(name)
-        # A maintenance reservation keeps jobs off the nodes until they are
-        # verified, whatever state the reboot leaves them in (22.05-23.11 clear
-        # the drain after a reboot; ReturnToService=2 revives DOWN nodes).
-        existing = self.slurm.reservations() if ready else {}
-        by_reservation: Dict[str, List[str]] = {}
-        current = self.journal.nodes()
-        for name in ready:
-            by_reservation.setdefault(current[name].reservation, []).append(name)
-        for reservation, group in sorted(by_reservation.items()):
-            if reservation not in existing:
-                self.slurm.reserve(reservation, _hostlist(group))
-        for (_, reason_text), group in self._work_groups(ready, records).items():
-            self.slurm.reboot(_hostlist(group), reason_text, next_state="DOWN")
-            for name in group:
-                self._done(name, "reboot")
-
-    def _step_wait_up(self, nodes, records) -> None:
-        self._begin(nodes, "wait_up")
-        deadline = time.monotonic() + float(self.cfg["reboot_timeout"])
-        waiting = set(nodes)
-        while waiting:
-            states = self.slurm.nodes()
-            back = []
-            for name in sorted(waiting):
-                st = states.get(name)
-                if st is None or (st.flags & _REBOOT_FLAGS) or not st.responding:
-                    continue
-                # Ours (Slurm appends ": reboot complete"), or cleared when
-                # ReturnToService revived it; anyone else's reason wins.
-                if st.reason and reasons.parse(st.reason, self.tag) is None:
-                    self._leave(name, "reason changed during the reboot: %r" % st.reason)
-                    waiting.discard(name)
-                    continue
-                back.append(name)
-            for (_, reason_text), group in self._work_groups(back, records).items():
-                # Drained again with a gpugate reason: out of service until verified.
-                self.slurm.drain(_hostlist(group), reason_text)
-                for name in group:
-                    self._done(name, "wait_up")
-                    waiting.discard(name)
-            if not waiting:
-                break
-            if time.monotonic() >= deadline:
-                for name in sorted(waiting):
-                    self.failures.add(name)
-                    self.journal.record(name, "wait_up", jr.FAILED, detail="slurmd did not register in time")
-                    self._attempt_failed(name, records[name], "did not come back from the reboot")
-                break
-            self.sleep(min(float(self.cfg["poll_seconds"]), 1.0))
-
-    def _step_verify(self, nodes, records) -> None:
-        self._begin(nodes, "verify")
-        rollback = [n for n in nodes if records[n].attempt >= 3]
-        normal = [n for n in nodes if records[n].attempt < 3]
-        answers = {}
-        timeout = float(self.cfg["verify_timeout"])
-        if normal:
-            answers.update(self.transport.check(normal, ["--mode", "verify"], timeout))
-        if rollback:
-            answers.update(self.transport.check(rollback, ["--mode", "verify", "--pin", "previous"], timeout))
-        for name in nodes:
-            answer = answers.get(name, "no answer")
-            problem = self._verify_problem(name, answer, records[name])
-            if problem is None:
-                self._done(name, "verify", "fit")
-                continue
-            if problem:
-                self.journal.record(name, "verify", jr.FAILED, detail=problem)
-                self._attempt_failed(name, records[name], problem)
-                continue
-            why = answer.get("reason") if isinstance(answer, dict) else answer
-            self.failures.add(name)
-            if isinstance(answer, dict):
-                self.last_findings[name] = [Finding.from_json(f) for f in answer.get("findings", [])
-                                            if isinstance(f, dict) and "class" in f and "component" in f]
-            self.journal.record(name, "verify", jr.FAILED, detail=str(why))
-            self._attempt_failed(name, records[name], "verification failed: %s" % why)
-
     def _check_breaker(self, batch_size: int) -> None:
         """K failed nodes in one batch (every node of a smaller batch of two
         or more) stop the sweep: a bad image, converge or baseline is likelier
@@ -392,54 +219,6 @@ class Sweeper:
             self.report.stopped = ("circuit breaker: %d node(s) failed in this batch (limit %d). A bad image, "
                                    "converge or baseline is the likely cause; no further batch was started. "
                                    "Fix it, then run gpugate sweep again." % (len(self.failures), limit))
-
-    def _verify_problem(self, name, answer, rec):
-        """None when the answer passes; a text when it passes but must not be
-        resumed; "" when it plainly failed (the caller records the reason)."""
-        if not isinstance(answer, dict) or answer.get("fit") is not True:
-            return ""
-        if answer.get("node") not in (None, name):
-            return "the verification answered for %s, not %s" % (answer.get("node"), name)
-        if answer.get("pending") and rec.attempt < 3:
-            return "still on the previous pin: %s" % ", ".join(p["component"] for p in answer["pending"])
-        mine = self._baseline_id()
-        if answer.get("baseline") and mine and answer["baseline"].get("sha256") != mine:
-            return "the node checked against another baseline (%s): push the baseline first" % (
-                answer["baseline"].get("name"))
-        if rec.attempt >= 3 and not self.baseline.rollout_in_progress:
-            return "the new pin fails verification here; the previous one passes"
-        return None
-
-    def _baseline_id(self):
-        if not hasattr(self, "_baseline_sha"):
-            from ..node.check import baseline_id
-
-            self._baseline_sha = baseline_id(self.settings.baseline).get("sha256")
-        return self._baseline_sha
-
-    def _step_resume(self, nodes, records) -> None:
-        self._begin(nodes, "resume")
-        states = self.slurm.nodes()
-        ok = []
-        for name in nodes:
-            st = states.get(name)
-            if st is not None and not st.drain and not st.reason and records[name].step == "resume":
-                # Our RESUME went through before a crash: nothing left to do.
-                self._done(name, "resume", "resumed before the sweeper was interrupted")
-                self._finish(name, "resumed", "verified and returned to service")
-                continue
-            # Compare, then set: only the reason the sweep itself set may be
-            # cleared (Slurm may have appended ": reboot complete").
-            expected = self._work_reason(records[name])
-            if st is None or not (st.reason == expected or st.reason.startswith(expected + " :")):
-                self._leave(name, "reason changed during the sweep: %r" % (st.reason if st else "gone"))
-            else:
-                ok.append(name)
-        if ok:
-            self.slurm.resume(_hostlist(ok))
-            for name in ok:
-                self._done(name, "resume")
-                self._finish(name, "resumed", "verified and returned to service")
 
     # -------------------------------------------------------- failure paths
     def _attempt_failed(self, name, rec, why) -> None:
@@ -460,7 +239,8 @@ class Sweeper:
     def _escalate(self, nodes, why) -> None:
         for name in nodes:
             self.journal.record(name, "escalate", jr.STARTED, detail=why)
-        states = self.slurm.nodes()
+        states = self._states(nodes)
+        records, history, now = self.journal.nodes(), self.journal.history(), self.clock()
         for name in nodes:
             st = states.get(name)
             ours = reasons.parse(st.reason, self.tag) if st is not None else None
@@ -468,15 +248,43 @@ class Sweeper:
                 self._leave(name, "reason changed: %r" % (st.reason if st else "gone"))
                 continue
             # What is wrong now (the last verification), else what it was drained for.
-            record = self.journal.nodes().get(name)
+            record = records.get(name)
             original = reasons.parse(record.reason, self.tag) if record is not None else None
             found = self.last_findings.get(name) or (list(original.findings) if original else [])
             findings = [replace(f, cls=RMA) for f in found] or [Finding(RMA, "verify", "failed", "pass", "rma")]
+            repeat = self._repeat(name, original, history, now)
+            node_why = why
+            if repeat is not None:
+                observed, expected = hist.finding_text(repeat, self._window(), self._limit())
+                findings.insert(0, Finding(RMA, "repeat", observed, expected, "rma"))
+                node_why = self._repeat_why(name, repeat)
             text = reasons.render(self.tag, RMA, findings)
             self.slurm.drain(name, text)
-            self.journal.record(name, "escalate", jr.DONE, detail=why)
-            self._finish(name, "escalated", why)
-            self.say("  %s: escalated (%s): %s" % (name, text, why))
+            self.journal.note(name, hist.ESCALATED, hist.components(original), at=now, detail=node_why)
+            self.journal.record(name, "escalate", jr.DONE, detail=node_why)
+            self._finish(name, "escalated", node_why)
+            self.say("  %s: escalated (%s): %s" % (name, text, node_why))
+
+    # ------------------------------------------------ history: repeat offenders
+    def _limit(self) -> int:
+        return int(self.cfg["repeat_limit"])
+
+    def _window(self) -> float:
+        return float(self.cfg["repeat_window"])
+
+    def _repeat(self, name, original, history, now):
+        return hist.repeat_of(hist.components(original), history.get(name, ()), now, self._limit(), self._window())
+
+    def _repeat_why(self, name, repeat) -> str:
+        return ("repeat offender: returned to service %dx for %s within %s and drained for it again; "
+                "`gpugate sweep forgive %s` clears the record" % (
+                    repeat.count, repeat.component, hist.span(self._window()), name))
+
+    def _resumed(self, rec, detail="") -> None:
+        """RESUME done, and the history row the repeat rule counts."""
+        comps = hist.components(reasons.parse(rec.reason, self.tag)) if rec.remedy != "rollout" else ()
+        self.journal.resumed(rec.node, comps, detail, at=self.clock())
+        self._finish(rec.node, "resumed", "verified and returned to service")
 
     def _leave(self, name, why) -> None:
         self.journal.record(name, "left", jr.DONE, detail=why)

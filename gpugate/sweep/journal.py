@@ -3,6 +3,8 @@
 Every step of every node is recorded before it is taken ("started") and
 after ("done" / "failed"), in its own committed transaction, so a sweeper
 killed at any point is taken up by the next one from the recorded step.
+The history table keeps, per node, when the sweep returned it to service and
+for what (sweep/history.py: repeat offenders).
 """
 
 import json
@@ -10,11 +12,14 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from .history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Formats this version reads; the tables it adds are created on open (v1 had no history).
+_READS = (1, 2)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, started REAL, ended REAL, pid INTEGER, argv TEXT, outcome TEXT);
@@ -24,6 +29,9 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, run INTEGER, node TEXT, step TEXT, status TEXT, attempt INTEGER,
     at REAL, detail TEXT);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY, node TEXT, kind TEXT, at REAL, components TEXT, run INTEGER, detail TEXT);
+CREATE INDEX IF NOT EXISTS history_node ON history (node, at);
 """
 STARTED, DONE, FAILED = "started", "done", "failed"
 # A node whose last step is one of these is finished (not in flight).
@@ -62,7 +70,7 @@ class Journal:
         self.db.execute("PRAGMA synchronous=FULL")  # a recorded step survives a power cut
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
-        if tables and version != SCHEMA_VERSION:
+        if tables and version not in _READS:
             self.db.close()
             raise ConfigError("%s: a sweep journal of another gpugate version (format %d, this one reads %d); "
                               "finish or move it away" % (path, version, SCHEMA_VERSION))
@@ -102,6 +110,36 @@ class Journal:
     def _event(self, node, step, status, attempt, detail) -> None:
         self.db.execute("INSERT INTO events (run, node, step, status, attempt, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (self.run_id, node, step, status, attempt, time.time(), detail[:500]))
+
+    def resumed(self, node: str, components, detail: str = "", at: Optional[float] = None) -> None:
+        """RESUME done and, in the same transaction, the history row (a crash
+        cannot leave one without the other)."""
+        with self.db:
+            self.db.execute("UPDATE nodes SET step = 'resume', status = ?, updated = ?, detail = ?, run = ? "
+                            "WHERE node = ?", (DONE, time.time(), detail[:500], self.run_id, node))
+            row = self.db.execute("SELECT attempt FROM nodes WHERE node = ?", (node,)).fetchone()
+            self._event(node, "resume", DONE, row[0] if row else 1, detail)
+            if components:
+                self._history(node, RESUMED, time.time() if at is None else at, components, "")
+
+    def note(self, node: str, kind: str, components=(), at: Optional[float] = None, detail: str = "") -> None:
+        """A history row: redrained, escalated or forgiven."""
+        assert kind in (REDRAINED, ESCALATED, FORGIVEN)
+        with self.db:
+            self._history(node, kind, time.time() if at is None else at, components, detail)
+
+    def _history(self, node, kind, at, components, detail) -> None:
+        self.db.execute("INSERT INTO history (node, kind, at, components, run, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                        (node, kind, float(at), ",".join(sorted(components)), self.run_id, detail[:500]))
+
+    def history(self) -> Dict[str, Tuple[Event, ...]]:
+        """node -> its history, oldest first."""
+        out: Dict[str, List[Event]] = {}
+        for node, kind, at, comps, detail in self.db.execute(
+                "SELECT node, kind, at, components, detail FROM history ORDER BY at, id"):
+            out.setdefault(node, []).append(Event(node, kind, at, frozenset(c for c in comps.split(",") if c),
+                                                  detail or ""))
+        return {n: tuple(e) for n, e in out.items()}
 
     def nodes(self) -> Dict[str, NodeRecord]:
         rows = self.db.execute("SELECT node, run, remedy, batch, attempt, step, status, reason, updated, detail, "

@@ -10,6 +10,10 @@ partition can spare:
 Nodes gpugate drained and nobody works on yet do not count against the floor
 (they are out either way); nodes out for any other reason (an admin's drain,
 down, not responding) and nodes already in the sweep's hands do.
+
+A repeat offender (history.py: returned to service ``repeat_limit`` times for
+a component within ``repeat_window`` and drained for it again) is escalated,
+whatever its remedy would be.
 """
 
 import math
@@ -18,6 +22,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
 from ..names import is_node_name
+from . import history as hist
 
 RECONVERGE = "reconverge"
 REBOOT = "reboot"
@@ -44,6 +49,9 @@ class Options:
     canary: int = 1
     canary_done: bool = False  # the sweep's canary batch already passed in this run
     escalate_xids: FrozenSet[int] = frozenset()  # Xids whose action is rma/investigate
+    history: Mapping[str, Tuple[hist.Event, ...]] = field(default_factory=dict)  # the journal's, per node
+    repeat_limit: int = 0  # 0: repeat offenders are not escalated
+    repeat_window: float = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class Decision:
     remedy: Optional[str]
     why: str
     batch: Optional[int] = None
+    repeat: Optional[hist.Repeat] = None  # escalated as a repeat offender
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,17 @@ def plan(snapshot, options: Options) -> Plan:
                                                 "drained by someone else (%r): not gpugate's" % view.reason[:60])
             continue
         remedy, why = remedy_for(view.ours, options)
-        if remedy is None:
+        repeat = None
+        if remedy in (RECONVERGE, REBOOT):
+            repeat = hist.repeat_of(hist.components(view.ours), options.history.get(view.name, ()),
+                                    snapshot.taken_at, options.repeat_limit, options.repeat_window)
+        if repeat is not None:
+            escalations.append(view.name)
+            decisions[view.name] = Decision(
+                view.name, True, ESCALATE, "repeat offender: returned to service %dx for %s within %s "
+                "(limit %d): rma" % (repeat.count, repeat.component, hist.span(options.repeat_window),
+                                     options.repeat_limit), repeat=repeat)
+        elif remedy is None:
             decisions[view.name] = Decision(view.name, False, None, why)
         elif remedy == ESCALATE:
             escalations.append(view.name)

@@ -1,0 +1,138 @@
+"""What `gpugate sweep` does, without click: the options from gpugate.toml,
+the plan of this moment, the preview, the rollout's scope, a run under the
+lock, and forgiving repeat offenders.  The CLI parses, calls these, renders."""
+
+import os
+import time
+from dataclasses import replace
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .. import reason as reasons
+from ..errors import CommandError, ConfigError, GpugateError
+from ..findings import RMA
+from . import history as hist
+from .plan import ESCALATE, Options, Plan, plan
+from .snapshot import Snapshot, take
+from .steps import hostlist
+
+
+class SweepBusy(GpugateError):
+    pass
+
+
+def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[str] = None,
+            max_batch: Optional[int] = None) -> Options:
+    """The planner's options: gpugate.toml's [sweep], the baseline's Xid policy, -p/-w/--max-batch."""
+    from ..names import parse_hostlist
+
+    actions = {int(k): v for k, v in baseline.health.xid_actions.items()}
+    cfg = settings.sweep
+    return Options(
+        max_batch=int(max_batch or cfg["max_batch"]), floor=float(cfg["floor"]),
+        floors={k: float(v) for k, v in cfg["floors"].items()},
+        nodes=frozenset(parse_hostlist(nodes)) if nodes else None,
+        partitions=frozenset(partition) if partition else None,
+        canary=int(cfg["canary"]),
+        escalate_xids=frozenset(x for x, a in actions.items() if a in ("rma", "investigate")),
+        repeat_limit=int(cfg["repeat_limit"]), repeat_window=float(cfg["repeat_window"]))
+
+
+def _check_journal(settings) -> None:
+    from ..config import check_state
+
+    path = str(settings.sweep["journal"])
+    check_state(os.path.dirname(os.path.abspath(path)), files=(path,))
+
+
+def open_journal(settings):
+    from .journal import Journal
+
+    _check_journal(settings)
+    return Journal(str(settings.sweep["journal"]))
+
+
+def lock(settings):
+    """The sweep's lock (a second sweeper refuses to run), or SweepBusy."""
+    from ..node.lock import RunLock
+
+    _check_journal(settings)  # before the lock file is created in its directory
+    path = os.path.join(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "sweep.lock")
+    held = RunLock(path)
+    if not held.acquire():
+        try:
+            with open(path) as handle:
+                holder = handle.read().strip()
+        except OSError:
+            holder = "?"
+        raise SweepBusy("another gpugate sweep (pid %s) holds %s; it must finish first" % (holder, path))
+    return held
+
+
+def with_rollout(settings, baseline, slurm, transport, opts: Options) -> Options:
+    """--rollout: the options with the in-service nodes still on [previous]."""
+    if baseline.previous is None:
+        raise ConfigError("%s: --rollout needs a [previous] block in the baseline" % settings.baseline)
+    snap = take(slurm.nodes(), settings.reason_tag, time.time())
+    scope = [n for n, v in snap.nodes.items() if v.in_service and (opts.nodes is None or n in opts.nodes)
+             and (opts.partitions is None or set(v.partitions) & opts.partitions)]
+    answers = transport.check(sorted(scope), ["--mode", "healthcheck"], float(settings.sweep["verify_timeout"]))
+    return replace(opts, rollout=frozenset(n for n, a in answers.items() if isinstance(a, dict) and a.get("pending")))
+
+
+def current_plan(settings, slurm, journal, opts: Options) -> Tuple[Plan, Snapshot]:
+    """What a run would do now (changes nothing)."""
+    snap = take(slurm.nodes(), settings.reason_tag, time.time())
+    return plan(snap, replace(opts, in_flight=frozenset(journal.in_flight()), history=journal.history())), snap
+
+
+def preview(settings, current: Plan) -> Tuple[List[str], str]:
+    """The configured preview command on the first batch to converge: (argv, its output)."""
+    from ..runner import run
+    from .transport import expand
+
+    template = settings.sweep["preview"]
+    batches = [b for b in current.batches if b.remedy != ESCALATE]
+    if not template or not batches:
+        return [], "(no preview command configured, or nothing to converge)"
+    argv = expand(template, list(batches[0].nodes))
+    try:
+        return argv, run(argv, float(settings.sweep["converge_timeout"]), ok_codes=range(256)).stdout
+    except CommandError as exc:
+        return argv, "preview failed: %s" % exc
+
+
+def apply(settings, baseline, slurm, transport, journal, opts: Options, argv: Sequence[str], force: bool = False,
+          say: Callable[[str], None] = lambda text: None):
+    """Run the sweep (the caller holds the lock); the journal records the run."""
+    from .engine import Sweeper
+
+    journal.start_run(list(argv))
+    report = Sweeper(settings, baseline, slurm, transport, journal, opts, force=force, say=say).run()
+    journal.end_run("stopped" if report.stopped else "ok")
+    return report
+
+
+def forgive(settings, slurm, journal, names: Sequence[str], who: str = "") -> List[str]:
+    """Clear the repeat-offender record of these nodes (the history is kept,
+    marked forgiven).  A node that carries the sweep's repeat escalation is
+    drained again with the reason it had before, so that the next sweep
+    repairs and verifies it; any other reason is left as it is."""
+    records = journal.nodes()
+    states = slurm.nodes(hostlist(names)) if names else {}
+    out = []
+    for name in names:
+        journal.note(name, hist.FORGIVEN, detail="forgiven%s" % (" by " + who if who else ""))
+        st = states.get(name)
+        ours = reasons.parse(st.reason, settings.reason_tag) if st is not None and st.drain else None
+        repeat = ours is not None and ours.cls == RMA and any(f.component == "repeat" for f in ours.findings)
+        before = records[name].reason if name in records else ""
+        if repeat and reasons.parse(before, settings.reason_tag) is not None:
+            slurm.drain(name, before)
+            out.append("%s: repeat record cleared; drained again as %r: the next gpugate sweep repairs and "
+                       "verifies it" % (name, before))
+        elif repeat:
+            out.append("%s: repeat record cleared; the journal has no earlier reason: once it is fixed, "
+                       "`scontrol update NodeName=%s State=RESUME`" % (name, name))
+        else:
+            out.append("%s: repeat record cleared%s" % (name, "" if st is not None else " (Slurm does not know it)"))
+    return out
