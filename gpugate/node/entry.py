@@ -9,7 +9,6 @@ structured log line, and never lets a traceback reach slurmd.
 import os
 import sys
 import time
-from typing import Dict, List, Optional
 
 from ..errors import ConfigError, GpugateError
 
@@ -23,7 +22,7 @@ failure, and log the error)."""
 _WHAT = {"healthcheck": "HealthCheckProgram", "prolog": "Prolog", "epilog": "Epilog"}
 
 
-def main(mode: str, argv: List[str]) -> int:
+def main(mode, argv):
     started = time.monotonic()
     config = None
     args = list(argv)
@@ -40,7 +39,7 @@ def main(mode: str, argv: List[str]) -> int:
             sys.stderr.write("gpugate-%s: unknown argument %r\n%s\n" % (mode, arg, USAGE.format(mode=mode, what=_WHAT[mode])))
             return 2
     node = os.environ.get("SLURMD_NODENAME") or _hostname()
-    record: Dict[str, object] = {"node": node, "mode": mode}
+    record = {"node": node, "mode": mode}
     settings = None
     try:
         from ..config import check_state, config_path
@@ -85,7 +84,7 @@ def main(mode: str, argv: List[str]) -> int:
     return code
 
 
-def _log(settings, node: str, record: Dict[str, object]) -> None:
+def _log(settings, node, record):
     from .logline import emit
 
     if settings is None:  # no readable configuration, so no state directory: syslog only
@@ -94,20 +93,8 @@ def _log(settings, node: str, record: Dict[str, object]) -> None:
     emit(settings.log, settings.state_dir(node), record)
 
 
-def _hostname() -> str:
+def _hostname():
     import socket
 
     return socket.gethostname().split(".")[0]
 
-
-def job_gpus(env: Optional[Dict[str, str]] = None) -> Optional[List[int]]:
-    """The job's GPUs as host indices (slurmd sets these for the prolog/epilog)."""
-    env = os.environ if env is None else env
-    for key in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
-        value = env.get(key)
-        if value:
-            try:
-                return sorted({int(x) for x in value.split(",") if x.strip()})
-            except ValueError:
-                continue  # UUIDs or MIG names: check every GPU
-    return None

@@ -16,7 +16,7 @@ from . import state as st
 from .act import act, settle
 from .hold import HELD
 from .check import run_check
-from .entry import job_gpus
+from .jobenv import job_gpus
 from .reuse import fresh_baseline, last_state
 
 
