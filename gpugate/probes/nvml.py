@@ -6,15 +6,14 @@ Every per-GPU call is read separately: one failing call is one ProbeFailure,
 never a healthy-looking default.
 """
 
-import ctypes
-import os
-import pickle
-import select
-import signal
-import time
-from typing import Any, Callable, Optional, Sequence
+from __future__ import annotations
+
 
 from ..facts import GpuFacts, NvmlFacts, Pcie, ProbeFailure, RemappedRows
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Callable, Optional, Sequence
 
 _NOT_SUPPORTED = 3
 _MAX_LINKS = 18
@@ -27,55 +26,44 @@ def real_module():
 
 
 class Pending:
-    """An NVML reading under way in a child process.
+    """An NVML reading under way in a forked child (gpugate.forked), which
+    the check abandons at its deadline: a wedged GPU can hang NVML in the
+    kernel.  Fork before starting threads.
 
-    A wedged GPU can leave NVML stuck in the kernel (D state); a thread stuck
-    there keeps its whole process alive, so the reading runs in a forked child
-    that the check abandons at its deadline.  Fork before starting threads."""
+    loader: makes the module in the child (pynvml, or a simulated node's),
+    so that loading it runs while the caller goes on; it failing is a
+    "missing" NVML, as a binding that cannot load.  started: a child
+    already forked with ``reader`` (the prolog starts it first thing)."""
 
-    def __init__(self, nvml: Any, gpus: Optional[Sequence[int]] = None, processes: bool = False):
-        self.read_fd, write_fd = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: read, send, leave without cleanup
-            os.close(self.read_fd)
-            try:
-                value = _read(nvml, gpus, processes)
-            except Exception as exc:  # a bug in a binding must not kill the check
-                value = ProbeFailure("nvml", "error", "%s: %s" % (type(exc).__name__, exc))
-            try:
-                data = pickle.dumps(value)
-            except Exception as exc:
-                data = pickle.dumps(ProbeFailure("nvml", "error", "unpicklable answer: %s" % exc))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(write_fd, view):]
-            os._exit(0)
-        os.close(write_fd)
+    def __init__(self, nvml: Any = None, gpus: Optional[Sequence[int]] = None, processes: bool = False,
+                 loader: Optional[Callable[[], Any]] = None, started=None):
+        from ..forked import Forked
+
+        self.child = started or Forked(reader(nvml, loader, gpus, processes))
 
     def result(self, timeout: float):
         """NvmlFacts, or a ProbeFailure (init error, or timeout when NVML hangs)."""
-        chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                ready, _, _ = select.select([self.read_fd], [], [], max(left, 0.0))
-                if not ready:
-                    os.kill(self.pid, signal.SIGKILL)  # a D-state child lingers; we do not wait for it
-                    return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
-                chunk = os.read(self.read_fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(self.read_fd)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-        try:
-            return pickle.loads(b"".join(chunks))
-        except Exception as exc:
-            return ProbeFailure("nvml", "error", "the NVML reader died: %s" % exc)
+        from ..forked import OK, TIMEOUT
+
+        kind, value = self.child.result(timeout)
+        if kind == OK:
+            return value
+        if kind == TIMEOUT:
+            return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
+        return ProbeFailure("nvml", "error", value)
+
+
+def reader(nvml: Any, loader: Optional[Callable[[], Any]], gpus: Optional[Sequence[int]], processes: bool):
+    """What the child runs: load the binding (when a loader is given), read."""
+    def read_in_child():
+        module = nvml
+        if loader is not None:
+            try:
+                module = loader()
+            except Exception as exc:  # the binding itself cannot load (no libnvidia-ml), a bad sim node
+                return ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+        return _read(module, gpus, processes)
+    return read_in_child
 
 
 def read(nvml: Any, timeout: float, gpus: Optional[Sequence[int]] = None, processes: bool = False):
@@ -189,6 +177,8 @@ def _links(nvml, h):
 
 
 def _fabric_state(nvml, h) -> int:
+    import ctypes  # pynvml loads it anyway; the parent of the reader need not
+
     info = nvml.c_nvmlGpuFabricInfoV_t()
     info.version = nvml.nvmlGpuFabricInfo_v2
     nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))

@@ -1,0 +1,71 @@
+"""A function run in a forked child, its answer read back with a deadline.
+
+A wedged GPU can leave NVML stuck in the kernel (D state); a thread stuck
+there keeps its whole process alive, so such reads run in a child that the
+caller abandons at its deadline.  Small on purpose (no gpugate imports): the
+prolog forks its NVML reader before loading the judges, so that the two run
+at once.  Fork before starting threads: a fork inherits no lock another
+thread holds."""
+
+import os
+import pickle
+import select
+import signal
+import time
+
+OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+
+
+class Forked:
+    def __init__(self, fn):
+        self.read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: run, send, leave without cleanup
+            os.close(self.read_fd)
+            try:
+                answer = (OK, fn())
+            except Exception as exc:  # a bug in a binding must not kill the check
+                answer = (ERROR, "%s: %s" % (type(exc).__name__, exc))
+            try:
+                data = pickle.dumps(answer)
+            except Exception as exc:
+                data = pickle.dumps((ERROR, "unpicklable answer: %s" % exc))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view):]
+            os._exit(0)
+        os.close(write_fd)
+
+    def result(self, timeout: float):
+        """(OK, value), (ERROR, text) when fn raised or the child died, or
+        (TIMEOUT, None): the child is killed and not waited for."""
+        chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self.read_fd], [], [], max(left, 0.0))
+                if not ready:
+                    os.kill(self.pid, signal.SIGKILL)  # a D-state child lingers; we do not wait for it
+                    return TIMEOUT, None
+                chunk = os.read(self.read_fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self.read_fd)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception as exc:
+            return ERROR, "the reader died: %s" % exc
+
+    def cancel(self) -> None:
+        """Not needed after all: kill it (it is reaped when this process ends)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self.read_fd)
