@@ -6,8 +6,13 @@ a ``probe`` (or ``broken``) finding.  ``None`` means "not applicable / not
 supported by this GPU", which is a fact, not a failure.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Dict, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ def unchecked(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class RemappedRows:
+    """nvmlDeviceGetRemappedRows."""
+
     correctable: int
     uncorrectable: int
     pending: bool
@@ -55,6 +62,8 @@ class RemappedRows:
 
 @dataclass(frozen=True)
 class Pcie:
+    """The PCIe link: current and maximum generation and width."""
+
     gen: int
     width: int
     max_gen: int
@@ -63,6 +72,8 @@ class Pcie:
 
 @dataclass(frozen=True)
 class GpuFacts:
+    """One GPU as NVML reads it."""
+
     index: int
     name: Any  # str | ProbeFailure
     uuid: Any
@@ -87,6 +98,8 @@ class GpuFacts:
 
 @dataclass(frozen=True)
 class NvmlFacts:
+    """What NVML says of the node and its GPUs."""
+
     driver_version: Any
     cuda_driver_version: Any  # "12.4"
     gpu_count: Any  # int
@@ -95,6 +108,8 @@ class NvmlFacts:
 
 @dataclass(frozen=True)
 class Package:
+    """An installed package (dpkg or rpm)."""
+
     name: str
     version: str  # upstream version, epoch and Debian revision removed
     held: bool
@@ -103,6 +118,8 @@ class Package:
 
 @dataclass(frozen=True)
 class DkmsEntry:
+    """One line of `dkms status`."""
+
     module: str
     version: str
     kernel: str
@@ -112,6 +129,8 @@ class DkmsEntry:
 
 @dataclass(frozen=True)
 class XidEvent:
+    """An Xid from the kernel log."""
+
     xid: int
     pci_bus_id: str  # as printed by NVRM, normalised to "0000:38:00"
     text: str
@@ -122,6 +141,8 @@ class XidEvent:
 
 @dataclass(frozen=True)
 class DcgmHealth:
+    """`dcgmi health -c`."""
+
     overall: str  # "Healthy" | "Warning" | "Failure"
     incidents: Tuple[str, ...] = ()
     watches_set: Optional[bool] = None
@@ -129,6 +150,8 @@ class DcgmHealth:
 
 @dataclass(frozen=True)
 class DcgmTestResult:
+    """One test of `dcgmi diag` on one GPU (or all)."""
+
     test: str
     status: str  # "Pass" | "Fail" | "Skip" | "Warn"
     gpu: Optional[int] = None
@@ -139,6 +162,8 @@ class DcgmTestResult:
 
 @dataclass(frozen=True)
 class DcgmDiag:
+    """`dcgmi diag`: its level, exit code and results."""
+
     level: int
     exit_code: int
     results: Tuple[DcgmTestResult, ...] = ()
@@ -150,6 +175,8 @@ class DcgmDiag:
 
 @dataclass(frozen=True)
 class NodeFacts:
+    """Everything one check read of a node."""
+
     node: str
     mode: str
     collected_at: float
@@ -263,4 +290,5 @@ def from_jsonable(data: Any) -> NodeFacts:
     return _NODE(data)
 
 
-Fact = Union[Any, ProbeFailure]
+if TYPE_CHECKING:
+    Fact = Union[Any, ProbeFailure]

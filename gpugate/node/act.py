@@ -5,15 +5,20 @@ No controller RPC on the healthy path unless a marker in the state directory
 says gpugate drained this node (whichever of health check, prolog or epilog
 did): only then may a fit verdict have a drain to clear."""
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import os
 import time
-from typing import Any, Dict, Optional
 
 from ..errors import GpugateError
 from ..slurm import connect, ownership
 from . import hold
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Dict, Optional
 
 MARKER = "drained-by-gpugate"
 

@@ -4,11 +4,16 @@ The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
 so one odd record cannot hide the Xid after it.
 """
 
+from __future__ import annotations
+
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Optional, Tuple
 
 from gpugate.facts import XidEvent
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Tuple
 
 # "NVRM: Xid (PCI:0000:38:00): 79, pid=..., name=..., text"; older drivers omit
 # "PCI:" and sometimes the domain; a few print the function (".0").
