@@ -107,27 +107,6 @@ class NvmlFacts:
 
 
 @dataclass(frozen=True)
-class Package:
-    """An installed package (dpkg or rpm)."""
-
-    name: str
-    version: str  # upstream version, epoch and Debian revision removed
-    held: bool
-    raw_version: str = ""
-
-
-@dataclass(frozen=True)
-class DkmsEntry:
-    """One line of `dkms status`."""
-
-    module: str
-    version: str
-    kernel: str
-    arch: str
-    status: str  # "installed", "built", ...
-
-
-@dataclass(frozen=True)
 class XidEvent:
     """An Xid from the kernel log."""
 
@@ -137,40 +116,6 @@ class XidEvent:
     seq: Optional[int] = None  # /dev/kmsg sequence number
     timestamp: Optional[float] = None  # epoch seconds when known
     gpu: Optional[int] = None  # GPU index once matched with NVML's PCI bus ids
-
-
-@dataclass(frozen=True)
-class DcgmHealth:
-    """`dcgmi health -c`."""
-
-    overall: str  # "Healthy" | "Warning" | "Failure"
-    incidents: Tuple[str, ...] = ()
-    watches_set: Optional[bool] = None
-
-
-@dataclass(frozen=True)
-class DcgmTestResult:
-    """One test of `dcgmi diag` on one GPU (or all)."""
-
-    test: str
-    status: str  # "Pass" | "Fail" | "Skip" | "Warn"
-    gpu: Optional[int] = None
-    error_id: Optional[int] = None
-    severity: Optional[int] = None
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class DcgmDiag:
-    """`dcgmi diag`: its level, exit code and results."""
-
-    level: int
-    exit_code: int
-    results: Tuple[DcgmTestResult, ...] = ()
-
-    @property
-    def failures(self) -> Tuple[DcgmTestResult, ...]:
-        return tuple(r for r in self.results if r.status in ("Fail", "Warn"))
 
 
 @dataclass(frozen=True)
@@ -269,16 +214,25 @@ def _per_key(decode):
     return per
 
 
-_GPU = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
-_NODE = _record(NodeFacts, {
-    "nvml": _record(NvmlFacts, {"gpus": _each(_GPU)}),
-    "dkms": _each(_record(DkmsEntry)),
-    "packages": _per_key(_record(Package)),
-    "dcgm_health": _record(DcgmHealth),
-    "dcgm_diag": _record(DcgmDiag, {"results": _each(_record(DcgmTestResult))}),
-    "xids": _each(_record(XidEvent)),
-    "durations": dict,
-})
+_NODE = None
+
+
+def _node_decoder():
+    global _NODE
+    if _NODE is None:
+        from . import toolfacts as t
+
+        gpu = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
+        _NODE = _record(NodeFacts, {
+            "nvml": _record(NvmlFacts, {"gpus": _each(gpu)}),
+            "dkms": _each(_record(t.DkmsEntry)),
+            "packages": _per_key(_record(t.Package)),
+            "dcgm_health": _record(t.DcgmHealth),
+            "dcgm_diag": _record(t.DcgmDiag, {"results": _each(_record(t.DcgmTestResult))}),
+            "xids": _each(_record(XidEvent)),
+            "durations": dict,
+        })
+    return _NODE
 
 
 def from_jsonable(data: Any) -> NodeFacts:
@@ -287,8 +241,19 @@ def from_jsonable(data: Any) -> NodeFacts:
     Raises TypeError or ValueError on something else."""
     if not isinstance(data, dict) or _failure(data) is not None:
         raise TypeError("node facts: expected an object")
-    return _NODE(data)
+    return _node_decoder()(data)
 
 
 if TYPE_CHECKING:
     Fact = Union[Any, ProbeFailure]
+
+
+_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag")
+
+
+def __getattr__(name: str):
+    if name in _TOOL_FACTS:  # gpugate.toolfacts, loaded when asked for
+        from . import toolfacts
+
+        return getattr(toolfacts, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

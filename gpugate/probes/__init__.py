@@ -11,7 +11,6 @@ import os
 import time
 
 from ..facts import NodeFacts, ProbeFailure, failed
-from . import files, kernlog
 from . import nvml as nvml_probe
 
 TYPE_CHECKING = False
@@ -33,10 +32,15 @@ class Budget:
 
 
 def nvml_module(settings, node: str):
-    if settings.sim_fleet:
+    return binding(settings.sim_fleet, node)
+
+
+def binding(sim_fleet: str, node: str):
+    """pynvml, or the simulated node's stand-in for it."""
+    if sim_fleet:
         from ..sim import nvml as sim_nvml
 
-        return sim_nvml.load_file(os.path.join(settings.sim_fleet, node, "node.json"))
+        return sim_nvml.load_file(os.path.join(sim_fleet, node, "node.json"))
     return nvml_probe.real_module()
 
 
@@ -44,6 +48,8 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
             gpus: Optional[Sequence[int]] = None, processes: bool = False, nvml_started=None) -> NodeFacts:
     """nvml_started: the NVML reader, already forked (gpugate.forked) with
     nvml.reader (the prolog starts it first thing)."""
+    from . import files, kernlog  # here: the forked NVML reader needs neither
+
     durations: Dict[str, float] = {}
     root = settings.node_root(node)
     started = time.monotonic()
@@ -132,6 +138,8 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
 
 
 def _xids(kmsg_text, boot_time, after, baseline, nvml):
+    from . import kernlog
+
     if isinstance(kmsg_text, ProbeFailure):
         return kmsg_text
     bus_to_gpu = {}
