@@ -166,3 +166,58 @@ def test_the_import_audit_sees_what_it_forbids(node):
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1])["modules"])
     assert {"subprocess", "gpugate.probes.commands"} <= loaded
 
+
+
+def _session_ends(argv, env, seconds=20.0):
+    """Run argv in a session of its own; True when every process of the
+    session (the prolog's forked NVML reader too) is gone soon after it ends."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    proc.wait(timeout=120)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    return False
+
+
+def test_the_early_nvml_reader_leaves_when_the_configuration_fails(tmp_path):
+    """The prolog forks its NVML reader before it loads gpugate.toml: when
+    that fails (first install, nothing kept), the reader reads nothing and
+    leaves; no process stays behind."""
+    bad = tmp_path / "gpugate.toml"
+    bad.write_text('baseline = "relative.toml"\n')
+    argv = [sys.executable, "-c", "import sys; from gpugate.node.entry import main; "
+            "sys.exit(main('prolog', ['--config', sys.argv[1]]))", str(bad)]
+    assert _session_ends(argv, {"SLURMD_NODENAME": "gpu77", "SLURM_JOB_ID": "1"})
+
+
+def test_the_early_nvml_reader_reads_what_it_is_sent_and_nothing_when_cancelled():
+    from gpugate.forked import OK, Forked
+
+    reader = Forked(lambda orders: orders["gpus"] + [len(orders["node"])], prepare=lambda: None)
+    reader.send({"gpus": [0, 3], "node": "gpu01"})
+    assert reader.result(30) == (OK, [0, 3, 5])
+    reader.cancel()  # after the answer: nothing to do
+    idle = Forked(lambda orders: 1 / 0, prepare=lambda: None)
+    idle.cancel()
+    idle.cancel()
+    for _ in range(200):
+        try:
+            pid, _ = os.waitpid(idle.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            break
+        import time
+
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the cancelled reader is still running")

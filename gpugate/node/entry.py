@@ -40,7 +40,14 @@ def main(mode, argv):
             return 2
     node = os.environ.get("SLURMD_NODENAME") or _hostname()
     record = {"node": node, "mode": mode}
-    settings = None
+    settings = reader = None
+    if mode == "prolog":
+        from .prolog import start_reader
+
+        try:
+            reader = start_reader()  # loads NVML's binding while the configuration loads
+        except OSError:
+            pass  # no fork now: the prolog tries again, and reports NVML missing if it must
     try:
         from ..config import check_state, config_path
         from ..names import check_node_name
@@ -56,7 +63,7 @@ def main(mode, argv):
             from .prolog import run
         else:
             from .epilog import run
-        code = run(settings, node, record)
+        code = run(settings, node, record, reader) if reader else run(settings, node, record)
     except ConfigError as exc:
         # Bad configuration with no last good copy changes nothing: no
         # drain, no resume, a loud log.
@@ -68,6 +75,8 @@ def main(mode, argv):
     except Exception as exc:  # never a traceback into slurmd's log
         record.update(verdict="error", error="internal error: %s: %s" % (type(exc).__name__, exc))
         code = 2
+    if reader is not None:
+        reader.cancel()  # after an error: it leaves, or is killed; after its answer: nothing to do
     record["duration"] = round(time.monotonic() - started, 4)
     if record.get("verdict") == "error" and mode != "healthcheck":
         # A non-zero prolog/epilog makes slurmd drain the node with an

@@ -12,14 +12,28 @@ import time
 from .jobenv import job_gpus
 
 
-def run(settings, node: str, record: dict) -> int:
-    deadline = time.monotonic() + float(settings.budgets["prolog"])
-    gpus = job_gpus()
-    # NVML first: the child loads the binding and reads the job's GPUs while
-    # this process loads the judges (hence the imports below, not above).
+def start_reader():
+    """The NVML reader, forked before the configuration is even loaded: it
+    loads the binding meanwhile, and reads only once run() sends it what to
+    read (gpugate.forked)."""
     from ..forked import Forked
 
-    nvml = Forked(lambda: _read_nvml(settings, node, gpus))
+    return Forked(_read_nvml, prepare=_prepare_reader)
+
+
+def run(settings, node: str, record: dict, reader=None) -> int:
+    deadline = time.monotonic() + float(settings.budgets["prolog"])
+    gpus = job_gpus()
+    # NVML first: the child reads the job's GPUs while this process loads
+    # the judges (hence the imports below, not above).
+    nvml = reader
+    try:
+        nvml = nvml or start_reader()
+        nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus})
+    except OSError:  # no fork, or the child is gone: the collection forks (and reports) on its own
+        if nvml is not None:
+            nvml.cancel()
+        nvml = None
     from ..judges import lost
     from ..judges.job import start_counters
     from ..probes import files
@@ -36,7 +50,8 @@ def run(settings, node: str, record: dict) -> int:
     if last and last.get("pending_drain") and last.get("boot_id") == boot_id:
         # The health check found the node unfit but could not drain it
         # (slurmctld was away): no job starts here meanwhile.
-        nvml.cancel()
+        if nvml is not None:
+            nvml.cancel()
         if last.get("config_error"):
             record["config_error"] = last["config_error"]  # judged with the last good copy
         return _refuse(settings, node, record, last, deadline)
@@ -68,13 +83,18 @@ def run(settings, node: str, record: dict) -> int:
     return result.verdict.exit_code
 
 
-def _read_nvml(settings, node: str, gpus):
+def _prepare_reader() -> None:
+    from ..probes import nvml  # noqa: F401 - the facts and the probe
+    import pynvml  # noqa: F401 - the binding (a simulated node's is built on it too)
+
+
+def _read_nvml(orders: dict):
     """In the forked child: load the binding (pynvml, or the simulated
     node's) and read NVML of the job's GPUs."""
-    from ..probes import nvml_module
+    from ..probes import binding
     from ..probes.nvml import reader
 
-    return reader(None, lambda: nvml_module(settings, node), gpus, False)()
+    return reader(None, lambda: binding(orders["sim_fleet"], orders["node"]), orders["gpus"], False)()
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:
