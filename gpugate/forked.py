@@ -5,10 +5,10 @@ there keeps its whole process alive, so such reads run in a child that the
 caller abandons at its deadline.  Small on purpose (no gpugate imports): the
 prolog forks its NVML reader before loading the judges, so that the two run
 at once.  Fork before starting threads: a fork inherits no lock another
-thread holds."""
+thread holds.  pickle is imported where it is used: the prolog forks before
+it loads anything it can load after."""
 
 import os
-import pickle
 import select
 import signal
 import time
@@ -38,6 +38,8 @@ class Forked:
                     answer = (OK, fn(_orders(prepare, orders_read)))
             except Exception as exc:  # a bug in a binding must not kill the check
                 answer = (ERROR, "%s: %s" % (type(exc).__name__, exc))
+            import pickle
+
             try:
                 data = pickle.dumps(answer)
             except Exception as exc:
@@ -51,6 +53,8 @@ class Forked:
             os.close(orders_read)
 
     def send(self, orders) -> None:
+        import pickle
+
         os.write(self.orders_fd, pickle.dumps(orders))  # a few hundred bytes: within the pipe's buffer
         os.close(self.orders_fd)
         self.orders_fd = None
@@ -58,6 +62,8 @@ class Forked:
     def result(self, timeout: float):
         """(OK, value), (ERROR, text) when fn raised or the child died, or
         (TIMEOUT, None): the child is killed and not waited for."""
+        import pickle
+
         chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
         try:
             while True:
@@ -99,6 +105,8 @@ class Forked:
 
 def _orders(prepare, fd: int):
     """In the child: prepare, then wait for the orders; none: leave."""
+    import pickle
+
     try:
         prepare()
     except Exception:
