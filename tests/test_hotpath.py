@@ -221,3 +221,27 @@ def test_the_early_nvml_reader_reads_what_it_is_sent_and_nothing_when_cancelled(
         time.sleep(0.05)
     else:
         raise AssertionError("the cancelled reader is still running")
+
+
+def test_the_nvml_reading_loads_nothing_of_gpugates():
+    """The prolog's reader is forked before gpugate's records are defined:
+    what it runs must not define them again (it answers with stand-ins)."""
+    out = subprocess.run([sys.executable, "-c", "import sys; b = set(sys.modules); import gpugate.nvmlread; "
+                          "print(sorted(set(sys.modules) - b))"], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert "dataclasses" not in out.stdout and "gpugate.facts" not in out.stdout, out.stdout
+
+
+def test_the_readers_stand_ins_become_the_facts_records():
+    from gpugate import facts, nvmlread
+    from gpugate.probes.nvml import facts_of
+
+    fail = nvmlread.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
+    value = nvmlread.NvmlFacts("580.65.06", "13.0", 1, (nvmlread.GpuFacts(
+        0, "H100", "GPU-1", "1", "00000000:18:00.0", fail, None, True, 0, 0, None,
+        nvmlread.RemappedRows(0, 0, False, False), (True, False), nvmlread.Pcie(5, 16, 5, 16), 0, True, False,
+        3, 0, processes=()),))
+    got = facts_of(value)
+    assert isinstance(got, facts.NvmlFacts) and isinstance(got.gpus[0], facts.GpuFacts)
+    assert got.gpus[0].vbios == facts.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
+    assert got.gpus[0].pcie == facts.Pcie(5, 16, 5, 16) and got.gpus[0].nvlink_up == (True, False)

@@ -84,17 +84,17 @@ def run(settings, node: str, record: dict, reader=None) -> int:
 
 
 def _prepare_reader() -> None:
-    from ..probes import nvml  # noqa: F401 - the facts and the probe
+    from .. import nvmlread  # noqa: F401 - the reading, which loads nothing else of gpugate's
     import pynvml  # noqa: F401 - the binding (a simulated node's is built on it too)
 
 
 def _read_nvml(orders: dict):
     """In the forked child: load the binding (pynvml, or the simulated
     node's) and read NVML of the job's GPUs."""
-    from ..probes import binding
-    from ..probes.nvml import reader
+    from .. import nvmlread
 
-    return reader(None, lambda: binding(orders["sim_fleet"], orders["node"]), orders["gpus"], False)()
+    binding = lambda: nvmlread.binding(orders["sim_fleet"], orders["node"])  # noqa: E731
+    return nvmlread.reader(None, binding, orders["gpus"], False)()
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:

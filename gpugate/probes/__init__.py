@@ -32,16 +32,10 @@ class Budget:
 
 
 def nvml_module(settings, node: str):
-    return binding(settings.sim_fleet, node)
-
-
-def binding(sim_fleet: str, node: str):
     """pynvml, or the simulated node's stand-in for it."""
-    if sim_fleet:
-        from ..sim import nvml as sim_nvml
+    from ..nvmlread import binding
 
-        return sim_nvml.load_file(os.path.join(sim_fleet, node, "node.json"))
-    return nvml_probe.real_module()
+    return binding(settings.sim_fleet, node)
 
 
 def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
