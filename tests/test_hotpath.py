@@ -22,7 +22,7 @@ from conftest import DEMO_BASELINE, ROOT
 # NVML's binding or the simulated node's (loaded in the forked reader only).
 NOT_ON_THE_HOT_PATH = {
     "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
-    "random", "logging", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
+    "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
     "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
     "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
 }
