@@ -14,7 +14,8 @@ variables slurmd sets (no PATH):
   prolog cold   gpugate-prolog with no verdict to reuse (baseline read and checked)
   healthcheck   gpugate-healthcheck (reported, no target)
 
-Medians of interleaved runs; peak RSS from GNU time (/usr/bin/time, Debian's
+Medians of interleaved runs, wall time (the targets) and CPU time (user +
+system, children included: less moved by other load on the machine); peak RSS from GNU time (/usr/bin/time, Debian's
 "time"; without it wait4's, an upper bound).  Targets: hot <= 3x the
 reference and faster than NHC, cold <= 5x, peak RSS <= 50 MB.  Exit 1 when
 a target is missed, 2 when the reference is not the prolog's own clean
@@ -74,15 +75,16 @@ def last_lines(work: str, node: str, mode: str, count: int) -> list:
 
 
 def measure(runs: dict, repeat: int) -> dict:
-    """name -> (times, peak RSS in MB, exit codes), interleaved so that every
-    command sees the same machine load."""
-    out = {name: ([], [], set()) for name in runs}
+    """name -> (wall times, peak RSS in MB, exit codes, CPU times),
+    interleaved so that every command sees the same machine load."""
+    out = {name: ([], [], set(), []) for name in runs}
     for i in range(repeat):
         for name, (argv, env) in runs.items():
-            took, rss, code = run_once(argv, env(i) if callable(env) else env)
+            took, cpu, rss, code = run_once(argv, env(i) if callable(env) else env)
             out[name][0].append(took)
             out[name][1].append(rss)
             out[name][2].add(code)
+            out[name][3].append(cpu)
     return out
 
 
@@ -149,12 +151,16 @@ def main() -> int:
 def report(results: dict, rss: dict, work: str, python: str, repeat: int) -> int:
     """rss: name -> peak MB from GNU time; without it, wait4's (an upper bound)."""
     med = {name: statistics.median(r[0]) for name, r in results.items()}
+    cpu = {name: statistics.median(r[3]) for name, r in results.items()}
     rss = rss or {name: max(r[1]) for name, r in results.items()}
     ref = med["reference"]
-    print("reference: %s" % python)
-    print("%-14s %10s %8s %10s  %s" % ("", "median ms", "x ref", "peak RSS", "exit codes"))
-    for name, (_, _, codes) in results.items():
-        print("%-14s %10.1f %8.2f %8.1f MB  %s" % (name, med[name] * 1000, med[name] / ref, rss[name], sorted(codes)))
+    print("reference: %s; load average %.2f" % (python, os.getloadavg()[0]))
+    print("%-14s %10s %8s %12s %8s %10s  %s" % ("", "median ms", "x ref", "CPU ms", "x ref", "peak RSS",
+                                                 "exit codes"))
+    for name, (_, _, codes, _) in results.items():
+        print("%-14s %10.1f %8.2f %12.1f %8.2f %8.1f MB  %s" % (
+            name, med[name] * 1000, med[name] / ref, cpu[name] * 1000, cpu[name] / cpu["reference"], rss[name],
+            sorted(codes)))
     failures = []
     hot = last_lines(work, HOT, "prolog", repeat)
     cold = last_lines(work, COLD, "prolog", repeat)
