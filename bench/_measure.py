@@ -1,5 +1,5 @@
-"""Shared by the benchmarks: a command's wall time and peak RSS (wait4), and
-the median time of a function."""
+"""Shared by the benchmarks: a command's wall and CPU time and peak RSS
+(wait4), and the median time of a function."""
 
 import os
 import statistics
@@ -8,13 +8,16 @@ import time
 
 
 def run_once(argv, env):
+    """(wall seconds, CPU seconds of the process and its children, wait4's
+    peak RSS in MB, exit code)."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     took = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return took, usage.ru_maxrss / 1024.0, proc.returncode  # ru_maxrss is KiB on Linux
+    # ru_maxrss is KiB on Linux
+    return took, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode
 
 
 def timed(fn, repeat):

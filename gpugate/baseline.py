@@ -1,15 +1,21 @@
 """The pinned baseline (baseline.toml, kept in git): what every node must run,
 what each nodeset must look like, and the health policy."""
 
+from __future__ import annotations
+
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Dict, Mapping, Optional, Tuple
 
 from .errors import ConfigError
+from .lazyre import Lazy
 from .schema import (REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table,
                      load_toml, validate)
 
-VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,63}$")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Dict, Mapping, Optional, Tuple
+
+VERSION_RE = Lazy(r"^[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,63}$")
 
 
 def _version(value: str) -> Optional[str]:
@@ -23,8 +29,8 @@ def _version(value: str) -> Optional[str]:
 # ClusterShell operators ! & ^ build sets of them.  '@' (a group) and '*' (all
 # nodes) are refused: ClusterShell resolves them by running the commands of its
 # groups.conf through a shell, on every node, on every check.
-_HOSTLIST_RE = re.compile(r"^[A-Za-z0-9._\-\[\],/!&^]+$")
-_RANGE_RE = re.compile(r"^([0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$")
+_HOSTLIST_RE = Lazy(r"^[A-Za-z0-9._\-\[\],/!&^]+$")
+_RANGE_RE = Lazy(r"^([0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$")
 MAX_NODESET = 100000  # names one expression may expand to (expanding is linear in them)
 
 
@@ -151,6 +157,8 @@ _BASELINE = Table({
 
 @dataclass(frozen=True)
 class Pins:
+    """The pinned versions ([pin] or [previous])."""
+
     kernel: Optional[str] = None
     driver: Optional[str] = None
     gsp_firmware: Optional[str] = None
@@ -168,6 +176,8 @@ class Pins:
 
 @dataclass(frozen=True)
 class NodeExpect:
+    """What the [nodes] sections naming a node say it looks like."""
+
     gpus: Optional[int] = None
     product: Optional[str] = None
     nvswitch: Optional[bool] = None
@@ -177,6 +187,8 @@ class NodeExpect:
 
 @dataclass(frozen=True)
 class HealthPolicy:
+    """The [health] policy."""
+
     drain_xids: Tuple[int, ...]
     xid_actions: Mapping[str, str]
     xid_window_seconds: float
@@ -210,6 +222,8 @@ class HealthPolicy:
 
 @dataclass(frozen=True)
 class Baseline:
+    """baseline.toml, validated (or a node's resolved view of it)."""
+
     name: str
     pin: Pins
     previous: Optional[Pins]

@@ -1,14 +1,19 @@
 """Site settings (gpugate.toml): paths, time budgets, Slurm access, logging.
 Everything that is not the baseline.  Validated like the baseline."""
 
+from __future__ import annotations
+
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from .errors import ConfigError
 from . import trust
 from .schema import (AnyOf, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Mapping, Optional
 
 DEFAULT_CONFIG = "/etc/gpugate/gpugate.toml"
 CONFIG_ENV = "GPUGATE_CONFIG"
@@ -159,6 +164,8 @@ _CONFIG = Table({
 
 @dataclass(frozen=True)
 class Settings:
+    """gpugate.toml, validated."""
+
     baseline: str
     state_dir_template: str
     reason_tag: str

@@ -6,8 +6,13 @@ a ``probe`` (or ``broken``) finding.  ``None`` means "not applicable / not
 supported by this GPU", which is a fact, not a failure.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Dict, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ def unchecked(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class RemappedRows:
+    """nvmlDeviceGetRemappedRows."""
+
     correctable: int
     uncorrectable: int
     pending: bool
@@ -55,6 +62,8 @@ class RemappedRows:
 
 @dataclass(frozen=True)
 class Pcie:
+    """The PCIe link: current and maximum generation and width."""
+
     gen: int
     width: int
     max_gen: int
@@ -63,6 +72,8 @@ class Pcie:
 
 @dataclass(frozen=True)
 class GpuFacts:
+    """One GPU as NVML reads it."""
+
     index: int
     name: Any  # str | ProbeFailure
     uuid: Any
@@ -87,6 +98,8 @@ class GpuFacts:
 
 @dataclass(frozen=True)
 class NvmlFacts:
+    """What NVML says of the node and its GPUs."""
+
     driver_version: Any
     cuda_driver_version: Any  # "12.4"
     gpu_count: Any  # int
@@ -94,24 +107,9 @@ class NvmlFacts:
 
 
 @dataclass(frozen=True)
-class Package:
-    name: str
-    version: str  # upstream version, epoch and Debian revision removed
-    held: bool
-    raw_version: str = ""
-
-
-@dataclass(frozen=True)
-class DkmsEntry:
-    module: str
-    version: str
-    kernel: str
-    arch: str
-    status: str  # "installed", "built", ...
-
-
-@dataclass(frozen=True)
 class XidEvent:
+    """An Xid from the kernel log."""
+
     xid: int
     pci_bus_id: str  # as printed by NVRM, normalised to "0000:38:00"
     text: str
@@ -121,43 +119,9 @@ class XidEvent:
 
 
 @dataclass(frozen=True)
-class DcgmHealth:
-    overall: str  # "Healthy" | "Warning" | "Failure"
-    incidents: Tuple[str, ...] = ()
-    watches_set: Optional[bool] = None
-
-
-NOT_RUN = "NotRun"
-
-
-@dataclass(frozen=True)
-class DcgmTestResult:
-    test: str
-    status: str  # "Pass" | "Fail" | "Skip" | "Warn" | "NotRun" (refused on MIG; message: DCGM's words)
-    gpu: Optional[int] = None
-    error_id: Optional[int] = None
-    severity: Optional[int] = None
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class DcgmDiag:
-    level: int
-    exit_code: int
-    results: Tuple[DcgmTestResult, ...] = ()
-
-    @property
-    def failures(self) -> Tuple[DcgmTestResult, ...]:
-        return tuple(r for r in self.results if r.status in ("Fail", "Warn"))
-
-    @property
-    def not_run(self) -> Tuple[DcgmTestResult, ...]:
-        """What DCGM refused to run on MIG: neither a failure nor a pass."""
-        return tuple(r for r in self.results if r.status == NOT_RUN)
-
-
-@dataclass(frozen=True)
 class NodeFacts:
+    """Everything one check read of a node."""
+
     node: str
     mode: str
     collected_at: float
@@ -250,16 +214,25 @@ def _per_key(decode):
     return per
 
 
-_GPU = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
-_NODE = _record(NodeFacts, {
-    "nvml": _record(NvmlFacts, {"gpus": _each(_GPU)}),
-    "dkms": _each(_record(DkmsEntry)),
-    "packages": _per_key(_record(Package)),
-    "dcgm_health": _record(DcgmHealth),
-    "dcgm_diag": _record(DcgmDiag, {"results": _each(_record(DcgmTestResult))}),
-    "xids": _each(_record(XidEvent)),
-    "durations": dict,
-})
+_NODE = None
+
+
+def _node_decoder():
+    global _NODE
+    if _NODE is None:
+        from . import toolfacts as t
+
+        gpu = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
+        _NODE = _record(NodeFacts, {
+            "nvml": _record(NvmlFacts, {"gpus": _each(gpu)}),
+            "dkms": _each(_record(t.DkmsEntry)),
+            "packages": _per_key(_record(t.Package)),
+            "dcgm_health": _record(t.DcgmHealth),
+            "dcgm_diag": _record(t.DcgmDiag, {"results": _each(_record(t.DcgmTestResult))}),
+            "xids": _each(_record(XidEvent)),
+            "durations": dict,
+        })
+    return _NODE
 
 
 def from_jsonable(data: Any) -> NodeFacts:
@@ -268,7 +241,19 @@ def from_jsonable(data: Any) -> NodeFacts:
     Raises TypeError or ValueError on something else."""
     if not isinstance(data, dict) or _failure(data) is not None:
         raise TypeError("node facts: expected an object")
-    return _NODE(data)
+    return _node_decoder()(data)
 
 
-Fact = Union[Any, ProbeFailure]
+if TYPE_CHECKING:
+    Fact = Union[Any, ProbeFailure]
+
+
+_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag")
+
+
+def __getattr__(name: str):
+    if name in _TOOL_FACTS:  # gpugate.toolfacts, loaded when asked for
+        from . import toolfacts
+
+        return getattr(toolfacts, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,7 +1,12 @@
 """Findings: what a judge says is wrong with a node, and what it calls for."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional
 
 # Classes, most severe first.  The order decides which finding leads the
 # reason and whether an existing gpugate reason may be replaced (never by a
@@ -66,6 +71,8 @@ def is_acute(cls: str, component: str) -> bool:
 
 @dataclass(frozen=True)
 class Finding:
+    """One thing wrong with a node: class, component, observed and expected."""
+
     cls: str
     component: str  # short name: "driver", "vbios", "xid", "ecc", ...
     observed: str

@@ -7,18 +7,24 @@ already say whose drain it is and what kind of problem.  The tag is the only
 mark of ownership (ReasonUser is root for everything run as root).
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 from .findings import CHECK_CLASSES, CLASSES, Finding, is_acute, sort_findings
+from .lazyre import Lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Sequence, Tuple
 
 MAX_BYTES = 255
 _VALUE_MAX = 64
 _SEP = "; "
-_FINDING_RE = re.compile(
+_FINDING_RE = Lazy(
     r"^(?P<component>[a-z0-9_]{1,32})(?::gpu(?P<gpu>\d{1,3}))?=(?P<observed>[^;()]*) \(want (?P<expected>[^;()]*)\)$")
-_MORE_RE = re.compile(r"^\+(\d{1,4}) more$")
+_MORE_RE = Lazy(r"^\+(\d{1,4}) more$")
 # What slurmctld appends to a reason around `scontrol reboot nextstate=...`:
 # " : reboot issued" when it sends the reboot, " : reboot complete" when
 # the node registers again.  The reason is still ours, findings unchanged.
@@ -78,6 +84,8 @@ def render(tag: str, cls: str, findings: Sequence[Finding]) -> str:
 
 @dataclass(frozen=True)
 class ParsedReason:
+    """A gpugate reason read back from Slurm."""
+
     tag: str
     cls: str
     findings: Tuple[Finding, ...]

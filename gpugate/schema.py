@@ -1,18 +1,18 @@
 """A small validator for the TOML files: every error names the file, the key
 path and what is allowed, and nothing but ``ConfigError`` ever escapes."""
 
+from __future__ import annotations
+
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
 
 from . import trust
 from .errors import ConfigError
 
-if sys.version_info >= (3, 11):
-    import tomllib as _toml
-else:  # pragma: no cover - exercised on 3.9/3.10
-    import tomli as _toml
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Callable, Dict, Optional
 
 REQUIRED = object()
 
@@ -258,17 +258,22 @@ def read_settled(path: str, what: str) -> bytes:
 def load_toml(path: str, what: str) -> Dict[str, Any]:
     """Read and parse a TOML file seen whole (read_settled): a file being
     rewritten gives the old or the new content, or an error, never a part."""
+    return parse_toml_bytes(read_toml_file(path, what), path)
+
+
+def read_toml_file(path: str, what: str) -> bytes:
+    """read_settled, with the errors an admin can act on."""
     try:
-        data = read_settled(path, what)
+        return read_settled(path, what)
     except FileNotFoundError:
         raise ConfigError("%s: %s not found; create it (see slurm_conf/ for a commented example)"
                           % (path, what)) from None
     except OSError as exc:
         raise ConfigError("%s: cannot read %s: %s" % (path, what, exc.strerror or exc)) from None
-    return parse_toml_bytes(data, path)
 
 
 def parse_toml_bytes(data: bytes, path: str) -> Dict[str, Any]:
+    _toml = _parser()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -279,6 +284,22 @@ def parse_toml_bytes(data: bytes, path: str) -> Dict[str, Any]:
         raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
     except (RecursionError, ValueError) as exc:  # pathological nesting, huge numbers
         raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
+
+
+def _parser():
+    """Imported on first use: a node whose files did not change reuses their
+    parse (gpugate.node.lastgood) and never needs the parser."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+        return tomllib
+    import tomli  # pragma: no cover - exercised on 3.9/3.10
+    return tomli
+
+
+def __getattr__(name: str):
+    if name == "_toml":  # the parser module, as before it was imported lazily
+        return _parser()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def validate(data: Any, spec: Spec, source: str) -> Any:

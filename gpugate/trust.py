@@ -24,13 +24,18 @@ The rules, with OWNERS = {root} when running as root, else {root, you}:
 No setting switches this off: it would be read from a file being checked.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import os
 import stat
-from typing import FrozenSet, List, Optional, Tuple
 
 from .errors import ConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import FrozenSet, List, Optional, Tuple
 
 FILE, EXECUTABLE, DIRECTORY = "file", "executable", "directory"
 MAX_SYMLINKS = 40  # the kernel's limit

@@ -1,10 +1,15 @@
 """Findings -> verdict: fit or not, the class, the Reason, the exit code."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
 
 from . import reason
 from .findings import CHECK_CLASSES, NOT_RUN, PENDING, Finding, sort_findings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Sequence, Tuple
 
 EXIT_FIT = 0
 EXIT_UNFIT = 1
@@ -13,6 +18,8 @@ EXIT_USAGE = 2
 
 @dataclass(frozen=True)
 class Verdict:
+    """Findings decided: fit or not, the class, the reason."""
+
     fit: bool
     cls: Optional[str]  # the class of the leading finding (acute first, then most severe)
     reason: Optional[str]

@@ -3,7 +3,8 @@
 No I/O here.  Each module judges one concern; ``judge`` runs them all.
 """
 
-from typing import List
+from __future__ import annotations
+
 
 from ..baseline import Baseline
 from ..facts import NodeFacts
@@ -12,6 +13,10 @@ from dataclasses import replace
 from ..facts import failed
 from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings
 from . import dcgm, gpus, stack, versions
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import List
 
 
 def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:

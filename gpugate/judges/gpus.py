@@ -1,13 +1,18 @@
 """`health`: the GPUs themselves (count, Xid, ECC, remap, PCIe, clocks,
 NVLink, fabric, recovery action), plus per-GPU settings the nodeset expects."""
 
-from typing import List
+from __future__ import annotations
+
 
 from ..baseline import CLOCK_REASONS
 from ..facts import ProbeFailure, failed
 from ..findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT,
                         RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
 from .common import nvswitch, probe_finding
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import List
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> (what it says, action)
 _RECOVERY = {1: ("gpu reset", RESET_GPU), 2: ("node reboot", REBOOT),

@@ -8,10 +8,15 @@ intrinsic event and drains at once.  The high-water mark is the node's own
 the baseline expects, so an admin who removes a GPU on purpose and updates
 the baseline is not held to the old count."""
 
-from typing import List, Optional, Tuple
+from __future__ import annotations
+
 
 from ..facts import failed
 from ..findings import HEALTH, REBOOT, Finding
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import List, Optional, Tuple
 
 
 def counts(facts) -> Tuple[Optional[int], Optional[int]]:

@@ -1,11 +1,16 @@
 """`broken`: the stack itself fails (stale or missing module, NVML refusing,
 GPUs on the bus that the driver does not see, Fabric Manager down)."""
 
-from typing import List
+from __future__ import annotations
+
 
 from ..facts import ProbeFailure, failed
 from ..findings import BROKEN, HEALTH, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
 from .common import nvswitch, probe_finding
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import List
 
 # NVML init error code -> (what an admin reads, action).
 _NVML_INIT = {

@@ -4,11 +4,16 @@ While a planned rollout is in progress, a component still on the `previous`
 pin is `pending` (reported, never drained): the sweep moves it on purpose.
 """
 
-from typing import List, Optional
+from __future__ import annotations
+
 
 from ..facts import ProbeFailure, failed, unchecked
 from ..findings import DRIFT, PENDING, RECONVERGE, Finding
 from .common import nvswitch, probe_finding
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import List, Optional
 
 
 def judge(baseline, expect, facts) -> List[Finding]:

@@ -5,15 +5,19 @@ No controller RPC on the healthy path unless a marker in the state directory
 says gpugate drained this node (whichever of health check, prolog or epilog
 did): only then may a fit verdict have a drain to clear."""
 
+from __future__ import annotations
+
 import contextlib
 import fcntl
 import os
 import time
-from typing import Any, Dict, Optional
 
 from ..errors import GpugateError
-from ..slurm import connect, ownership
 from . import hold
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Dict, Optional
 
 MARKER = "drained-by-gpugate"
 
@@ -31,6 +35,8 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     deadline (time.monotonic()): every Slurm call and wait ends by then.
     spread: wait a random moment before a budgeted drain (health check).
     in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given)."""
+    from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
+
     marker = marker_path(settings, node)
     if verdict.fit and not check_fit and not os.path.exists(marker):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
@@ -60,6 +66,8 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
 
 def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float]) -> Dict[str, Any]:
     """Read the node's state, decide by the ownership rules, write."""
+    from ..slurm import connect, ownership
+
     try:
         # Health check, prolog and epilog may act at once: read, decide and
         # write under one lock, so no run undoes another's newer decision.

@@ -1,13 +1,18 @@
 """One check of one node: collect facts for the mode, judge, decide.
 No Slurm here; the entry points act on the verdict."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from ..facts import NodeFacts
 from ..judges import judge
 from ..probes import Budget, collect
 from ..verdict import Verdict, decide
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Sequence
 
 # Time kept back from the collection to act on the verdict (drain, state, log).
 ACT_RESERVE = {"healthcheck": 12.0, "prolog": 3.0, "epilog": 12.0, "verify": 5.0}
@@ -15,19 +20,22 @@ ACT_RESERVE = {"healthcheck": 12.0, "prolog": 3.0, "epilog": 12.0, "verify": 5.0
 
 @dataclass(frozen=True)
 class CheckResult:
+    """A check's facts and verdict."""
+
     facts: NodeFacts
     verdict: Verdict
 
 
 def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
               gpus: Optional[Sequence[int]] = None, budget: Optional[Budget] = None,
-              processes: bool = False, extra=()) -> CheckResult:
-    """``extra``: findings judged outside (e.g. the epilog's per-job deltas)."""
+              processes: bool = False, extra=(), nvml_started=None) -> CheckResult:
+    """``extra``: findings judged outside (e.g. the epilog's per-job deltas);
+    nvml_started: the NVML reader already forked (see probes.collect)."""
     if budget is None:
         total = settings.budgets[mode]
         budget = Budget(max(total - min(ACT_RESERVE[mode], total / 3), 0.5))
     facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus,
-                    processes=processes)
+                    processes=processes, nvml_started=nvml_started)
     findings = judge(baseline, facts) + list(extra(facts) if callable(extra) else extra)
     return CheckResult(facts, decide(findings, settings.reason_tag))
 

@@ -9,7 +9,6 @@ structured log line, and never lets a traceback reach slurmd.
 import os
 import sys
 import time
-from typing import Dict, List, Optional
 
 from ..errors import ConfigError, GpugateError
 
@@ -23,7 +22,7 @@ failure, and log the error)."""
 _WHAT = {"healthcheck": "HealthCheckProgram", "prolog": "Prolog", "epilog": "Epilog"}
 
 
-def main(mode: str, argv: List[str]) -> int:
+def main(mode, argv):
     started = time.monotonic()
     config = None
     args = list(argv)
@@ -40,8 +39,15 @@ def main(mode: str, argv: List[str]) -> int:
             sys.stderr.write("gpugate-%s: unknown argument %r\n%s\n" % (mode, arg, USAGE.format(mode=mode, what=_WHAT[mode])))
             return 2
     node = os.environ.get("SLURMD_NODENAME") or _hostname()
-    record: Dict[str, object] = {"node": node, "mode": mode}
-    settings = None
+    record = {"node": node, "mode": mode}
+    settings = reader = None
+    if mode == "prolog":
+        from .prolog import start_reader
+
+        try:
+            reader = start_reader()  # loads NVML's binding while the configuration loads
+        except OSError:
+            pass  # no fork now: the prolog tries again, and reports NVML missing if it must
     try:
         from ..config import check_state, config_path
         from ..names import check_node_name
@@ -57,7 +63,7 @@ def main(mode: str, argv: List[str]) -> int:
             from .prolog import run
         else:
             from .epilog import run
-        code = run(settings, node, record)
+        code = run(settings, node, record, reader) if reader else run(settings, node, record)
     except ConfigError as exc:
         # Bad configuration with no last good copy changes nothing: no
         # drain, no resume, a loud log.
@@ -69,6 +75,8 @@ def main(mode: str, argv: List[str]) -> int:
     except Exception as exc:  # never a traceback into slurmd's log
         record.update(verdict="error", error="internal error: %s: %s" % (type(exc).__name__, exc))
         code = 2
+    if reader is not None:
+        reader.cancel()  # after an error: it leaves, or is killed; after its answer: nothing to do
     record["duration"] = round(time.monotonic() - started, 4)
     if record.get("verdict") == "error" and mode != "healthcheck":
         # A non-zero prolog/epilog makes slurmd drain the node with an
@@ -85,7 +93,7 @@ def main(mode: str, argv: List[str]) -> int:
     return code
 
 
-def _log(settings, node: str, record: Dict[str, object]) -> None:
+def _log(settings, node, record):
     from .logline import emit
 
     if settings is None:  # no readable configuration, so no state directory: syslog only
@@ -94,20 +102,8 @@ def _log(settings, node: str, record: Dict[str, object]) -> None:
     emit(settings.log, settings.state_dir(node), record)
 
 
-def _hostname() -> str:
+def _hostname():
     import socket
 
     return socket.gethostname().split(".")[0]
 
-
-def job_gpus(env: Optional[Dict[str, str]] = None) -> Optional[List[int]]:
-    """The job's GPUs as host indices (slurmd sets these for the prolog/epilog)."""
-    env = os.environ if env is None else env
-    for key in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
-        value = env.get(key)
-        if value:
-            try:
-                return sorted({int(x) for x in value.split(",") if x.strip()})
-            except ValueError:
-                continue  # UUIDs or MIG names: check every GPU
-    return None

@@ -10,7 +10,7 @@ from ..probes import files
 from . import state as st
 from .act import settle
 from .check import run_check
-from .entry import job_gpus
+from .jobenv import job_gpus
 from .reuse import fresh_baseline, last_state
 
 

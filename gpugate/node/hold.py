@@ -6,15 +6,17 @@ remembers that (drain-held.json), so the prolog before each job and the next
 health checks do not ask the controller again for the same findings until
 ``recheck_seconds`` have passed."""
 
-import os
-import random
-import time
-from typing import Optional
+from __future__ import annotations
 
-from .. import budget
+import os
+import time
+
 from ..errors import SlurmError
-from ..slurm.commands import MIN_CALL_SECONDS as _MIN_CALL
 from . import state as st
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional
 
 HELD = "held"  # unfit, not drained: the partition's drain budget is spent
 HOLD_FILE = "drain-held.json"
@@ -30,6 +32,8 @@ _DEFAULT_INTERVAL = 60  # no HealthCheckInterval found in slurm.conf
 
 
 def applies(settings, verdict) -> bool:
+    from .. import budget  # only an unfit node gets here: not on the healthy path
+
     return budget.switched_on(float(settings.drain_budget["max_share"])) and budget.applies(verdict)
 
 
@@ -69,6 +73,8 @@ def spread(settings, verdict, left: float) -> Optional[float]:
     Returns the seconds waited, None when the verdict is not budgeted."""
     if not applies(settings, verdict):
         return None
+    import random
+
     wanted = settings.drain_budget["jitter_seconds"]
     if wanted == "auto":
         from .slurmd_limits import conf_paths, health_check_interval
@@ -84,6 +90,8 @@ def drain_within_budget(settings, slurm, node: str, reason: str, states=None) ->
     """Drain ``node`` with ``reason`` unless its partitions' budget is spent.
     None when the node is (and stays) drained; otherwise why it was held.
     states: the fleet's node states when the caller has just read them."""
+    from .. import budget
+
     ok, why = budget.admit(node, states if states is not None else slurm.nodes(), *_rule(settings))
     if not ok:
         return why
@@ -92,7 +100,7 @@ def drain_within_budget(settings, slurm, node: str, reason: str, states=None) ->
     # timeout, and a drain never checked against the ranking could exceed
     # the budget).  Should the run die in between anyway, the marker makes
     # the next run finish the check (settle_drain).
-    need = 2 * max(slurm.slowest, _MIN_CALL) + _SETTLE
+    need = 2 * max(slurm.slowest, _min_call()) + _SETTLE
     if slurm.time_left() < need:
         raise SlurmError("not enough time left in this run to drain within the drain budget (%.1f s left, "
                          "a Slurm call takes %.1f s): retried on the next run" % (slurm.time_left(), slurm.slowest))
@@ -122,11 +130,21 @@ def settle_drain(settings, slurm, node: str, reason: str) -> Optional[str]:
     if me is None or me.reason != reason or not me.drain:
         _set_unsettled(settings, node, False)
         return None  # changed meanwhile (an admin, the sweep): not ours to give back
+    from .. import budget
+
     ok, why = budget.keep(node, states, *_rule(settings))
     if not ok:
         slurm.undrain(node)
     _set_unsettled(settings, node, False)
     return None if ok else why + "; others drained first, drain given back"
+
+
+def _min_call() -> float:
+    # Imported when a drain is near: the Slurm commands (subprocess, threads)
+    # are not loaded on the healthy path.
+    from ..slurm.commands import MIN_CALL_SECONDS
+
+    return MIN_CALL_SECONDS
 
 
 def _rule(settings):
@@ -135,7 +153,7 @@ def _rule(settings):
 
 def _sleep_within(slurm, seconds: float) -> bool:
     """Sleep unless that would leave no time for the next Slurm call."""
-    if slurm.time_left() - seconds < max(slurm.slowest, _MIN_CALL):
+    if slurm.time_left() - seconds < max(slurm.slowest, _min_call()):
         return False
     time.sleep(seconds)
     return True

@@ -10,38 +10,65 @@ no copy yet (first install) nothing changes: the error is all there is.
 
 The copies live in a fixed directory, not in ``state_dir``: they must be
 found when gpugate.toml itself cannot be read.  One directory per node and
-configuration path (a test machine runs many simulated nodes)."""
+configuration path (a test machine runs many simulated nodes).
 
-import hashlib
+Next to each copy is its TOML parse (NAME.parsed.json, with the text it was
+made from): a run whose file holds exactly that text validates the kept
+parse instead of parsing again, so the prolog needs no TOML parser.  The
+validation runs every time, and the copy is compared byte for byte: no
+stat signature or hash stands in for the content."""
+
+from __future__ import annotations
+
 import json
 import os
 import sys
 import time
 from dataclasses import replace
-from typing import Callable, Optional
 
 from ..errors import ConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Callable, Optional
 
 ROOT = "/var/lib/gpugate/last-good"
 CONFIG = "gpugate.toml"
 BASELINE = "baseline.toml"
 META = "meta.json"
+PARSED = ".parsed.json"  # NAME + PARSED: the kept parse of NAME
 _MAX_BYTES = 4 << 20
 
 
 def directory(config_path: str, node: str) -> str:
-    key = hashlib.sha256(os.path.abspath(config_path).encode()).hexdigest()[:12]
+    key = _sha256(os.path.abspath(config_path).encode())[:12]
     return os.path.join(ROOT, "%s-%s" % (node, key))
+
+
+def _sha256(data: bytes) -> str:
+    # The builtin module when there is one: hashlib loads OpenSSL, a few ms
+    # of every prolog.  The same digest either way.
+    try:
+        from _sha2 import sha256  # Python 3.12+
+    except ImportError:
+        try:
+            from _sha256 import sha256
+        except ImportError:  # pragma: no cover - a build without the builtin hashes
+            from hashlib import sha256
+    return sha256(data).hexdigest()
 
 
 def load_settings(config_path: str, node: str, record: dict):
     """The site settings: the file's, else the last good copy's (recording
     the error), else ConfigError (nothing kept yet: change nothing)."""
     from ..config import load_settings as load, parse_settings
+    from ..schema import read_toml_file
 
     where = directory(config_path, node)
     try:
-        settings = load(config_path)
+        data = read_toml_file(config_path, "gpugate configuration")  # refused unless root's alone
+        parsed, cached = _parse(where, CONFIG, data, config_path)
+        settings = parse_settings(parsed, config_path)
     except ConfigError as exc:
         copy = os.path.join(where, CONFIG)
         if not os.path.exists(copy):
@@ -50,7 +77,7 @@ def load_settings(config_path: str, node: str, record: dict):
         _note(record, exc, "gpugate.toml")
         settings = load(copy)  # the same checks, trust included
         return replace(settings, last_good_dir=where)
-    _keep(where, CONFIG, config_path, lambda data: parse_settings(_toml(data, config_path), config_path))
+    _keep(where, CONFIG, config_path, data, parsed, cached)
     return replace(settings, last_good_dir=where)
 
 
@@ -60,20 +87,27 @@ def load_baseline(settings, record: dict):
     the file or the error."""
     from ..baseline import parse_baseline
     from ..config import load_checked_baseline
+    from ..schema import read_toml_file
 
     where = getattr(settings, "last_good_dir", "")
+    if not where:
+        try:
+            return load_checked_baseline(settings)
+        except ConfigError as exc:
+            raise ConfigError("%s (no last good copy kept yet, so gpugate changes nothing until it loads)"
+                              % exc) from None
     try:
-        baseline = load_checked_baseline(settings)
+        data = read_toml_file(settings.baseline, "baseline")  # refused unless root's alone
+        parsed, cached = _parse(where, BASELINE, data, settings.baseline)
+        baseline = parse_baseline(parsed, settings.baseline)
     except ConfigError as exc:
-        copy = os.path.join(where, BASELINE) if where else ""
-        if not copy or not os.path.exists(copy):
+        copy = os.path.join(where, BASELINE)
+        if not os.path.exists(copy):
             raise ConfigError("%s (no last good copy kept yet, so gpugate changes nothing until it loads)"
                               % exc) from None
         _note(record, exc, "baseline")
         return load_checked_baseline(replace(settings, baseline=copy))
-    if where:
-        _keep(where, BASELINE, settings.baseline, lambda data: parse_baseline(_toml(data, settings.baseline),
-                                                                              settings.baseline))
+    _keep(where, BASELINE, settings.baseline, data, parsed, cached)
     return baseline
 
 
@@ -110,33 +144,51 @@ def _note(record: dict, exc: Exception, what: str) -> None:
     record["config_error"] = (previous + "; " + message if previous else message)[:600]
 
 
-def _toml(data: bytes, source: str):
+def _parse(where: str, name: str, data: bytes, source: str):
+    """(the TOML parse of data, whether it is the kept one).  The kept parse
+    is used only for the very text it was made from; the caller validates
+    it as it would a fresh parse."""
     from ..schema import parse_toml_bytes
+    from ..trust import open_file
 
-    return parse_toml_bytes(data, source)
-
-
-def _keep(where: str, name: str, path: str, validate: Callable[[bytes], object]) -> None:
-    """Copy ``path`` into ``where`` when its content differs from the copy
-    kept.  Best effort: a full or read-only disk only costs the fallback."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(_MAX_BYTES + 1)
+        text = data.decode("utf-8")
+        with os.fdopen(open_file(os.path.join(where, name + PARSED), "gpugate's kept parse"), "rb") as handle:
+            kept_parse = json.loads(handle.read(2 * _MAX_BYTES))
+        if isinstance(kept_parse, dict) and kept_parse.get("text") == text:
+            return kept_parse["toml"], True
+    except (ConfigError, OSError, ValueError, KeyError):
+        pass  # none kept, another text, or unreadable: parse
+    return parse_toml_bytes(data, source), False
+
+
+def _keep(where: str, name: str, path: str, data: bytes, parsed, cached: bool) -> None:
+    """Copy data, which just loaded and validated, into ``where`` when it
+    differs from the copy kept, with its parse.  Best effort: a full or
+    read-only disk only costs the fallback."""
+    if len(data) > _MAX_BYTES:
+        return
+    copy = os.path.join(where, name)
+    try:
+        with open(copy, "rb") as handle:
+            same = handle.read(_MAX_BYTES + 1) == data
     except OSError:
-        return
-    digest = hashlib.sha256(data).hexdigest()
-    meta = kept(where)
-    if (meta.get(name) or {}).get("sha256") == digest and os.path.exists(os.path.join(where, name)):
-        return
-    try:
-        validate(data)  # what was read now, not only what loaded a moment ago
-    except ConfigError:
+        same = False
+    if same and cached:
         return
     try:
         os.makedirs(where, mode=0o700, exist_ok=True)
-        _write(os.path.join(where, name), data)
-        meta[name] = {"sha256": digest, "at": time.time(), "source": path}
-        _write(os.path.join(where, META), json.dumps(meta, sort_keys=True).encode())
+        if not same:
+            _write(copy, data)
+            meta = kept(where)
+            meta[name] = {"sha256": _sha256(data), "at": time.time(), "source": path}
+            _write(os.path.join(where, META), json.dumps(meta, sort_keys=True).encode())
+        if not cached:
+            try:
+                text = json.dumps({"text": data.decode("utf-8"), "toml": parsed}, sort_keys=True)
+            except (TypeError, ValueError):
+                return  # a date or time value: nothing to keep, the file is parsed every run
+            _write(os.path.join(where, name + PARSED), text.encode())
     except OSError as exc:
         sys.stderr.write("gpugate: cannot keep the last good %s in %s: %s\n" % (name, where, exc))
 

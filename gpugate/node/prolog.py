@@ -9,19 +9,40 @@ then exit 1 so Slurm requeues the job."""
 import os
 import time
 
-from ..judges import lost
-from ..judges.job import start_counters
-from ..probes import files
-from . import state as st
-from .act import act, settle
-from .hold import HELD
-from .check import run_check
-from .entry import job_gpus
-from .reuse import fresh_baseline, last_state
+from .jobenv import job_gpus
 
 
-def run(settings, node: str, record: dict) -> int:
+def start_reader():
+    """The NVML reader, forked before the configuration is even loaded: it
+    loads the binding meanwhile, and reads only once run() sends it what to
+    read (gpugate.forked)."""
+    from ..forked import Forked
+
+    return Forked(_read_nvml, prepare=_prepare_reader)
+
+
+def run(settings, node: str, record: dict, reader=None) -> int:
     deadline = time.monotonic() + float(settings.budgets["prolog"])
+    gpus = job_gpus()
+    # NVML first: the child reads the job's GPUs while this process loads
+    # the judges (hence the imports below, not above).
+    nvml = reader
+    try:
+        nvml = nvml or start_reader()
+        nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus})
+    except OSError:  # no fork, or the child is gone: the collection forks (and reports) on its own
+        if nvml is not None:
+            nvml.cancel()
+        nvml = None
+    from ..judges import lost
+    from ..judges.job import start_counters
+    from ..probes import files
+    from . import state as st
+    from .act import settle
+    from .check import run_check
+    from .hold import HELD
+    from .reuse import fresh_baseline, last_state
+
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
     boot_id = files.boot_id(settings.node_root(node))
@@ -29,6 +50,8 @@ def run(settings, node: str, record: dict) -> int:
     if last and last.get("pending_drain") and last.get("boot_id") == boot_id:
         # The health check found the node unfit but could not drain it
         # (slurmctld was away): no job starts here meanwhile.
+        if nvml is not None:
+            nvml.cancel()
         if last.get("config_error"):
             record["config_error"] = last["config_error"]  # judged with the last good copy
         return _refuse(settings, node, record, last, deadline)
@@ -39,10 +62,9 @@ def run(settings, node: str, record: dict) -> int:
     if baseline is None:
         from .lastgood import load_baseline
 
-        baseline = load_baseline(settings, record)
-    gpus = job_gpus()
+        baseline = load_baseline(settings, record)  # on an error, the entry point cancels the reader
     high, expected = (last or {}).get("gpus_high"), baseline.expect_for(node).gpus
-    result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus,
+    result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus, nvml_started=nvml,
                        extra=lambda facts: lost.judge(high, expected, facts))
     facts = result.facts
     if job_id:
@@ -61,13 +83,28 @@ def run(settings, node: str, record: dict) -> int:
     return result.verdict.exit_code
 
 
+def _prepare_reader() -> None:
+    from .. import nvmlread  # noqa: F401 - the reading, which loads nothing else of gpugate's
+    import pynvml  # noqa: F401 - the binding (a simulated node's is built on it too)
+
+
+def _read_nvml(orders: dict):
+    """In the forked child: load the binding (pynvml, or the simulated
+    node's) and read NVML of the job's GPUs."""
+    from .. import nvmlread
+
+    binding = lambda: nvmlread.binding(orders["sim_fleet"], orders["node"])  # noqa: E731
+    return nvmlread.reader(None, binding, orders["gpus"], False)()
+
+
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:
     from ..findings import Finding
     from ..verdict import decide
+    from .act import act
+    from .hold import HELD, applies
 
     findings = [Finding.from_json(f) for f in last.get("findings", [])]
     verdict = decide(findings, settings.reason_tag)
-    from .hold import applies
 
     outcome = act(settings, node, verdict, deadline=deadline)
     held = outcome["action"] == HELD or (not outcome["ok"] and applies(settings, verdict))

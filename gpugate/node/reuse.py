@@ -1,11 +1,16 @@
 """Reusing the last health check on the prolog/epilog path: its resolved
 baseline (no TOML, no hostlists) and kernel-log cursor, while fresh."""
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Optional, Tuple
 
 from . import state as st
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Tuple
 
 
 def fresh_baseline(settings, node: str, last: Optional[dict], boot_id) -> Tuple[Optional[object], int]:

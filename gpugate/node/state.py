@@ -3,9 +3,14 @@ verdict and facts for the prolog to reuse, the kernel-log cursor, and per-job
 counters for the epilog.  Every write is atomic (write, fsync, rename): a
 reader sees the old file or the new one, never half of one."""
 
+from __future__ import annotations
+
 import json
 import os
-from typing import Any, Dict, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Dict, Optional
 
 LAST = "last-healthcheck.json"
 JOBS = "jobs"

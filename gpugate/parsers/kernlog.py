@@ -4,11 +4,16 @@ The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
 so one odd record cannot hide the Xid after it.
 """
 
+from __future__ import annotations
+
 import re
-from datetime import datetime, timedelta, timezone
-from typing import Optional, Tuple
 
 from gpugate.facts import XidEvent
+from gpugate.lazyre import Lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Optional, Tuple
 
 # "NVRM: Xid (PCI:0000:38:00): 79, pid=..., name=..., text"; older drivers omit
 # "PCI:" and sometimes the domain; a few print the function (".0").
@@ -20,7 +25,7 @@ _XID = re.compile(
 # /dev/kmsg record: "PRI,SEQ,TS_USEC,FLAGS[,more];MESSAGE".
 _KMSG = re.compile(r"^([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;(.*)$")
 # dmesg --time-format=iso "2025-01-21T04:41:44,283302+00:00"; journal short-iso "...+0000".
-_ISO = re.compile(
+_ISO = Lazy(
     r"\b(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?(Z|[+-]\d{2}:?\d{2})(?=\s|$)",
     re.ASCII,
 )
@@ -56,6 +61,7 @@ def _iso_epoch(line: str) -> Optional[float]:
     match = _ISO.search(line)
     if not match:
         return None
+    from datetime import datetime, timedelta, timezone  # dmesg and journal text only, not /dev/kmsg
     year, month, day, hour, minute, second, frac, zone = match.groups()
     try:
         if zone == "Z":

@@ -5,13 +5,17 @@ NVML runs in a thread the collector can abandon.  Whatever has not answered
 by the deadline is recorded as a timeout.
 """
 
+from __future__ import annotations
+
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..facts import NodeFacts, ProbeFailure, failed
-from . import files, kernlog
 from . import nvml as nvml_probe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Callable, Dict, Optional, Sequence
 
 MODES = ("healthcheck", "prolog", "epilog", "verify")
 _COMMAND_CAP = 15.0  # no single ordinary tool deserves more
@@ -28,18 +32,29 @@ class Budget:
 
 
 def nvml_module(settings, node: str):
-    if settings.sim_fleet:
-        from ..sim import nvml as sim_nvml
+    """pynvml, or the simulated node's stand-in for it."""
+    from ..nvmlread import binding
 
-        return sim_nvml.load_file(os.path.join(settings.sim_fleet, node, "node.json"))
-    return nvml_probe.real_module()
+    return binding(settings.sim_fleet, node)
 
 
 def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
-            gpus: Optional[Sequence[int]] = None, processes: bool = False) -> NodeFacts:
+            gpus: Optional[Sequence[int]] = None, processes: bool = False, nvml_started=None) -> NodeFacts:
+    """nvml_started: the NVML reader, already forked (gpugate.forked) with
+    nvml.reader (the prolog starts it first thing)."""
+    from . import files, kernlog  # here: the forked NVML reader needs neither
+
     durations: Dict[str, float] = {}
     root = settings.node_root(node)
     started = time.monotonic()
+    # NVML first, in a forked child that also loads the binding (pynvml, or
+    # a simulated node's): the files below are read meanwhile.  Forked
+    # before any thread starts: a fork inherits no lock another thread holds.
+    try:
+        pending = nvml_probe.Pending(gpus=gpus, processes=processes, started=nvml_started,
+                                     loader=lambda: nvml_module(settings, node))
+    except OSError as exc:  # no fork (out of processes or memory)
+        pending, nvml = None, ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
     values: Dict[str, Any] = {
         "kernel_release": files.kernel_release(root),
         "boot_id": files.boot_id(root),
@@ -47,14 +62,6 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     }
     kmsg_text = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
     durations["files"] = time.monotonic() - started
-
-    t0 = time.monotonic()
-    pending = None
-    try:
-        # Forked before any thread starts: a fork inherits no lock another thread holds.
-        pending = nvml_probe.Pending(nvml_module(settings, node), gpus=gpus, processes=processes)
-    except Exception as exc:  # the binding itself cannot load (no libnvidia-ml), or no fork
-        nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
 
     jobs = _command_jobs(settings, baseline, node, mode, budget, gpus)
     pool = None
@@ -66,7 +73,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
 
     if pending is not None:
         nvml = pending.result(budget.left())
-    durations["nvml"] = time.monotonic() - t0
+    durations["nvml"] = time.monotonic() - started
 
     if pool is not None:
         from concurrent.futures import TimeoutError as FutureTimeout
@@ -99,6 +106,9 @@ def _timed(fn):
 
 
 def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Callable[[], Any]]:
+    level = baseline.health.dcgm_diag.get(mode, 0)
+    if mode not in ("healthcheck", "verify") and not level:
+        return {}  # the prolog runs no tool: not even their module is loaded
     cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
     cap = lambda: budget.left(_COMMAND_CAP)  # noqa: E731
     from . import commands
@@ -115,7 +125,6 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         if uses_dcgm:
             jobs["dcgm_version"] = lambda: commands.dcgm_version(cmd("dcgmi"), cap())
             jobs["dcgm_health"] = lambda: commands.dcgm_health(cmd("dcgmi"), cap())
-    level = baseline.health.dcgm_diag.get(mode, 0)
     if level:
         # The diagnostic may take the whole budget; leave a moment to act.
         jobs["dcgm_diag"] = lambda: commands.dcgm_diag(cmd("dcgmi"), level, max(budget.left() - 2.0, 0.1), gpus)
@@ -123,6 +132,8 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
 
 
 def _xids(kmsg_text, boot_time, after, baseline, nvml):
+    from . import kernlog
+
     if isinstance(kmsg_text, ProbeFailure):
         return kmsg_text
     bus_to_gpu = {}

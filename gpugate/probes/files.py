@@ -1,12 +1,16 @@
 """Facts read from files under the node's root ('/' or a simulated sysroot)."""
 
+from __future__ import annotations
+
 import json
 import os
-from typing import Any
 
 from ..errors import ParseError
 from ..facts import ProbeFailure
-from ..parsers.system import parse_proc_driver_version
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any
 
 _MAX_FILE = 1 << 20
 
@@ -50,6 +54,8 @@ def boot_time(root: str) -> Any:
 
 def module_resident(root: str) -> Any:
     """The loaded kernel module's version; 'missing' when no module is loaded."""
+    from ..parsers.system import parse_proc_driver_version  # its regexes: health check only
+
     text = read_text(root, "/proc/driver/nvidia/version", "module")
     if not isinstance(text, str):
         return text

@@ -2,15 +2,20 @@
 simulated sysroot).  Only events newer than a cursor and inside the policy's
 window count: a stale log line must not hold a node drained forever."""
 
+from __future__ import annotations
+
 import collections
 import errno
 import os
 import stat
 from dataclasses import replace
-from typing import Any, Mapping, Optional, Tuple
 
 from ..facts import ProbeFailure, XidEvent
 from ..parsers.kernlog import parse_kmsg
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Mapping, Optional, Tuple
 
 _MAX_BYTES = 16 << 20
 

@@ -1,204 +1,63 @@
-"""NVML facts.  The only module that imports ``pynvml``.
+"""NVML facts.
 
-A wedged GPU can hang NVML inside the driver, so the reading runs in a forked
-child that the caller abandons at its deadline (see ``Pending``).
-Every per-GPU call is read separately: one failing call is one ProbeFailure,
-never a healthy-looking default.
+A wedged GPU can hang NVML inside the driver, so the reading (gpugate.nvmlread,
+the only module that imports ``pynvml``) runs in a forked child that the
+caller abandons at its deadline (see ``Pending``).
 """
 
-import ctypes
-import os
-import pickle
-import select
-import signal
-import time
-from typing import Any, Callable, Optional, Sequence
+from __future__ import annotations
 
-from ..facts import GpuFacts, NvmlFacts, Pcie, ProbeFailure, RemappedRows
+from .. import nvmlread
+from ..facts import ProbeFailure
 
-_NOT_SUPPORTED = 3
-_MAX_LINKS = 18
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
+    from typing import Any, Callable, Optional, Sequence
 
 
 def real_module():
-    import pynvml
-
-    return pynvml
+    return nvmlread.binding("", "")
 
 
 class Pending:
-    """An NVML reading under way in a child process.
+    """An NVML reading under way in a forked child (gpugate.forked), which
+    the check abandons at its deadline: a wedged GPU can hang NVML in the
+    kernel.  Fork before starting threads.
 
-    A wedged GPU can leave NVML stuck in the kernel (D state); a thread stuck
-    there keeps its whole process alive, so the reading runs in a forked child
-    that the check abandons at its deadline.  Fork before starting threads."""
+    loader: makes the module in the child (pynvml, or a simulated node's),
+    so that loading it runs while the caller goes on; it failing is a
+    "missing" NVML, as a binding that cannot load.  started: a child
+    already forked with gpugate.nvmlread.reader (the prolog starts it first)."""
 
-    def __init__(self, nvml: Any, gpus: Optional[Sequence[int]] = None, processes: bool = False):
-        self.read_fd, write_fd = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: read, send, leave without cleanup
-            os.close(self.read_fd)
-            try:
-                value = _read(nvml, gpus, processes)
-            except Exception as exc:  # a bug in a binding must not kill the check
-                value = ProbeFailure("nvml", "error", "%s: %s" % (type(exc).__name__, exc))
-            try:
-                data = pickle.dumps(value)
-            except Exception as exc:
-                data = pickle.dumps(ProbeFailure("nvml", "error", "unpicklable answer: %s" % exc))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(write_fd, view):]
-            os._exit(0)
-        os.close(write_fd)
+    def __init__(self, nvml: Any = None, gpus: Optional[Sequence[int]] = None, processes: bool = False,
+                 loader: Optional[Callable[[], Any]] = None, started=None):
+        from ..forked import Forked
+
+        self.child = started or Forked(nvmlread.reader(nvml, loader, gpus, processes))
 
     def result(self, timeout: float):
         """NvmlFacts, or a ProbeFailure (init error, or timeout when NVML hangs)."""
-        chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                ready, _, _ = select.select([self.read_fd], [], [], max(left, 0.0))
-                if not ready:
-                    os.kill(self.pid, signal.SIGKILL)  # a D-state child lingers; we do not wait for it
-                    return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
-                chunk = os.read(self.read_fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(self.read_fd)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-        try:
-            return pickle.loads(b"".join(chunks))
-        except Exception as exc:
-            return ProbeFailure("nvml", "error", "the NVML reader died: %s" % exc)
+        from ..forked import OK, TIMEOUT
+
+        kind, value = self.child.result(timeout)
+        if kind == OK:
+            return facts_of(value)
+        if kind == TIMEOUT:
+            return ProbeFailure("nvml", "timeout", "no answer within %.1fs (wedged GPU?)" % timeout)
+        return ProbeFailure("nvml", "error", value)
+
+
+def facts_of(value):
+    """The reader's answer (gpugate.nvmlread's stand-ins) as gpugate.facts records."""
+    from .. import facts
+
+    if isinstance(value, tuple):
+        if len(value) == 4 and value[0] == nvmlread.TAG and value[1] in nvmlread.KINDS:
+            _, kind, args, kwargs = value
+            return getattr(facts, kind)(*[facts_of(a) for a in args], **{k: facts_of(v) for k, v in kwargs.items()})
+        return tuple(facts_of(v) for v in value)
+    return value
 
 
 def read(nvml: Any, timeout: float, gpus: Optional[Sequence[int]] = None, processes: bool = False):
     return Pending(nvml, gpus, processes).result(timeout)
-
-
-def _read(nvml, gpus, processes):
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return _failure("nvmlInit", nvml, exc)
-    try:
-        driver = _call(nvml, "driver", lambda: _text(nvml.nvmlSystemGetDriverVersion()))
-        cuda = _call(nvml, "cuda", lambda: _cuda(nvml.nvmlSystemGetCudaDriverVersion_v2()))
-        count = _call(nvml, "gpu_count", nvml.nvmlDeviceGetCount)
-        devices = []
-        if isinstance(count, int):
-            for index in range(count):
-                if gpus is None or index in gpus:
-                    devices.append(_gpu(nvml, index, processes))
-        return NvmlFacts(driver, cuda, count, tuple(devices))
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
-
-
-def _gpu(nvml, index, processes) -> GpuFacts:
-    try:
-        h = nvml.nvmlDeviceGetHandleByIndex(index)
-    except nvml.NVMLError as exc:
-        fail = _failure("handle", nvml, exc)
-        return GpuFacts(index, *([fail] * 18), processes=fail)
-
-    def get(name: str, fn: Callable[[], Any], unsupported: Any = None):
-        return _call(nvml, name, fn, unsupported)
-
-    unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    return GpuFacts(
-        index=index,
-        name=get("name", lambda: _text(nvml.nvmlDeviceGetName(h))),
-        uuid=get("uuid", lambda: _text(nvml.nvmlDeviceGetUUID(h))),
-        serial=get("serial", lambda: _text(nvml.nvmlDeviceGetSerial(h))),
-        pci_bus_id=get("pci", lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
-        vbios=get("vbios", lambda: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
-        gsp_firmware=get("gsp", lambda: _text(nvml.nvmlDeviceGetGspFirmwareVersion(h)) or None),
-        ecc_enabled=get("ecc_mode", lambda: bool(nvml.nvmlDeviceGetEccMode(h)[0])),
-        ecc_uncorrected_volatile=get("ecc_volatile", lambda: int(
-            nvml.nvmlDeviceGetTotalEccErrors(h, unc, nvml.NVML_VOLATILE_ECC))),
-        ecc_uncorrected_aggregate=get("ecc_aggregate", lambda: int(
-            nvml.nvmlDeviceGetTotalEccErrors(h, unc, nvml.NVML_AGGREGATE_ECC))),
-        retired_pages_pending=get("retired_pages", lambda: bool(nvml.nvmlDeviceGetRetiredPagesPendingStatus(h))),
-        remapped_rows=get("remapped_rows", lambda: _rows(nvml.nvmlDeviceGetRemappedRows(h))),
-        nvlink_up=_links(nvml, h),
-        pcie=get("pcie", lambda: Pcie(int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                                      int(nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-                                      int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                                      int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h)))),
-        clock_event_reasons=get("clocks", lambda: int(nvml.nvmlDeviceGetCurrentClocksEventReasons(h))),
-        persistence_mode=get("persistence", lambda: bool(nvml.nvmlDeviceGetPersistenceMode(h))),
-        mig_enabled=get("mig", lambda: bool(nvml.nvmlDeviceGetMigMode(h)[0])),
-        fabric_state=get("fabric", lambda: _fabric_state(nvml, h)),
-        recovery_action=get("recovery", lambda: _recovery(nvml, h)),
-        processes=get("processes", lambda: tuple(p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)),
-                      ()) if processes else (),
-    )
-
-
-def _call(nvml, name, fn, unsupported=None):
-    try:
-        return fn()
-    except nvml.NVMLError as exc:
-        if exc.value == _NOT_SUPPORTED:
-            return unsupported  # a fact: this GPU does not have it
-        return _failure(name, nvml, exc)
-
-
-def _failure(name, nvml, exc) -> ProbeFailure:
-    try:
-        text = str(exc)
-    except Exception:  # pragma: no cover - unknown codes can fail to format
-        text = "unknown"
-    return ProbeFailure("nvml." + name, "nvml", text, exc.value)
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _cuda(value: int) -> str:
-    return "%d.%d" % (value // 1000, (value % 1000) // 10)
-
-
-def _rows(value) -> RemappedRows:
-    corr, unc, pending, failure = value
-    return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
-
-
-def _links(nvml, h):
-    states = []
-    for link in range(_MAX_LINKS):
-        try:
-            states.append(bool(nvml.nvmlDeviceGetNvLinkState(h, link)))
-        except nvml.NVMLError as exc:
-            # Past the last link the driver says NotSupported/InvalidArgument.
-            if exc.value in (_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
-                break
-            return _failure("nvlink", nvml, exc)
-    return tuple(states)
-
-
-def _fabric_state(nvml, h) -> int:
-    info = nvml.c_nvmlGpuFabricInfoV_t()
-    info.version = nvml.nvmlGpuFabricInfo_v2
-    nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
-    return int(info.state)
-
-
-def _recovery(nvml, h):
-    values = nvml.nvmlDeviceGetFieldValues(h, [nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
-    if values[0].nvmlReturn == _NOT_SUPPORTED:
-        return None
-    if values[0].nvmlReturn != 0:
-        raise nvml.NVMLError(values[0].nvmlReturn)
-    return int(values[0].value.uiVal)

@@ -1,0 +1,122 @@
+"""A function run in a forked child, its answer read back with a deadline.
+
+A wedged GPU can leave NVML stuck in the kernel (D state); a thread stuck
+there keeps its whole process alive, so such reads run in a child that the
+caller abandons at its deadline.  Small on purpose (no gpugate imports): the
+prolog forks its NVML reader before loading the judges, so that the two run
+at once.  Fork before starting threads: a fork inherits no lock another
+thread holds.  pickle is imported where it is used: the prolog forks before
+it loads anything it can load after."""
+
+import os
+import select
+import signal
+import time
+
+OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+
+
+class Forked:
+    """fn() in a child.  With ``prepare``, the child runs prepare() (its
+    imports) at once and fn(orders) once the caller sends orders (``send``):
+    a child forked before the caller knows what to read.  Without orders
+    (``cancel``, or the caller ending) it leaves, having read nothing."""
+
+    def __init__(self, fn, prepare=None):
+        self.read_fd, write_fd = os.pipe()
+        self.orders_fd = None
+        if prepare is not None:
+            orders_read, self.orders_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: run, send, leave without cleanup
+            os.close(self.read_fd)
+            try:
+                if prepare is None:
+                    answer = (OK, fn())
+                else:
+                    os.close(self.orders_fd)
+                    answer = (OK, fn(_orders(prepare, orders_read)))
+            except Exception as exc:  # a bug in a binding must not kill the check
+                answer = (ERROR, "%s: %s" % (type(exc).__name__, exc))
+            import pickle
+
+            try:
+                data = pickle.dumps(answer)
+            except Exception as exc:
+                data = pickle.dumps((ERROR, "unpicklable answer: %s" % exc))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view):]
+            os._exit(0)
+        os.close(write_fd)
+        if prepare is not None:
+            os.close(orders_read)
+
+    def send(self, orders) -> None:
+        import pickle
+
+        os.write(self.orders_fd, pickle.dumps(orders))  # a few hundred bytes: within the pipe's buffer
+        os.close(self.orders_fd)
+        self.orders_fd = None
+
+    def result(self, timeout: float):
+        """(OK, value), (ERROR, text) when fn raised or the child died, or
+        (TIMEOUT, None): the child is killed and not waited for."""
+        import pickle
+
+        chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self.read_fd], [], [], max(left, 0.0))
+                if not ready:
+                    os.kill(self.pid, signal.SIGKILL)  # a D-state child lingers; we do not wait for it
+                    return TIMEOUT, None
+                chunk = os.read(self.read_fd, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(self.read_fd)
+            self.read_fd = None
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        try:
+            return pickle.loads(b"".join(chunks))
+        except Exception as exc:
+            return ERROR, "the reader died: %s" % exc
+
+    def cancel(self) -> None:
+        """Not needed after all: kill it (it is reaped when this process
+        ends).  Again, or after result(): nothing."""
+        if self.read_fd is None:
+            return
+        for fd in (self.orders_fd, self.read_fd):
+            if fd is not None:
+                os.close(fd)
+        self.orders_fd = self.read_fd = None
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _orders(prepare, fd: int):
+    """In the child: prepare, then wait for the orders; none: leave."""
+    import pickle
+
+    try:
+        prepare()
+    except Exception:
+        pass  # what it would have loaded fails again, and is reported, when fn loads it
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:
+        os._exit(0)  # cancelled, or the caller ended first: nothing read, nothing to say
+    return pickle.loads(b"".join(chunks))

@@ -1,0 +1,171 @@
+"""Reading NVML, in the forked reader (gpugate.probes.nvml runs it).
+
+Every per-GPU call is read separately: one failing call is one
+ProbeFailure, never a healthy-looking default.  This module loads nothing
+of gpugate's: the prolog's reader is forked before gpugate's records are
+defined, so it answers with stand-ins, ("\\0gpugate.facts", KIND, args,
+kwargs), that gpugate.probes.nvml makes into the records of gpugate.facts.
+"""
+
+import os
+
+TAG = "\0gpugate.facts"
+KINDS = ("ProbeFailure", "GpuFacts", "NvmlFacts", "Pcie", "RemappedRows")
+_NOT_SUPPORTED = 3
+_MAX_LINKS = 18
+
+
+def _stand_in(kind):
+    return lambda *args, **kwargs: (TAG, kind, args, kwargs)
+
+
+ProbeFailure, GpuFacts, NvmlFacts, Pcie, RemappedRows = (_stand_in(kind) for kind in KINDS)
+
+
+def binding(sim_fleet: str, node: str):
+    """pynvml, or a simulated node's stand-in for it."""
+    if sim_fleet:
+        from .sim import nvml as sim_nvml
+
+        return sim_nvml.load_file(os.path.join(sim_fleet, node, "node.json"))
+    import pynvml  # the only import of the real binding
+
+    return pynvml
+
+
+def reader(nvml, loader, gpus, processes):
+    """What the child runs: load the binding (when a loader is given), then
+    read what NVML says of the node and of the given GPUs (None: all)."""
+    def read_in_child():
+        module = nvml
+        if loader is not None:
+            try:
+                module = loader()
+            except Exception as exc:  # the binding itself cannot load (no libnvidia-ml), a bad sim node
+                return ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+        return _read(module, gpus, processes)
+    return read_in_child
+
+
+def _read(nvml, gpus, processes):
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return _failure("nvmlInit", nvml, exc)
+    try:
+        driver = _call(nvml, "driver", lambda: _text(nvml.nvmlSystemGetDriverVersion()))
+        cuda = _call(nvml, "cuda", lambda: _cuda(nvml.nvmlSystemGetCudaDriverVersion_v2()))
+        count = _call(nvml, "gpu_count", nvml.nvmlDeviceGetCount)
+        devices = []
+        if isinstance(count, int):
+            for index in range(count):
+                if gpus is None or index in gpus:
+                    devices.append(_gpu(nvml, index, processes))
+        return NvmlFacts(driver, cuda, count, tuple(devices))
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+
+
+def _gpu(nvml, index, processes):
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+    except nvml.NVMLError as exc:
+        fail = _failure("handle", nvml, exc)
+        return GpuFacts(index, *([fail] * 18), processes=fail)
+
+    def get(name, fn, unsupported=None):
+        return _call(nvml, name, fn, unsupported)
+
+    unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    return GpuFacts(
+        index=index,
+        name=get("name", lambda: _text(nvml.nvmlDeviceGetName(h))),
+        uuid=get("uuid", lambda: _text(nvml.nvmlDeviceGetUUID(h))),
+        serial=get("serial", lambda: _text(nvml.nvmlDeviceGetSerial(h))),
+        pci_bus_id=get("pci", lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
+        vbios=get("vbios", lambda: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
+        gsp_firmware=get("gsp", lambda: _text(nvml.nvmlDeviceGetGspFirmwareVersion(h)) or None),
+        ecc_enabled=get("ecc_mode", lambda: bool(nvml.nvmlDeviceGetEccMode(h)[0])),
+        ecc_uncorrected_volatile=get("ecc_volatile", lambda: int(
+            nvml.nvmlDeviceGetTotalEccErrors(h, unc, nvml.NVML_VOLATILE_ECC))),
+        ecc_uncorrected_aggregate=get("ecc_aggregate", lambda: int(
+            nvml.nvmlDeviceGetTotalEccErrors(h, unc, nvml.NVML_AGGREGATE_ECC))),
+        retired_pages_pending=get("retired_pages", lambda: bool(nvml.nvmlDeviceGetRetiredPagesPendingStatus(h))),
+        remapped_rows=get("remapped_rows", lambda: _rows(nvml.nvmlDeviceGetRemappedRows(h))),
+        nvlink_up=_links(nvml, h),
+        pcie=get("pcie", lambda: Pcie(int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+                                      int(nvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+                                      int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                                      int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h)))),
+        clock_event_reasons=get("clocks", lambda: int(nvml.nvmlDeviceGetCurrentClocksEventReasons(h))),
+        persistence_mode=get("persistence", lambda: bool(nvml.nvmlDeviceGetPersistenceMode(h))),
+        mig_enabled=get("mig", lambda: bool(nvml.nvmlDeviceGetMigMode(h)[0])),
+        fabric_state=get("fabric", lambda: _fabric_state(nvml, h)),
+        recovery_action=get("recovery", lambda: _recovery(nvml, h)),
+        processes=get("processes", lambda: tuple(p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)),
+                      ()) if processes else (),
+    )
+
+
+def _call(nvml, name, fn, unsupported=None):
+    try:
+        return fn()
+    except nvml.NVMLError as exc:
+        if exc.value == _NOT_SUPPORTED:
+            return unsupported  # a fact: this GPU does not have it
+        return _failure(name, nvml, exc)
+
+
+def _failure(name, nvml, exc):
+    try:
+        text = str(exc)
+    except Exception:  # pragma: no cover - unknown codes can fail to format
+        text = "unknown"
+    return ProbeFailure("nvml." + name, "nvml", text, exc.value)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _cuda(value: int) -> str:
+    return "%d.%d" % (value // 1000, (value % 1000) // 10)
+
+
+def _rows(value):
+    corr, unc, pending, failure = value
+    return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+
+def _links(nvml, h):
+    states = []
+    for link in range(_MAX_LINKS):
+        try:
+            states.append(bool(nvml.nvmlDeviceGetNvLinkState(h, link)))
+        except nvml.NVMLError as exc:
+            # Past the last link the driver says NotSupported/InvalidArgument.
+            if exc.value in (_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+                break
+            return _failure("nvlink", nvml, exc)
+    return tuple(states)
+
+
+def _fabric_state(nvml, h) -> int:
+    import ctypes  # pynvml loads it anyway; the parent of the reader need not
+
+    info = nvml.c_nvmlGpuFabricInfoV_t()
+    info.version = nvml.nvmlGpuFabricInfo_v2
+    nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+    return int(info.state)
+
+
+def _recovery(nvml, h):
+    values = nvml.nvmlDeviceGetFieldValues(h, [nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    if values[0].nvmlReturn == _NOT_SUPPORTED:
+        return None
+    if values[0].nvmlReturn != 0:
+        raise nvml.NVMLError(values[0].nvmlReturn)
+    return int(values[0].value.uiVal)

@@ -1,0 +1,247 @@
+"""The prolog's hot path stays small: an import audit, no timing.
+
+The prolog runs before every job; most of its time is Python importing
+modules (bench/bench_prolog.py measures it).  These tests run the prolog as
+the entry point does (gpugate.node.entry.main, only slurmd's variables) in a
+fresh interpreter and list what it imported: what only a drain, a tool, the
+health check or a TOML parse needs must not be loaded on the healthy path."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DEMO_BASELINE, ROOT
+
+# Loaded by the prolog's healthy path, they would cost every job: the TOML
+# parser (the kept parse is reused), OpenSSL's hashes, typing, the Slurm
+# commands and what runs tools (subprocess, threads), click, ClusterShell, and
+# NVML's binding or the simulated node's (loaded in the forked reader only).
+NOT_ON_THE_HOT_PATH = {
+    "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
+    "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
+    "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
+    "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
+}
+# Every gpugate module the hot prolog loads today.  A new one is a cost on
+# every job: load it lazily where it is needed, or raise this knowingly.
+MAX_GPUGATE_MODULES = 40
+
+# What the interpreter loaded at start (site, .pth files, an editable
+# install's finder) is the environment's, not the prolog's.
+_RUN = """
+import sys
+before = set(sys.modules)
+from gpugate.node.entry import main
+code = main("prolog", ["--config", sys.argv[1]])
+import json
+print(json.dumps({"code": code, "modules": sorted(set(sys.modules) - before)}))
+"""
+
+
+@pytest.fixture
+def node(fleet, tmp_path):
+    config = tmp_path / "gpugate.toml"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
+                      '[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm-here"\n'
+                      % (DEMO_BASELINE, tmp_path, fleet, tmp_path))
+    return {"config": str(config), "state": str(tmp_path / "state")}
+
+
+def _prolog(node, name="gpu01", job="7"):
+    env = {"SLURMD_NODENAME": name, "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0,1,2,3"}
+    out = subprocess.run([sys.executable, "-c", _RUN, node["config"]], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    with open(os.path.join(node["state"], name, "gpugate.log")) as handle:
+        result["log"] = json.loads(handle.readlines()[-1])
+    return result
+
+
+def _healthcheck(node, name="gpu01"):
+    script = os.path.join(os.path.dirname(sys.executable), "gpugate-healthcheck")
+    argv = [script] if os.path.exists(script) else [sys.executable, os.path.join(ROOT, "healthcheck",
+                                                                                  "gpugate-healthcheck")]
+    subprocess.run(argv + ["--config", node["config"]], env={"SLURMD_NODENAME": name}, capture_output=True,
+                   timeout=120, check=False)
+
+
+def test_the_hot_prolog_loads_nothing_it_does_not_need(node):
+    _healthcheck(node)
+    _healthcheck(node)  # a fresh fit verdict to reuse
+    result = _prolog(node)
+    assert result["code"] == 0 and result["log"]["verdict"] == "fit" and result["log"]["reused"] is True
+    assert "nvml" in result["log"]["durations"]  # NVML of the job's GPUs is still read
+    loaded = set(result["modules"])
+    assert not loaded & NOT_ON_THE_HOT_PATH, sorted(loaded & NOT_ON_THE_HOT_PATH)
+    ours = sorted(m for m in loaded if m.startswith("gpugate"))
+    assert len(ours) <= MAX_GPUGATE_MODULES, ours
+
+
+def test_the_cold_prolog_parses_no_toml_once_the_parse_is_kept(node):
+    first = _prolog(node, "gpu02", "8")  # no verdict to reuse: the baseline is loaded and kept
+    assert first["log"]["reused"] is False and first["log"]["verdict"] == "fit"
+    second = _prolog(node, "gpu02", "9")
+    assert second["code"] == 0 and second["log"]["verdict"] == "fit"
+    # ClusterShell (and with it subprocess and logging) still expands the
+    # baseline's hostlists on this path.
+    loaded = set(second["modules"])
+    assert not loaded & {"tomllib", "tomli", "hashlib", "typing", "pynvml"}, sorted(loaded)
+
+
+def test_a_changed_file_is_parsed_again_and_a_damaged_kept_parse_is_ignored(node, tmp_path):
+    from gpugate.node import lastgood
+
+    _prolog(node, "gpu02", "10")
+    where = lastgood.directory(node["config"], "gpu02")
+    kept = os.path.join(where, lastgood.CONFIG + lastgood.PARSED)
+    assert json.load(open(kept))["text"] == open(node["config"]).read()
+    # A changed gpugate.toml: its own parse, and the parse kept follows it.
+    text = open(node["config"]).read() + '\n[prolog]\nverdict_max_age_seconds = 0\n'
+    with open(node["config"], "w") as handle:
+        handle.write(text)
+    os.utime(node["config"], (1, 1))  # settled: no wait for a file written this instant
+    assert _prolog(node, "gpu02", "11")["log"]["verdict"] == "fit"
+    assert json.load(open(kept))["text"] == text
+    assert json.load(open(kept))["toml"]["prolog"] == {"verdict_max_age_seconds": 0}
+    # A kept parse that is not JSON: parsed again, rewritten.
+    with open(kept, "w") as handle:
+        handle.write("{not json")
+    assert _prolog(node, "gpu02", "12")["log"]["verdict"] == "fit"
+    assert json.load(open(kept))["text"] == text
+
+
+def test_a_kept_parse_is_still_validated(node):
+    """The kept parse stands in for the TOML parser only: an invalid value in
+    it is refused like one in the file (and the last good copy judges)."""
+    from gpugate.node import lastgood
+
+    _prolog(node, "gpu02", "13")
+    where = lastgood.directory(node["config"], "gpu02")
+    kept = os.path.join(where, lastgood.CONFIG + lastgood.PARSED)
+    data = json.load(open(kept))
+    data["toml"]["log"] = "nowhere"
+    with open(kept, "w") as handle:
+        json.dump(data, handle)
+    result = _prolog(node, "gpu02", "14")
+    assert result["code"] == 0 and result["log"]["verdict"] == "fit"
+    assert "log: expected one of" in result["log"]["config_error"]
+
+
+HOT_MODULES = ("config.py", "baseline.py", "facts.py", "findings.py", "verdict.py", "reason.py",
+               "node/check.py", "slurm/ownership.py")
+
+
+@pytest.mark.parametrize("path", HOT_MODULES)
+def test_every_dataclass_on_the_hot_path_has_a_docstring(path):
+    """Without one, dataclasses builds it with inspect.signature when the
+    module is imported: milliseconds of every prolog."""
+    tree = ast.parse(open(os.path.join(ROOT, "gpugate", path)).read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any("dataclass" in ast.dump(d) for d in node.decorator_list):
+            assert ast.get_docstring(node), "%s: %s has no docstring" % (path, node.name)
+
+
+def test_the_entry_point_imports_no_mode_at_import_time():
+    """entry.py picks the mode's module at run time; prolog and epilog take
+    the job's GPUs from node.jobenv, not from entry (no import cycle)."""
+    for name in ("prolog.py", "epilog.py"):
+        source = open(os.path.join(ROOT, "gpugate", "node", name)).read()
+        assert "from .entry import" not in source
+    out = subprocess.run([sys.executable, "-c", "import sys, gpugate.node.entry as e; "
+                          "print(sorted(m for m in sys.modules if m.startswith('gpugate')))"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert "gpugate.node.prolog" not in out.stdout and "gpugate.node.epilog" not in out.stdout
+
+
+def test_the_import_audit_sees_what_it_forbids(node):
+    """The audit is not vacuous: the health check does load what the
+    prolog must not."""
+    out = subprocess.run([sys.executable, "-c", _RUN.replace('"prolog"', '"healthcheck"'), node["config"]],
+                         env={"SLURMD_NODENAME": "gpu03"}, capture_output=True, text=True, timeout=120)
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1])["modules"])
+    assert {"subprocess", "gpugate.probes.commands"} <= loaded
+
+
+
+def _session_ends(argv, env, seconds=20.0):
+    """Run argv in a session of its own; True when every process of the
+    session (the prolog's forked NVML reader too) is gone soon after it ends."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    proc.wait(timeout=120)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    return False
+
+
+def test_the_early_nvml_reader_leaves_when_the_configuration_fails(tmp_path):
+    """The prolog forks its NVML reader before it loads gpugate.toml: when
+    that fails (first install, nothing kept), the reader reads nothing and
+    leaves; no process stays behind."""
+    bad = tmp_path / "gpugate.toml"
+    bad.write_text('baseline = "relative.toml"\n')
+    argv = [sys.executable, "-c", "import sys; from gpugate.node.entry import main; "
+            "sys.exit(main('prolog', ['--config', sys.argv[1]]))", str(bad)]
+    assert _session_ends(argv, {"SLURMD_NODENAME": "gpu77", "SLURM_JOB_ID": "1"})
+
+
+def test_the_early_nvml_reader_reads_what_it_is_sent_and_nothing_when_cancelled():
+    from gpugate.forked import OK, Forked
+
+    reader = Forked(lambda orders: orders["gpus"] + [len(orders["node"])], prepare=lambda: None)
+    reader.send({"gpus": [0, 3], "node": "gpu01"})
+    assert reader.result(30) == (OK, [0, 3, 5])
+    reader.cancel()  # after the answer: nothing to do
+    idle = Forked(lambda orders: 1 / 0, prepare=lambda: None)
+    idle.cancel()
+    idle.cancel()
+    for _ in range(200):
+        try:
+            pid, _ = os.waitpid(idle.pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            break
+        import time
+
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the cancelled reader is still running")
+
+
+def test_the_nvml_reading_loads_nothing_of_gpugates():
+    """The prolog's reader is forked before gpugate's records are defined:
+    what it runs must not define them again (it answers with stand-ins)."""
+    out = subprocess.run([sys.executable, "-c", "import sys; b = set(sys.modules); import gpugate.nvmlread; "
+                          "print(sorted(set(sys.modules) - b))"], capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert "dataclasses" not in out.stdout and "gpugate.facts" not in out.stdout, out.stdout
+
+
+def test_the_readers_stand_ins_become_the_facts_records():
+    from gpugate import facts, nvmlread
+    from gpugate.probes.nvml import facts_of
+
+    fail = nvmlread.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
+    value = nvmlread.NvmlFacts("580.65.06", "13.0", 1, (nvmlread.GpuFacts(
+        0, "H100", "GPU-1", "1", "00000000:18:00.0", fail, None, True, 0, 0, None,
+        nvmlread.RemappedRows(0, 0, False, False), (True, False), nvmlread.Pcie(5, 16, 5, 16), 0, True, False,
+        3, 0, processes=()),))
+    got = facts_of(value)
+    assert isinstance(got, facts.NvmlFacts) and isinstance(got.gpus[0], facts.GpuFacts)
+    assert got.gpus[0].vbios == facts.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
+    assert got.gpus[0].pcie == facts.Pcie(5, 16, 5, 16) and got.gpus[0].nvlink_up == (True, False)
