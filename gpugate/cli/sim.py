@@ -38,7 +38,14 @@ def sim():
 @click.option("--nodes", required=True, help="Hostlist of node names, e.g. 'gpu[01-08]'.")
 @click.option("--baseline", "-b", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def sim_init(fleet, nodes, baseline_path):
-    """Create one healthy simulated node per name, matching the baseline."""
+    """Create one healthy simulated node per name, matching the baseline.
+    The fleet remembers the baseline (FLEET/fleet.json): `gpugate check
+    --sim FLEET` and `explain --sim FLEET` judge against it by default.
+
+    \b
+    Examples:
+      gpugate sim init /tmp/fleet --nodes 'gpu[001-004]' --baseline slurm_conf/baseline.example.toml
+    """
     from ..baseline import load_baseline
     from ..sim import fleet as simfleet
 
@@ -46,6 +53,7 @@ def sim_init(fleet, nodes, baseline_path):
     names = _nodeset(nodes)
     for name in names:
         simfleet.save(fleet, name, simfleet.new_model(name, baseline))
+    simfleet.record_baseline(fleet, baseline_path)  # check/explain/facts --sim default to it
     click.echo("created %d simulated nodes in %s: %s" % (len(names), fleet, names))
 
 
