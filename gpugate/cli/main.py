@@ -145,7 +145,13 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
 @_node_options
 @click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]), default="healthcheck")
 def explain(config, baseline_path, sim, node, mode):
-    """Check a node and show, for each finding, the runbook step it calls for."""
+    """Check a node and show, for each finding, the runbook step it calls for.
+
+    \b
+    Examples:
+      gpugate explain
+      gpugate explain --sim /tmp/fleet --node gpu003
+    """
     from ..config import load_checked_baseline
     from ..node.check import run_check
     from .render import explain_text
@@ -209,7 +215,15 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
 @_config_opt
 @click.option("--release", default="22.05", show_default=True, help="Slurm release the fragment is for.")
 def slurm_conf(config, release):
-    """Print the slurm.conf lines that point slurmd at this installation."""
+    """Print the slurm.conf lines that point slurmd at this installation.
+    List-valued parameters (PrologFlags, SchedulerParameters, SlurmctldParameters)
+    come as comments: add their value to the list your slurm.conf already has.
+
+    \b
+    Examples:
+      gpugate slurm-conf
+      gpugate slurm-conf --release 24.11
+    """
     from ..slurmconf import fragment
 
     click.echo(fragment(config, release), nl=False)

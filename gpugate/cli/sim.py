@@ -65,6 +65,11 @@ def sim_set(fleet, nodes, assignments):
     """Change facts of simulated nodes: KEY=VALUE ... (unknown keys are errors).
 
     \b
+    Examples:
+      gpugate sim set /tmp/fleet 'gpu[002-003]' driver=550.54.15
+      gpugate sim set /tmp/fleet gpu003 gpu.3.xid=79 gpu.3.ecc.uncorrected.volatile=2
+
+    \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
       dcgm.health dcgm.diag_fail=GPU[:msg] gpus pci.gpus nvml.init_error nvml.hang
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
@@ -100,7 +105,14 @@ def sim_set(fleet, nodes, assignments):
 def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, clear, argv):
     """Make a simulated tool replay a recorded output for this exact argv
     (after --), e.g. `-- dcgmi diag -r 1 -j`.  ARGV may end in '*' to match
-    any further arguments."""
+    any further arguments.
+
+    \b
+    Examples:
+      gpugate sim replay /tmp/fleet gpu006 --stdout-file diag.json --exit-code 226 -- dcgmi diag -r 2 -j
+      gpugate sim replay /tmp/fleet gpu006 --hang -- dcgmi health '*'
+      gpugate sim replay /tmp/fleet gpu006 --clear -- dcgmi diag -r 2 -j
+    """
     from ..sim import fleet as simfleet
 
     tool = os.path.basename(argv[0])
@@ -128,7 +140,12 @@ def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, c
 @click.argument("fleet", type=click.Path(file_okay=False, exists=True))
 @click.argument("node")
 def sim_show(fleet, node):
-    """Print a simulated node's model (JSON)."""
+    """Print a simulated node's model (JSON).
+
+    \b
+    Examples:
+      gpugate sim show /tmp/fleet gpu002
+    """
     from ..sim import fleet as simfleet
 
     click.echo(json.dumps(simfleet.load(fleet, node), indent=1, sort_keys=True))
@@ -153,6 +170,11 @@ def sim_converge(fleet, nodes, baseline_path, previous):
 
     \b
     In gpugate.toml:  [sweep] converge = ["gpugate", "sim", "converge", "FLEET", "{nodes}", "-b", "BASELINE"]
+
+    \b
+    Examples:
+      gpugate sim converge /tmp/fleet 'gpu[001-004]' -b new-baseline.toml
+      gpugate sim converge /tmp/fleet gpu002 -b /etc/gpugate/baseline.toml --previous
     """
     from ..baseline import load_baseline
     from ..sim import fleet as simfleet
