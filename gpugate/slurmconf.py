@@ -86,13 +86,15 @@ HealthCheckNodeState=ANY
 # requeued) when the node went bad since the last health check.
 Prolog={pro}
 Epilog={epi}
-# Alloc: run the prolog when the job is allocated, before anything starts.
-PrologFlags=Alloc
+# PrologFlags is a list: add Alloc to yours (a second line would replace it).
+# Alloc runs the prolog when the job is allocated, before anything starts.
+#PrologFlags=Alloc
 # Unlimited by default: bound the prolog and epilog (gpugate's budgets are 8 s
 # and 50 s; the epilog's DCGM diagnostic, when enabled, needs more).
 PrologEpilogTimeout=120
-# Requeue a job whose prolog failed without holding it.
-SchedulerParameters=nohold_on_prolog_fail
+# SchedulerParameters is a list (backfill tuning, ...): add nohold_on_prolog_fail
+# to yours, so that a job whose prolog failed is requeued without a hold.
+#SchedulerParameters=nohold_on_prolog_fail
 # The sweep reboots through `scontrol reboot`: your site's reboot command.
 RebootProgram={reboot}
 # --- end gpugate ---

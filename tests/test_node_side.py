@@ -197,6 +197,17 @@ def test_slurm_conf_names_installed_entry_points():
     assert gpugate_cmd("slurm-conf", "--release", "latest").returncode == 2
 
 
+@pytest.mark.parametrize("release", ["22.05", "26.05"])
+def test_slurm_conf_adds_to_list_parameters_instead_of_replacing_them(release):
+    # A pasted SchedulerParameters= or PrologFlags= line would drop the site's own values.
+    lines = gpugate_cmd("slurm-conf", "--release", release, check=True).stdout.splitlines()
+    for key in ("SchedulerParameters", "PrologFlags", "SlurmctldParameters"):
+        assert not [l for l in lines if l.startswith(key + "=")]
+    assert "#SchedulerParameters=nohold_on_prolog_fail" in lines and "#PrologFlags=Alloc" in lines
+    text = "\n".join(lines)
+    assert "add nohold_on_prolog_fail\n# to yours" in text and "add Alloc to yours" in text
+
+
 def test_boot_grace_reports_transient_findings_without_draining_or_undraining(node_env):
     config = open(node_env["config"]).read().replace("boot_grace_seconds = 0", "boot_grace_seconds = 86400")
     with open(node_env["config"], "w") as handle:

@@ -65,3 +65,26 @@ def rec(step, status, attempt=1, remedy="reconverge"):
 def test_next_step(record, expected):
     sweeper = Sweeper.__new__(Sweeper)  # _next_step reads nothing but the record
     assert sweeper._next_step(record) == expected
+
+
+def test_metrics_say_when_the_circuit_breaker_stopped_the_latest_sweep(tmp_path):
+    from types import SimpleNamespace
+
+    from gpugate.fleet.metrics import fleet_families
+
+    def samples(last_run):
+        families = fleet_families(SimpleNamespace(nodes={}), {}, None, None, None, last_run, now=5.0)
+        return {s[0]: s[2] for f in families for s in f[3]}
+
+    j = jr.Journal(str(tmp_path / "sweep.db"))
+    assert "gpugate_sweep_stopped" not in samples((j.runs(1) or [None])[0])  # never swept
+    j.start_run(["sweep", "--apply"])
+    j.end_run("stopped")  # as sweep.run.apply records a circuit-breaker stop
+    m = samples(j.runs(1)[0])
+    assert m["gpugate_sweep_stopped"] == 1 and m["gpugate_sweep_last_run_timestamp_seconds"] > 0
+    j.start_run(["sweep", "--apply"])
+    assert samples(j.runs(1)[0])["gpugate_sweep_stopped"] == 0  # a new run is under way
+    j.end_run("ok")
+    assert samples(j.runs(1)[0])["gpugate_sweep_stopped"] == 0
+    assert samples(None)["gpugate_metrics_timestamp_seconds"] == 5.0
+    j.close()

@@ -189,7 +189,13 @@ def _job(cluster, job: str) -> dict:
 @click.option("--nodes", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--interval", default=DEMO_INTERVAL, show_default=True, help="HealthCheckInterval (seconds).")
 def demo_up(directory, nodes, interval):
-    """Boot a healthy cluster in DIR and leave it running."""
+    """Boot a healthy cluster in DIR and leave it running.
+
+    \b
+    Examples:
+      gpugate demo up --dir /tmp/gg --nodes 4
+      gpugate demo down --dir /tmp/gg
+    """
     from ..cluster import Cluster
 
     cluster = Cluster(directory, nodes=nodes, health_interval=interval)
@@ -202,7 +208,12 @@ def demo_up(directory, nodes, interval):
 @demo.command("down")
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False, exists=True))
 def demo_down(directory):
-    """Stop the cluster in DIR (by the pids it recorded)."""
+    """Stop the cluster in DIR (by the pids it recorded).
+
+    \b
+    Examples:
+      gpugate demo down --dir /tmp/gg
+    """
     from ..cluster import Cluster, node_names_from_conf
 
     cluster = Cluster(directory, nodes=0)

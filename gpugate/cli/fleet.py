@@ -131,17 +131,19 @@ def metrics(config, output):
     baseline = load_baseline(settings.baseline)
     states = connect(settings).nodes()
     snap = take(states, settings.reason_tag, time.time())
-    journal_nodes = {}
+    journal_nodes, last_run = {}, None
     if os.path.exists(settings.sweep["journal"]):
         from ..sweep.journal import Journal
 
         journal = Journal(settings.sweep["journal"])
         try:
             journal_nodes = journal.nodes()
+            last_run = (journal.runs(1) or [None])[0]
         finally:
             journal.close()
     last_audit = read_json(audit_path(settings))
-    text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states)))
+    text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states),
+                                 last_run))
     if output:
         tmp = "%s.tmp.%d" % (output, os.getpid())
         with open(tmp, "w") as handle:

@@ -45,15 +45,27 @@ def load_context(config, sim, baseline_path, node_required=None):
     """Settings (and a simulated fleet, when --sim is given) for a command."""
     from ..config import load_settings
 
-    return in_context(load_settings(config, missing_ok=config is None), sim, baseline_path, node_required)
+    from ..config import CONFIG_ENV
+
+    explicit = bool(config or os.environ.get(CONFIG_ENV))
+    return in_context(load_settings(config, missing_ok=config is None), sim, baseline_path, node_required,
+                      explicit)
 
 
-def in_context(settings, sim=None, baseline_path=None, node_required=None):
-    """Settings with --sim and --baseline applied, the simulated node checked."""
+def in_context(settings, sim=None, baseline_path=None, node_required=None, config_explicit=True):
+    """Settings with --sim and --baseline applied, the simulated node checked.
+    The baseline: --baseline, else that of a gpugate.toml named by --config
+    or $GPUGATE_CONFIG, else the one the --sim fleet was created with, else
+    gpugate.toml's (the default one's, or /etc/gpugate/baseline.toml)."""
     from dataclasses import replace
 
     if sim:
         settings = replace(settings, sim_fleet=os.path.abspath(sim))
+        from ..sim.fleet import recorded_baseline
+
+        recorded = recorded_baseline(settings.sim_fleet)
+        if recorded and not config_explicit:
+            settings = replace(settings, baseline=recorded)
     if node_required and settings.sim_fleet and not os.path.isdir(os.path.join(settings.sim_fleet, node_required)):
         raise ConfigError("%s: no simulated node %s there" % (settings.sim_fleet, node_required))
     if baseline_path:
@@ -81,7 +93,8 @@ def main():
 _config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
                            help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
 _baseline_opt = click.option("--baseline", "-b", "baseline_path", type=click.Path(dir_okay=False), default=None,
-                             help="baseline.toml to judge against (default: the one gpugate.toml names).")
+                             help="baseline.toml to judge against (default: the one gpugate.toml names; with --sim "
+                                  "and no --config, the one the fleet was created with).")
 _sim_opt = click.option("--sim", type=click.Path(file_okay=False), default=None,
                         help="Check a simulated node of this fleet directory instead of this machine.")
 _node_opt = click.option("--node", "-n", default=None, help="Node name (default: $SLURMD_NODENAME or the hostname).")
@@ -132,7 +145,13 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
 @_node_options
 @click.option("--mode", "-m", type=click.Choice(["healthcheck", "prolog", "epilog", "verify"]), default="healthcheck")
 def explain(config, baseline_path, sim, node, mode):
-    """Check a node and show, for each finding, the runbook step it calls for."""
+    """Check a node and show, for each finding, the runbook step it calls for.
+
+    \b
+    Examples:
+      gpugate explain
+      gpugate explain --sim /tmp/fleet --node gpu003
+    """
     from ..config import load_checked_baseline
     from ..node.check import run_check
     from .render import explain_text
@@ -196,7 +215,15 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
 @_config_opt
 @click.option("--release", default="22.05", show_default=True, help="Slurm release the fragment is for.")
 def slurm_conf(config, release):
-    """Print the slurm.conf lines that point slurmd at this installation."""
+    """Print the slurm.conf lines that point slurmd at this installation.
+    List-valued parameters (PrologFlags, SchedulerParameters, SlurmctldParameters)
+    come as comments: add their value to the list your slurm.conf already has.
+
+    \b
+    Examples:
+      gpugate slurm-conf
+      gpugate slurm-conf --release 24.11
+    """
     from ..slurmconf import fragment
 
     click.echo(fragment(config, release), nl=False)

@@ -38,7 +38,14 @@ def sim():
 @click.option("--nodes", required=True, help="Hostlist of node names, e.g. 'gpu[01-08]'.")
 @click.option("--baseline", "-b", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False))
 def sim_init(fleet, nodes, baseline_path):
-    """Create one healthy simulated node per name, matching the baseline."""
+    """Create one healthy simulated node per name, matching the baseline.
+    The fleet remembers the baseline (FLEET/fleet.json): `gpugate check
+    --sim FLEET` and `explain --sim FLEET` judge against it by default.
+
+    \b
+    Examples:
+      gpugate sim init /tmp/fleet --nodes 'gpu[001-004]' --baseline slurm_conf/baseline.example.toml
+    """
     from ..baseline import load_baseline
     from ..sim import fleet as simfleet
 
@@ -46,6 +53,7 @@ def sim_init(fleet, nodes, baseline_path):
     names = _nodeset(nodes)
     for name in names:
         simfleet.save(fleet, name, simfleet.new_model(name, baseline))
+    simfleet.record_baseline(fleet, baseline_path)  # check/explain/facts --sim default to it
     click.echo("created %d simulated nodes in %s: %s" % (len(names), fleet, names))
 
 
@@ -55,6 +63,11 @@ def sim_init(fleet, nodes, baseline_path):
 @click.argument("assignments", nargs=-1, required=True)
 def sim_set(fleet, nodes, assignments):
     """Change facts of simulated nodes: KEY=VALUE ... (unknown keys are errors).
+
+    \b
+    Examples:
+      gpugate sim set /tmp/fleet 'gpu[002-003]' driver=550.54.15
+      gpugate sim set /tmp/fleet gpu003 gpu.3.xid=79 gpu.3.ecc.uncorrected.volatile=2
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
@@ -92,7 +105,14 @@ def sim_set(fleet, nodes, assignments):
 def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, clear, argv):
     """Make a simulated tool replay a recorded output for this exact argv
     (after --), e.g. `-- dcgmi diag -r 1 -j`.  ARGV may end in '*' to match
-    any further arguments."""
+    any further arguments.
+
+    \b
+    Examples:
+      gpugate sim replay /tmp/fleet gpu006 --stdout-file diag.json --exit-code 226 -- dcgmi diag -r 2 -j
+      gpugate sim replay /tmp/fleet gpu006 --hang -- dcgmi health '*'
+      gpugate sim replay /tmp/fleet gpu006 --clear -- dcgmi diag -r 2 -j
+    """
     from ..sim import fleet as simfleet
 
     tool = os.path.basename(argv[0])
@@ -120,7 +140,12 @@ def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, c
 @click.argument("fleet", type=click.Path(file_okay=False, exists=True))
 @click.argument("node")
 def sim_show(fleet, node):
-    """Print a simulated node's model (JSON)."""
+    """Print a simulated node's model (JSON).
+
+    \b
+    Examples:
+      gpugate sim show /tmp/fleet gpu002
+    """
     from ..sim import fleet as simfleet
 
     click.echo(json.dumps(simfleet.load(fleet, node), indent=1, sort_keys=True))
@@ -145,6 +170,11 @@ def sim_converge(fleet, nodes, baseline_path, previous):
 
     \b
     In gpugate.toml:  [sweep] converge = ["gpugate", "sim", "converge", "FLEET", "{nodes}", "-b", "BASELINE"]
+
+    \b
+    Examples:
+      gpugate sim converge /tmp/fleet 'gpu[001-004]' -b new-baseline.toml
+      gpugate sim converge /tmp/fleet gpu002 -b /etc/gpugate/baseline.toml --previous
     """
     from ..baseline import load_baseline
     from ..sim import fleet as simfleet

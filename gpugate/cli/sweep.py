@@ -91,7 +91,13 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def sweep_status(ctx, config, as_json):
-    """What the sweep journal says: nodes in flight, recent runs, each node's last step."""
+    """What the sweep journal says: nodes in flight, recent runs, each node's last step.
+
+    \b
+    Examples:
+      gpugate sweep status
+      gpugate sweep status --json
+    """
     from ..config import load_settings
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X status` too

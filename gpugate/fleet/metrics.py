@@ -2,7 +2,8 @@
 (from the latest audit), the sweep's progress.  Label values come from fixed
 sets (classes, components, sweep results): cardinality stays bounded."""
 
-from typing import Mapping, Optional
+import time
+from typing import Mapping, Optional, Sequence
 
 from ..findings import CLASSES
 from .audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, STATUSES, fold, node_states
@@ -13,8 +14,10 @@ _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left"
 
 
 def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline,
-                   budget: Optional[Mapping] = None) -> list:
-    """budget: partition -> gpugate.budget.Use (None: the budget is off)."""
+                   budget: Optional[Mapping] = None, last_run: Optional[Sequence] = None,
+                   now: Optional[float] = None) -> list:
+    """budget: partition -> gpugate.budget.Use (None: the budget is off).
+    last_run: the journal's latest run (id, started, ended, pid, outcome)."""
     by_class = {c: 0 for c in CLASSES}
     others = in_service = 0
     for view in snapshot.nodes.values():
@@ -49,6 +52,10 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
             results[key] += 1
     families.append(("gpugate_sweep_nodes", "gauge", "Nodes in the sweep journal by their latest outcome.",
                      [("gpugate_sweep_nodes", {"result": r}, n) for r, n in results.items()]))
+    families += _sweep_run(last_run)
+    # Written with the rest: an alert on its age tells a stopped `gpugate metrics` from a quiet fleet.
+    families.append(("gpugate_metrics_timestamp_seconds", "gauge", "When `gpugate metrics` wrote this.",
+                     [("gpugate_metrics_timestamp_seconds", {}, round(time.time() if now is None else now, 3))]))
     if last_audit and isinstance(last_audit.get("facts"), Mapping):
         errors = last_audit.get("config_errors")
         audit = fold(last_audit["facts"], baseline, errors if isinstance(errors, Mapping) else None)
@@ -75,3 +82,17 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
              [("gpugate_audit_timestamp_seconds", {}, float(last_audit.get("at", 0)))]),
         ]
     return families
+
+
+def _sweep_run(last_run: Optional[Sequence]) -> list:
+    """The latest sweep run: the journal records outcome "stopped" when its
+    circuit breaker ended it, "ok" otherwise, nothing while it runs."""
+    if not last_run:
+        return []
+    _run_id, started, ended, _pid, outcome = last_run
+    return [
+        ("gpugate_sweep_stopped", "gauge", "1 when the latest sweep run was stopped by its circuit breaker.",
+         [("gpugate_sweep_stopped", {}, 1 if outcome == "stopped" else 0)]),
+        ("gpugate_sweep_last_run_timestamp_seconds", "gauge", "When the latest sweep run started.",
+         [("gpugate_sweep_last_run_timestamp_seconds", {}, float(started or 0))]),
+    ]

@@ -55,6 +55,24 @@ def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
     render(directory, model)
 
 
+FLEET_FILE = "fleet.json"  # the fleet's own metadata: the baseline `sim init` used
+
+
+def record_baseline(fleet: str, baseline_path: str) -> None:
+    os.makedirs(fleet, mode=0o755, exist_ok=True)
+    _write(os.path.join(fleet, FLEET_FILE), json.dumps({"baseline": os.path.abspath(baseline_path)}, indent=1) + "\n")
+
+
+def recorded_baseline(fleet: str) -> Optional[str]:
+    """The baseline the fleet was created with (None: a fleet made before this was kept)."""
+    try:
+        with open(os.path.join(fleet, FLEET_FILE)) as handle:
+            value = json.load(handle).get("baseline")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
     """A healthy node matching the baseline: pinned versions, expected GPUs."""
     expect = baseline.expect_for(node)

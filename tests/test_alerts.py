@@ -1,0 +1,152 @@
+"""slurm_conf/gpugate-alerts.yml, checked by the real promtool: its unit
+tests are fed with metrics gpugate itself wrote (the health check entry
+point on simulated nodes, the controller's families), each written sample
+held constant over the test.  Timestamps are rebased: the moment gpugate
+wrote them is the test's t=0 (promtool's clock starts at the epoch)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
+
+pytestmark = pytest.mark.promtool
+RULES = os.path.join(ROOT, "slurm_conf", "gpugate-alerts.yml")
+STEPS = 70  # one sample a minute; alerts are evaluated at 60m, past every `for:`
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if not path:
+        why = "promtool is not installed (apt-get install prometheus; scripts/setup does)"
+        if os.environ.get("GPUGATE_REQUIRE_PROMTOOL"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
+
+
+def test_alert_rules_are_valid():
+    result = subprocess.run([promtool(), "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _healthcheck(config, node):
+    # As slurmd runs it: no PATH, only SLURMD_NODENAME (this tree's code).
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "healthcheck", "gpugate-healthcheck"),
+                             "--config", config], env={"SLURMD_NODENAME": node, "PYTHONPATH": ROOT},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+
+
+def node_textfiles(tmp_path) -> dict:
+    """node -> the textfile its health check wrote."""
+    fleet, prom = str(tmp_path / "fleet"), str(tmp_path / "node.prom")
+    baseline = tmp_path / "baseline.toml"
+    baseline.write_text(open(DEMO_BASELINE).read())
+    os.utime(str(baseline), (1, 1))  # settled: load_toml waits on a file written this instant
+    gpugate_cmd("sim", "init", fleet, "--nodes", "gpu[01-03]", "--baseline", str(baseline), check=True)
+    gpugate_cmd("sim", "set", fleet, "gpu03", "driver=550.54.15", check=True)
+    config = tmp_path / "gpugate.toml"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
+                      '[healthcheck]\nboot_grace_seconds = 0\nprometheus_textfile = "%s"\n'
+                      '[drain_budget]\njitter_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
+                      % (baseline, tmp_path, prom, fleet, tmp_path))
+    out = {}
+    for node in ("gpu01", "gpu02"):
+        _healthcheck(str(config), node)
+        out[node] = open(prom).read()
+    baseline.write_text("[pin\n")  # a broken push: gpu02 judges with its last good copy
+    _healthcheck(str(config), "gpu02")
+    out["gpu02"] = open(prom).read()
+    baseline.write_text(open(DEMO_BASELINE).read())
+    os.utime(str(baseline), (1, 1))
+    # Held needs Slurm's view of the partition: gpugate's writer, given a real check's verdict.
+    from gpugate.config import load_checked_baseline, load_settings
+    from gpugate.metrics import write_node_textfile
+    from gpugate.node.check import run_check
+
+    settings = load_settings(str(config))
+    loaded = load_checked_baseline(settings)
+    result = run_check(settings, loaded, "gpu03", "healthcheck")
+    assert not result.verdict.fit
+    write_node_textfile(prom, "gpu03", result.verdict, result.facts, loaded, held=True)
+    out["gpu03"] = open(prom).read()
+    return out
+
+
+def controller_textfile(alarm: bool) -> str:
+    from gpugate.budget import Use
+    from gpugate.fleet.metrics import fleet_families
+    from gpugate.metrics import render
+
+    def view(cls):
+        return SimpleNamespace(ours=SimpleNamespace(cls=cls) if cls else None, in_service=cls is None)
+
+    nodes = {"gpu01": view(None), "gpu02": view("drift"), "gpu03": view("rma" if alarm else None)}
+    budget = {"gpu": Use("gpu", 8, 1, ("gpu02",) if alarm else ())}
+    audit = {"at": 1.0, "facts": {}, "config_errors": {"gpu05": "baseline.toml: invalid TOML"} if alarm else {}}
+    last_run = (3, 1.0, 2.0, 42, "stopped" if alarm else "ok")
+    return render(fleet_families(SimpleNamespace(nodes=nodes), {}, audit, None, budget, last_run))
+
+
+def series(text: str, instance: str, stale: bool) -> list:
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels, instance=instance)
+            name = "%s{%s}" % (s.name, ",".join('%s="%s"' % kv for kv in sorted(labels.items())))
+            if s.name.endswith("_timestamp_seconds"):
+                values = "0x%d" % STEPS if stale else "0+60x%d" % STEPS  # rewritten every minute, or never again
+            else:
+                values = "%sx%d" % (repr(float(s.value)), STEPS)
+            out.append({"series": name, "values": values})
+    return out
+
+
+def expected(rules, alert, labels) -> dict:
+    rule = rules[alert]
+    annotations = {}
+    for key, text in rule.get("annotations", {}).items():
+        for label, value in labels.items():
+            text = text.replace("{{ $labels.%s }}" % label, value)
+        annotations[key] = text
+    return {"exp_labels": dict(labels, **rule.get("labels", {})), "exp_annotations": annotations}
+
+
+def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
+    tool = promtool()
+    import yaml  # pyyaml: a test dependency (setup.cfg)
+    with open(RULES) as handle:
+        rules = {r["alert"]: r for g in yaml.safe_load(handle)["groups"] for r in g["rules"]}
+    node = node_textfiles(tmp_path)
+    quiet = series(node["gpu01"], "gpu01", False) + series(controller_textfile(False), "ctl", False)
+    alarm = (series(node["gpu02"], "gpu02", False) + series(node["gpu03"], "gpu03", False)
+             + series(node["gpu01"], "gpu04", True) + series(controller_textfile(True), "ctl", True))
+    fire = {
+        "GpugateDrainHeld": [{"instance": "gpu03"}],
+        "GpugateDrainBudgetSpent": [{"instance": "ctl", "partition": "gpu"}],
+        "GpugateConfigError": [{"instance": "gpu02"}],
+        "GpugateAuditConfigError": [{"instance": "ctl"}],
+        "GpugateRmaEscalation": [{"instance": "ctl", "class": "rma"}],
+        "GpugateSweepStopped": [{"instance": "ctl"}],
+        "GpugateHealthCheckStale": [{"instance": "gpu04"}],
+        "GpugateControllerMetricsStale": [{"instance": "ctl"}],
+    }
+    assert set(fire) == set(rules)  # every rule is tested
+    tests = [
+        {"interval": "1m", "input_series": quiet,
+         "alert_rule_test": [{"eval_time": "60m", "alertname": a, "exp_alerts": []} for a in sorted(rules)]},
+        {"interval": "1m", "input_series": alarm,
+         "alert_rule_test": [{"eval_time": "60m", "alertname": a,
+                              "exp_alerts": [expected(rules, a, l) for l in fire[a]]} for a in sorted(rules)]},
+    ]
+    spec = tmp_path / "gpugate-alerts.test.yml"
+    spec.write_text(json.dumps({"rule_files": [RULES], "evaluation_interval": "1m", "tests": tests}, indent=1))
+    result = subprocess.run([tool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
