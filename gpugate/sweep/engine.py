@@ -342,12 +342,4 @@ class Sweeper(Steps):
         return reasons.render(self.tag, ROLLOUT, findings or [Finding(ROLLOUT, "baseline", "previous", "pin", "")])
 
 
-
-
-def _hostlist(nodes) -> str:
-    from ClusterShell.NodeSet import NodeSet
-
-    return str(NodeSet.fromlist(sorted(nodes)))
-
-
 __all__ = ["Sweeper", "SweepReport", "SlurmError"]
