@@ -61,7 +61,7 @@ def _bounded(cluster, prefix):
         if node not in out:
             record = cluster.log_records(node)[-1]
             assert record["action"] == "held" and "drain budget of partition" in record["why"], record
-            assert cluster.state(node) == "idle"
+            assert cluster.state(node).rstrip("*") == "idle"  # in service ("*": a ping late under load)
     return drained
 
 
