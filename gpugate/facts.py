@@ -248,7 +248,7 @@ if TYPE_CHECKING:
     Fact = Union[Any, ProbeFailure]
 
 
-_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag")
+_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag", "NOT_RUN")
 
 
 def __getattr__(name: str):
