@@ -118,6 +118,8 @@ def test_a_file_from_the_future_is_read_once_it_holds_still(tmp_path):
 def _node_config(tmp_path, fleet, **over):
     text = ('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n'
             '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
+            # No Slurm to spread a drift out for: no jitter before the (failing) read.
+            '[drain_budget]\njitter_seconds = 0\n'
             % (over.get("baseline", DEMO_BASELINE), tmp_path, fleet, tmp_path))
     path = tmp_path / "gpugate.toml"
     path.write_text(text)
