@@ -84,6 +84,7 @@ def test_a_wrong_gpu_count_for_every_node_drains_only_the_budget(cluster, good):
     assert _drained(cluster, "gpugate: health gpu_count") == drained
 
 
+@pytest.mark.slow  # the same protocol as the GPU-count case: CI runs it with -m slow
 def test_persistenced_required_where_none_runs_drains_only_the_budget(cluster, good):
     """A site that keeps persistence mode with `nvidia-smi -pm 1`, not the
     daemon, and a baseline asking for nvidia-persistenced: broken, budgeted."""

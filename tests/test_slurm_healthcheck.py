@@ -98,7 +98,7 @@ def _healthcheck_ages(node):
 
 @pytest.mark.parametrize("node,hang", [
     ("gpu05", ("replay", "FLEET", "gpu05", "--hang", "--", "dcgmi", "health", "-c", "-j")),
-    ("gpu06", ("set", "FLEET", "gpu06", "nvml.hang=1")),
+    pytest.param("gpu06", ("set", "FLEET", "gpu06", "nvml.hang=1"), marks=pytest.mark.slow),  # CI: -m slow
 ])
 def test_hanging_tool_ends_within_budget_no_pile_up_probe_class(cluster, node, hang):
     cluster.sim(*hang)

@@ -331,6 +331,7 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
         assert [e for e in events[:resumed_at] if e[1] == "verify" and e[2] == "done"]
 
 
+@pytest.mark.slow  # a cluster of its own: CI runs it (-m slow, and -m slurm on every release)
 def test_one_host_whose_converge_always_fails_does_not_stop_the_others(new_cluster):
     """Issue 13, item 3: the site's converge fails for the whole batch
     because of one host.  Retried node by node, the other three converge,
@@ -370,6 +371,7 @@ def _node_reads(lines):
     return reads
 
 
+@pytest.mark.slow  # a cluster of its own: CI runs it (-m slow, and -m slurm on every release)
 def test_waits_poll_only_the_nodes_in_flight_at_poll_seconds(new_cluster):
     """Issue 13, item 2: a sweep of one node on an 8-node cluster reads the
     whole fleet only to plan; every wait reads that node alone, every
@@ -394,6 +396,7 @@ def test_waits_poll_only_the_nodes_in_flight_at_poll_seconds(new_cluster):
     assert len(named) <= took / 2 + 3 + 2 + 3
 
 
+@pytest.mark.slow  # a cluster of its own: CI runs it (-m slow, and -m slurm on every release)
 def test_a_node_drained_again_for_the_same_component_is_escalated_and_forgiven(new_cluster):
     """Issue 13, item 6, with repeat_limit = 1: returned to service once for
     the driver, drained for it again: escalated `rma repeat=...`, never
