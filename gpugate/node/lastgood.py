@@ -70,15 +70,21 @@ def load_settings(config_path: str, node: str, record: dict):
         parsed, cached = _parse(where, CONFIG, data, config_path)
         settings = parse_settings(parsed, config_path)
     except ConfigError as exc:
-        copy = os.path.join(where, CONFIG)
-        if not os.path.exists(copy):
-            raise ConfigError("%s (no last good copy kept yet, so gpugate changes nothing until it loads)"
-                              % exc) from None
-        _note(record, exc, "gpugate.toml")
-        settings = load(copy)  # the same checks, trust included
-        return replace(settings, last_good_dir=where)
+        copy = _fallback(where, CONFIG, exc, record, "gpugate.toml")
+        return replace(load(copy), last_good_dir=where)  # the same checks, trust included
     _keep(where, CONFIG, config_path, data, parsed, cached)
     return replace(settings, last_good_dir=where)
+
+
+def _fallback(where: str, name: str, exc: ConfigError, record: dict, what: str) -> str:
+    """The last good copy's path, with the error recorded; without one,
+    ConfigError (first install: nothing changes until the file loads)."""
+    copy = os.path.join(where, name)
+    if not os.path.exists(copy):
+        raise ConfigError("%s (no last good copy kept yet, so gpugate changes nothing until it loads)"
+                          % exc) from None
+    _note(record, exc, what)
+    return copy
 
 
 def load_baseline(settings, record: dict):
@@ -101,11 +107,7 @@ def load_baseline(settings, record: dict):
         parsed, cached = _parse(where, BASELINE, data, settings.baseline)
         baseline = parse_baseline(parsed, settings.baseline)
     except ConfigError as exc:
-        copy = os.path.join(where, BASELINE)
-        if not os.path.exists(copy):
-            raise ConfigError("%s (no last good copy kept yet, so gpugate changes nothing until it loads)"
-                              % exc) from None
-        _note(record, exc, "baseline")
+        copy = _fallback(where, BASELINE, exc, record, "baseline")
         return load_checked_baseline(replace(settings, baseline=copy))
     _keep(where, BASELINE, settings.baseline, data, parsed, cached)
     return baseline
