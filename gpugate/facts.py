@@ -108,7 +108,7 @@ class NvmlFacts:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """An Xid from the kernel log."""
+    """An Xid, NVSwitch SXid or "fallen off the bus" report from the kernel log."""
 
     xid: int
     pci_bus_id: str  # as printed by NVRM, normalised to "0000:38:00"
@@ -116,6 +116,9 @@ class XidEvent:
     seq: Optional[int] = None  # /dev/kmsg sequence number
     timestamp: Optional[float] = None  # epoch seconds when known
     gpu: Optional[int] = None  # GPU index once matched with NVML's PCI bus ids
+    kind: str = "xid"  # "xid", "sxid" (pci_bus_id is the NVSwitch's) or "fallen_off_bus"
+    where: str = ""  # MIG "GPU-I:05 GPU-CI:01", or the switch "nvidia-nvswitch1"
+    fresh: bool = True  # after the cursor; older ones in the window only count toward a rate
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
-"""Find NVIDIA Xid events in kernel log text (/dev/kmsg records, dmesg, journal).
+"""Find NVIDIA GPU events in kernel log text (/dev/kmsg records, dmesg, journal):
+Xids (MIG-attributed ones too), NVSwitch SXids, and "GPU has fallen off the
+bus" in its one-line and its split form.
 
 The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
-so one odd record cannot hide the Xid after it.
+so one odd record cannot hide the event after it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from gpugate.facts import XidEvent
 from gpugate.lazyre import Lazy
@@ -15,13 +18,31 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Optional, Tuple
 
+_BUS = r"(?:PCI:)?(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{2})(?:\.[0-9a-f])?"
 # "NVRM: Xid (PCI:0000:38:00): 79, pid=..., name=..., text"; older drivers omit
-# "PCI:" and sometimes the domain; a few print the function (".0").
+# "PCI:" and sometimes the domain; a few print the function (".0").  On a MIG
+# GPU the driver adds the instances: "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)"
+# (open-gpu-kernel-modules' Xid format; NVIDIA's A100 memory-error guide).
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{2})"
-    r"(?:\.[0-9a-f])?\):[ \t]*(?P<xid>[0-9]{1,9})\b(?P<rest>[^\n]*)",
+    r"NVRM: Xid \(" + _BUS + r"(?P<mig>(?:[ \t]+GPU-C?I:[0-9]{1,4}){1,2})?"
+    r"\):[ \t]*(?P<xid>[0-9]{1,9})\b(?P<rest>[^\n]*)",
     re.I,
 )
+# "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"; the
+# driver follows it with "..., Severity 1 Engine instance ..." and "..., Data {...}"
+# lines for the same event (Fabric Manager user guide; gpud's captured lines).
+_SXID = Lazy(
+    r"(?P<switch>nvidia-nvswitch[0-9]{1,4}): SXid \(" + _BUS + r"\):[ \t]*(?P<xid>[0-9]{1,9})\b(?P<rest>[^\n]*)",
+    re.I,
+)
+_SXID_MORE = Lazy(r"^(?:Severity [0-9]|Data \{)", re.I)
+# "NVRM: GPU 0000:29:00.0: GPU has fallen off the bus."
+_OFF_BUS = Lazy(r"NVRM: GPU " + _BUS + r": GPU has fallen off the bus", re.I)
+# Split over records: "NVRM: The NVIDIA GPU 0000:18:00.0" / "NVRM: (PCI ID: 10de:20b0)
+# installed in this system has" / "NVRM: fallen off the bus and is not responding to commands."
+_OFF_BUS_HEAD = Lazy(r"NVRM: The NVIDIA GPU " + _BUS + r"(?P<rest>[^\n]*)", re.I)
+_OFF_BUS_TAIL = "fallen off the bus and is not responding"
+_SPLIT_RECORDS = 4  # the tail comes within this many records of the head
 # /dev/kmsg record: "PRI,SEQ,TS_USEC,FLAGS[,more];MESSAGE".
 _KMSG = re.compile(r"^([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;(.*)$")
 # dmesg --time-format=iso "2025-01-21T04:41:44,283302+00:00"; journal short-iso "...+0000".
@@ -31,28 +52,75 @@ _ISO = Lazy(
 )
 
 
+def _bus_id(match) -> str:
+    domain = int(match.group("domain") or "0", 16)
+    return "%04x:%s:%s" % (domain, match.group("bus").lower(), match.group("dev").lower())
+
+
+def _rest(match) -> str:
+    return re.sub(r"^[ \t]*,", "", match.group("rest")).strip()  # drop the ", " after the number
+
+
 def parse_xid_message(message: str) -> Optional[XidEvent]:
     """The Xid in one log line, or None when the line is not an Xid report."""
     match = _XID.search(message)
     if not match:
         return None
-    domain = int(match.group("domain") or "0", 16)
-    bus_id = "%04x:%s:%s" % (domain, match.group("bus").lower(), match.group("dev").lower())
-    text = re.sub(r"^[ \t]*,", "", match.group("rest")).strip()  # drop the ", " after the number
-    return XidEvent(xid=int(match.group("xid")), pci_bus_id=bus_id, text=text)
+    mig = " ".join((match.group("mig") or "").split())
+    return XidEvent(xid=int(match.group("xid")), pci_bus_id=_bus_id(match), text=_rest(match), where=mig)
+
+
+def parse_sxid_message(message: str) -> Optional[XidEvent]:
+    """The NVSwitch SXid in one log line; None for other lines and for the
+    "Severity"/"Data" lines that continue an SXid already reported."""
+    if "SXid" not in message:
+        return None
+    match = _SXID.search(message)
+    if not match or _SXID_MORE.search(_rest(match)):
+        return None
+    return XidEvent(xid=int(match.group("xid")), pci_bus_id=_bus_id(match), text=_rest(match), kind="sxid",
+                    where=match.group("switch").lower())
+
+
+class Scanner:
+    """Reads messages in log order; joins the split "fallen off the bus" records."""
+
+    def __init__(self) -> None:
+        self._head = None  # (bus id, records since)
+
+    def feed(self, message: str) -> Optional[XidEvent]:
+        event = parse_xid_message(message) or parse_sxid_message(message)
+        if event is not None or "NVRM" not in message:
+            return event
+        match = _OFF_BUS.search(message)
+        if match:
+            return XidEvent(xid=79, pci_bus_id=_bus_id(match), text="GPU has fallen off the bus.",
+                            kind="fallen_off_bus")
+        match = _OFF_BUS_HEAD.search(message)
+        if match:
+            self._head = (_bus_id(match), 0)
+            message = match.group("rest")  # dmesg may print the three parts as one line
+        if self._head is None:
+            return None
+        bus, since = self._head
+        if _OFF_BUS_TAIL in message:
+            self._head = None
+            return XidEvent(xid=79, pci_bus_id=bus, text="fallen off the bus and is not responding to commands.",
+                            kind="fallen_off_bus")
+        self._head = (bus, since + 1) if since + 1 < _SPLIT_RECORDS else None
+        return None
 
 
 def parse_kmsg(text: str, boot_time: Optional[float]) -> Tuple[XidEvent, ...]:
-    """Xids in /dev/kmsg records; timestamp = boot_time + TS_USEC when boot_time is known."""
-    events = []
+    """Events in /dev/kmsg records; timestamp = boot_time + TS_USEC when boot_time is known."""
+    events, scanner = [], Scanner()
     for line in text.splitlines():
         match = _KMSG.match(line)  # continuation lines (" KEY=value") do not match
-        event = parse_xid_message(match.group(4)) if match else None
+        event = scanner.feed(match.group(4)) if match else None
         if event is None:
             continue
         timestamp = None if boot_time is None else boot_time + int(match.group(3)) / 1e6
-        events.append(XidEvent(xid=event.xid, pci_bus_id=event.pci_bus_id, text=event.text,
-                               seq=int(match.group(2)), timestamp=timestamp))
+        events.append(replace(event, seq=int(match.group(2)), timestamp=timestamp))
     return tuple(events)
 
 
@@ -78,11 +146,10 @@ def _iso_epoch(line: str) -> Optional[float]:
 
 
 def parse_dmesg(text: str) -> Tuple[XidEvent, ...]:
-    """Xids in plain dmesg/journal lines; timestamp only from an ISO time with a zone."""
-    events = []
+    """Events in plain dmesg/journal lines; timestamp only from an ISO time with a zone."""
+    events, scanner = [], Scanner()
     for line in text.splitlines():
-        event = parse_xid_message(line)
+        event = scanner.feed(line)
         if event is not None:
-            events.append(XidEvent(xid=event.xid, pci_bus_id=event.pci_bus_id, text=event.text,
-                                   timestamp=_iso_epoch(line)))
+            events.append(replace(event, timestamp=_iso_epoch(line)))
     return tuple(events)

@@ -1,6 +1,8 @@
 """Xid events from the kernel log (/dev/kmsg, or a regular file in a
-simulated sysroot).  Only events newer than a cursor and inside the policy's
-window count: a stale log line must not hold a node drained forever."""
+simulated sysroot).  Only events inside the policy's window count, and only
+those newer than a cursor drain on their own (``fresh``): a stale log line
+must not hold a node drained forever.  Older ones in the window are kept for
+the judge's rate of non-fatal events."""
 
 from __future__ import annotations
 
@@ -80,15 +82,14 @@ def bus_key(bus_id: str) -> str:
 
 def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: float, now: float,
                bus_to_gpu: Mapping[str, int]) -> Tuple[XidEvent, ...]:
-    """Xids after ``after_seq`` and not older than ``window`` seconds."""
+    """Events not older than ``window`` seconds; ``fresh`` when after ``after_seq``."""
     out = []
     for event in parse_kmsg(text, boot_time):
-        if event.seq is not None and event.seq <= after_seq:
-            continue
+        fresh = event.seq is None or event.seq > after_seq
         if event.timestamp is not None and window and now - event.timestamp > window:
             continue
-        gpu = bus_to_gpu.get(bus_key(event.pci_bus_id))
-        out.append(replace(event, gpu=gpu))
+        gpu = bus_to_gpu.get(bus_key(event.pci_bus_id)) if event.kind != "sxid" else None
+        out.append(replace(event, gpu=gpu, fresh=fresh))
     return tuple(out)
 
 
