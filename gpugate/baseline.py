@@ -93,10 +93,18 @@ def _pins_spec(required: bool) -> Table:
 
 CLOCK_REASONS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80,
                  "sw_thermal": 0x20, "sw_power_cap": 0x4}
-DEFAULT_DRAIN_XIDS = (48, 64, 74, 79, 92, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148,
-                      149, 150, 154)  # 94 (contained ECC) is the application's: not a node fault
-# Xid -> action when the GPU cannot be recovered by a reset alone.
-DEFAULT_XID_ACTIONS = {"79": "reboot", "119": "reboot", "120": "reboot", "154": "reset_gpu"}
+
+
+def _catalog(name: str):
+    # The [health] Xid defaults come from NVIDIA's Xid catalog with gpugate's
+    # deviations (gpugate.xidcatalog); loaded only when a TOML is validated.
+    def default():
+        from . import xidcatalog
+
+        return getattr(xidcatalog, name)()
+    return default
+
+
 XID_ACTIONS = ("reset_gpu", "reboot", "rma", "investigate")
 MODES = ("healthcheck", "prolog", "epilog", "verify")
 
@@ -110,11 +118,13 @@ def _diag_mig(value: str) -> Optional[str]:
 
 
 _HEALTH = Table({
-    "drain_xids": (ListOf(Int(1, 100000)), DEFAULT_DRAIN_XIDS),
+    "drain_xids": (ListOf(Int(1, 100000)), _catalog("default_drain_xids")),
     "xid_actions": (MapOf(Choice(*XID_ACTIONS),
                           lambda k: None if k.isdigit() else "Xid keys are numbers in quotes, e.g. \"79\""),
-                    lambda: dict(DEFAULT_XID_ACTIONS)),
+                    _catalog("default_xid_actions")),
     "xid_window_seconds": (Number(0), 86400.0),
+    # Non-fatal NVLink Xid (144-150) sub-events / non-fatal SXids per device in the window.
+    "xid_nonfatal_max": (Int(1), 10),
     "ecc_uncorrected_volatile_max": (Int(0), 0),
     "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
     "retired_pages_pending": (Bool(), True),
@@ -208,6 +218,7 @@ class HealthPolicy:
     leftover_processes: str
     dcgm_diag: Mapping[str, int]
     dcgm_diag_mig: str = "skip"
+    xid_nonfatal_max: int = 10
 
     @property
     def clock_mask(self) -> int:

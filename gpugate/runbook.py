@@ -21,8 +21,24 @@ _BY_COMPONENT = {
     "fabricmanager": ["Fabric Manager must run, at the driver's exact version, on NVSwitch nodes: "
                       "install nvidia-fabricmanager-<branch> = driver version, systemctl restart "
                       "nvidia-fabricmanager, check its log (/var/log/fabricmanager.log)"],
-    "xid": ["look the Xid up in NVIDIA's Xid catalog; reset the GPU (nvidia-smi -r -i N) or reboot as "
-            "the action says; if it recurs after a reboot, open an RMA"],
+    "xid": ["look the Xid up in NVIDIA's Xid catalog (gpugate.xidcatalog: the default policy and why it "
+            "deviates); reset the GPU (nvidia-smi -r -i N) or reboot as the action says; if it recurs "
+            "after a reboot, open an RMA",
+            "a MIG GPU names the instance (GPU-I:NN) in the detail: the fault may be the job's in that "
+            "instance (Xid 94: contained) or the whole GPU's (48/74/79/95: reset the GPU)",
+            "Xid 154: the driver names the recovery it wants (GPU reset or node reboot); a change to "
+            "0x0 (None) means the GPU recovered and does not drain",
+            "a rate of non-fatal NVLink Xids (144-150, xid_nonfatal_max in xid_window_seconds): check "
+            "`nvidia-smi nvlink -e` error counters and the cable/tray; reset the GPU, RMA if it recurs"],
+    "sxid": ["an NVSwitch error (SXid): look the code up in the Fabric Manager user guide's SXid list",
+             "fatal SXid: the NVSwitch and the GPUs on it need a reset: drain, stop jobs, reboot the node "
+             "(or reset the baseboard), check /var/log/fabricmanager.log; repeated on one switch: RMA the "
+             "baseboard",
+             "a rate of non-fatal SXids (xid_nonfatal_max in xid_window_seconds): a degrading link; "
+             "check `nvidia-smi nvlink -e` and the trunk cables, then reboot and watch the rate"],
+    "fallen_off_bus": ["the GPU no longer answers on PCIe (NVRM: GPU has fallen off the bus): reboot "
+                       "(scontrol reboot); check `lspci -d 10de:`, power, thermals and the riser; if it "
+                       "falls off again after the reboot, reseat or RMA"],
     "row_remap": ["a pending row remap is applied by a GPU reset or reboot; a remap failure means the "
                   "GPU is out of spare rows: RMA"],
     "ecc": ["uncorrected ECC errors: reset the GPU or reboot, then run dcgmi diag -r 3; repeated "

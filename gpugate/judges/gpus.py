@@ -8,6 +8,7 @@ from ..baseline import CLOCK_REASONS
 from ..facts import ProbeFailure, failed
 from ..findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT,
                         RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
+from . import xids
 from .common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
@@ -24,7 +25,7 @@ _RESET_REQUIRED = 16
 
 def judge(baseline, expect, facts) -> List[Finding]:
     out: List[Finding] = []
-    out += _xids(baseline.health, facts)
+    out += xids.judge(baseline.health, facts)
     nvml = facts.nvml
     if nvml is None or failed(nvml):
         return out
@@ -34,18 +35,6 @@ def judge(baseline, expect, facts) -> List[Finding]:
         out.append(Finding(HEALTH, "gpu_count", str(nvml.gpu_count), str(expect.gpus), REBOOT))
     for gpu in nvml.gpus:
         out += _gpu(baseline.health, expect, facts, gpu)
-    return out
-
-
-def _xids(policy, facts):
-    events = facts.xids
-    if isinstance(events, ProbeFailure):
-        return [probe_finding("xid", events)]
-    out = []
-    for event in events or ():
-        if event.xid in policy.drain_xids:
-            out.append(Finding(HEALTH, "xid", str(event.xid), "none", policy.xid_action(event.xid),
-                               gpu=event.gpu, detail=event.text[:120]))
     return out
 
 
@@ -83,8 +72,11 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
             out.append(Finding(HEALTH, "row_remap", "pending", "none", RESET_GPU, gpu=i))
     out += _pcie(policy, gpu)
     reasons = gpu.clock_event_reasons
-    if isinstance(reasons, int) and reasons & policy.clock_mask:
-        names = [n for n, bit in sorted(CLOCK_REASONS.items()) if reasons & bit & policy.clock_mask]
+    # One sample at job start is momentary (a burst of heat, a power brake):
+    # only the periodic health check and the epilog judge clock events.
+    mask = policy.clock_mask if facts.mode != "prolog" else 0
+    if isinstance(reasons, int) and reasons & mask:
+        names = [n for n, bit in sorted(CLOCK_REASONS.items()) if reasons & bit & mask]
         out.append(Finding(HEALTH, "clocks", "+".join(names), "none", INVESTIGATE, gpu=i))
     links = gpu.nvlink_up
     if isinstance(links, tuple) and links and policy.nvlink_down_max != "ignore":

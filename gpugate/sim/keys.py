@@ -75,14 +75,29 @@ def _set_package(role: str) -> Callable[[Dict[str, Any], str], None]:
     return setter
 
 
+def _append_kmsg(m: Dict[str, Any], message: str) -> None:
+    seq = (m["kmsg"][-1]["seq"] + 1) if m["kmsg"] else 1000
+    ts_us = int((time.time() - m["boot_time"]) * 1e6)
+    m["kmsg"].append({"seq": seq, "ts_us": ts_us, "msg": message})
+
+
 def _append_xid(m: Dict[str, Any], index: int, xid: int) -> None:
     gpu = m["nvml"]["gpus"][index]
     bus = gpu["pci_bus_id"].lower()[4:-2]  # "00000000:3a:00.0" -> "0000:3a:00"
-    seq = (m["kmsg"][-1]["seq"] + 1) if m["kmsg"] else 1000
-    ts_us = int((time.time() - m["boot_time"]) * 1e6)
     text = XID_TEXT.get(xid, "simulated Xid %d" % xid)
-    m["kmsg"].append({"seq": seq, "ts_us": ts_us,
-                      "msg": "NVRM: Xid (PCI:%s): %d, pid=4242, name=python3, %s" % (bus, xid, text)})
+    _append_kmsg(m, "NVRM: Xid (PCI:%s): %d, pid=4242, name=python3, %s" % (bus, xid, text))
+
+
+def _append_sxid(m: Dict[str, Any], value: str) -> None:
+    """sxid=CODE[:nonfatal][@SWITCH]: the line nvidia-nvswitchN prints (Fabric Manager guide)."""
+    value, _, switch = value.partition("@")
+    code, _, severity = value.partition(":")
+    if severity not in ("", "fatal", "nonfatal"):
+        raise ConfigError("sxid=CODE[:fatal|:nonfatal][@SWITCH], e.g. sxid=20034 or sxid=12028:nonfatal@2")
+    number = _int(switch or "0")
+    words = "Non-fatal, Link 46 egress non-posted PRIV error" if severity == "nonfatal" else \
+        "Fatal, Link 48 LTSSM Fault Up"
+    _append_kmsg(m, "nvidia-nvswitch%d: SXid (PCI:0000:%02x:00.0): %05d, %s" % (number, 5 + number, _int(code), words))
 
 
 def reboot(m: Dict[str, Any]) -> None:
@@ -209,6 +224,8 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "dkms": _node_path("dkms", convert=lambda v: bool(_flag(v))),
     "converge": _node_path("converge", convert=lambda v: _choice(v, ("ok", "noop", "error"))),
     "reboot": lambda m, v: reboot(m) if _flag(v) else None,
+    "sxid": _append_sxid,
+    "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
 }
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 

@@ -30,7 +30,7 @@ ESCALATE = "escalate"
 REMEDIES = (RECONVERGE, REBOOT, ESCALATE)
 
 # health components a reboot (which resets every GPU) can fix; the rest escalate.
-_REBOOT_FIXES = {"xid", "gpu", "gpu_count", "gpus_lost", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
+_REBOOT_FIXES = {"xid", "sxid", "fallen_off_bus", "gpu", "gpu_count", "gpus_lost", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
                  "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus",
                  "pcie_gen", "pcie_width", "row_remap"}  # a reboot retrains links, applies remaps
 _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) fixes it
