@@ -1,11 +1,12 @@
 """Prometheus text exposition.  Node side: a textfile for node_exporter's
 textfile collector (verdict, class, per-component match with the pin, and
 whether each component could be read at all).
-Labels are bounded: classes and component names are fixed sets."""
+Labels are bounded: classes and component names are fixed sets, Xid/SXid codes
+the ones the driver defines."""
 
 import os
 import time
-from typing import Iterable, List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from .baseline import PIN_COMPONENTS
 from .facts import ProbeFailure, failed, unchecked
@@ -129,7 +130,19 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          [("gpugate_last_check_timestamp_seconds", {}, round(time.time(), 3))]),
         ("gpugate_check_duration_seconds", "gauge", "Wall time of the slowest probe of the last check.",
          [("gpugate_check_duration_seconds", {}, round(max(facts.durations.values() or [0.0]), 4))]),
+        ("gpugate_kernel_log_events", "gauge",
+         "Xids, SXids and fallen-off-the-bus reports in the kernel log within xid_window_seconds, by code: "
+         "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
+         kernel_log_samples(facts.xids)),
     ]
+
+
+def kernel_log_samples(events) -> list:
+    counts: Dict[Tuple[str, str], int] = {}
+    for event in events if isinstance(events, tuple) else ():
+        key = (event.kind, str(event.xid))
+        counts[key] = counts.get(key, 0) + 1
+    return [("gpugate_kernel_log_events", {"kind": kind, "code": code}, n) for (kind, code), n in sorted(counts.items())]
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,

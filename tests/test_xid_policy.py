@@ -167,3 +167,14 @@ def test_prolog_does_not_drain_on_a_momentary_thermal_clock_event(fleet):
     assert _check(fleet, "prolog")["fit"] is True
     data = _check(fleet, "healthcheck")
     assert data["fit"] is False and data["findings"][0]["component"] == "clocks"
+
+
+def test_metrics_count_kernel_log_events_by_kind_and_code():
+    from gpugate.metrics import kernel_log_samples, render
+    lines = [NONFATAL] * 3 + ["nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"]
+    events = tuple(kernlog.parse_dmesg("\n".join(lines)))
+    samples = kernel_log_samples(events)
+    assert samples == [("gpugate_kernel_log_events", {"kind": "sxid", "code": "20034"}, 1),
+                       ("gpugate_kernel_log_events", {"kind": "xid", "code": "145"}, 3)]
+    assert 'gpugate_kernel_log_events{code="145",kind="xid"} 3' in render([("gpugate_kernel_log_events", "gauge",
+                                                                           "h", samples)])
