@@ -124,7 +124,7 @@ _HEALTH = Table({
                     _catalog("default_xid_actions")),
     "xid_window_seconds": (Number(0), 86400.0),
     # Non-fatal NVLink Xid (144-150) sub-events / non-fatal SXids per device in the window.
-    "xid_nonfatal_max": (Int(1), 10),
+    "xid_nonfatal_max": (Int(1, 500), 10),  # 500: gpugate.probes.kernlog.MAX_OLD_EVENTS
     "ecc_uncorrected_volatile_max": (Int(0), 0),
     "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
     "retired_pages_pending": (Bool(), True),

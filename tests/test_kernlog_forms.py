@@ -162,3 +162,17 @@ def test_an_xid_line_is_never_an_sxid_or_fallen_off_bus(xid_case, sxid_case):
     assert kernlog.parse_sxid_message(xid_case[0]) is None
     kinds = [e.kind for e in scan([xid_case[0], sxid_case[0], SPLIT[0], xid_case[0]])]
     assert kinds == ["xid", "sxid", "xid"]  # the head's tail never came
+
+
+def test_old_events_are_kept_only_for_rates_and_capped():
+    from gpugate import xidcatalog
+    from gpugate.probes import kernlog as probe
+    assert probe.COUNTED_XIDS == xidcatalog.NVLINK_XIDS
+    nonfatal = "NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004)"
+    lines = ["NVRM: Xid (PCI:0000:04:00): 13, pid=1, name=x, Graphics Exception"] * 50 + [nonfatal] * 600 \
+        + ["NVRM: Xid (PCI:0000:04:00): 13, pid=1, name=x, new"]
+    kmsg = "".join("4,%d,1,-;%s\n" % (i, line) for i, line in enumerate(lines))
+    events = fresh_xids(kmsg, None, len(lines) - 2, 0, 0.0, {})
+    assert [e.xid for e in events] == [145] * probe.MAX_OLD_EVENTS + [13]
+    assert events[-1].fresh and not any(e.fresh for e in events[:-1])
+    assert events[0].seq == len(lines) - 1 - probe.MAX_OLD_EVENTS  # the newest old ones are kept

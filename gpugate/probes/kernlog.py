@@ -20,6 +20,11 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Any, Mapping, Optional, Tuple
 
 _MAX_BYTES = 16 << 20
+# Older-than-cursor events are kept only where a rate is judged: SXids and the
+# NVLink5 Xids (gpugate.xidcatalog.NVLINK_XIDS; a test keeps the two equal),
+# at most this many (newest first): a flood must not bloat the stored facts.
+COUNTED_XIDS = frozenset(range(144, 151))
+MAX_OLD_EVENTS = 500
 
 
 def read_kmsg(path: str) -> Any:
@@ -83,14 +88,20 @@ def bus_key(bus_id: str) -> str:
 def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: float, now: float,
                bus_to_gpu: Mapping[str, int]) -> Tuple[XidEvent, ...]:
     """Events not older than ``window`` seconds; ``fresh`` when after ``after_seq``."""
-    out = []
-    for event in parse_kmsg(text, boot_time):
+    out, old = [], 0
+    for event in reversed(parse_kmsg(text, boot_time)):
         fresh = event.seq is None or event.seq > after_seq
         if event.timestamp is not None and window and now - event.timestamp > window:
             continue
+        if not fresh:
+            if not (event.kind == "sxid" or event.kind == "xid" and event.xid in COUNTED_XIDS):
+                continue
+            old += 1
+            if old > MAX_OLD_EVENTS:
+                continue
         gpu = bus_to_gpu.get(bus_key(event.pci_bus_id)) if event.kind != "sxid" else None
         out.append(replace(event, gpu=gpu, fresh=fresh))
-    return tuple(out)
+    return tuple(reversed(out))
 
 
 def last_seq(text: str) -> int:
