@@ -141,6 +141,10 @@ def test_remedies_by_class_and_finding():
     assert remedy_for(parse(REASONS[5]), opts)[0] is None
     xid48 = reasons.render(TAG, "health", [Finding("health", "xid", "48", "none", "")])
     assert remedy_for(parse(xid48), opts)[0] == "escalate"
+    # A reboot resets the NVSwitches and brings a GPU back on the bus.
+    for finding in (Finding("health", "sxid", "nvswitch1 20034 fatal", "none", ""),
+                    Finding("health", "fallen_off_bus", "0000:18:00", "on the bus", "", gpu=5)):
+        assert remedy_for(parse(reasons.render(TAG, "health", [finding])), opts)[0] == "reboot"
 
 
 def test_rollout_takes_in_service_nodes_canary_first():
