@@ -263,11 +263,21 @@ def test_nccl_info_lines_interleaved_with_the_table():
     ("nid006352: Test NCCL failure common.cu:958 'invalid usage (run with NCCL_DEBUG=WARN for details)",
      "nid006352: Test NCCL failure common.cu:958 'invalid usage (run with NCCL_DEBUG.."),
     (" .. gpu-1-1 pid 1234: Test failure common.cu:893", ".. gpu-1-1 pid 1234: Test failure common.cu:893"),
+    # nccl-tests -T 60: its own deadline (common.cu testStreamSynchronize)
+    ("gpu-1-1: Test timeout (60s) common.cu:389", "gpu-1-1: Test timeout (60s) common.cu:389"),
 ])
 def test_failure_lines_are_errors(line, shown):
     run = parse_nccl_tests(sample(NVLINK) + line + "\n")
     assert run.errors == (line.strip(),)
     assert judge_smoke(run, 0, False, H100_MIN).problem == "nccl error: " + shown
+
+
+@pytest.mark.parametrize("value", ["nan", "-nan", "inf"])
+def test_an_average_that_is_not_a_number_is_no_average(value):
+    # no row ran: nccl-tests divides by a zero count (NVIDIA/nccl-tests issue #294)
+    run = parse_nccl_tests(_with_footer(sample(GH200), "# Avg bus bandwidth    : %s " % value))
+    assert run.avg_busbw_gbps is None and len(run.rows) == 28
+    assert judge_smoke(run, 0, False, None).problem == "no result: no avg busbw"
 
 
 def test_two_tables_in_one_output_take_the_lowest_average():
@@ -356,6 +366,12 @@ _ROW = st.builds(
     st.sampled_from(["-1", "0", ""]), st.lists(_NUMS, min_size=6, max_size=18))
 _LINES = st.one_of(
     _ROW,
+    st.sampled_from([  # real rows: clean, corrupt, unchecked (-c 0), older layout
+        "           1             1      int8     sum      -1    26.95    0.00    0.00       0    22.40    0.00    0.00       0",
+        "     2097152       2097152      int8     sum      -1  6249.20    0.34    0.63   18134  6142.32    0.34    0.64    9609",
+        "  1073741824     268435456     float     sum      -1   4367.9  245.83  368.74     N/A   4366.8  245.89  368.83     N/A",
+        "        4096          1024     float     sum    93.73    0.04    0.09  1e-06    93.15    0.04    0.09  1e-06",
+    ]),
     st.sampled_from([
         "# nccl-tests version 2.18.3 nccl-headers=23004 nccl-library=23004",
         "# Collective test starting: all_reduce_perf",
@@ -385,6 +401,23 @@ def test_valid_looking_text_passes_only_with_a_proven_result(lines, code, timed_
         assert all(r.oop_wrong in (0, None) and r.ip_wrong in (0, None) for r in run.rows)
         assert want is None or run.avg_busbw_gbps >= want
         assert run.min_bw_verdict is not False and not run.out_of_bounds
+
+
+@given(st.lists(st.tuples(st.integers(1, 2**33), st.floats(0, 999, allow_nan=False)), min_size=1, max_size=8),
+       st.floats(0, 999, allow_nan=False), st.floats(0, 999, allow_nan=False), st.sampled_from(sorted(PREFIXES)))
+@PROPS
+def test_a_clean_checked_result_passes_exactly_when_fast_enough(values, avg, want, style):
+    # the other side of the properties above: they would hold for a judge that never passes
+    lines = ["%12d  %12d  %8s  %6s  %6d  %7.1f  %6.2f  %6.2f  %6d  %7.1f  %6.2f  %6.2f  %6d" % (
+        size, size // 4, "float", "sum", -1, 10.0, busbw / 2, busbw, 0, 11.0, busbw / 2, busbw, 0)
+        for size, busbw in values]
+    lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : %g " % avg, "#"]
+    text = prefixed("\n".join(lines) + "\n", PREFIXES[style](0))
+    run = parse_nccl_tests(text)
+    verdict = judge_smoke(run, 0, False, want)
+    assert verdict.passed == (float("%g" % avg) >= want)
+    assert verdict.passed or verdict.problem.startswith("busbw=")
+    assert judge_smoke(run, 0, False, None).passed
 
 
 @given(st.sampled_from(sorted(PREFIXES)), st.integers(0, 4095))

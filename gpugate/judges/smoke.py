@@ -61,8 +61,8 @@ def gbps(value: float, down: bool = False) -> str:
 def first_error(errors: Tuple[str, ...]) -> str:
     """The most telling error line, shortened: an NCCL WARN carries the cause,
     "Test NCCL failure" the error name, "Test failure" only a source line."""
-    for marker in ("NCCL WARN", "Test NCCL failure", "Test CUDA failure", "NCCL failure", "CUDA failure",
-                   "Cuda failure"):
+    for marker in ("NCCL WARN", "Test NCCL failure", "Test CUDA failure", "Test timeout", "NCCL failure",
+                   "CUDA failure", "Cuda failure"):
         for line in errors:
             at = line.find(marker)
             if at >= 0:

@@ -21,6 +21,11 @@ common.cu, and captures in the project's samples):
   Open MPI --tag-output ("[1,0]<stdout>:"), MPICH/Intel MPI -prepend-rank
   ("[0] "), and pdsh/clush-style "host: " before a table or "#" line.
 
+"Out of bounds values" counts results (a size, in or out of place) with any
+wrong element.  The ncclGetLastError() text nccl-tests prints last (bare, or
+"# error: ..." in the newest) is not an error line: a run that completed may
+leave a warning there.
+
 Several tables in one output (a non-MPI binary started once per rank)
 accumulate: the rows of all, the lowest average, the sum of out-of-bounds
 counts, FAILED if any MIN_BW verdict failed.
@@ -53,11 +58,15 @@ _WORD = Lazy(r"^[A-Za-z][A-Za-z0-9_]{0,31}$")
 _ROOT = Lazy(r"^-?[0-9]{1,9}$")
 _STAMP = Lazy(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 _OOB = Lazy(r"^#\s*Out of bounds values\s*:\s*([0-9]{1,20})\s*(OK|FAILED)?\s*$")
-_AVG = Lazy(r"^#\s*Avg bus bandwidth\s*:\s*(%s|nan|-?inf)\s*(OK|FAILED)?\s*$" % _NUM, re.I)
+_AVG = Lazy(r"^#\s*Avg bus bandwidth\s*:\s*(%s|-?nan|-?inf)\s*(OK|FAILED)?\s*$" % _NUM, re.I)
 _TESTS_VERSION = Lazy(r"^#\s*nccl-tests version \S+ nccl-headers=([0-9]{1,9}) nccl-library=([0-9]{1,9})")
 _NCCL_VERSION = Lazy(r"\bNCCL version ([0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,4})")
 _TEST_NAME = Lazy(r"^#\s*Collective test (starting|concluded): ([A-Za-z0-9_.-]{1,64})\s*$")
-_ERROR = Lazy(r"NCCL WARN|(?:Test )?(?:NCCL|CUDA|Cuda) failure|\bTest failure\b")
+# nccl-tests' NCCLCHECK/CUDACHECK ("host: Test NCCL failure common.cu:1057
+# 'internal error / '"), the unwinding "Test failure", its -T deadline
+# ("host: Test timeout (60s) common.cu:N"), older "NCCL failure"/"Cuda failure",
+# and NCCL's own warnings (printed with NCCL_DEBUG=WARN or INFO).
+_ERROR = Lazy(r"NCCL WARN|(?:Test )?(?:NCCL|CUDA|Cuda) failure|\bTest (?:failure|timeout)\b")
 
 
 @dataclass(frozen=True)
@@ -233,7 +242,7 @@ def parse_nccl_tests(text: str) -> NcclRun:
             continue
         match = _AVG.match(body)
         if match:
-            value = _float(match.group(1))  # nan/inf read as no average
+            value = _float(match.group(1))  # nan/inf (no row ran) read as no average
             if value is not None:
                 averages.append(value)
             if match.group(2):
