@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpugate.judges.smoke import SmokeVerdict, first_error, gbps, judge_smoke
-from gpugate.parsers.nccl import NcclRow, NcclRun, parse_nccl_tests
+from gpugate.parsers.nccl import MAX_ERRORS, NcclRow, NcclRun, parse_nccl_tests
 
 SAMPLES = "/work/shared/samples"
 PROPS = settings(max_examples=150, deadline=None)
@@ -362,6 +362,12 @@ def test_an_average_that_is_not_a_number_is_no_average(value):
     run = parse_nccl_tests(_with_footer(sample(GH200), "# Avg bus bandwidth    : %s " % value))
     assert run.avg_busbw_gbps is None and len(run.rows) == 28
     assert judge_smoke(run, 0, False, None).problem == "no result: no avg busbw"
+
+
+def test_a_long_log_keeps_the_first_errors_and_skips_huge_lines():
+    abort = sample(SHARP).splitlines(True)
+    run = parse_nccl_tests("".join(abort * 100) + "x" * 5000 + " NCCL WARN in a dumped environment\n")
+    assert len(run.errors) == MAX_ERRORS and run.errors[:5] == parse_nccl_tests(sample(SHARP)).errors
 
 
 def test_two_tables_in_one_output_take_the_lowest_average():

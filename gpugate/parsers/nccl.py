@@ -161,6 +161,8 @@ def _side(tokens: List[str], counts: Optional[bool]):
 
 
 def _row(line: str, counts: Optional[bool]) -> Optional[NcclRow]:
+    if not line[:1].isdigit():  # stripped: a row starts with its size (most log lines do not)
+        return None
     tokens = line.split()
     if len(tokens) < 12 or len(tokens) > 40:
         return None
@@ -226,7 +228,7 @@ def parse_nccl_tests(text: str) -> NcclRun:
         body = line.strip()
         if not body:
             continue
-        if _ERROR.search(body):
+        if ("WARN" in body or "failure" in body or "timeout" in body) and _ERROR.search(body):  # cheap test first
             if len(errors) < MAX_ERRORS:
                 errors.append(body)
             continue
@@ -234,7 +236,7 @@ def parse_nccl_tests(text: str) -> NcclRun:
             row = _row(body, counts)
             if row is not None:
                 rows.append(row)
-            elif info_version is None:
+            elif info_version is None and "NCCL version" in body:
                 match = _NCCL_VERSION.search(body)
                 info_version = match.group(1) if match else None
             continue
@@ -263,8 +265,8 @@ def parse_nccl_tests(text: str) -> NcclRun:
             test = test or match.group(2)
             concluded = concluded or match.group(1) == "concluded"
             continue
-        match = _NCCL_VERSION.search(body)
-        if match and info_version is None:
+        match = _NCCL_VERSION.search(body) if info_version is None else None
+        if match:
             info_version = match.group(1)
     return NcclRun(
         test=test,
