@@ -247,6 +247,28 @@ class SimNvml(StateAccess):
     def nvmlDeviceGetPersistenceMode(self, handle):
         return int(self._get(self._gpu("nvmlDeviceGetPersistenceMode", handle), "persistence"))
 
+    # Runtime settings (`nvidia-smi -c`, `-pl`): they do not survive a reset.
+    def nvmlDeviceGetComputeMode(self, handle):
+        return int(self._get(self._gpu("nvmlDeviceGetComputeMode", handle), "compute_mode"))
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        return int(self._get(self._gpu("nvmlDeviceGetPowerManagementLimit", handle), "power_limit_mw"))
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        # The lower of the limit and any out-of-band cap (e.g. the BMC's).
+        gpu = self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return int(gpu.get("enforced_power_limit_mw") or self._get(gpu, "power_limit_mw"))
+
+    def _power_limits(self, name, handle):
+        limits = self._get(self._gpu(name, handle), "power_limits_mw")
+        return [int(v) for v in limits]  # [min, max, default]
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle):
+        return self._power_limits("nvmlDeviceGetPowerManagementLimitConstraints", handle)[:2]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle):
+        return self._power_limits("nvmlDeviceGetPowerManagementDefaultLimit", handle)[2]
+
     def nvmlDeviceGetMigMode(self, device):
         current, pending = self._get(self._gpu("nvmlDeviceGetMigMode", device), "mig")
         return [int(current), int(pending)]

@@ -25,6 +25,10 @@ State (the "nvml" part of a node's model; JSON types only)::
           "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
           "clock_event_reasons": 0,           # bitmask, e.g. 0x8 HW slowdown
           "persistence": 1,
+          "compute_mode": 0 | null,           # NVML_COMPUTEMODE_* (0 default, 2 prohibited, 3 exclusive process)
+          "power_limit_mw": 700000 | null,    # nvmlDeviceGetPowerManagementLimit (what `nvidia-smi -pl` set)
+          "power_limits_mw": [200000, 700000, 700000] | null,  # [min, max, default]
+          "enforced_power_limit_mw": null,    # optional: an out-of-band cap below the limit
           "mig": [0, 0] | null,               # [current, pending]
           "fabric_state": 3 | null,           # NVML_GPU_FABRIC_STATE_*
           "recovery_action": 0 | null,        # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
