@@ -51,8 +51,9 @@ def class_rank(name: str) -> int:
 # count, product, MIG, persistence or other runtime setting a nodeset
 # names), or says gpugate could not tell (probe): a wrong baseline or
 # gpugate.toml could raise those on every node at once, so they drain only
-# within the partition's drain budget (gpugate.budget).  Keyed by (class, component): the component alone
-# decides, so a reason read back from Slurm is classified the same way.
+# within the partition's drain budget (gpugate.budget).  Keyed by (class,
+# component): the component alone decides, so a reason read back from Slurm
+# is classified the same way.
 ACUTE = {
     HEALTH: frozenset({
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
