@@ -147,12 +147,18 @@ _HEALTH = Table({
     "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
 })
 
+COMPUTE_MODES = ("default", "exclusive_process", "prohibited")  # nvidia-smi -c; EXCLUSIVE_THREAD is gone
+
 _NODESET = Table({
     "gpus": (Int(0, 64), None),
     "product": (Str("NVIDIA H100 80GB HBM3"), None),
     "nvswitch": (Bool(), None),
     "mig": (Bool(), None),
     "persistence": (Bool(), None),
+    # Runtime settings a reset loses (gpugate.judges.settings).
+    "compute_mode": (Choice(*COMPUTE_MODES), None),
+    "power_limit_watts": (Int(1, 5000), None),
+    "ecc": (Bool(), None),
 })
 
 _BASELINE = Table({
@@ -193,6 +199,9 @@ class NodeExpect:
     nvswitch: Optional[bool] = None
     mig: Optional[bool] = None
     persistence: Optional[bool] = None
+    compute_mode: Optional[str] = None
+    power_limit_watts: Optional[int] = None
+    ecc: Optional[bool] = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class ProbeFailure:
 
 
 UNCHECKED = "unchecked"
+NOT_READ = ProbeFailure("nvml", UNCHECKED, "not read by this gpugate version")
 
 
 def failed(value: Any) -> bool:
@@ -94,6 +95,12 @@ class GpuFacts:
     fabric_state: Any  # int (NVML_GPU_FABRIC_STATE_*), None when unsupported
     recovery_action: Any  # int (0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset), None
     processes: Any = ()  # tuple of pids holding the GPU (compute)
+    # Runtime settings (gpugate.judges.settings).  Facts written before they
+    # were read decode as "not read", never as a value.
+    compute_mode: Any = field(default_factory=lambda: NOT_READ)  # int NVML_COMPUTEMODE_*, None unsupported
+    power_limit_mw: Any = field(default_factory=lambda: NOT_READ)  # int, None unsupported
+    ecc_pending: Any = field(default_factory=lambda: NOT_READ)  # bool (mode after the next reset), None
+    mig_pending: Any = field(default_factory=lambda: NOT_READ)  # bool, None
 
 
 @dataclass(frozen=True)

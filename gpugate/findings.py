@@ -48,11 +48,12 @@ def class_rank(name: str) -> int:
 # Acute findings: intrinsic events of this node (a hardware fault, a stack
 # that fails on its own), which drain at once.  Every other finding compares
 # the node with what a file expects (versions, packages, services, the GPU
-# count, product, MIG or persistence a nodeset names), or says gpugate could
-# not tell (probe): a wrong baseline or gpugate.toml could raise those on
-# every node at once, so they drain only within the partition's drain
-# budget (gpugate.budget).  Keyed by (class, component): the component alone
-# decides, so a reason read back from Slurm is classified the same way.
+# count, product, MIG, persistence or other runtime setting a nodeset
+# names), or says gpugate could not tell (probe): a wrong baseline or
+# gpugate.toml could raise those on every node at once, so they drain only
+# within the partition's drain budget (gpugate.budget).  Keyed by (class,
+# component): the component alone decides, so a reason read back from Slurm
+# is classified the same way.
 ACUTE = {
     HEALTH: frozenset({
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",

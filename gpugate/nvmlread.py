@@ -74,12 +74,15 @@ def _gpu(nvml, index, processes):
         h = nvml.nvmlDeviceGetHandleByIndex(index)
     except nvml.NVMLError as exc:
         fail = _failure("handle", nvml, exc)
-        return GpuFacts(index, *([fail] * 18), processes=fail)
+        return GpuFacts(index, *([fail] * 18), processes=fail, compute_mode=fail, power_limit_mw=fail,
+                        ecc_pending=fail, mig_pending=fail)
 
     def get(name, fn, unsupported=None):
         return _call(nvml, name, fn, unsupported)
 
     unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    ecc = get("ecc_mode", lambda: nvml.nvmlDeviceGetEccMode(h))  # [current, pending]
+    mig = get("mig", lambda: nvml.nvmlDeviceGetMigMode(h))
     return GpuFacts(
         index=index,
         name=get("name", lambda: _text(nvml.nvmlDeviceGetName(h))),
@@ -88,7 +91,7 @@ def _gpu(nvml, index, processes):
         pci_bus_id=get("pci", lambda: _text(nvml.nvmlDeviceGetPciInfo(h).busId)),
         vbios=get("vbios", lambda: _text(nvml.nvmlDeviceGetVbiosVersion(h))),
         gsp_firmware=get("gsp", lambda: _text(nvml.nvmlDeviceGetGspFirmwareVersion(h)) or None),
-        ecc_enabled=get("ecc_mode", lambda: bool(nvml.nvmlDeviceGetEccMode(h)[0])),
+        ecc_enabled=_mode(ecc, 0),
         ecc_uncorrected_volatile=get("ecc_volatile", lambda: int(
             nvml.nvmlDeviceGetTotalEccErrors(h, unc, nvml.NVML_VOLATILE_ECC))),
         ecc_uncorrected_aggregate=get("ecc_aggregate", lambda: int(
@@ -102,12 +105,23 @@ def _gpu(nvml, index, processes):
                                       int(nvml.nvmlDeviceGetMaxPcieLinkWidth(h)))),
         clock_event_reasons=get("clocks", lambda: int(nvml.nvmlDeviceGetCurrentClocksEventReasons(h))),
         persistence_mode=get("persistence", lambda: bool(nvml.nvmlDeviceGetPersistenceMode(h))),
-        mig_enabled=get("mig", lambda: bool(nvml.nvmlDeviceGetMigMode(h)[0])),
+        mig_enabled=_mode(mig, 0),
         fabric_state=get("fabric", lambda: _fabric_state(nvml, h)),
         recovery_action=get("recovery", lambda: _recovery(nvml, h)),
         processes=get("processes", lambda: tuple(p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(h)),
                       ()) if processes else (),
+        # Two calls more per GPU (ECC and MIG pending come with their modes).
+        compute_mode=get("compute_mode", lambda: int(nvml.nvmlDeviceGetComputeMode(h))),
+        power_limit_mw=get("power_limit", lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(h))),
+        ecc_pending=_mode(ecc, 1),
+        mig_pending=_mode(mig, 1),
     )
+
+
+def _mode(pair, which):
+    """Current (0) or pending (1) of an [current, pending] answer; None
+    (not supported) and failures pass through."""
+    return bool(pair[which]) if isinstance(pair, list) else pair
 
 
 def _call(nvml, name, fn, unsupported=None):

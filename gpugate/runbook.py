@@ -59,6 +59,20 @@ _BY_COMPONENT = {
     "uncovered": ["no [nodes.\"...\"] section of the baseline names this node, so gpugate does not know "
                   "what it should look like: add it to a section's hostlist (gpugate baseline check "
                   "new-baseline.toml shows the effect first); the drain clears itself on the next check"],
+    # Runtime settings (judges/settings.py): config management must set them at every boot.
+    "compute_mode": ["the GPU's compute mode differs from the nodeset's compute_mode: nvidia-smi -i N -c "
+                     "DEFAULT|EXCLUSIVE_PROCESS|PROHIBITED (no reset needed); a reset or reboot loses it, so "
+                     "make the node's config management set it at boot; \"not supported\": the pin does not "
+                     "fit this GPU, fix the baseline"],
+    "power_limit": ["the GPU's power limit differs from the nodeset's power_limit_watts: nvidia-smi -i N -pl "
+                    "WATTS (within `nvidia-smi -q -d POWER` min/max; lost at reset, so set it at boot); "
+                    "\"not supported\": the pin does not fit this GPU, fix the baseline"],
+    "ecc_mode": ["ECC mode differs from the nodeset's ecc: nvidia-smi -i N -e 1|0 sets the pending mode, a "
+                 "GPU reset (nvidia-smi -r -i N) or reboot applies it; \"pending\" in the finding means "
+                 "that was set and only the reset is missing (or that the next reset will change it)"],
+    "mig": ["MIG mode differs from the nodeset's mig: nvidia-smi -i N -mig 1|0, then a GPU reset "
+            "(nvidia-smi -r -i N) or reboot applies it; recreate the GPU/compute instances after"],
+    "persistence": ["persistence mode is off: nvidia-smi -pm 1 (or enable nvidia-persistenced)"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],
 }

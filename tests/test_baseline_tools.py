@@ -73,7 +73,8 @@ def test_capture_from_healthy_sim_node(tmp_path):
     assert dict(captured.pin.vbios) == dict(demo.pin.vbios)
     assert "gsp_firmware = " not in text  # it equals the driver: the default says so
     assert asdict(captured.expect_for("gpu01")) == {"gpus": 8, "product": H100, "nvswitch": True,
-                                                    "mig": False, "persistence": True}
+                                                    "mig": False, "persistence": True, "ecc": True,
+                                                    "compute_mode": "default", "power_limit_watts": 700}
     assert captured.previous is None and captured.rollout_in_progress is False
     assert captured.health == parse_baseline({"pin": {"driver": "1"}}, "defaults").health
 
@@ -301,7 +302,8 @@ def test_diff_vbios_previous_rollout_and_removed_nodeset():
                         {"component": "vbios[NVIDIA H200]", "old": None, "new": "97.00.01.00.01"}]
     assert d["previous"] == [{"component": "dcgm", "old": "4.1.1", "new": "4.1.2"}]
     assert d["rollout"] == {"old": False, "new": True}
-    shape = {"gpus": 8, "product": H100, "nvswitch": True, "mig": False, "persistence": True}
+    shape = {"gpus": 8, "product": H100, "nvswitch": True, "mig": False, "persistence": True,
+             "ecc": True, "compute_mode": "default", "power_limit_watts": 700}
     assert d["nodesets"] == [{"nodes": "gpu[01-99]", "change": "removed", "old": shape, "new": None},
                              {"nodes": "gpu[01-50]", "change": "added", "old": None, "new": shape}]
     assert d["health"] == [{"key": "xid_actions.120", "old": "reboot", "new": "rma"}]

@@ -44,6 +44,9 @@ def test_every_finding_a_file_can_cause_is_budgeted_whatever_its_class():
                     Finding(BROKEN, "fabricmanager", "inactive", "active", RELOAD_OR_REBOOT),
                     Finding(DRIFT, "driver", "550.54.15", "580.65.06", RECONVERGE),
                     Finding(DRIFT, "mig", "on", "off", RECONVERGE, gpu=1),
+                    Finding(DRIFT, "ecc_mode", "on, pending off", "on", RECONVERGE, gpu=1),
+                    Finding(DRIFT, "compute_mode", "prohibited", "default", RECONVERGE, gpu=1),
+                    Finding(DRIFT, "power_limit", "not supported", "700 W", RECONVERGE, gpu=1),
                     Finding(PROBE, "dcgm_diag", "timed out", "answer", INVESTIGATE),
                     Finding(HEALTH, "a_component_nobody_listed", "x", "y", INVESTIGATE)):
         assert budget.applies(_verdict(finding)), finding

@@ -76,6 +76,9 @@ def gpu_state(index=0, **changes):
         "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
         "clock_event_reasons": 0,
         "persistence": 1,
+        "compute_mode": 0,
+        "power_limit_mw": 700000,
+        "power_limits_mw": [200000, 700000, 700000],
         "mig": [0, 0],
         "fabric_state": 3,
         "recovery_action": 0,
@@ -606,4 +609,27 @@ def test_import_is_light():
     code = ("import sys, json; import pynvml; before = set(sys.modules); "
             "import gpugate.sim.nvml; print(json.dumps(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["gpugate", "gpugate.sim", "gpugate.sim.nvml"]
+    # The stand-in's own two modules (the surface and its state/rules), nothing else.
+    assert json.loads(out.stdout) == ["gpugate", "gpugate.sim", "gpugate.sim.nvml", "gpugate.sim.nvml_state"]
+
+
+def test_runtime_settings_read_as_the_real_calls_return_them():
+    state = node_state()
+    state["gpus"][0].update(compute_mode=pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, power_limit_mw=500000,
+                            ecc_mode=[1, 0], mig=[0, 1])
+    nv = started(state)
+    h = gpu0(nv)
+    assert nv.nvmlDeviceGetComputeMode(h) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == 3
+    assert nv.nvmlDeviceGetPowerManagementLimit(h) == 500000  # milliwatts
+    assert nv.nvmlDeviceGetEnforcedPowerLimit(h) == 500000
+    assert nv.nvmlDeviceGetPowerManagementLimitConstraints(h) == [200000, 700000]
+    assert nv.nvmlDeviceGetPowerManagementDefaultLimit(h) == 700000
+    assert nv.nvmlDeviceGetEccMode(h) == [1, 0] and nv.nvmlDeviceGetMigMode(h) == [0, 1]  # [current, pending]
+    state["gpus"][0]["enforced_power_limit_mw"] = 450000  # an out-of-band cap
+    assert nv.nvmlDeviceGetEnforcedPowerLimit(h) == 450000
+    # A GPU without the feature says NotSupported, as the real driver does.
+    state["gpus"][1].update(compute_mode=None, power_limit_mw=None, power_limits_mw=None)
+    other = nv.nvmlDeviceGetHandleByIndex(1)
+    for fn in (nv.nvmlDeviceGetComputeMode, nv.nvmlDeviceGetPowerManagementLimit,
+               nv.nvmlDeviceGetEnforcedPowerLimit, nv.nvmlDeviceGetPowerManagementLimitConstraints):
+        raises_code(pynvml.NVML_ERROR_NOT_SUPPORTED, fn, other)

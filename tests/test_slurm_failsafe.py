@@ -84,6 +84,16 @@ def test_a_wrong_gpu_count_for_every_node_drains_only_the_budget(cluster, good):
     assert _drained(cluster, "gpugate: health gpu_count") == drained
 
 
+def test_a_wrong_runtime_setting_pin_for_every_node_drains_only_the_budget(cluster, good):
+    """`compute_mode = "prohibited"` pushed where every GPU runs in default
+    mode: drift read through NVML on every node, budgeted (issue 14)."""
+    assert 'compute_mode = "default"' in good
+    _push(cluster, good.replace('compute_mode = "default"', 'compute_mode = "prohibited"', 1))
+    results = _everyone(cluster)
+    assert all(r.returncode == 1 for r, _ in results.values())
+    _bounded(cluster, "gpugate: drift compute_mode=default (want prohibited)")
+
+
 @pytest.mark.slow  # the same protocol as the GPU-count case: CI runs it with -m slow
 def test_persistenced_required_where_none_runs_drains_only_the_budget(cluster, good):
     """A site that keeps persistence mode with `nvidia-smi -pm 1`, not the

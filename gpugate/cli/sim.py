@@ -70,16 +70,18 @@ def sim_set(fleet, nodes, assignments):
       gpugate sim set /tmp/fleet gpu003 gpu.3.xid=79 gpu.3.ecc.uncorrected.volatile=2
       gpugate sim set /tmp/fleet gpu004 sxid=20034 sxid=12028:nonfatal@2
       gpugate sim set /tmp/fleet gpu004 'kmsg=NVRM: GPU 0000:1b:00.0: GPU has fallen off the bus.'
+      gpugate sim set /tmp/fleet gpu002 compute_mode=prohibited gpu.1.power_limit=500 gpu.2.ecc.pending=0
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
       dcgm.health dcgm.diag_fail=GPU[:msg] gpus pci.gpus nvml.init_error nvml.hang
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
       sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE
+      compute_mode power_limit (every GPU; watts)
       gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
-      lost,hang,nvml_error.<nvmlFunction>}
+      mig.pending,ecc,ecc.pending,compute_mode,power_limit,lost,hang,nvml_error.<nvmlFunction>}
     """
     from ..sim import fleet as simfleet
     from ..sim import keys

@@ -181,7 +181,7 @@ def _capture_shape(facts: Mapping) -> Tuple[Dict[str, object], Dict[str, str]]:
     skipped: Dict[str, str] = {}
     nvml = facts.get("nvml")
     if _error(nvml) or not isinstance(nvml, Mapping):
-        for key in ("gpus", "product", "mig", "persistence"):
+        for key in ("gpus", "product", "mig", "persistence") + _SETTINGS:
             skipped[key] = _error(nvml) or "NVML unreadable"
     else:
         gpus = [g for g in nvml.get("gpus") or () if isinstance(g, Mapping)]
@@ -213,13 +213,39 @@ def _capture_shape(facts: Mapping) -> Tuple[Dict[str, object], Dict[str, str]]:
             shape["persistence"] = all(persistence)
         else:
             skipped["persistence"] = "unreadable" if gpus else "no GPUs"
+        _capture_settings(gpus, shape, skipped)
     switches = facts.get("pci_nvswitches")
     if isinstance(switches, int) and not isinstance(switches, bool):
         shape["nvswitch"] = switches > 0
     else:
         skipped["nvswitch"] = "lspci: %s" % (_error(switches) or "unreadable")
-    order = ("gpus", "product", "nvswitch", "mig", "persistence")
+    order = ("gpus", "product", "nvswitch", "mig", "persistence") + _SETTINGS
     return {k: shape[k] for k in order if k in shape}, skipped
+
+
+_SETTINGS = ("ecc", "compute_mode", "power_limit_watts")
+
+
+def _capture_settings(gpus, shape, skipped) -> None:
+    """ECC, compute mode and power limit, when every GPU reads the same."""
+    from ..baseline import COMPUTE_MODES
+    from ..judges.settings import COMPUTE_MODE_NAMES
+
+    modes = [COMPUTE_MODE_NAMES.get(g.get("compute_mode")) for g in gpus]
+    limits = [g.get("power_limit_mw") for g in gpus]
+    for key, values, ok in (
+            ("ecc", [g.get("ecc_enabled") for g in gpus], lambda v: isinstance(v, bool)),
+            ("compute_mode", modes, lambda v: v in COMPUTE_MODES),
+            ("power_limit_watts", [round(v / 1000) if isinstance(v, int) else None for v in limits],
+             lambda v: isinstance(v, int) and v > 0)):
+        if not gpus:
+            skipped[key] = "no GPUs"
+        elif not all(ok(v) for v in values):
+            skipped[key] = "unsupported or unreadable on a GPU"
+        elif len(set(values)) > 1:
+            skipped[key] = "the GPUs differ: %s" % ", ".join(str(v) for v in values)
+        else:
+            shape[key] = values[0]
 
 
 def _stamp(at) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ..baseline import CLOCK_REASONS
 from ..facts import ProbeFailure, failed
-from ..findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT,
+from ..findings import (BROKEN, HEALTH, INVESTIGATE, REBOOT,
                         RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
-from . import xids
+from . import settings, xids
 from .common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
@@ -91,11 +91,7 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
     if policy.recovery_action and isinstance(action, int) and action in _RECOVERY:
         said, todo = _RECOVERY[action]
         out.append(Finding(HEALTH, "recovery", said, "none", todo, gpu=i))
-    if expect.persistence and gpu.persistence_mode is False:
-        out.append(Finding(DRIFT, "persistence", "off", "on", RECONVERGE, gpu=i))
-    if expect.mig is not None and isinstance(gpu.mig_enabled, bool) and gpu.mig_enabled != expect.mig:
-        out.append(Finding(DRIFT, "mig", "on" if gpu.mig_enabled else "off", "on" if expect.mig else "off",
-                           RECONVERGE, gpu=i))
+    out += settings.judge(expect, gpu)
     procs = gpu.processes
     if policy.leftover_processes == "drain" and facts.mode == "epilog" and isinstance(procs, tuple) and procs:
         out.append(Finding(BROKEN, "processes", "%d left (pid %s)" % (len(procs), procs[0]), "none", REBOOT, gpu=i))

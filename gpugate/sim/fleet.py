@@ -84,6 +84,8 @@ def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
     nvswitch = bool(expect.nvswitch)
     gpus = [_gpu(node, i, product, pin.vbios.get(product, DEFAULT_VBIOS), gsp, nvswitch, seq)
             for i in range(count)]
+    for gpu in gpus:
+        apply_settings(gpu, expect, reset=True)
     return {
         "node": node,
         "nvml": {"init_error": None, "hang": None, "driver": driver, "cuda": _cuda_int(pin.cuda_driver),
@@ -122,9 +124,25 @@ def _gpu(node: str, i: int, product: str, vbios: str, gsp: str, nvswitch: bool, 
         "nvlink": [1] * 18 if nvswitch else [],
         "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
         "clock_event_reasons": 0, "persistence": 1, "mig": [0, 0],
+        "compute_mode": 0, "power_limit_mw": 700000, "power_limits_mw": [200000, 700000, 700000],
         "fabric_state": 3 if nvswitch else None, "recovery_action": 0, "processes": [],
         "lost": False, "errors": {},
     }
+
+
+def apply_settings(gpu: Dict[str, Any], expect, reset: bool = False) -> None:
+    """What config management sets where the nodeset pins it: compute mode
+    and power limit at once; ECC and MIG pending until the next GPU reset
+    (``reset``: one has happened since, as for a node set up before its boot)."""
+    if expect.compute_mode is not None:
+        gpu["compute_mode"] = {"default": 0, "prohibited": 2, "exclusive_process": 3}[expect.compute_mode]
+    if expect.power_limit_watts is not None:
+        gpu["power_limit_mw"] = expect.power_limit_watts * 1000
+    for key, pin in (("ecc_mode", expect.ecc), ("mig", expect.mig)):
+        if pin is not None and gpu.get(key):
+            gpu[key][1] = int(pin)
+            if reset:
+                gpu[key][0] = int(pin)
 
 
 def _cuda_int(text: Optional[str]) -> int:
@@ -208,6 +226,7 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
         if gpu["name"] in pin.vbios:
             gpu["vbios"] = pin.vbios[gpu["name"]]
         gpu["persistence"] = 1
+        apply_settings(gpu, target.expect_for(model["node"]))
     if pin.cuda_driver:
         model["nvml"]["cuda"] = _cuda_int(pin.cuda_driver)
     if pin.kernel:

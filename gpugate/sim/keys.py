@@ -118,6 +118,9 @@ def reboot(m: Dict[str, Any]) -> None:
         if gpu.get("remapped_rows"):
             gpu["remapped_rows"][2] = 0
         gpu["recovery_action"] = 0
+        for key in ("ecc_mode", "mig"):  # a pending mode takes effect at the reset
+            if gpu.get(key):
+                gpu[key][0] = gpu[key][1]
         gpu["processes"] = []
         gpu["lost"] = False
         gpu["hang"] = None
@@ -160,6 +163,42 @@ def _gpu_persistence(gpu, value, model, index):
     gpu["persistence"] = _flag(value)
 
 
+_COMPUTE_MODES = {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+
+
+def _compute_mode(value):
+    if value in _COMPUTE_MODES:
+        return _COMPUTE_MODES[value]
+    if value.lower() in ("none", "unsupported"):
+        return None
+    raise ConfigError("compute_mode: expected one of %s or none, got %r" % (", ".join(_COMPUTE_MODES), value))
+
+
+def _watts(value):
+    # nvidia-smi -pl takes watts; NVML keeps milliwatts.
+    if value.lower() in ("none", "unsupported"):
+        return None
+    try:
+        return int(round(float(value) * 1000))
+    except ValueError:
+        raise ConfigError("power_limit: expected watts (e.g. 700 or 612.5) or none, got %r" % value) from None
+
+
+def _gpu_mode_pair(key, which):
+    """ECC or MIG: which 0 sets the mode now and pending (as after a reset),
+    1 only the pending mode (as `nvidia-smi -e/-mig` before the reset)."""
+    def setter(gpu, value, model, index):
+        if value.lower() in ("none", "unsupported"):
+            gpu[key] = None
+            return
+        pair = gpu.get(key) or [0, 0]
+        pair[which] = _flag(value)
+        if which == 0:
+            pair[1] = pair[0]
+        gpu[key] = pair
+    return setter
+
+
 GPU_KEYS: Dict[str, Callable] = {
     "vbios": _gpu_path("vbios", convert=str),
     "gsp": _gpu_path("gsp", convert=_optional),
@@ -179,7 +218,12 @@ GPU_KEYS: Dict[str, Callable] = {
     "clocks": _gpu_clocks,
     "processes": _gpu_processes,
     "persistence": _gpu_persistence,
-    "mig": _gpu_path("mig", 0, convert=_flag),
+    "mig": _gpu_mode_pair("mig", 0),
+    "mig.pending": _gpu_mode_pair("mig", 1),
+    "ecc": _gpu_mode_pair("ecc_mode", 0),
+    "ecc.pending": _gpu_mode_pair("ecc_mode", 1),
+    "compute_mode": _gpu_path("compute_mode", convert=_compute_mode),
+    "power_limit": _gpu_path("power_limit_mw", convert=_watts),
     "lost": _gpu_path("lost", convert=lambda v: bool(_flag(v))),
     "hang": _gpu_path("hang", convert=_optional),
     "nvml_error": None,  # handled below: gpu.N.nvml_error.<function>=code
@@ -226,6 +270,8 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "reboot": lambda m, v: reboot(m) if _flag(v) else None,
     "sxid": _append_sxid,
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
+    "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
+    "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
 }
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
