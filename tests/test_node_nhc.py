@@ -63,3 +63,20 @@ def test_no_time_left_runs_nothing_and_is_not_a_pass(tmp_path):
     marker = tmp_path / "ran"
     outcome = nhc.run(_settings(tmp_path, "touch %s\n" % marker), "gpu01", False, time.monotonic() + 0.5)
     assert outcome["result"] == nhc.NOT_RUN and not marker.exists()
+
+
+def test_metric_names_the_last_nhc_result_only_when_nhc_runs():
+    from gpugate.baseline import load_baseline
+    from gpugate.facts import NodeFacts
+    from gpugate.metrics import NHC_RESULTS, node_families, render
+    from gpugate.verdict import decide
+
+    from conftest import DEMO_BASELINE
+
+    assert NHC_RESULTS == (nhc.PASSED, nhc.FAILED, nhc.TIMED_OUT, nhc.NOT_RUN)
+    baseline = load_baseline(DEMO_BASELINE)
+    verdict, facts = decide([], "gpugate:"), NodeFacts(node="gpu01", mode="healthcheck", collected_at=0.0)
+    text = render(node_families("gpu01", verdict, facts, baseline, nhc=nhc.TIMED_OUT))
+    assert 'gpugate_nhc_result{result="timed out"} 1' in text
+    assert 'gpugate_nhc_result{result="passed"} 0' in text
+    assert "gpugate_nhc_result" not in render(node_families("gpu01", verdict, facts, baseline))

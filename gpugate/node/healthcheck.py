@@ -42,7 +42,8 @@ def run(settings, node: str, record: dict) -> int:
             from ..metrics import write_node_textfile
 
             write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts, judged.baseline,
-                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")))
+                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")),
+                                nhc=(nhc_outcome or {}).get("result", ""))
         _log_fields(record, judged, outcome)
         return judged.verdict.exit_code
 

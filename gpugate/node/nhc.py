@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 
-PASSED, FAILED, TIMED_OUT, NOT_RUN = "passed", "failed", "timed out", "not run"
+PASSED, FAILED, TIMED_OUT, NOT_RUN = "passed", "failed", "timed out", "not run"  # as metrics.NHC_RESULTS
 # Below this there is no point starting NHC: it counts as not answered.
 _MIN_SECONDS = 1.0
 _OUTPUT = 300
