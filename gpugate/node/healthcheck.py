@@ -2,7 +2,9 @@
 
 One run at a time (a run that finds another in progress exits quietly), one
 time budget well under slurmd's 60 s kill, drain when unfit, and a local
-record of facts and verdict for the prolog to reuse."""
+record of facts and verdict for the prolog to reuse.  With [nhc] set, the
+site's NHC runs between judging and acting, in its share of the budget
+(gpugate.node.nhc)."""
 
 import os
 import time
@@ -11,10 +13,9 @@ from ..findings import PROBE
 from ..judges import lost
 from ..probes import files
 from ..verdict import decide
-from . import state as st
+from . import nhc, state as st
 from .act import act
 from .hold import HELD
-from . import nhc
 from .check import ACT_RESERVE, run_check
 from .lastgood import load_baseline
 from .lock import RunLock
