@@ -162,6 +162,8 @@ def test_nhc_hanging_is_killed_in_time_gpugate_still_checks(nhc_cluster):
 @pytest.mark.slow
 def test_gpugate_probe_drain_waits_for_failing_nhc(nhc_cluster):
     c = nhc_cluster
+    _flag(c, "fail", "gpu01", False)  # the first case's fault, should this run alone
+    c.wait_for(lambda: c.state("gpu01") == "idle", 3 * INTERVAL + 15, "gpu01 in service")
     dcgmi = os.path.join(c.fleet, "gpu01", "bin", "dcgmi")
     os.rename(dcgmi, dcgmi + ".away")
     reason = _drained_with(c, "gpu01", "gpugate: probe dcgm=missing")
