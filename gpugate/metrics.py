@@ -135,7 +135,8 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          [("gpugate_check_duration_seconds", {}, round(max(facts.durations.values() or [0.0]), 4))]),
     ]
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
-        families.append(("gpugate_nhc_result", "gauge", "1 for the last result of the site's NHC run by the health check.",
+        families.append(("gpugate_nhc_result", "gauge",
+                         "1 for the last result of the site's NHC run by the health check.",
                          [("gpugate_nhc_result", {"result": r}, 1 if r == nhc else 0) for r in NHC_RESULTS]))
     return families
 

@@ -95,7 +95,8 @@ def _act(settings, node: str, j: _Judged, deadline: float, nhc_outcome) -> dict:
     if j.verdict.fit and nhc_outcome is not None and nhc_outcome["result"] != nhc.PASSED:
         # NHC fails (or did not answer): a drain of ours stays until it
         # passes, so the node never opens between the two tools' lifts.
-        return {"action": "none", "ok": True, "applied": True, "why": "NHC %s: gpugate lifts no drain this run" % nhc_outcome["result"]}
+        return {"action": "none", "ok": True, "applied": True,
+                "why": "NHC %s: gpugate lifts no drain this run" % nhc_outcome["result"]}
     # Without a record (first run, wiped state dir) ask Slurm once,
     # unless slurmd already says the node is in service.
     return act(settings, node, j.verdict, check_fit=not j.last, deadline=deadline, spread=True,
