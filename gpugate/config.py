@@ -159,6 +159,9 @@ _CONFIG = Table({
                                  "root's (chown root F; chmod go-w F) and delete this key"), None),
     "drain_budget": (_DRAIN_BUDGET, lambda: _DRAIN_BUDGET.check({}, "drain_budget")),
     "sweep": (_SWEEP, lambda: _SWEEP.check({}, "sweep")),
+    # The site's LBNL NHC, run inside the health check (gpugate.node.nhc); off when empty.
+    "nhc": (Table({"command": (_ARGV, ()), "timeout_seconds": (Number(1, 3600), 20.0)}),
+            lambda: {"command": (), "timeout_seconds": 20.0}),
 })
 
 
@@ -183,6 +186,7 @@ class Settings:
     sim_fleet: str
     sweep: Mapping[str, object] = None
     drain_budget: Mapping[str, object] = None
+    nhc: Mapping[str, object] = None
     source: str = ""
     last_good_dir: str = ""  # node-side runs: where the last good copies are kept (node.lastgood)
 
@@ -225,7 +229,7 @@ def parse_settings(data: object, source: str) -> Settings:
         verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
-        sweep=raw["sweep"], drain_budget=raw["drain_budget"],
+        sweep=raw["sweep"], drain_budget=raw["drain_budget"], nhc=raw["nhc"],
         source=source)
 
 

@@ -98,14 +98,18 @@ def component_states(verdict, facts, baseline, expect) -> dict:
     return out
 
 
-def node_families(node: str, verdict, facts, baseline, held: bool = False, config_error: bool = False) -> list:
+NHC_RESULTS = ("passed", "failed", "timed out", "not run")  # gpugate.node.nhc
+
+
+def node_families(node: str, verdict, facts, baseline, held: bool = False, config_error: bool = False,
+                  nhc: str = "") -> list:
     states = component_states(verdict, facts, baseline, baseline.expect_for(node))
     classes = {f.cls for f in verdict.findings}
 
     def per_component(name, state):
         return [(name, {"component": c}, 1 if s == state else 0) for c, s in sorted(states.items())]
 
-    return [
+    families = [
         ("gpugate_node_fit", "gauge", "1 when the node passed its last gpugate health check.",
          [("gpugate_node_fit", {}, 1 if verdict.fit else 0)]),
         ("gpugate_node_unfit", "gauge", "1 for each class of finding present on the node.",
@@ -135,6 +139,11 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
     ]
+    if nhc:  # [nhc] configured: what the site's NHC said in the last health check
+        families.append(("gpugate_nhc_result", "gauge",
+                         "1 for the last result of the site's NHC run by the health check.",
+                         [("gpugate_nhc_result", {"result": r}, 1 if r == nhc else 0) for r in NHC_RESULTS]))
+    return families
 
 
 def kernel_log_samples(events) -> list:
@@ -146,8 +155,8 @@ def kernel_log_samples(events) -> list:
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
-                        config_error: bool = False) -> None:
-    text = render(node_families(node, verdict, facts, baseline, held, config_error))
+                        config_error: bool = False, nhc: str = "") -> None:
+    text = render(node_families(node, verdict, facts, baseline, held, config_error, nhc))
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
         with open(tmp, "w") as handle:

@@ -78,6 +78,8 @@ def fragment(config: Optional[str], release_text: str = "22.05") -> str:
 {note}{missing}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
 # pings; it gets no PATH and is killed at {kill}; gpugate keeps
 # its own budget (budgets.healthcheck, default 40 s) and locks against overlap.
+# LBNL NHC: set [nhc] command in gpugate.toml and gpugate runs it within that
+# budget (README "Running with NHC"); not a second HealthCheckProgram line.
 HealthCheckProgram={hc}
 HealthCheckInterval=300
 # Accepted here: {states}

@@ -2,7 +2,9 @@
 
 One run at a time (a run that finds another in progress exits quietly), one
 time budget well under slurmd's 60 s kill, drain when unfit, and a local
-record of facts and verdict for the prolog to reuse."""
+record of facts and verdict for the prolog to reuse.  With [nhc] set, the
+site's NHC runs between judging and acting, in its share of the budget
+(gpugate.node.nhc)."""
 
 import os
 import time
@@ -11,10 +13,10 @@ from ..findings import PROBE
 from ..judges import lost
 from ..probes import files
 from ..verdict import decide
-from . import state as st
+from . import nhc, state as st
 from .act import act
 from .hold import HELD
-from .check import run_check
+from .check import ACT_RESERVE, run_check
 from .lastgood import load_baseline
 from .lock import RunLock
 from .slurmd_limits import slurm_node_is_healthy
@@ -25,7 +27,30 @@ _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
 
 def run(settings, node: str, record: dict) -> int:
     started = time.monotonic()
-    state_dir = settings.state_dir(node)
+    lock = _take_lock(settings.state_dir(node), record)
+    if lock is None:
+        record.update(verdict="skipped", why="previous health check still running")
+        return 0
+    with lock:
+        settings = _within_slurmd_timeout(settings, record)
+        # Every Slurm call below ends by this deadline (slurmd kills the run soon after).
+        deadline = started + float(settings.budgets["healthcheck"])
+        judged = _judge(_nhc_share(settings), node, record)
+        nhc_outcome = _run_nhc(settings, node, judged, deadline, record)
+        outcome = _act(settings, node, judged, deadline, nhc_outcome)
+        _save_state(settings, node, judged, outcome, record)
+        if settings.prometheus_textfile:
+            from ..metrics import write_node_textfile
+
+            write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts, judged.baseline,
+                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")),
+                                nhc=(nhc_outcome or {}).get("result", ""))
+        _log_fields(record, judged, outcome)
+        return judged.verdict.exit_code
+
+
+def _take_lock(state_dir: str, record: dict):
+    """The run lock, or None when another run holds it."""
     lock = RunLock(os.path.join(state_dir, "healthcheck.lock"))
     try:
         held = lock.acquire()
@@ -33,83 +58,123 @@ def run(settings, node: str, record: dict) -> int:
         # A full or read-only state directory must not switch the check off.
         record["state_error"] = "no lock: %s" % exc
         held = True
-    if not held:
-        record.update(verdict="skipped", why="previous health check still running")
-        return 0
-    with lock:
-        settings = _within_slurmd_timeout(settings, record)
-        in_service = slurm_node_is_healthy(os.environ)
-        if in_service is not None:
-            record["slurm_in_service"] = in_service
-        baseline = load_baseline(settings, record)
-        last_path = os.path.join(state_dir, st.LAST)
-        last = st.read_json(last_path) or {}
-        boot_id = files.boot_id(settings.node_root(node))
-        cursor = last.get("kmsg_cursor", -1) if last.get("boot_id") == boot_id else -1
-        # Every Slurm call below ends by this deadline (slurmd kills the run soon after).
-        deadline = started + float(settings.budgets["healthcheck"])
-        expected_gpus = baseline.expect_for(node).gpus
-        result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor,
-                           extra=lambda facts: lost.judge(last.get("gpus_high"), expected_gpus, facts))
-        verdict, in_grace = _boot_grace(settings, result)
-        if in_grace and verdict.fit:
-            # Only transient-looking findings: report, but neither drain nor
-            # undrain, and do not let the prolog reuse this as "fit".
-            outcome = {"action": "none", "ok": True, "applied": False, "why": "boot grace"}
-        else:
-            # Without a record (first run, wiped state dir) ask Slurm once,
-            # unless slurmd already says the node is in service.
-            outcome = act(settings, node, verdict, check_fit=not last, deadline=deadline, spread=True,
-                          in_service=in_service)
-        facts = result.facts
-        new_state = {
-            "at": time.time(), "node": node, "boot_id": boot_id if isinstance(boot_id, str) else None,
-            # Advance the kernel-log cursor only once the verdict is applied: a
-            # drain Slurm did not take, or one an admin's drain stands in for,
-            # is retried from the same Xids (within the policy's window).
-            "kmsg_cursor": facts.kernel_log_seq if outcome["ok"] and outcome.get("applied", True) else cursor,
-            "fit": verdict.fit and not in_grace, "class": verdict.cls, "reason": verdict.reason,
-            "findings": [f.to_json() for f in verdict.findings],
-            "pending": [f.to_json() for f in verdict.notes],
-            "not_verified": [f.to_json() for f in verdict.not_verified],
-            "pending_drain": not verdict.fit and not outcome["ok"],
-            "held": outcome["action"] == HELD,
-            "pending_reason": verdict.reason if not verdict.fit and not outcome["ok"] else None,
-            "baseline_sig": st.file_signature(settings.baseline),
-            "config_sig": st.file_signature(settings.source),
-            "resolved": baseline.resolved_for(node),
-            "gpus_high": lost.next_high(last.get("gpus_high"), expected_gpus, facts),
-            "facts": to_jsonable(facts),
-            "config_error": record.get("config_error"),
-        }
-        try:
-            st.write_json(last_path, new_state)
-        except OSError as exc:
-            # Full or read-only disk: the drain still stands in Slurm, but the
-            # prolog must not reuse an older "fit" record (unlinking needs no space).
-            record["state_error"] = str(exc)[:200]
-            try:
-                os.unlink(last_path)
-            except OSError:
-                pass
-        st.prune_jobs(state_dir, 30 * 86400, time.time())  # longer than any job's time limit
-        if settings.prometheus_textfile:
-            from ..metrics import write_node_textfile
+    return lock if held else None
 
-            write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
-                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")))
-        record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
-                      action=outcome["action"], rpc=outcome.get("rpc", False),
-                      durations={k: round(v, 3) for k, v in facts.durations.items()})
-        if in_grace:
-            record["boot_grace"] = True
-        if "jitter" in outcome:
-            record["jitter"] = outcome["jitter"]
-        if not outcome["ok"]:
-            record["slurm_error"] = outcome.get("error")
-        if outcome.get("why"):
-            record["why"] = outcome["why"]
-        return verdict.exit_code
+
+class _Judged:
+    """What one run found, and what it read to find it."""
+
+    __slots__ = ("baseline", "last", "last_path", "boot_id", "cursor", "in_service", "facts", "verdict",
+                 "in_grace", "expected_gpus")
+
+
+def _judge(settings, node: str, record: dict) -> _Judged:
+    j = _Judged()
+    j.in_service = slurm_node_is_healthy(os.environ)
+    if j.in_service is not None:
+        record["slurm_in_service"] = j.in_service
+    j.baseline = load_baseline(settings, record)
+    j.last_path = os.path.join(settings.state_dir(node), st.LAST)
+    j.last = st.read_json(j.last_path) or {}
+    j.boot_id = files.boot_id(settings.node_root(node))
+    j.cursor = j.last.get("kmsg_cursor", -1) if j.last.get("boot_id") == j.boot_id else -1
+    j.expected_gpus = j.baseline.expect_for(node).gpus
+    last_high = j.last.get("gpus_high")
+    result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor,
+                       extra=lambda facts: lost.judge(last_high, j.expected_gpus, facts))
+    j.facts = result.facts
+    j.verdict, j.in_grace = _boot_grace(settings, result)
+    return j
+
+
+def _act(settings, node: str, j: _Judged, deadline: float, nhc_outcome) -> dict:
+    if j.in_grace and j.verdict.fit:
+        # Only transient-looking findings: report, but neither drain nor
+        # undrain, and do not let the prolog reuse this as "fit".
+        return {"action": "none", "ok": True, "applied": False, "why": "boot grace"}
+    if j.verdict.fit and nhc_outcome is not None and nhc_outcome["result"] != nhc.PASSED:
+        # NHC fails (or did not answer): a drain of ours stays until it
+        # passes, so the node never opens between the two tools' lifts.
+        return {"action": "none", "ok": True, "applied": True,
+                "why": "NHC %s: gpugate lifts no drain this run" % nhc_outcome["result"]}
+    # Without a record (first run, wiped state dir) ask Slurm once,
+    # unless slurmd already says the node is in service.
+    return act(settings, node, j.verdict, check_fit=not j.last, deadline=deadline, spread=True,
+               in_service=j.in_service)
+
+
+def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) -> None:
+    verdict, facts = j.verdict, j.facts
+    new_state = {
+        "at": time.time(), "node": node, "boot_id": j.boot_id if isinstance(j.boot_id, str) else None,
+        # Advance the kernel-log cursor only once the verdict is applied: a
+        # drain Slurm did not take, or one an admin's drain stands in for,
+        # is retried from the same Xids (within the policy's window).
+        "kmsg_cursor": facts.kernel_log_seq if outcome["ok"] and outcome.get("applied", True) else j.cursor,
+        "fit": verdict.fit and not j.in_grace, "class": verdict.cls, "reason": verdict.reason,
+        "findings": [f.to_json() for f in verdict.findings],
+        "pending": [f.to_json() for f in verdict.notes],
+        "not_verified": [f.to_json() for f in verdict.not_verified],
+        "pending_drain": not verdict.fit and not outcome["ok"],
+        "held": outcome["action"] == HELD,
+        "pending_reason": verdict.reason if not verdict.fit and not outcome["ok"] else None,
+        "baseline_sig": st.file_signature(settings.baseline),
+        "config_sig": st.file_signature(settings.source),
+        "resolved": j.baseline.resolved_for(node),
+        "gpus_high": lost.next_high(j.last.get("gpus_high"), j.expected_gpus, facts),
+        "facts": to_jsonable(facts),
+        "config_error": record.get("config_error"),
+    }
+    try:
+        st.write_json(j.last_path, new_state)
+    except OSError as exc:
+        # Full or read-only disk: the drain still stands in Slurm, but the
+        # prolog must not reuse an older "fit" record (unlinking needs no space).
+        record["state_error"] = str(exc)[:200]
+        try:
+            os.unlink(j.last_path)
+        except OSError:
+            pass
+    st.prune_jobs(settings.state_dir(node), 30 * 86400, time.time())  # longer than any job's time limit
+
+
+def _log_fields(record: dict, j: _Judged, outcome: dict) -> None:
+    verdict = j.verdict
+    record.update(verdict="fit" if verdict.fit else "unfit", cls=verdict.cls, reason=verdict.reason,
+                  action=outcome["action"], rpc=outcome.get("rpc", False),
+                  durations={k: round(v, 3) for k, v in j.facts.durations.items()})
+    if j.in_grace:
+        record["boot_grace"] = True
+    if "jitter" in outcome:
+        record["jitter"] = outcome["jitter"]
+    if not outcome["ok"]:
+        record["slurm_error"] = outcome.get("error")
+    if outcome.get("why"):
+        record["why"] = outcome["why"]
+
+
+def _nhc_share(settings):
+    """With NHC configured, gpugate's own checks leave NHC its share of the
+    budget (at least half of it stays gpugate's)."""
+    if not nhc.configured(settings):
+        return settings
+    from dataclasses import replace
+
+    total = float(settings.budgets["healthcheck"])
+    own = max(total - float(settings.nhc["timeout_seconds"]), total / 2)
+    return replace(settings, budgets=dict(settings.budgets, healthcheck=own))
+
+
+def _run_nhc(settings, node: str, j: _Judged, deadline: float, record: dict):
+    """Run the site's NHC (None when not configured); its result goes to the
+    log line only, never into gpugate's verdict or reason."""
+    if not nhc.configured(settings):
+        return None
+    # While gpugate wants the node drained, NHC must not lift its own drain.
+    keep = not j.verdict.fit and not j.in_grace
+    outcome = nhc.run(settings, node, keep, deadline - ACT_RESERVE["healthcheck"] / 2)
+    record["nhc"] = outcome
+    return outcome
 
 
 def _within_slurmd_timeout(settings, record: dict):

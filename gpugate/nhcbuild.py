@@ -1,6 +1,7 @@
-"""LBNL NHC, the reference a site would otherwise run: installed from the
-vendored source (../shared/vendor/nhc-*.tar.gz) into a temporary prefix,
-with a trivial four-check nhc.conf.
+"""LBNL NHC from the vendored source (../shared/vendor/nhc-*.tar.gz),
+installed into a temporary prefix: the reference the prolog benchmark
+compares with (a trivial four-check nhc.conf), and the real NHC the tests run
+beside gpugate (tests/test_slurm_nhc.py).  Test and benchmark code only.
 
 NHC is bash scripts only: its `make install` (Makefile.am) copies `nhc` to
 sbin, the check scripts to etc/nhc/scripts and the helpers to libexec/nhc.
@@ -29,10 +30,11 @@ def vendored(root: str) -> str:
     return found[-1] if found else ""
 
 
-def install(tarball: str, prefix: str) -> list:
-    """Install NHC under ``prefix``; the argv that runs the trivial checks
-    as slurmd would run NHC as its HealthCheckProgram (no node marking:
-    gpugate's healthy path makes no controller call either)."""
+def install(tarball: str, prefix: str, checks: str = TRIVIAL_CHECKS, mark_offline: bool = False) -> list:
+    """Install NHC under ``prefix`` with ``checks`` as its nhc.conf; the argv
+    that runs them as slurmd would run NHC as its HealthCheckProgram.  No
+    node marking by default (gpugate's healthy path makes no controller call
+    either); mark_offline: NHC drains and resumes through its own helpers."""
     if not shutil.which("bash", path="/bin:/usr/bin"):
         raise RuntimeError("NHC needs bash")
     src = os.path.join(prefix, "src")
@@ -50,10 +52,10 @@ def install(tarball: str, prefix: str) -> list:
     for helper in glob.glob(os.path.join(top, "helpers", "node-mark-*")):
         _copy(helper, os.path.join(helpers, os.path.basename(helper)), 0o755)
     with open(os.path.join(conf, "nhc.conf"), "w") as handle:
-        handle.write(TRIVIAL_CHECKS)
+        handle.write(checks)
     return [os.path.join(prefix, "sbin", "nhc"), "-D", conf, "-c", os.path.join(conf, "nhc.conf"),
-            "-l", os.path.join(prefix, "nhc.log"), "HELPERDIR=" + helpers, "MARK_OFFLINE=0",
-            "RESULTFILE=" + os.path.join(prefix, "run", "nhc.status")]
+            "-l", os.path.join(prefix, "nhc.log"), "HELPERDIR=" + helpers,
+            "MARK_OFFLINE=%d" % bool(mark_offline), "RESULTFILE=" + os.path.join(prefix, "run", "nhc.status")]
 
 
 def _copy(source: str, target: str, mode: int) -> None:

@@ -1,0 +1,82 @@
+"""gpugate.node.nhc without Slurm: the argv, the result, and the kill of a
+hung NHC's whole session (a real bash child, like NHC itself)."""
+
+import os
+import time
+from dataclasses import replace
+
+from gpugate.config import parse_settings
+from gpugate.node import nhc
+
+
+def _settings(tmp_path, body, timeout=2.0):
+    script = tmp_path / "fake-nhc"
+    script.write_text("#!/bin/bash\n" + body)
+    script.chmod(0o755)
+    base = parse_settings({"nhc": {"command": [str(script), "HOSTNAME={node}"], "timeout_seconds": timeout}}, "(test)")
+    return replace(base, slurm=dict(base.slurm, slurm_conf=str(tmp_path / "slurm.conf")))
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_argv_names_the_node_and_keeps_nhc_from_lifting_when_asked(tmp_path):
+    settings = _settings(tmp_path, "exit 0\n")
+    assert nhc.argv(settings, "gpu07", False)[1:] == ["HOSTNAME=gpu07"]
+    assert nhc.argv(settings, "gpu07", True)[1:] == ["HOSTNAME=gpu07", "ONLINE_NODE=:"]
+    assert not nhc.configured(parse_settings({}, "(test)"))
+
+
+def test_pass_and_fail_with_nhc_output_and_slurm_environment(tmp_path):
+    passed = nhc.run(_settings(tmp_path, 'echo "$SLURM_CONF $SLURMD_NODENAME $1"\n'), "gpu01", False,
+                     time.monotonic() + 10)
+    assert passed["result"] == nhc.PASSED and passed["exit"] == 0 and "error" not in passed
+    failed = nhc.run(_settings(tmp_path, 'echo "ERROR:  nhc:  Health check failed:  $SLURM_CONF $SLURMD_NODENAME"\n'
+                               "exit 1\n"), "gpu01", False, time.monotonic() + 10)
+    assert failed["result"] == nhc.FAILED and failed["exit"] == 1
+    assert failed["error"] == "ERROR:  nhc:  Health check failed:  %s gpu01" % (tmp_path / "slurm.conf")
+
+
+def test_hung_nhc_is_killed_with_everything_in_its_session(tmp_path):
+    pids = tmp_path / "pids"
+    # A grandchild in a process group of its own, as NHC's watchdog is.
+    body = "set -m\nsleep 300 &\necho $! > %s\nset +m\nsleep 300\n" % pids
+    started = time.monotonic()
+    outcome = nhc.run(_settings(tmp_path, body, timeout=1.5), "gpu01", False, time.monotonic() + 30)
+    assert outcome["result"] == nhc.TIMED_OUT
+    assert outcome["error"] == "NHC timed out after 1.5 s (killed)"
+    assert time.monotonic() - started < 5
+    grandchild = int(pids.read_text())
+    for _ in range(50):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_no_time_left_runs_nothing_and_is_not_a_pass(tmp_path):
+    marker = tmp_path / "ran"
+    outcome = nhc.run(_settings(tmp_path, "touch %s\n" % marker), "gpu01", False, time.monotonic() + 0.5)
+    assert outcome["result"] == nhc.NOT_RUN and not marker.exists()
+
+
+def test_metric_names_the_last_nhc_result_only_when_nhc_runs():
+    from gpugate.baseline import load_baseline
+    from gpugate.facts import NodeFacts
+    from gpugate.metrics import NHC_RESULTS, node_families, render
+    from gpugate.verdict import decide
+
+    from conftest import DEMO_BASELINE
+
+    assert NHC_RESULTS == (nhc.PASSED, nhc.FAILED, nhc.TIMED_OUT, nhc.NOT_RUN)
+    baseline = load_baseline(DEMO_BASELINE)
+    verdict, facts = decide([], "gpugate:"), NodeFacts(node="gpu01", mode="healthcheck", collected_at=0.0)
+    text = render(node_families("gpu01", verdict, facts, baseline, nhc=nhc.TIMED_OUT))
+    assert 'gpugate_nhc_result{result="timed out"} 1' in text
+    assert 'gpugate_nhc_result{result="passed"} 0' in text
+    assert "gpugate_nhc_result" not in render(node_families("gpu01", verdict, facts, baseline))
