@@ -8,7 +8,7 @@ import os
 import time
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import lost
+from ..judges import hca, lost
 from ..probes import files
 from ..verdict import decide
 from . import state as st
@@ -50,7 +50,8 @@ def run(settings, node: str, record: dict) -> int:
         deadline = started + float(settings.budgets["healthcheck"])
         expected_gpus = baseline.expect_for(node).gpus
         result = run_check(settings, baseline, node, "healthcheck", xid_after=cursor,
-                           extra=lambda facts: lost.judge(last.get("gpus_high"), expected_gpus, facts))
+                           extra=lambda facts: lost.judge(last.get("gpus_high"), expected_gpus, facts)
+                           + hca.judge_history(last.get("ib"), facts, baseline.health.ib_counter_max))
         verdict, in_grace = _boot_grace(settings, result)
         if in_grace and verdict.fit:
             # Only transient-looking findings: report, but neither drain nor
@@ -79,6 +80,7 @@ def run(settings, node: str, record: dict) -> int:
             "config_sig": st.file_signature(settings.source),
             "resolved": baseline.resolved_for(node),
             "gpus_high": lost.next_high(last.get("gpus_high"), expected_gpus, facts),
+            "ib": hca.next_state(last.get("ib"), facts),  # ports seen ACTIVE, error counters
             "facts": to_jsonable(facts),
             "config_error": record.get("config_error"),
         }
