@@ -6,7 +6,7 @@ import pytest
 
 from gpugate import reason as reasons
 
-from .conftest import DEMO_BASELINE, make_cluster
+from conftest import DEMO_BASELINE, make_cluster
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 5
@@ -41,3 +41,12 @@ def test_hca_port_down_drains_with_the_port_in_the_reason(ibcluster):
     assert reasons.acute(reasons.parse(reason, "gpugate:"))  # outside the drain budget
     assert c.state("gpu02") == "idle" and c.reason("gpu02") == ""
     assert _fit_checks(c, "gpu02")  # its HCAs were read and judged fit
+
+
+def test_error_counter_burst_drains_between_two_checks(ibcluster):
+    c = ibcluster
+    seen = len(_fit_checks(c, "gpu02"))
+    c.wait_for(lambda: len(_fit_checks(c, "gpu02")) > seen, 2 * INTERVAL + 15, "another fit check on gpu02")
+    c.sim("set", "FLEET", "gpu02", "ib.mlx5_7.counter.symbol_error=+500")
+    c.wait_for(lambda: "drain" in c.state("gpu02"), 2 * INTERVAL + 15, "gpu02 drained")
+    assert c.reason("gpu02") == "gpugate: health ib_errors=mlx5_7/1 symbol_error +500 (want <= 10 per check)"
