@@ -137,8 +137,14 @@ _HEALTH = Table({
     # DCGM refuses its diagnostic on MIG GPUs: "skip" reports it not run (never a pass).
     "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
     # Most an IB error counter may grow between two health checks (gpugate.judges.hca).
-    "ib_counter_max": (MapOf(Int(0)), lambda: dict(DEFAULT_IB_COUNTER_MAX)),
+    "ib_counter_max": (MapOf(Int(0), lambda k: None if k in IB_COUNTERS else
+                             "unknown IB error counter; known: %s" % ", ".join(IB_COUNTERS)), dict),
 })
+# The IB error counters (ports/N/counters, IBTA PortCounters) gpugate reads.
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+               "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+               "excessive_buffer_overrun_errors", "VL15_dropped")
 DEFAULT_IB_COUNTER_MAX = {"symbol_error": 10, "link_error_recovery": 3, "link_downed": 1, "port_rcv_errors": 10,
                           "port_rcv_remote_physical_errors": 10, "local_link_integrity_errors": 3,
                           "excessive_buffer_overrun_errors": 10}
@@ -340,6 +346,7 @@ def parse_baseline(data: object, source: str) -> Baseline:
                           "baseline the fleet is leaving" % source)
     health = dict(raw["health"])
     health["xid_actions"] = dict(health["xid_actions"])
+    health["ib_counter_max"] = dict(DEFAULT_IB_COUNTER_MAX, **health["ib_counter_max"])  # a key overrides its default
     return Baseline(name=raw["name"], pin=pin, previous=previous,
                     rollout_in_progress=raw["rollout"]["in_progress"],
                     nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),

@@ -306,3 +306,14 @@ def test_audit_shows_hca_firmware_per_type_like_vbios(tmp_path):
                     ("MT4129", "28.39.1002", ("gpu02",), "DRIFT"),
                     ("MT41692", "32.38.3056", ("gpu01", "gpu02"), "unpinned")]
     assert "hca_firmware [MT4129]" in to_text(audit)
+
+
+def test_baseline_counter_limits_merge_with_the_defaults_and_refuse_unknown_counters():
+    from gpugate.errors import ConfigError
+
+    b = parse_baseline({"pin": {"driver": "1.0"}, "health": {"ib_counter_max": {"symbol_error": 3}}}, "b.toml")
+    assert b.health.ib_counter_max["symbol_error"] == 3 and b.health.ib_counter_max["link_downed"] == 1
+    with pytest.raises(ConfigError, match="ib_counter_max.symbol_errors: unknown IB error counter"):
+        parse_baseline({"pin": {"driver": "1.0"}, "health": {"ib_counter_max": {"symbol_errors": 3}}}, "b.toml")
+    with pytest.raises(ConfigError, match="link_layer"):
+        parse_baseline({"pin": {"driver": "1.0"}, "nodes": {"gpu1": {"hca": {"link_layer": "RoCE"}}}}, "b.toml")

@@ -68,6 +68,7 @@ def sim_set(fleet, nodes, assignments):
     Examples:
       gpugate sim set /tmp/fleet 'gpu[002-003]' driver=550.54.15
       gpugate sim set /tmp/fleet gpu003 gpu.3.xid=79 gpu.3.ecc.uncorrected.volatile=2
+      gpugate sim set /tmp/fleet gpu004 ib.mlx5_4.state=DOWN imex.domain=DEGRADED
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
@@ -77,6 +78,8 @@ def sim_set(fleet, nodes, assignments):
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
       lost,hang,nvml_error.<nvmlFunction>}
+      ib.<dev>.{state=ACTIVE|DOWN|POLLING|INIT,rate,link_layer,fw,gone=1,counter.<name>=N|+N}
+      (nodesets with an [hca] table) imex.{service,domain,installed,peer.<address>} (imex = true)
     """
     from ..sim import fleet as simfleet
     from ..sim import keys

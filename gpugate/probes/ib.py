@@ -6,6 +6,7 @@ ProbeFailure in its field, never a healthy-looking value."""
 
 import os
 
+from ..baseline import IB_COUNTERS
 from ..errors import ParseError
 from ..facts import ProbeFailure
 from ..parsers import ib as parse
@@ -13,12 +14,7 @@ from ..toolfacts import Hca, HcaPort
 from .files import read_text
 
 CLASS_DIR = "/sys/class/infiniband"
-# The IB error counters (ports/N/counters, IBTA PortCounters) worth judging;
-# data and packet counters are not kept (they would bloat the state file).
-ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-                  "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
-                  "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
-                  "excessive_buffer_overrun_errors", "VL15_dropped")
+ERROR_COUNTERS = IB_COUNTERS  # only these are kept: data and packet counters would bloat the state file
 
 
 def _value(root: str, rel: str, source: str, convert):
