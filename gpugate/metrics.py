@@ -129,7 +129,30 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          [("gpugate_last_check_timestamp_seconds", {}, round(time.time(), 3))]),
         ("gpugate_check_duration_seconds", "gauge", "Wall time of the slowest probe of the last check.",
          [("gpugate_check_duration_seconds", {}, round(max(facts.durations.values() or [0.0]), 4))]),
-    ]
+    ] + hca_families(facts)
+
+
+def hca_families(facts) -> list:
+    """Per HCA port: up (ACTIVE/LinkUp), rate and the raw error counters (a
+    counter: rate() them in Prometheus).  None when the HCAs were not read."""
+    hcas = getattr(facts, "hcas", None)
+    if not isinstance(hcas, tuple) or not hcas:
+        return []
+    up, rate, errors = [], [], []
+    for hca in hcas:
+        for port in hca.ports:
+            if failed(port):
+                continue
+            labels = {"device": hca.name, "port": str(port.port)}
+            up.append(("gpugate_ib_port_up", labels, 1 if (port.state, port.phys_state) == ("ACTIVE", "LinkUp") else 0))
+            if isinstance(port.rate, float):
+                rate.append(("gpugate_ib_port_rate_gbps", labels, port.rate))
+            for name, value in sorted((port.counters or {}).items()):
+                if isinstance(value, int):
+                    errors.append(("gpugate_ib_port_errors_total", dict(labels, counter=name), value))
+    return [("gpugate_ib_port_up", "gauge", "1 when the HCA port is ACTIVE/LinkUp (/sys/class/infiniband).", up),
+            ("gpugate_ib_port_rate_gbps", "gauge", "The HCA port's rate in Gb/s.", rate),
+            ("gpugate_ib_port_errors_total", "counter", "The HCA port's IB error counters as read.", errors)]
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,

@@ -317,3 +317,74 @@ def test_baseline_counter_limits_merge_with_the_defaults_and_refuse_unknown_coun
         parse_baseline({"pin": {"driver": "1.0"}, "health": {"ib_counter_max": {"symbol_errors": 3}}}, "b.toml")
     with pytest.raises(ConfigError, match="link_layer"):
         parse_baseline({"pin": {"driver": "1.0"}, "nodes": {"gpu1": {"hca": {"link_layer": "RoCE"}}}}, "b.toml")
+
+
+def test_node_metrics_per_hca_port(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpugate.metrics import hca_families, render
+
+    hcas = read_hcas(_ibstat_root(tmp_path, "h100-roce400-cx7-2ports-down-disabled"))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(render(hca_families(_facts(hcas)))) for s in fam.samples}
+    assert samples[("gpugate_ib_port_up", (("device", "mlx5_5"), ("port", "1")))] == 0
+    assert samples[("gpugate_ib_port_up", (("device", "mlx5_0"), ("port", "1")))] == 1
+    assert samples[("gpugate_ib_port_rate_gbps", (("device", "mlx5_1"), ("port", "1")))] == 100
+    assert hca_families(_facts(None)) == []
+    text = render(hca_families(_facts(read_hcas(_sysfs_root(tmp_path / "s")))))
+    assert 'gpugate_ib_port_errors_total{counter="link_downed",device="mlx5_1",port="1"} 255' in text
+
+
+def test_simulated_imex_members_only(tmp_path):
+    import json
+
+    from conftest import gpugate_cmd
+
+    base = tmp_path / "baseline.toml"
+    base.write_text('[pin]\ndriver = "580.65.06"\n[nodes."gpu[01-03]"]\ngpus = 8\n'
+                    '[nodes."gpu[01-02]"]\nimex = true\n')
+    fleet = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", fleet, "--nodes", "gpu[01-03]", "--baseline", str(base)).returncode == 0
+    assert gpugate_cmd("sim", "set", fleet, "gpu01", "imex.domain=DOWN", "imex.peer.10.0.0.2=unavailable").returncode == 0
+    assert gpugate_cmd("sim", "set", fleet, "gpu02", "imex.installed=0").returncode == 0
+    bad = gpugate_cmd("sim", "set", fleet, "gpu03", "imex.domain=DOWN")
+    assert bad.returncode == 2 and "not an IMEX member" in bad.stderr
+
+    def check(node):
+        out = gpugate_cmd("check", "--sim", fleet, "--node", node, "--json")
+        return json.loads(out.stdout)
+
+    one = check("gpu01")
+    assert [(f["class"], f["component"], f["observed"]) for f in one["findings"]] == [
+        ("health", "imex_domain", "DOWN")]
+    assert "10.0.0.2 UNAVAILABLE" in one["findings"][0]["detail"]
+    assert one["reason"] == "gpugate: health imex_domain=DOWN (want UP)"
+    assert [(f["class"], f["component"]) for f in check("gpu02")["findings"]] == [("probe", "imex")]
+    three = check("gpu03")  # not a member: never asked, no tool installed
+    assert three["fit"] and three["facts"]["imex"] is None and three["facts"]["hcas"] == []
+    assert not os.path.exists(os.path.join(fleet, "gpu03", "bin", "nvidia-imex-ctl"))
+
+
+def test_simulated_hca_keys_change_the_sysfs_tree(tmp_path):
+    import json
+
+    from conftest import gpugate_cmd
+
+    base = tmp_path / "baseline.toml"
+    base.write_text('[pin]\ndriver = "580.65.06"\n[pin.hca_firmware]\nMT4129 = "28.41.1000"\n'
+                    '[nodes."gpu01"]\ngpus = 8\nhca = { count = 8, types = ["MT4129"], rate = 400 }\n')
+    fleet = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", fleet, "--nodes", "gpu01", "--baseline", str(base)).returncode == 0
+    healthy = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--json").stdout)
+    assert healthy["fit"] and len(healthy["facts"]["hcas"]) == 9
+    assert gpugate_cmd("sim", "set", fleet, "gpu01", "ib.mlx5_0.gone=1", "ib.mlx5_1.rate=200",
+                       "ib.mlx5_4.fw=28.39.1002").returncode == 0
+    bad = gpugate_cmd("sim", "set", fleet, "gpu01", "ib.mlx5_77.state=DOWN")
+    assert bad.returncode == 2 and "no HCA 'mlx5_77'" in bad.stderr
+    root = os.path.join(fleet, "gpu01", "root", "sys", "class", "infiniband")
+    assert not os.path.exists(os.path.join(root, "mlx5_0"))
+    with open(os.path.join(root, "mlx5_1", "ports", "1", "rate")) as handle:
+        assert handle.read() == "200 Gb/sec (4X HDR)\n"
+    found = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--json").stdout)["findings"]
+    assert sorted((f["component"], f["observed"]) for f in found) == [
+        ("hca_count", "7"), ("hca_firmware", "MT4129 28.39.1002"), ("hca_rate", "mlx5_1/1 200Gb/s")]
