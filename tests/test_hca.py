@@ -335,16 +335,23 @@ def test_node_metrics_per_hca_port(tmp_path):
     assert 'gpugate_ib_port_errors_total{counter="link_downed",device="mlx5_1",port="1"} 255' in text
 
 
+def _sim_fleet(tmp_path, nodes, baseline_text):
+    """A simulated fleet made with this baseline (`gpugate sim init`)."""
+    from conftest import gpugate_cmd
+
+    base = tmp_path / "baseline.toml"
+    base.write_text('[pin]\ndriver = "580.65.06"\n' + baseline_text)
+    fleet = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", fleet, "--nodes", nodes, "--baseline", str(base)).returncode == 0
+    return fleet
+
+
 def test_simulated_imex_members_only(tmp_path):
     import json
 
     from conftest import gpugate_cmd
 
-    base = tmp_path / "baseline.toml"
-    base.write_text('[pin]\ndriver = "580.65.06"\n[nodes."gpu[01-03]"]\ngpus = 8\n'
-                    '[nodes."gpu[01-02]"]\nimex = true\n')
-    fleet = str(tmp_path / "fleet")
-    assert gpugate_cmd("sim", "init", fleet, "--nodes", "gpu[01-03]", "--baseline", str(base)).returncode == 0
+    fleet = _sim_fleet(tmp_path, "gpu[01-03]", '[nodes."gpu[01-03]"]\ngpus = 8\n[nodes."gpu[01-02]"]\nimex = true\n')
     assert gpugate_cmd("sim", "set", fleet, "gpu01", "imex.domain=DOWN", "imex.peer.10.0.0.2=unavailable").returncode == 0
     assert gpugate_cmd("sim", "set", fleet, "gpu02", "imex.installed=0").returncode == 0
     bad = gpugate_cmd("sim", "set", fleet, "gpu03", "imex.domain=DOWN")
@@ -370,11 +377,8 @@ def test_simulated_hca_keys_change_the_sysfs_tree(tmp_path):
 
     from conftest import gpugate_cmd
 
-    base = tmp_path / "baseline.toml"
-    base.write_text('[pin]\ndriver = "580.65.06"\n[pin.hca_firmware]\nMT4129 = "28.41.1000"\n'
-                    '[nodes."gpu01"]\ngpus = 8\nhca = { count = 8, types = ["MT4129"], rate = 400 }\n')
-    fleet = str(tmp_path / "fleet")
-    assert gpugate_cmd("sim", "init", fleet, "--nodes", "gpu01", "--baseline", str(base)).returncode == 0
+    fleet = _sim_fleet(tmp_path, "gpu01", '[pin.hca_firmware]\nMT4129 = "28.41.1000"\n[nodes."gpu01"]\n'
+                       'gpus = 8\nhca = { count = 8, types = ["MT4129"], rate = 400 }\n')
     healthy = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--json").stdout)
     assert healthy["fit"] and len(healthy["facts"]["hcas"]) == 9
     assert gpugate_cmd("sim", "set", fleet, "gpu01", "ib.mlx5_0.gone=1", "ib.mlx5_1.rate=200",
