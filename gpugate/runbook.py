@@ -62,7 +62,8 @@ _BY_COMPONENT = {
                      "-u, then mlxfwreset or a reboot) in the converge, then verify"],
     "imex_domain": ["the IMEX domain is not UP: nvidia-imex-ctl -N shows which member is not READY "
                     "(the finding names it); fix that node (its nvidia-imex service, its "
-                    "/etc/nvidia-imex/nodes_config.cfg); the other members clear by themselves"],
+                    "/etc/nvidia-imex/nodes_config.cfg); once the domain is UP, gpugate sweep verifies and resumes the "
+                    "members drained for it (members the drain budget held were never drained)"],
     "imex_service": ["this node's IMEX service is not READY: systemctl status nvidia-imex, "
                      "/var/log/nvidia-imex.log, /etc/nvidia-imex/config.cfg and nodes_config.cfg"],
 }

@@ -392,3 +392,15 @@ def test_simulated_hca_keys_change_the_sysfs_tree(tmp_path):
     found = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--json").stdout)["findings"]
     assert sorted((f["component"], f["observed"]) for f in found) == [
         ("hca_count", "7"), ("hca_firmware", "MT4129 28.39.1002"), ("hca_rate", "mlx5_1/1 200Gb/s")]
+
+
+def test_simulated_converge_flashes_the_pinned_hca_firmware():
+    from gpugate.sim import fleet as simfleet
+
+    base = _baseline({"count": 8, "types": ["MT4129"]}, pin={"hca_firmware": {"MT4129": "28.41.1000"}})
+    model = simfleet.new_model("gpu01", base)
+    model["ib"][0]["fw_ver"] = "28.39.1002"
+    model["ib"][1]["ports"][0]["state"] = "1: DOWN"
+    simfleet.converge(model, base)
+    assert {h["fw_ver"] for h in model["ib"] if h["hca_type"] == "MT4129"} == {"28.41.1000"}
+    assert model["ib"][1]["ports"][0]["state"] == "1: DOWN"  # a link fault is not software

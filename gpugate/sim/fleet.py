@@ -229,6 +229,7 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
         version = pin.get(role)
         if version and model["packages"].get(role):
             model["packages"][role]["version"] = version
+    sim_ib.converge(model, pin)
     model["dkms"] = True
     for unit in model["services"]:
         if unit == "nvidia-fabricmanager" and model["packages"].get("fabricmanager"):

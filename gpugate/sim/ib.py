@@ -45,6 +45,12 @@ def new_hcas(expect, pin) -> Optional[List[Dict[str, Any]]]:
     return hcas
 
 
+def converge(model: Dict[str, Any], pin) -> None:
+    """The converge flashes the pinned HCA firmware (mlxfwmanager); link faults stay."""
+    for hca in model.get("ib") or ():
+        hca["fw_ver"] = pin.hca_firmware.get(hca["hca_type"], hca["fw_ver"])
+
+
 def new_imex(node: str, expect) -> Optional[Dict[str, Any]]:
     if not expect.imex:
         return None
