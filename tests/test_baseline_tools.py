@@ -73,7 +73,7 @@ def test_capture_from_healthy_sim_node(tmp_path):
     assert dict(captured.pin.vbios) == dict(demo.pin.vbios)
     assert "gsp_firmware = " not in text  # it equals the driver: the default says so
     assert asdict(captured.expect_for("gpu01")) == {"gpus": 8, "product": H100, "nvswitch": True,
-                                                    "mig": False, "persistence": True}
+                                                    "mig": False, "persistence": True, "hca": None, "imex": None}
     assert captured.previous is None and captured.rollout_in_progress is False
     assert captured.health == parse_baseline({"pin": {"driver": "1"}}, "defaults").health
 

@@ -404,3 +404,22 @@ def test_simulated_converge_flashes_the_pinned_hca_firmware():
     simfleet.converge(model, base)
     assert {h["fw_ver"] for h in model["ib"] if h["hca_type"] == "MT4129"} == {"28.41.1000"}
     assert model["ib"][1]["ports"][0]["state"] == "1: DOWN"  # a link fault is not software
+
+
+def test_capture_pins_hca_firmware_and_the_fabric(tmp_path):
+    from gpugate.baseline import parse_baseline as parse
+    from gpugate.fleet.capture import capture
+
+    try:
+        import tomllib as toml
+    except ImportError:
+        import tomli as toml
+
+    hcas = read_hcas(_ibstat_root(tmp_path, "h100-roce400-cx7-2ports-down-disabled"))
+    facts = to_jsonable(_facts(hcas))
+    facts["nvml"] = {"driver_version": "580.65.06", "cuda_driver_version": "13.0", "gpu_count": 8, "gpus": []}
+    b = parse(toml.loads(capture("gpu01", facts, "captured")), "captured")
+    assert b.pin.hca_firmware == {"MT4125": "22.39.1002", "MT4129": "28.39.1002"}
+    # The eight ConnectX-7 are the fabric, at the rate of those up: the two down are findings, not the norm.
+    assert b.expect_for("gpu01").hca == {"count": 8, "types": ("MT4129",), "rate": 400.0, "link_layer": "Ethernet"}
+    assert [f.component for f in judge(b, _facts(hcas))] == ["hca_port", "hca_port"]
