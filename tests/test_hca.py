@@ -147,8 +147,9 @@ def test_no_infiniband_directory_is_zero_hcas_and_unreadable_files_are_probe_fin
     base = _baseline({"count": 8, "types": ["MT4129"], "rate": 400})
     found = judge(base, _facts(hcas))
     probes = [f for f in found if f.component == "hca"]
-    assert [f.cls for f in probes] == ["probe"] and "mlx5_4" in probes[0].detail
-    # An unreadable rate is not judged, never taken for the right one.
+    # The missing state, and the rate the nodeset pins that cannot be parsed: never taken for the right one.
+    assert [f.cls for f in probes] == ["probe", "probe"]
+    assert "mlx5_4" in probes[0].detail and "garbage" in probes[1].detail
     assert not any(f.component == "hca_rate" for f in found)
 
 

@@ -69,7 +69,7 @@ def judge(baseline, expect, facts) -> List[Finding]:
     count = want.get("count")
     if count is not None and len(fabric) != count:
         out.append(Finding(HEALTH, "hca_count", str(len(fabric)), str(count), INVESTIGATE,
-                           detail="HCAs %s: %s" % ("of type " + ",".join(types) if types else "",
+                           detail="HCAs%s: %s" % (" of type " + ",".join(types) if types else "",
                                                    " ".join(h.name for h in fabric) or "none")))
     for hca, port in _ports(fabric):
         if failed(port.state) or failed(port.phys_state):
@@ -79,6 +79,9 @@ def judge(baseline, expect, facts) -> List[Finding]:
             out.append(Finding(HEALTH, "hca_port", "%s %s" % (where, _show(port)), "ACTIVE/LinkUp", INVESTIGATE))
             continue
         rate, layer = want.get("rate"), want.get("link_layer")
+        # What the nodeset pins must be read: an unreadable value is a probe finding, never a match.
+        out += [probe_finding("hca", v) for pinned, v in ((rate, port.rate), (layer, port.link_layer))
+                if pinned is not None and failed(v)]
         if rate is not None and not failed(port.rate) and port.rate != rate:
             out.append(Finding(HEALTH, "hca_rate", "%s %sGb/s" % (where, _fmt(port.rate)),
                                "%sGb/s" % _fmt(float(rate)), INVESTIGATE))
