@@ -424,3 +424,19 @@ def test_capture_pins_hca_firmware_and_the_fabric(tmp_path):
     # The eight ConnectX-7 are the fabric, at the rate of those up: the two down are findings, not the norm.
     assert b.expect_for("gpu01").hca == {"count": 8, "types": ("MT4129",), "rate": 400.0, "link_layer": "Ethernet"}
     assert [f.component for f in judge(b, _facts(hcas))] == ["hca_port", "hca_port"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["ACTIVE", "DOWN", "INIT", "gone"]), min_size=1, max_size=8))
+def test_port_history_property(states):
+    """Within one boot: a finding exactly when the port was ACTIVE at some
+    earlier check and is not ACTIVE now; never on the first sample."""
+    kept, was_up = None, False
+    for i, state in enumerate(states):
+        hcas = () if state == "gone" else _node(_port(state, "LinkUp" if state != "DOWN" else "Disabled"))
+        facts = _facts(hcas)
+        found = hca.judge_history(kept, facts, {})
+        assert bool(found) == (i > 0 and was_up and state != "ACTIVE")
+        assert all(f.component == "ib_port" and f.acute for f in found)
+        kept = hca.next_state(kept, facts)
+        was_up = was_up or state == "ACTIVE"
