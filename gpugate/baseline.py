@@ -85,6 +85,7 @@ def _pins_spec(required: bool) -> Table:
     ver = Str("580.65.06", _version)
     fields = {name: (ver, None) for name in PIN_COMPONENTS}
     fields["vbios"] = (MapOf(Str("96.00.99.00.01", _version)), dict)
+    fields["hca_firmware"] = (MapOf(Str("28.41.1000", _version)), dict)  # per HCA type, e.g. MT4129
     fields["require_hold"] = (Bool(), False)
     if required:
         fields["driver"] = (ver, REQUIRED)
@@ -145,7 +146,22 @@ _HEALTH = Table({
                   lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": 2}),
     # DCGM refuses its diagnostic on MIG GPUs: "skip" reports it not run (never a pass).
     "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
+    # Most an IB error counter may grow between two health checks (gpugate.judges.hca).
+    "ib_counter_max": (MapOf(Int(0), lambda k: None if k in IB_COUNTERS else
+                             "unknown IB error counter; known: %s" % ", ".join(IB_COUNTERS)), dict),
 })
+# The IB error counters (ports/N/counters, IBTA PortCounters) gpugate reads.
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+               "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+               "excessive_buffer_overrun_errors", "VL15_dropped")
+DEFAULT_IB_COUNTER_MAX = {"symbol_error": 10, "link_error_recovery": 3, "link_downed": 1, "port_rcv_errors": 10,
+                          "port_rcv_remote_physical_errors": 10, "local_link_integrity_errors": 3,
+                          "excessive_buffer_overrun_errors": 10}
+# [nodes."..".hca]: the nodeset's fabric HCAs (types: the hca_type values that
+# count, e.g. ["MT4129"]; all when left out), each port ACTIVE/LinkUp at rate.
+_HCA = Table({"count": (Int(0, 64), None), "types": (ListOf(Str("MT4129")), None),
+              "rate": (Number(0), None), "link_layer": (Choice("InfiniBand", "Ethernet"), None)})
 
 COMPUTE_MODES = ("default", "exclusive_process", "prohibited")  # nvidia-smi -c; EXCLUSIVE_THREAD is gone
 
@@ -159,6 +175,8 @@ _NODESET = Table({
     "compute_mode": (Choice(*COMPUTE_MODES), None),
     "power_limit_watts": (Int(1, 5000), None),
     "ecc": (Bool(), None),
+    "hca": (_HCA, None),
+    "imex": (Bool(), None),  # a member of an NVLink (IMEX) domain: check nvidia-imex-ctl
 })
 
 _BASELINE = Table({
@@ -184,6 +202,7 @@ class Pins:
     dcgm: Optional[str] = None
     image: Optional[str] = None
     vbios: Mapping[str, str] = field(default_factory=dict)
+    hca_firmware: Mapping[str, str] = field(default_factory=dict)
     require_hold: bool = False
 
     def get(self, component: str) -> Optional[str]:
@@ -202,6 +221,8 @@ class NodeExpect:
     compute_mode: Optional[str] = None
     power_limit_watts: Optional[int] = None
     ecc: Optional[bool] = None
+    hca: Optional[Mapping[str, object]] = None  # count, types, rate, link_layer
+    imex: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +249,7 @@ class HealthPolicy:
     dcgm_diag: Mapping[str, int]
     dcgm_diag_mig: str = "skip"
     xid_nonfatal_max: int = 10
+    ib_counter_max: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_IB_COUNTER_MAX))
 
     @property
     def clock_mask(self) -> int:
@@ -288,8 +310,8 @@ class Baseline:
             raise ConfigError("%s: no [previous] block to verify against" % (self.source or "baseline"))
         merged = asdict(self.pin)
         for key, value in asdict(self.previous).items():
-            if key == "vbios":
-                merged["vbios"] = dict(self.pin.vbios, **value)
+            if key in ("vbios", "hca_firmware"):
+                merged[key] = dict(getattr(self.pin, key), **value)
             elif value:
                 merged[key] = value
         return replace(self, pin=Pins(**merged), previous=None, rollout_in_progress=False)
@@ -344,6 +366,7 @@ def parse_baseline(data: object, source: str) -> Baseline:
                           "baseline the fleet is leaving" % source)
     health = dict(raw["health"])
     health["xid_actions"] = dict(health["xid_actions"])
+    health["ib_counter_max"] = dict(DEFAULT_IB_COUNTER_MAX, **health["ib_counter_max"])  # a key overrides its default
     return Baseline(name=raw["name"], pin=pin, previous=previous,
                     rollout_in_progress=raw["rollout"]["in_progress"],
                     nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),

@@ -27,6 +27,7 @@ DEFAULT_COMMANDS = {
     "systemctl": "/usr/bin/systemctl",
     "dcgmi": "/usr/bin/dcgmi",
     "nvidia-smi": "/usr/bin/nvidia-smi",
+    "nvidia-imex-ctl": "/usr/bin/nvidia-imex-ctl",
 }
 DEFAULT_BUDGETS = {"healthcheck": 40.0, "prolog": 8.0, "epilog": 50.0, "verify": 1200.0}
 # Globs (dpkg-query -W and rpm -qa both take them); the first that matches wins.

@@ -152,6 +152,8 @@ class NodeFacts:
     xids: Any = ()  # tuple of XidEvent (fresh ones only)
     kernel_log_seq: int = -1  # newest kernel log record seen: the next run's cursor
     nvml: Any = None  # NvmlFacts | ProbeFailure
+    hcas: Any = None  # tuple of Hca (/sys/class/infiniband); None when not read (the prolog)
+    imex: Any = None  # ImexStatus; None unless the nodeset is an IMEX domain member
     durations: Dict[str, float] = field(default_factory=dict)
 
     @property
@@ -240,6 +242,8 @@ def _node_decoder():
             "dcgm_health": _record(t.DcgmHealth),
             "dcgm_diag": _record(t.DcgmDiag, {"results": _each(_record(t.DcgmTestResult))}),
             "xids": _each(_record(XidEvent)),
+            "hcas": _each(_record(t.Hca, {"ports": _each(_record(t.HcaPort, {"counters": _plain}))})),
+            "imex": _record(t.ImexStatus),
             "durations": dict,
         })
     return _NODE
@@ -258,7 +262,8 @@ if TYPE_CHECKING:
     Fact = Union[Any, ProbeFailure]
 
 
-_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag", "NOT_RUN")
+_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag", "NOT_RUN", "Hca", "HcaPort",
+               "ImexStatus")
 
 
 def __getattr__(name: str):

@@ -58,7 +58,8 @@ ACUTE = {
     HEALTH: frozenset({
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
         "row_remap", "nvlink", "pcie_gen", "pcie_width", "clocks", "recovery", "dcgm_health",
-        "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost"}),
+        "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
+        "ib_port", "ib_errors"}),  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
     BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes"}),
 }
 

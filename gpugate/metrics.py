@@ -138,7 +138,7 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "Xids, SXids and fallen-off-the-bus reports in the kernel log within xid_window_seconds, by code: "
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
-    ]
+    ] + hca_families(facts)
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
         families.append(("gpugate_nhc_result", "gauge",
                          "1 for the last result of the site's NHC run by the health check.",
@@ -152,6 +152,29 @@ def kernel_log_samples(events) -> list:
         key = (event.kind, str(event.xid))
         counts[key] = counts.get(key, 0) + 1
     return [("gpugate_kernel_log_events", {"kind": kind, "code": code}, n) for (kind, code), n in sorted(counts.items())]
+
+
+def hca_families(facts) -> list:
+    """Per HCA port: up (ACTIVE/LinkUp), rate and the raw error counters (a
+    counter: rate() them in Prometheus).  None when the HCAs were not read."""
+    hcas = getattr(facts, "hcas", None)
+    if not isinstance(hcas, tuple) or not hcas:
+        return []
+    up, rate, errors = [], [], []
+    for hca in hcas:
+        for port in hca.ports:
+            if failed(port):
+                continue
+            labels = {"device": hca.name, "port": str(port.port)}
+            up.append(("gpugate_ib_port_up", labels, 1 if (port.state, port.phys_state) == ("ACTIVE", "LinkUp") else 0))
+            if isinstance(port.rate, float):
+                rate.append(("gpugate_ib_port_rate_gbps", labels, port.rate))
+            for name, value in sorted((port.counters or {}).items()):
+                if isinstance(value, int):
+                    errors.append(("gpugate_ib_port_errors_total", dict(labels, counter=name), value))
+    return [("gpugate_ib_port_up", "gauge", "1 when the HCA port is ACTIVE/LinkUp (/sys/class/infiniband).", up),
+            ("gpugate_ib_port_rate_gbps", "gauge", "The HCA port's rate in Gb/s.", rate),
+            ("gpugate_ib_port_errors_total", "counter", "The HCA port's IB error counters as read.", errors)]
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,

@@ -75,6 +75,27 @@ _BY_COMPONENT = {
     "persistence": ["persistence mode is off: nvidia-smi -pm 1 (or enable nvidia-persistenced)"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],
+    "ib_port": ["an HCA port this node had ACTIVE went down (or its HCA is gone): ibstat / "
+                "cat /sys/class/infiniband/<dev>/ports/<n>/{state,phys_state}; check the cable and the "
+                "switch port (its log, ibswitches/ibportstate), reseat or replace the cable/transceiver; "
+                "the drain lifts once the port is ACTIVE/LinkUp again (a reboot forgets it)"],
+    "ib_errors": ["an IB error counter grew faster than [health] ib_counter_max allows: read "
+                  "/sys/class/infiniband/<dev>/ports/<n>/counters (or perfquery); symbol_error, "
+                  "link_error_recovery and link_downed point at the cable or transceiver: replace it"],
+    "hca_count": ["fewer (or more) HCAs than the nodeset's [hca] count: lspci | grep Mellanox, "
+                  "ibstat; a missing HCA: reseat or RMA; a wrong count: fix the baseline's nodeset"],
+    "hca_port": ["a fabric port the nodeset expects ACTIVE/LinkUp is not: ibstat; cable, switch port or "
+                 "an HCA port disabled on purpose (then narrow the nodeset's hca.types or count)"],
+    "hca_rate": ["a port trained at another rate than the nodeset's hca.rate: check the cable type, "
+                 "the switch port speed and mlxlink; a degraded link: replace the cable"],
+    "hca_firmware": ["the HCA firmware is not [pin] hca_firmware for its type: flash it (mlxfwmanager "
+                     "-u, then mlxfwreset or a reboot) in the converge, then verify"],
+    "imex_domain": ["the IMEX domain is not UP: nvidia-imex-ctl -N shows which member is not READY "
+                    "(the finding names it); fix that node (its nvidia-imex service, its "
+                    "/etc/nvidia-imex/nodes_config.cfg); once the domain is UP, gpugate sweep verifies and resumes the "
+                    "members drained for it (members the drain budget held were never drained)"],
+    "imex_service": ["this node's IMEX service is not READY: systemctl status nvidia-imex, "
+                     "/var/log/nvidia-imex.log, /etc/nvidia-imex/config.cfg and nodes_config.cfg"],
 }
 _BY_ACTION = {
     "reconverge": ["gpugate sweep reconverges the node to the pin (re-image or config converge), "

@@ -72,3 +72,36 @@ class DcgmDiag:
     def not_run(self) -> Tuple[DcgmTestResult, ...]:
         """What DCGM refused to run on MIG: neither a failure nor a pass."""
         return tuple(r for r in self.results if r.status == NOT_RUN)
+
+
+@dataclass(frozen=True)
+class HcaPort:
+    """One port of an InfiniBand/RoCE HCA, as /sys/class/infiniband shows it.
+    Each field is a value or a ProbeFailure (the file could not be read)."""
+
+    port: int
+    state: object  # "ACTIVE", "DOWN", "INIT", "ARMED" (sysfs "4: ACTIVE")
+    phys_state: object  # "LinkUp", "Disabled", "Polling" (sysfs "5: LinkUp")
+    rate: object  # Gb/s as a number (sysfs "400 Gb/sec (4X NDR)")
+    link_layer: object  # "InfiniBand" | "Ethernet"
+    counters: object = None  # error counter name -> int (ports/N/counters/*)
+
+
+@dataclass(frozen=True)
+class Hca:
+    """One HCA (mlx5_0, ...): type, firmware and ports."""
+
+    name: str
+    hca_type: object  # "MT4129" (ConnectX-7)
+    fw_ver: object  # "28.41.1000"
+    board_id: object = None
+    ports: Tuple[HcaPort, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImexStatus:
+    """nvidia-imex-ctl -q (this node's IMEX service) and -N (the domain)."""
+
+    service: str  # "READY", ...
+    domain: str  # "UP" | "DOWN" | "DEGRADED"
+    nodes: Tuple[Tuple[str, str], ...] = ()  # (address, state) per domain member

@@ -74,7 +74,8 @@ def test_capture_from_healthy_sim_node(tmp_path):
     assert "gsp_firmware = " not in text  # it equals the driver: the default says so
     assert asdict(captured.expect_for("gpu01")) == {"gpus": 8, "product": H100, "nvswitch": True,
                                                     "mig": False, "persistence": True, "ecc": True,
-                                                    "compute_mode": "default", "power_limit_watts": 700}
+                                                    "compute_mode": "default", "power_limit_watts": 700,
+                                                    "hca": None, "imex": None}
     assert captured.previous is None and captured.rollout_in_progress is False
     assert captured.health == parse_baseline({"pin": {"driver": "1"}}, "defaults").health
 

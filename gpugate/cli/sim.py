@@ -71,6 +71,7 @@ def sim_set(fleet, nodes, assignments):
       gpugate sim set /tmp/fleet gpu004 sxid=20034 sxid=12028:nonfatal@2
       gpugate sim set /tmp/fleet gpu004 'kmsg=NVRM: GPU 0000:1b:00.0: GPU has fallen off the bus.'
       gpugate sim set /tmp/fleet gpu002 compute_mode=prohibited gpu.1.power_limit=500 gpu.2.ecc.pending=0
+      gpugate sim set /tmp/fleet gpu004 ib.mlx5_4.state=DOWN imex.domain=DEGRADED
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
@@ -82,6 +83,9 @@ def sim_set(fleet, nodes, assignments):
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
       mig.pending,ecc,ecc.pending,compute_mode,power_limit,lost,hang,nvml_error.<nvmlFunction>}
+      lost,hang,nvml_error.<nvmlFunction>}
+      ib.<dev>.{state=ACTIVE|DOWN|POLLING|INIT,rate,link_layer,fw,gone=1,counter.<name>=N|+N}
+      (nodesets with an [hca] table) imex.{service,domain,installed,peer.<address>} (imex = true)
     """
     from ..sim import fleet as simfleet
     from ..sim import keys

@@ -7,7 +7,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 # Node-wide components: how to read each from a node's facts (JSON form).
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
                    "image")
-GPU_COMPONENTS = ("vbios", "gsp_firmware")
+GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware")  # hca_firmware: per HCA type, like VBIOS
 PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
 UNCHECKED = "unchecked"  # configured not to be read (packages.manager = "none")
 STATUSES = (PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE, UNCHECKED)
@@ -87,7 +87,7 @@ def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
     if not isinstance(nvml, dict) or "error" in nvml:
         # No GPU could be read: say so, rather than leave the node out of the rows.
         value = _value(nvml) if isinstance(nvml, dict) else "(unreadable: nvml)"
-        return [(c, None, value) for c in GPU_COMPONENTS]
+        return [(c, None, value) for c in ("vbios", "gsp_firmware")]
     out = []
     for gpu in nvml.get("gpus") or ():
         name = gpu.get("name")
@@ -99,6 +99,18 @@ def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
     return out
 
 
+def hca_values(facts: Mapping) -> List[Tuple[str, Optional[str], Optional[str]]]:
+    """("hca_firmware", HCA type, firmware) for every HCA; none on a node without."""
+    hcas = facts.get("hcas")
+    if isinstance(hcas, dict):  # the probe failed
+        return [("hca_firmware", None, _value(hcas))]
+    out = []
+    for hca in hcas or ():
+        kind = hca.get("hca_type")
+        out.append(("hca_firmware", kind if isinstance(kind, str) else "(unknown type)", _value(hca.get("fw_ver"))))
+    return out
+
+
 def _status(component: str, product: Optional[str], value: str, baseline) -> str:
     if value.startswith("(unreadable"):
         return UNREADABLE  # the node answered, this fact did not: not drift, not fine
@@ -107,9 +119,9 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
     if baseline is None:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
-    if component == "vbios":
-        want = pin.vbios.get(product)
-        before = prev.vbios.get(product) if prev else None
+    if component in ("vbios", "hca_firmware"):
+        want = getattr(pin, component).get(product)
+        before = getattr(prev, component).get(product) if prev else None
     elif component == "module":
         want, before = pin.driver, prev.driver if prev else None
     else:
@@ -138,7 +150,7 @@ def fold(fleet: Mapping[str, object], baseline=None, config_errors: Optional[Map
         for component, value in node_values(facts).items():
             if value is not None:
                 groups.setdefault((component, None, value), set()).add(node)
-        for component, product, value in gpu_values(facts):
+        for component, product, value in gpu_values(facts) + hca_values(facts):
             if value is not None:
                 groups.setdefault((component, product, value), set()).add(node)
     order = {c: i for i, c in enumerate(NODE_COMPONENTS + GPU_COMPONENTS)}

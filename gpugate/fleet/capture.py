@@ -295,9 +295,18 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -
         lines.append(_comment("vbios: not captured (%s)" % skipped["vbios"]))
     elif not vbios:
         lines.append(_comment("vbios: not captured (no GPUs)"))
+    from . import capture_hca
+
+    hca_pins, hca_skipped = capture_hca.firmware(facts)
+    if hca_pins or hca_skipped:
+        lines += ["", "[pin.hca_firmware]"] + ["%s = %s" % (_toml_str(k), _toml_str(v)) for k, v in hca_pins.items()]
+        lines += [_comment(why) for why in hca_skipped]
     lines += ["", "[nodes.%s]" % _toml_str(node)]
     for key, value in shape.items():
         lines.append("%s = %s" % (key, _toml_value(value)))
+    hca_table = capture_hca.fabric(facts)
+    if hca_table:
+        lines.append("hca = %s" % hca_table)
     for key, why in shape_skipped.items():
         lines.append(_comment("%s: not captured (%s)" % (key, why)))
     lines += ["",

@@ -27,6 +27,11 @@ def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
     findings += versions.judge(baseline, expect, facts)
     findings += gpus.judge(baseline, expect, facts)
     findings += dcgm.judge(baseline, expect, facts)
+    if facts.hcas is not None or facts.imex is not None:  # read by the health check and verify only
+        from . import hca, imex
+
+        findings += hca.judge(baseline, expect, facts)
+        findings += imex.judge(baseline, expect, facts)
     findings += _uncovered(baseline, facts.node)
     return sort_findings(_fold_gpus(_dedupe(findings), _gpu_count(facts)))
 

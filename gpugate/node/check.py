@@ -37,6 +37,10 @@ def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
     facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus,
                     processes=processes, nvml_started=nvml_started)
     findings = judge(baseline, facts) + list(extra(facts) if callable(extra) else extra)
+    if facts.hcas is not None:  # the health check's: a port it lost is not reported twice
+        from ..judges.hca import supersede
+
+        findings = supersede(findings)
     return CheckResult(facts, decide(findings, settings.reason_tag))
 
 

@@ -10,7 +10,7 @@ import os
 import time
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import lost
+from ..judges import hca, lost
 from ..probes import files
 from ..verdict import decide
 from . import nhc, state as st
@@ -81,7 +81,8 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     j.expected_gpus = j.baseline.expect_for(node).gpus
     last_high = j.last.get("gpus_high")
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor,
-                       extra=lambda facts: lost.judge(last_high, j.expected_gpus, facts))
+                       extra=lambda facts: lost.judge(last_high, j.expected_gpus, facts)
+                       + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
     j.facts = result.facts
     j.verdict, j.in_grace = _boot_grace(settings, result)
     return j
@@ -122,6 +123,7 @@ def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) ->
         "config_sig": st.file_signature(settings.source),
         "resolved": j.baseline.resolved_for(node),
         "gpus_high": lost.next_high(j.last.get("gpus_high"), j.expected_gpus, facts),
+        "ib": hca.next_state(j.last.get("ib"), facts),  # ports seen ACTIVE, error counters
         "facts": to_jsonable(facts),
         "config_error": record.get("config_error"),
     }

@@ -95,6 +95,11 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if mode in ("healthcheck", "verify"):
         values["module_resident"] = files.module_resident(root)
         values["image"] = files.image(root)
+        from .ib import read_hcas  # the health check's and verification's: not the prolog's
+
+        t0 = time.monotonic()
+        values["hcas"] = read_hcas(root)
+        durations["hca"] = time.monotonic() - t0
     return NodeFacts(node=node, mode=mode, collected_at=time.time(), nvml=nvml, durations=durations,
                      **values)
 
@@ -122,6 +127,8 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         jobs["packages"] = lambda: commands.packages(settings.packages, cmd("dpkg-query"), cmd("rpm"), cap())
         jobs["services"] = lambda: {role: commands.service_state(cmd("systemctl"), unit, cap())
                                     for role, unit in settings.services.items()}
+        if baseline.expect_for(node).imex:  # IMEX domain members only
+            jobs["imex"] = lambda: commands.imex_status(cmd("nvidia-imex-ctl"), cap())
         if uses_dcgm:
             jobs["dcgm_version"] = lambda: commands.dcgm_version(cmd("dcgmi"), cap())
             jobs["dcgm_health"] = lambda: commands.dcgm_health(cmd("dcgmi"), cap())

@@ -121,3 +121,22 @@ def _diag(result, level: int) -> Any:
 
 def _stdout(parse: Callable[[str], Any]) -> Callable[[Any], Any]:
     return lambda result: parse(result.stdout)
+
+
+def imex_status(imex_ctl: str, timeout: float) -> Any:
+    """nvidia-imex-ctl -q (this node's service) then -N (the domain), within
+    one timeout; either failing makes the whole fact a ProbeFailure."""
+    from time import monotonic
+
+    from ..parsers import imex as imex_parse
+    from ..toolfacts import ImexStatus
+
+    started = monotonic()
+    service = _run("nvidia-imex-ctl", [imex_ctl, "-q"], timeout, _stdout(imex_parse.parse_query))
+    if isinstance(service, ProbeFailure):
+        return service
+    left = max(timeout - (monotonic() - started), 0.1)
+    domain = _run("nvidia-imex-ctl -N", [imex_ctl, "-N"], left, _stdout(imex_parse.parse_domain))
+    if isinstance(domain, ProbeFailure):
+        return domain
+    return ImexStatus(service=service, domain=domain[0], nodes=domain[1])

@@ -19,11 +19,12 @@ import zlib
 from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
+from . import ib as sim_ib
 from . import outputs
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
-EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi")
+EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl")
 _BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
 
 
@@ -110,6 +111,8 @@ def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
         "replays": {},
         "converge": "ok",  # sim converge: ok | noop (exits 0, fixes nothing) | error
         "persistence_required": bool(expect.persistence),
+        "ib": sim_ib.new_hcas(expect, pin),  # /sys/class/infiniband; None: no [hca] table
+        "imex": sim_ib.new_imex(node, expect),  # nvidia-imex-ctl; None: not an IMEX member
     }
 
 
@@ -171,13 +174,16 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         _remove(os.path.join(root, "proc/driver/nvidia/version"))
     for rel, text in files.items():
         _write(os.path.join(root, rel), text)
+    sim_ib.render_sysfs(root, model.get("ib"), _write)
     table = outputs.replays(model)
+    table.update(sim_ib.imex_replays(model.get("imex")))
     table.update(model.get("replays", {}))
     _write(os.path.join(directory, "replay.json"), json.dumps(table, indent=1, sort_keys=True))
-    _install_executables(os.path.join(directory, "bin"))
+    imex = model.get("imex")
+    _install_executables(os.path.join(directory, "bin"), absent=() if imex and imex["installed"] else ("nvidia-imex-ctl",))
 
 
-def _install_executables(bindir: str) -> None:
+def _install_executables(bindir: str, absent=()) -> None:
     os.makedirs(bindir, mode=0o755, exist_ok=True)
     stub = os.path.join(os.path.dirname(__file__), "replay_stub.py")
     with open(stub) as handle:
@@ -185,6 +191,9 @@ def _install_executables(bindir: str) -> None:
     # -IS (one word: the kernel passes one argument): start fast and ignore the environment; the stub needs only the stdlib.
     for name in EXECUTABLES:
         path = os.path.join(bindir, name)
+        if name in absent:  # not installed on this node
+            _remove(path)
+            continue
         script = "#!%s -IS\nSELF = %r\n%s" % (sys.executable, path, body)
         try:
             with open(path) as handle:
@@ -239,6 +248,7 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
         version = pin.get(role)
         if version and model["packages"].get(role):
             model["packages"][role]["version"] = version
+    sim_ib.converge(model, pin)
     model["dkms"] = True
     for unit in model["services"]:
         if unit == "nvidia-fabricmanager" and model["packages"].get("fabricmanager"):
@@ -249,5 +259,6 @@ def replay_entry(fleet: str, node: str, key: str) -> Dict[str, Any]:
     """What the node's tool prints for this argv key now (rendered default)."""
     model = load(fleet, node)
     table = outputs.replays(model)
+    table.update(sim_ib.imex_replays(model.get("imex")))
     table.update(model.get("replays", {}))
     return dict(table.get(key, {"stdout": "", "rc": 0}))

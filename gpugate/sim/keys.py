@@ -277,7 +277,9 @@ _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 
 def known_keys() -> List[str]:
-    return sorted(NODE_KEYS) + ["service.<unit>"] + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
+    from .ib import KEYS
+
+    return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
         + ["gpu.N.nvml_error.<nvmlFunction>"]
 
 
@@ -295,6 +297,10 @@ def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
 def check_key(key: str) -> None:
     if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
         return
+    from .ib import known
+
+    if known(key):
+        return
     m = _GPU_KEY.match(key)
     if m and (m.group(2) in GPU_KEYS or m.group(2).startswith("nvml_error.nvml")):
         return
@@ -307,6 +313,11 @@ def apply(model: Dict[str, Any], key: str, value: str) -> None:
         return
     if key.startswith("service."):
         model["services"][key[len("service."):]] = value
+        return
+    if key.startswith(("ib.", "imex.")):
+        from .ib import set_key
+
+        set_key(model, key, value)
         return
     m = _GPU_KEY.match(key)
     index, sub = int(m.group(1)), m.group(2)
