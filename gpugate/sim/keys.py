@@ -209,6 +209,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "dkms": _node_path("dkms", convert=lambda v: bool(_flag(v))),
     "converge": _node_path("converge", convert=lambda v: _choice(v, ("ok", "noop", "error"))),
     "reboot": lambda m, v: reboot(m) if _flag(v) else None,
+    "smoke": _node_path("smoke", convert=lambda v: _choice(v, ("healthy", "pcie-degraded", "hang", "nccl-abort"))),
 }
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
