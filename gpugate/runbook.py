@@ -45,6 +45,11 @@ _BY_COMPONENT = {
                   "new-baseline.toml shows the effect first); the drain clears itself on the next check"],
     "dcgm_diag": ["rerun dcgmi diag -r 3 on the drained node; failing memory/pcie tests on the pinned "
                   "stack are hardware: RMA"],
+    "smoke": ["the node passed its checks but the sweep's smoke job (nccl-tests all_reduce_perf) failed "
+              "twice and after the rollback: read its output (smoke_output_dir/gpugate-smoke-NODE-JOB.out)",
+              "low busbw with correct results is NVLink/NVSwitch or P2P off (PCIe speed): nvidia-smi "
+              "topo -m and nvidia-smi nvlink -s, Fabric Manager; wrong values or an NCCL error: hardware",
+              "after the repair: gpugate smoke -w NODE (on the node in service, or via the sweep)"],
 }
 _BY_ACTION = {
     "reconverge": ["gpugate sweep reconverges the node to the pin (re-image or config converge), "
