@@ -113,8 +113,8 @@ def dcgm_diag(dcgmi: str, level: int, timeout: float, gpus=None) -> Any:
 
 
 def dcgm_diag_staged(dcgmi: str, levels, time_left: Callable[[], float], gpus=None) -> Any:
-    """The levels in order, cheapest first (verify: -r 1 in a minute, then
-    -r 3's half hour); the first one that does not pass cleanly is the
+    """The levels in order, cheapest first (verify: -r 1 in seconds, then
+    -r 3's ~15 minutes); the first one that does not pass cleanly is the
     result, and no later level runs.  The result names the levels passed."""
     passed = []
     for i, level in enumerate(levels):
