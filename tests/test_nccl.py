@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpugate.judges.smoke import SmokeVerdict, first_error, gbps, judge_smoke
-from gpugate.parsers.nccl import NcclRow, NcclRun, parse_nccl_tests
+from gpugate.parsers.nccl import MAX_ERRORS, NcclRow, NcclRun, parse_nccl_tests
 
 SAMPLES = "/work/shared/samples"
 PROPS = settings(max_examples=150, deadline=None)
@@ -224,6 +224,89 @@ def test_the_old_layout_without_root_and_with_an_error_column():
     assert judge_smoke(bad, 1, False, 0.1).problem == "out_of_bounds=2"
 
 
+# broadcast_perf of that era: a root column but no redop, -c 0 ("validation: 0",
+# error N/A), and a benign-looking NCCL WARN.  NVIDIA/nccl-tests issue #82.
+OLD_BROADCAST = """\
+# nThread 1 nGpus 1 minBytes 8 maxBytes 2147483648 step: 2(factor) warmup iters: 10 iters: 100 validation: 0 
+#
+# Using devices
+#   Rank  0 Pid  14926 on v100-gpu-1 device  0 [0x00] Tesla V100-PCIE-16GB
+#   Rank  1 Pid   9210 on v100-gpu-5 device  0 [0x00] Tesla V100-PCIE-16GB
+
+v100-gpu-1:14926:14926 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]
+NCCL version 2.9.6+cuda11.2
+
+v100-gpu-5:9210:9210 [0] misc/ibvwrap.cc:63 NCCL WARN Failed to open libibverbs.so[.1]
+#
+#                                                     out-of-place                       in-place          
+#       size         count    type    root     time   algbw   busbw  error     time   algbw   busbw  error
+#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       
+           8             2   float       0    45.82    0.00    0.00    N/A    38.17    0.00    0.00    N/A
+"""
+
+
+def test_the_old_broadcast_layout_with_root_and_no_redop():
+    run = parse_nccl_tests(OLD_BROADCAST)
+    row = run.rows[0]
+    assert (row.size, row.type, row.redop, row.root, row.oop_time_us, row.ip_time_us) == (
+        8, "float", "none", 0, 45.82, 38.17)
+    assert (row.oop_wrong, row.oop_max_error, run.wrong_total) == (None, None, None)
+    assert run.nccl_version == "2.9.6" and len(run.errors) == 2
+    # any NCCL warning fails the proof: NCCL prints none unless NCCL_DEBUG asks for them
+    assert judge_smoke(run, 0, False, None).problem == (
+        "nccl error: v100-gpu-1: NCCL WARN Failed to open libibverbs.so[.1]")
+
+
+# Open MPI --tag-output as printed (aws/aws-k8s-tester PR #503, p5.48xlarge):
+# no space after the colon, trailing blanks kept.
+TAGGED = """\
+[1,0]<stdout>:#                                                              out-of-place                     in-place     
+[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw  #wrong     
+[1,0]<stdout>:#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)     
+[1,0]<stdout>:           8             2     float     sum      -1    12.90    0.00    0.00      0    12.87    0.00    0.00      0
+[1,0]<stdout>:          16             4     float     sum      -1    12.88    0.00    0.00      0    12.83    0.00    0.00      0
+[1,0]<stdout>:          32             8     float     sum      -1    22.25    0.00    0.00      0    13.34    0.00    0.00      0
+[1,0]<stdout>:# Out of bounds values : 0 OK
+[1,0]<stdout>:# Avg bus bandwidth    : 92.3405 
+"""
+
+
+def test_open_mpi_tag_output_as_printed():
+    run = parse_nccl_tests(TAGGED)
+    assert [(r.size, r.oop_time_us, r.ip_time_us) for r in run.rows] == [(8, 12.90, 12.87), (16, 12.88, 12.83),
+                                                                         (32, 22.25, 13.34)]
+    assert (run.avg_busbw_gbps, run.out_of_bounds, run.wrong_total) == (92.3405, 0, 0)
+    assert judge_smoke(run, 0, False, 90.0).passed
+
+
+# A non-MPI build under mpirun -np 2: two processes, two tables, interleaved
+# (NVIDIA/nccl-tests issue #182).
+TWO_PROCESSES = """\
+   134217728      33554432     float     sum      -1    29770    4.51    4.51      0    29873    4.49    4.49      0
+   134217728      33554432     float     sum      -1    27666    4.85    4.85      0    27662    4.85    4.85      0
+   268435456      67108864     float     sum      -1    55270    4.86    4.86      0    55213    4.86    4.86      0
+testgpu1:2832:2832 [1] NCCL INFO comm 0x55c6f1c65b50 rank 0 nranks 2 cudaDev 0 busId 3000 - Destroy COMPLETE
+testgpu1:2832:2832 [1] NCCL INFO comm 0x55c6f1c6a6c0 rank 1 nranks 2 cudaDev 1 busId 3020 - Destroy COMPLETE
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 1.7535
+#
+
+   268435456      67108864     float     sum      -1    59440    4.52    4.52      0    59568    4.51    4.51      0
+testgpu2:3255:3255 [1] NCCL INFO comm 0x55bc161d6b40 rank 0 nranks 2 cudaDev 0 busId 3000 - Destroy COMPLETE
+testgpu2:3255:3255 [1] NCCL INFO comm 0x55bc161db6b0 rank 1 nranks 2 cudaDev 1 busId 3020 - Destroy COMPLETE
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 1.6796
+#
+"""
+
+
+def test_two_processes_printing_a_table_each():
+    run = parse_nccl_tests(TWO_PROCESSES)
+    assert [r.oop_time_us for r in run.rows] == [29770, 27666, 55270, 59440]
+    assert (run.avg_busbw_gbps, run.out_of_bounds, run.errors) == (1.6796, 0, ())
+    assert judge_smoke(run, 0, False, 1.7).problem == "busbw=1.67GB/s (want >= 1.7)"
+
+
 def test_huge_wrong_counts_printed_with_g_are_counts():
     # "%6g" of 1234567 wrong elements is "1.23457e+06"
     line = ("     2097152        524288     float     sum      -1   6249.20    0.34    0.63  1.23457e+06"
@@ -259,7 +342,8 @@ def test_nccl_info_lines_interleaved_with_the_table():
 
 
 @pytest.mark.parametrize("line,shown", [
-    ("gpu-1-1: Test CUDA failure common.cu:1110 'out of memory'", "gpu-1-1: Test CUDA failure common.cu:1110 'out of memory'"),
+    ("gpu-1-1: Test CUDA failure common.cu:1110 'out of memory'",
+     "gpu-1-1: Test CUDA failure common.cu:1110 'out of memory'"),
     ("nid006352: Test NCCL failure common.cu:958 'invalid usage (run with NCCL_DEBUG=WARN for details)",
      "nid006352: Test NCCL failure common.cu:958 'invalid usage (run with NCCL_DEBUG.."),
     (" .. gpu-1-1 pid 1234: Test failure common.cu:893", ".. gpu-1-1 pid 1234: Test failure common.cu:893"),
@@ -278,6 +362,12 @@ def test_an_average_that_is_not_a_number_is_no_average(value):
     run = parse_nccl_tests(_with_footer(sample(GH200), "# Avg bus bandwidth    : %s " % value))
     assert run.avg_busbw_gbps is None and len(run.rows) == 28
     assert judge_smoke(run, 0, False, None).problem == "no result: no avg busbw"
+
+
+def test_a_long_log_keeps_the_first_errors_and_skips_huge_lines():
+    abort = sample(SHARP).splitlines(True)
+    run = parse_nccl_tests("".join(abort * 100) + "x" * 5000 + " NCCL WARN in a dumped environment\n")
+    assert len(run.errors) == MAX_ERRORS and run.errors[:5] == parse_nccl_tests(sample(SHARP)).errors
 
 
 def test_two_tables_in_one_output_take_the_lowest_average():
@@ -320,11 +410,16 @@ def test_low_busbw_is_a_finding_in_the_reason_format():
     assert verdict.problem == "%s=%s (want %s)" % (verdict.component, verdict.observed, verdict.expected)
 
 
-@given(st.floats(min_value=0, max_value=1e6, allow_nan=False), st.floats(min_value=0.01, max_value=1e6))
+@given(st.floats(min_value=0, max_value=1e6, allow_nan=False), st.integers(1, 10**8).map(lambda c: c / 100))
 @PROPS
 def test_the_shown_busbw_never_reaches_the_minimum_it_missed(observed, want):
+    # a baseline's minimum has at most two decimals ("350", "22.5")
+    shown = gbps(observed, down=True)
+    assert float(shown) <= observed
     if observed < want:
-        assert float(gbps(observed, down=True)) < want or gbps(observed, down=True) != gbps(want)
+        problem = judge_smoke(parse_nccl_tests(sample(NVLINK).replace("369.941", repr(observed))), 0, False, want)
+        assert problem.problem == "busbw=%sGB/s (want >= %s)" % (shown, gbps(want))
+        assert shown != gbps(want)
 
 
 def test_first_error_prefers_the_cause():

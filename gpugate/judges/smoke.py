@@ -49,13 +49,15 @@ class SmokeVerdict:
 
 
 def gbps(value: float, down: bool = False) -> str:
-    """350.0 -> "350", 23.45 -> "23.45"; ``down`` (an observed value) cuts to
-    0.1 (0.01 below 10) instead of rounding, so 349.96 never reads "350"."""
-    if down:
-        scale = 100 if value < 10 else 10
-        value = math.floor(value * scale) / scale
-    text = ("%.2f" % value).rstrip("0").rstrip(".")
-    return text or "0"
+    """350.0 -> "350", 23.45 -> "23.45".  ``down`` (an observed value) cuts
+    to 0.1 (0.01 below 10) instead of rounding, so 349.96 never reads "350"."""
+    if not down:
+        return ("%.4f" % value).rstrip("0").rstrip(".") or "0"
+    scale = 100 if value < 10 else 10
+    shown = math.floor(value * scale) / scale
+    if shown > value:  # value * scale rounded up to a whole number
+        shown = (math.floor(value * scale) - 1) / scale
+    return ("%.2f" % shown).rstrip("0").rstrip(".") or "0"
 
 
 def first_error(errors: Tuple[str, ...]) -> str:
@@ -96,7 +98,7 @@ def judge_smoke(run: Optional[NcclRun], exit_code: Optional[int], timed_out: boo
     busbw = run.avg_busbw_gbps if run is not None else None
     if timed_out:
         after = "%ds" % deadline_s if deadline_s is not None else "the deadline"
-        return _fail("timeout after %s" % after, busbw, "timeout", after, "finish")
+        return _fail("timeout after %s" % after, busbw, "timeout", after, "done")
     if run is not None and run.errors:
         error = first_error(run.errors)
         return _fail("nccl error: %s" % error, busbw, "nccl_error", error, "none")
@@ -107,12 +109,13 @@ def judge_smoke(run: Optional[NcclRun], exit_code: Optional[int], timed_out: boo
     need_result = require_result or want_busbw_gbps is not None
     missing = _missing(run) if need_result else ""
     if missing:
-        return _fail(missing, busbw, "result", "none", "table and avg busbw")
+        return _fail(missing, busbw, "result", missing.partition(": ")[2] or "none", "table and avg busbw")
+    if exit_code is None:
+        return _fail("exit unknown", busbw, "exit", "unknown", "0")
+    if exit_code < 0:
+        return _fail("signal %d" % -exit_code, busbw, "exit", "signal %d" % -exit_code, "0")
     if exit_code != 0:
-        code = "unknown" if exit_code is None else str(exit_code)
-        if exit_code is not None and exit_code < 0:
-            return _fail("signal %d" % -exit_code, busbw, "exit", "signal %d" % -exit_code, "0")
-        return _fail("exit %s" % code, busbw, "exit", code, "0")
+        return _fail("exit %d" % exit_code, busbw, "exit", str(exit_code), "0")
     if require_result and not _checked(run):
         return _fail("unchecked: #wrong N/A (run without -c 0)", busbw, "wrong", "N/A", "0")
     if want_busbw_gbps is not None and busbw < want_busbw_gbps:
