@@ -133,3 +133,35 @@ def test_a_node_failing_dcgm_r1_never_runs_r3_nor_the_smoke_job(smoke_cluster):
     assert not any(e[1] == "smoke" for e in journal_events(cluster, "gpu01"))
     assert cluster.reason("gpu01").startswith("gpugate: rma dcgm_diag"), cluster.reason("gpu01")
     assert not [line for line in cluster.slurm_calls() if " sbatch " in " " + line]
+
+
+@pytest.mark.slow
+def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke_cluster):
+    import os
+    import signal
+
+    from test_slurm_sweep import journal_rows
+
+    cluster = smoke_cluster(nodes=2)
+    drift_and_drain(cluster, "gpu02")
+    healthy = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke", "healthy.txt")
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "20", "--stdout-file", healthy, "--",
+                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=cluster.env)
+    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
+                                                       "%T"]).stdout, 120, "the smoke job to run")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    # The drain was lifted for the job (UNDRAIN clears the reason); the reservation still holds the node.
+    assert "gpugate_sweep" in cluster.scontrol("show", "reservation")
+    cluster.sim("replay", "FLEET", "gpu02", "--stdout-file", healthy, "--",
+                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu02"]["result"] == "resumed", report
+    assert journal_rows(cluster)["gpu02"][:2] == ("resume", "done")
+    assert proofs(cluster, "gpu02")[-1] == ("smoke single", "done")
+    assert len([line for line in cluster.slurm_calls() if " sbatch " in " " + line]) == 2
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")

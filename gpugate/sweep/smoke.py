@@ -187,7 +187,10 @@ class SmokeStep:
         states = self._states(group)
         for name in list(group):
             st = states.get(name)
-            if st is None or reasons.parse(st.reason, self.tag) is None:
+            # UNDRAIN clears the reason too: undrained with none while the journal
+            # says this stage had started is our own lift, before a crash.
+            lifted = st is not None and not st.drain and not st.reason and records[name].step == "smoke"
+            if st is None or (reasons.parse(st.reason, self.tag) is None and not lifted):
                 self._leave(name, "reason changed before the smoke job: %r" % (st.reason if st else "gone"))
                 group.remove(name)
         if not group:
