@@ -106,3 +106,19 @@ def test_a_huge_output_is_read_by_its_head_and_tail(tmp_path, monkeypatch):
     text = smoke._read_bounded(str(path))
     assert text.startswith("# nThread 1") and text.endswith(result) and len(text) < 6000
     assert judge_smoke(parse_nccl_tests(text), 0, False, 350.0).passed
+
+
+def test_sim_smoke_key_replays_the_recorded_runs_and_refuses_others():
+    from gpugate.errors import ConfigError
+    from gpugate.sim import keys, outputs
+
+    model = {"smoke": "healthy"}
+    keys.apply(model, "smoke", "pcie-degraded")
+    entry = outputs.smoke_replay(model["smoke"])
+    with open(os.path.join(DATA, "pcie-degraded.txt")) as handle:
+        assert entry == {"stdout": handle.read(), "rc": 0}
+    assert outputs.smoke_replay("hang") == {"hang": True}
+    assert outputs.smoke_replay("nccl-abort")["rc"] == 1
+    with pytest.raises(ConfigError):
+        keys.apply(model, "smoke", "fast")
+    assert model["smoke"] == "pcie-degraded"

@@ -68,11 +68,13 @@ def sim_set(fleet, nodes, assignments):
     Examples:
       gpugate sim set /tmp/fleet 'gpu[002-003]' driver=550.54.15
       gpugate sim set /tmp/fleet gpu003 gpu.3.xid=79 gpu.3.ecc.uncorrected.volatile=2
+      gpugate sim set /tmp/fleet gpu004 smoke=pcie-degraded   # the sweep's smoke job finds NVLink off
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
       dcgm.health dcgm.diag_fail=GPU[:msg] gpus pci.gpus nvml.init_error nvml.hang
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
+      smoke=healthy|pcie-degraded|hang|nccl-abort (what all_reduce_perf replays)
       gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
