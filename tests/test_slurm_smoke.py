@@ -2,7 +2,10 @@
 under slurmd inside the batch's reservation; only all_reduce_perf is a
 replaying executable (gpugate sim set NODE smoke=..., real recorded outputs)."""
 
+import json
+import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -10,9 +13,10 @@ import sys
 import pytest
 
 from conftest import make_cluster
-from test_slurm_sweep import drain_flag, drift_and_drain, journal_events, run_sweep, sweep_argv
+from test_slurm_sweep import drain_flag, drift_and_drain, journal_events, journal_rows, run_sweep, sweep_argv
 
 pytestmark = pytest.mark.slurm
+HEALTHY = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke", "healthy.txt")
 
 
 def boot(tmp_path, nodes=4, **sweep):
@@ -137,14 +141,9 @@ def test_a_node_failing_dcgm_r1_never_runs_r3_nor_the_smoke_job(smoke_cluster):
 
 @pytest.mark.slow
 def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke_cluster):
-    import os
-    import signal
-
-    from test_slurm_sweep import journal_rows
-
     cluster = smoke_cluster(nodes=2)
     drift_and_drain(cluster, "gpu02")
-    healthy = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke", "healthy.txt")
+    healthy = HEALTHY
     cluster.sim("replay", "FLEET", "gpu02", "--delay", "20", "--stdout-file", healthy, "--",
                 "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
     proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -163,5 +162,25 @@ def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke
     assert journal_rows(cluster)["gpu02"][:2] == ("resume", "done")
     assert proofs(cluster, "gpu02")[-1] == ("smoke single", "done")
     assert len([line for line in cluster.slurm_calls() if " sbatch " in " " + line]) == 2
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+@pytest.mark.slow
+def test_an_admin_reason_set_during_the_smoke_job_wins(smoke_cluster):
+    cluster = smoke_cluster(nodes=2)
+    drift_and_drain(cluster, "gpu02")
+    healthy = HEALTHY
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "8", "--stdout-file", healthy, "--",
+                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cluster.env, text=True)
+    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
+                                                       "%T"]).stdout, 120, "the smoke job to run")
+    cluster.scontrol("update", "NodeName=gpu02", "State=DRAIN", "Reason=admin: swapping a NIC")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["outcomes"]["gpu02"]["result"] == "left"
+    assert cluster.reason("gpu02") == "admin: swapping a NIC" and drain_flag(cluster, "gpu02")
     assert no_smoke_job_left(cluster)
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")

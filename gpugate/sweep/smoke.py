@@ -205,9 +205,17 @@ class SmokeStep:
         except SlurmError as exc:
             results = {n: SmokeResult(n, problem="not run: %s" % exc) for n in group}
         finally:
-            for (_, reason_text), names in self._work_groups(group, records).items():
+            # Out of service again with the work reason, unless someone set a
+            # reason of their own meanwhile: theirs wins, as everywhere.
+            after = self._states(group)
+            theirs = {n: after[n].reason for n in group if n in after and after[n].reason
+                      and reasons.parse(after[n].reason, self.tag) is None}
+            ours = [n for n in group if n not in theirs]
+            for (_, reason_text), names in self._work_groups(ours, records).items():
                 self.slurm.drain(hostlist(names), reason_text)
-        for name in group:
+        for name, reason_text in sorted(theirs.items()):
+            self._leave(name, "reason changed during the smoke job: %r" % reason_text)
+        for name in ours:
             res = results[name]
             detail = "job %s %s in %.0fs" % (res.job or "-", "passed" if res.passed else res.problem, res.seconds)
             self.journal.stage(name, "smoke single", jr.DONE if res.passed else jr.FAILED, detail)
