@@ -139,23 +139,32 @@ def test_a_node_failing_dcgm_r1_never_runs_r3_nor_the_smoke_job(smoke_cluster):
     assert not [line for line in cluster.slurm_calls() if " sbatch " in " " + line]
 
 
+def replay_healthy(cluster, node, delay):
+    """The node's all_reduce_perf prints the healthy recording after ``delay`` seconds."""
+    cluster.sim("replay", "FLEET", node, "--delay", str(delay), "--stdout-file", HEALTHY, "--",
+                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+
+
+def sweep_while_the_smoke_job_runs(cluster, node, delay):
+    """A sweep of the drifted ``node`` (JSON on its stdout), returned once its smoke job runs."""
+    drift_and_drain(cluster, node)
+    replay_healthy(cluster, node, delay)
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cluster.env, text=True)
+    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
+                                                       "%T"]).stdout, 120, "the smoke job to run")
+    return proc
+
+
 @pytest.mark.slow
 def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke_cluster):
     cluster = smoke_cluster(nodes=2)
-    drift_and_drain(cluster, "gpu02")
-    healthy = HEALTHY
-    cluster.sim("replay", "FLEET", "gpu02", "--delay", "20", "--stdout-file", healthy, "--",
-                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
-    proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=cluster.env)
-    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
-                                                       "%T"]).stdout, 120, "the smoke job to run")
+    proc = sweep_while_the_smoke_job_runs(cluster, "gpu02", 20)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     # The drain was lifted for the job (UNDRAIN clears the reason); the reservation still holds the node.
     assert "gpugate_sweep" in cluster.scontrol("show", "reservation")
-    cluster.sim("replay", "FLEET", "gpu02", "--stdout-file", healthy, "--",
-                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+    replay_healthy(cluster, "gpu02", 0)
     code, report, err = run_sweep(cluster)
     assert code == 0, err
     assert report["outcomes"]["gpu02"]["result"] == "resumed", report
@@ -169,14 +178,7 @@ def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke
 @pytest.mark.slow
 def test_an_admin_reason_set_during_the_smoke_job_wins(smoke_cluster):
     cluster = smoke_cluster(nodes=2)
-    drift_and_drain(cluster, "gpu02")
-    healthy = HEALTHY
-    cluster.sim("replay", "FLEET", "gpu02", "--delay", "8", "--stdout-file", healthy, "--",
-                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
-    proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cluster.env, text=True)
-    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
-                                                       "%T"]).stdout, 120, "the smoke job to run")
+    proc = sweep_while_the_smoke_job_runs(cluster, "gpu02", 8)
     cluster.scontrol("update", "NodeName=gpu02", "State=DRAIN", "Reason=admin: swapping a NIC")
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
