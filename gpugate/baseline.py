@@ -142,8 +142,10 @@ _HEALTH = Table({
     "dcgm_health_failure": (Choice("drain", "ignore"), "drain"),
     "leftover_processes": (Choice("drain", "ignore"), "drain"),
     # The diagnostic needs idle GPUs: only where the node is the sweep's (verify).
-    "dcgm_diag": (Table({m: (Int(0, 4), 2 if m == "verify" else 0) for m in MODES}),
-                  lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": 2}),
+    # verify: the levels in order, cheapest first, stopping at the first that fails (an int n means [n]).
+    "dcgm_diag": (Table(dict({m: (Int(0, 4), 0) for m in MODES},
+                             verify=(AnyOf(Int(0, 4), ListOf(Int(1, 4))), (1, 3)))),
+                  lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": (1, 3)}),
     # DCGM refuses its diagnostic on MIG GPUs: "skip" reports it not run (never a pass).
     "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
     # Most an IB error counter may grow between two health checks (gpugate.judges.hca).
@@ -186,6 +188,8 @@ _BASELINE = Table({
     "rollout": (Table({"in_progress": (Bool(), False)}), lambda: {"in_progress": False}),
     "nodes": (MapOf(_NODESET, _hostlist), dict),
     "health": (_HEALTH, lambda: _HEALTH.check({}, "health")),
+    # The sweep's smoke job passes at or above this average bus bandwidth, per GPU product.
+    "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict)}), lambda: {"min_busbw_gbps": {}}),
 })
 
 
@@ -275,6 +279,7 @@ class Baseline:
     source: str = ""
     resolved_expect: Optional[NodeExpect] = None  # set when loaded from a node's cache
     resolved_covered: Optional[bool] = None  # likewise
+    smoke_min_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_busbw_gbps
 
     def _sections_for(self, node: str):
         if not self.nodesets:
@@ -367,10 +372,13 @@ def parse_baseline(data: object, source: str) -> Baseline:
     health = dict(raw["health"])
     health["xid_actions"] = dict(health["xid_actions"])
     health["ib_counter_max"] = dict(DEFAULT_IB_COUNTER_MAX, **health["ib_counter_max"])  # a key overrides its default
+    verify = health["dcgm_diag"]["verify"]
+    health["dcgm_diag"] = dict(health["dcgm_diag"], verify=tuple(verify) if isinstance(verify, (list, tuple))
+                               else ((verify,) if verify else ()))
     return Baseline(name=raw["name"], pin=pin, previous=previous,
                     rollout_in_progress=raw["rollout"]["in_progress"],
                     nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),
-                    source=source)
+                    source=source, smoke_min_busbw=dict(raw["smoke"]["min_busbw_gbps"]))
 
 
 def load_baseline(path: str) -> Baseline:

@@ -160,6 +160,8 @@ fleet = "{dir}/fleet"
             "journal": self.path("state", "sweep.db"), "transport": "local", "gpugate": gpugate,
             "converge": converge, "rollback": converge + ["--previous"],
             "poll_seconds": 0.5, "drain_timeout": 60, "reboot_timeout": 90, "verify_timeout": 120,
+            # No smoke job unless a test asks (smoke_command()); the rig has no gres.
+            "smoke": [], "smoke_sbatch": [], "smoke_output_dir": self.path("smoke"),
         }
         values.update(self.sweep_overrides)
         return "\n".join("%s = %s" % (k, _toml_value(v)) for k, v in values.items())
@@ -169,7 +171,7 @@ fleet = "{dir}/fleet"
             target = installed_entry_point(mode)
             _write_file(self.path("bin", mode), "#!/bin/sh\n# slurmd passes no arguments: name this cluster's "
                         "configuration.\nexec %s --config %s\n" % (target, self.gpugate_conf), 0o755)
-        for tool in ("scontrol", "sinfo", "scancel"):
+        for tool in ("scontrol", "sinfo", "scancel", "sbatch"):
             _write_file(self.path("slurm-bin", tool), '#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'
                         % (tool, self.path("log", "slurm-calls.log"), BIN, tool), 0o755)
         _write_file(self.path("bin", "reboot"), REBOOT_PROGRAM.format(python=sys.executable, dir=self.dir), 0o755)
@@ -479,6 +481,13 @@ if os.fork() == 0:
                      stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     os._exit(0)
 """
+
+
+def smoke_command(directory: str) -> List[str]:
+    """The sweep's smoke job on the cluster in ``directory``: each node's
+    replayed all_reduce_perf (FLEET/NODE/bin), run by slurmd."""
+    return [os.path.join(os.path.abspath(directory), "fleet", "{node}", "bin", "all_reduce_perf"),
+            "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]
 
 
 def _write_file(path: str, text: str, mode: int = 0o644) -> None:

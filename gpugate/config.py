@@ -103,6 +103,15 @@ _SWEEP = Table({
     # node to service for repeat_limit times within repeat_window seconds: rma.
     "repeat_limit": (Int(0, 1000), 3),  # 0: never escalate for repeats
     "repeat_window": (Number(60, 365 * 86400), 7 * 86400.0),
+    # The smoke job (gpugate/sweep/smoke.py), submitted with sbatch into the
+    # batch's reservation after verification; [] turns it off.  {gpus}: the
+    # node's GPU count from the baseline's [nodes] ({node} also expands).
+    "smoke": (_ARGV, ("/opt/nccl-tests/build/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}")),
+    "smoke_sbatch": (ListOf(Str("--gres=gpu:{gpus}")), ("--gres=gpu:{gpus}",)),  # extra sbatch options
+    "smoke_deadline": (Number(10, 86400), 900.0),  # seconds from submission to a read result
+    # Where the job writes its output and the sweeper reads it: a file
+    # system both see (the job runs on the node, the sweep on the controller).
+    "smoke_output_dir": (_PATH, "/var/lib/gpugate/smoke"),
 })
 
 # Drains for anything but an acute finding stop at a share of each

@@ -96,6 +96,11 @@ _BY_COMPONENT = {
                     "members drained for it (members the drain budget held were never drained)"],
     "imex_service": ["this node's IMEX service is not READY: systemctl status nvidia-imex, "
                      "/var/log/nvidia-imex.log, /etc/nvidia-imex/config.cfg and nodes_config.cfg"],
+    "smoke": ["the node passed its checks but the sweep's smoke job (nccl-tests all_reduce_perf) failed "
+              "twice and after the rollback: read its output (smoke_output_dir/gpugate-smoke-NODE-JOB.out)",
+              "low busbw with correct results is NVLink/NVSwitch or P2P off (PCIe speed): nvidia-smi "
+              "topo -m and nvidia-smi nvlink -s, Fabric Manager; wrong values or an NCCL error: hardware",
+              "after the repair: gpugate smoke -w NODE (on the node in service, or via the sweep)"],
 }
 _BY_ACTION = {
     "reconverge": ["gpugate sweep reconverges the node to the pin (re-image or config converge), "

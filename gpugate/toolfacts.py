@@ -63,6 +63,7 @@ class DcgmDiag:
     level: int
     exit_code: int
     results: Tuple[DcgmTestResult, ...] = ()
+    passed_levels: Tuple[int, ...] = ()  # staged (verify): the cheaper levels that passed before this one
 
     @property
     def failures(self) -> Tuple[DcgmTestResult, ...]:

@@ -146,7 +146,7 @@ def test_dcgm4_diag_failure_with_exit_226_in_verify_mode(fleet, tmp_path):
     path = tmp_path / "diag.json"
     path.write_text(json.dumps(report))
     result = gpugate_cmd("sim", "replay", fleet, "gpu01", "--stdout-file", str(path), "--exit-code", "226",
-                         "--", "dcgmi", "diag", "-r", "2", "-j")
+                         "--", "dcgmi", "diag", "-r", "3", "-j")  # verify: -r 1 passes, then -r 3 fails
     assert result.returncode == 0, result.stderr
     assert check(fleet, mode="healthcheck")["fit"] is True  # no diag outside verify
     data = check(fleet, "gpu01", "verify")
@@ -154,6 +154,7 @@ def test_dcgm4_diag_failure_with_exit_226_in_verify_mode(fleet, tmp_path):
     finding = data["findings"][0]
     assert (finding["component"], finding["gpu"], finding["action"]) == ("dcgm_diag", 5, "rma")
     assert "memory fail" in data["reason"]
+    assert data["facts"]["dcgm_diag"]["passed_levels"] == [1]  # the cheap level first, then the long one
 
 
 def test_dcgmi_missing_is_probe(fleet):

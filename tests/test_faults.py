@@ -208,7 +208,7 @@ def test_dcgmi_diag_garbage_or_failure_exit_is_never_a_pass(fleet, tmp_path, std
     out = tmp_path / "out"
     out.write_bytes(stdout.encode("latin-1"))
     _sim("replay", fleet, "gpu01", "--stdout-file", str(out), "--exit-code", str(code),
-         "--", "dcgmi", "diag", "-r", "2", "-j")
+         "--", "dcgmi", "diag", "-r", "1", "-j")  # verify's first level
     data = _check(fleet, "verify")
     assert not data["fit"] and data["class"] == "probe"
     assert [f["component"] for f in data["findings"]] == ["dcgm_diag"]

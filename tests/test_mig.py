@@ -145,7 +145,7 @@ def test_a_mig_node_is_verified_on_everything_else_and_says_what_was_not(fleet, 
     data = _check(fleet, baseline)
     assert data["fit"] is True and data["findings"] == [] and data["reason"] is None
     (nv,) = data["not_verified"]
-    assert (nv["class"], nv["component"], nv["expected"]) == ("not_run", "dcgm_diag", "pass (r2)")
+    assert (nv["class"], nv["component"], nv["expected"]) == ("not_run", "dcgm_diag", "pass (r1)")
     assert nv["observed"] == "not run on MIG (MIG on gpus 0,1,2,3,4,5,6,7)"
     assert nv["detail"].startswith("not run on MIG: GPU 0's MIG configuration is incompatible")
     assert data["facts"]["dcgm_diag"]["results"][0]["status"] == "NotRun"
@@ -166,7 +166,7 @@ def test_the_real_refusal_replayed_by_a_simulated_dcgmi(fleet, tmp_path, code):
         path = tmp_path / ("out%d" % n)
         path.write_text(output)
         _sim("replay", fleet, "gpu01", "--stdout-file", str(path), "--exit-code", str(code),
-             "--", "dcgmi", "diag", "-r", "2", "-j")
+             "--", "dcgmi", "diag", "-r", "1", "-j")  # verify runs -r 1 first
         data = _check(fleet, baseline)
         if "-g 0" in command:
             assert data["fit"] is True and [f["component"] for f in data["not_verified"]] == ["dcgm_diag"]
@@ -179,7 +179,7 @@ def test_a_refusal_while_nvml_shows_no_mig_is_probe_not_a_pass(fleet, tmp_path):
     path = tmp_path / "out"
     path.write_text(REFUSALS[0][0] + "\n")
     _sim("replay", fleet, "gpu01", "--stdout-file", str(path), "--exit-code", "226",
-         "--", "dcgmi", "diag", "-r", "2", "-j")
+         "--", "dcgmi", "diag", "-r", "1", "-j")  # verify runs -r 1 first
     data = _check(fleet, DEMO_BASELINE)
     assert data["fit"] is False and data["class"] == "probe"
     assert data["findings"][0]["observed"] == "refused for MIG, NVML shows no MIG GPU"

@@ -160,7 +160,7 @@ def test_admin_reason_change_during_the_sweep_is_never_resumed(new_cluster):
     cluster = new_cluster(nodes=4)
     drift_and_drain(cluster, "gpu03")
     # Verification takes a while: the admin acts in the middle of it.
-    cluster.sim("replay", "FLEET", "gpu03", "--delay", "4", "--", "dcgmi", "diag", "-r", "2", "-j")
+    cluster.sim("replay", "FLEET", "gpu03", "--delay", "4", "--", "dcgmi", "diag", "-r", "1", "-j")
     proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=cluster.env)
     cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
@@ -207,7 +207,7 @@ def test_second_sweeper_refuses_to_run(new_cluster):
 def test_kill9_at_each_step_next_run_completes(new_cluster, step):
     cluster = new_cluster(nodes=3)
     drift_and_drain(cluster, "gpu02")
-    cluster.sim("replay", "FLEET", "gpu02", "--delay", "1", "--", "dcgmi", "diag", "-r", "2", "-j")
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "1", "--", "dcgmi", "diag", "-r", "1", "-j")
     proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=cluster.env)
     cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
@@ -303,7 +303,7 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
     health-check interval.  Never in service on the old driver for longer."""
     cluster = new_cluster(nodes=3)
     drift_and_drain(cluster, "gpu02")
-    cluster.sim("replay", "FLEET", "gpu02", "--delay", "3", "--", "dcgmi", "diag", "-r", "2", "-j")
+    cluster.sim("replay", "FLEET", "gpu02", "--delay", "3", "--", "dcgmi", "diag", "-r", "1", "-j")
     proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cluster.env)
     cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and

@@ -80,7 +80,8 @@ def test_the_sweeps_verification_over_ssh(rig):
     gpugate_cmd("sim", "set", rig.fleet, "gpu02", "gpu.3.xid=79", check=True)
     answers = _transport(rig).check(["gpu01", "gpu02", "gpu04", "gpu05", "gpu06"], ["--mode", "verify"], TIMEOUT)
     assert answers["gpu01"]["fit"] is True and answers["gpu01"]["node"] == "gpu01"
-    assert answers["gpu01"]["mode"] == "verify" and answers["gpu01"]["facts"]["dcgm_diag"]["level"] == 2
+    assert answers["gpu01"]["mode"] == "verify" and answers["gpu01"]["facts"]["dcgm_diag"]["level"] == 3
+    assert answers["gpu01"]["facts"]["dcgm_diag"]["passed_levels"] == [1]  # -r 1 first, then -r 3
     assert answers["gpu02"]["fit"] is False and "xid:gpu3=79" in answers["gpu02"]["reason"]
     # No answer is never fit: the sweep's normal failure path (retry, rollback, rma).
     for node in ("gpu04", "gpu05", "gpu06"):

@@ -110,7 +110,8 @@ def converge_failing_on(*bad):
 
 def make(tmp_path, slurm, clock=lambda: 10 * DAY, **sweep):
     cfg = dict(_SWEEP.check({}, "sweep"), poll_seconds=7.0, floor=0.0, converge=converge_failing_on(),
-               rollback=[], journal=str(tmp_path / "state" / "sweep.db"))
+               rollback=[], journal=str(tmp_path / "state" / "sweep.db"),
+               smoke=[])  # the smoke job needs a real slurmd: tests/test_slurm_smoke.py
     cfg.update(sweep)
     settings = types.SimpleNamespace(sweep=cfg, reason_tag=TAG, baseline=BASELINE)
     baseline = types.SimpleNamespace(previous=None, rollout_in_progress=False, pin={},

@@ -50,7 +50,10 @@ def rec(step, status, attempt=1, remedy="reconverge"):
     (rec("converge", jr.DONE), "reboot"),
     (rec("reboot", jr.DONE), "wait_up"),
     (rec("wait_up", jr.DONE), "verify"),
-    (rec("verify", jr.DONE), "resume"),
+    (rec("verify", jr.DONE), "smoke"),
+    (rec("smoke", jr.STARTED), "smoke"),  # interrupted: redo it (a job left behind is cancelled first)
+    (rec("smoke", jr.DONE), "resume"),
+    (rec("smoke", jr.FAILED), "failed"),  # never straight to resume
     (rec("verify", jr.FAILED), "failed"),  # never straight to resume
     (rec("converge", jr.FAILED), "failed"),
     (rec("wait_up", jr.FAILED), "failed"),

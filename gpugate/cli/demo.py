@@ -52,10 +52,12 @@ def demo(ctx, nodes, keep, directory):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..cluster import Cluster
+    from ..cluster import Cluster, smoke_command
 
     directory = directory or tempfile.mkdtemp(prefix="gpugate-demo-")
-    cluster = Cluster(directory, nodes=nodes, health_interval=DEMO_INTERVAL)
+    # The sweep's smoke job runs under slurmd; all_reduce_perf replays a recorded run.
+    cluster = Cluster(directory, nodes=nodes, health_interval=DEMO_INTERVAL,
+                      sweep={"smoke": smoke_command(directory), "smoke_deadline": 60})
     try:
         _walkthrough(cluster)
     finally:
@@ -88,6 +90,9 @@ def _walkthrough(cluster) -> None:
     for node, assignments, what in faults:
         cluster.sim("set", "FLEET", node, *assignments)
         click.echo("  %-6s %-55s (gpugate sim set ... %s)" % (node, what, " ".join(assignments)))
+    # Invisible to every node-side check: only the sweep's smoke job finds it.
+    cluster.sim("set", "FLEET", "gpu03", "smoke=pcie-degraded")
+    click.echo("  %-6s %-55s (gpugate sim set ... smoke=pcie-degraded)" % ("gpu03", "and NCCL falls back to PCIe"))
 
     _say("3. slurmd's own health checks run gpugate and drain them, each with a precise reason")
     bad = [n for n, _, _ in faults]
@@ -163,11 +168,13 @@ def _sweep_step(cluster) -> None:
     argv = [sys.executable, "-m", "gpugate", "sweep", "--config", cluster.gpugate_conf]
     _say("6. gpugate sweep: the plan (nothing changes without --apply)")
     click.echo(cluster.run(argv, check=False).stdout.rstrip())
-    _say("7. gpugate sweep --apply: reconverge / reboot, verify, and only then RESUME")
+    _say("7. gpugate sweep --apply: reconverge / reboot, verify (dcgmi diag -r 1, then -r 3), a smoke job "
+         "through Slurm in the batch's reservation, and only then RESUME")
     result = cluster.run(argv + ["--apply"], check=False, timeout=900)
     click.echo(result.stdout.rstrip())
     if result.returncode:
         click.echo(result.stderr.rstrip())
+    _show(cluster, argv + ["status"], "gpugate sweep status   (each node's proofs, in order)")
     _show(cluster, ["/usr/bin/sinfo", "-R", "-o", "%60E %N"],
           "SLURM_CONF=%s sinfo -R -o '%%60E %%N'   (what is left: escalated for a human)" % cluster.conf)
 

@@ -233,5 +233,6 @@ from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
 from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
 from . import sweep as _sweep  # noqa: E402,F401  (registers `gpugate sweep`)
 from . import fleet as _fleet  # noqa: E402,F401  (registers `gpugate audit`, `gpugate metrics`)
+from . import smoke as _smoke  # noqa: E402,F401  (registers `gpugate smoke`)
 from . import status_cmd as _status  # noqa: E402,F401  (registers `gpugate status`)
 from . import baseline_cmd as _baseline  # noqa: E402,F401

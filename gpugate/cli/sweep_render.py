@@ -97,10 +97,19 @@ def status_text(journal) -> str:
         r = nodes[name]
         lines.append("  %-10s %-11s %-6d %-13s %-8s %-8d %s" % (name, r.remedy, r.batch, r.step, r.status,
                                                               r.attempt, r.detail[:70]))
+    proofs = {name: journal.proofs(name) for name in sorted(nodes)}
+    if any(proofs.values()):
+        lines.append("\nProofs of the current attempt (in order; the first failure stops the rest):")
+        for name, rows in proofs.items():
+            for step, status, at, detail in rows:
+                lines.append("  %-10s %-13s %-6s %s  %s" % (name, step, "pass" if status == "done" else "FAIL",
+                                                           time.strftime("%H:%M:%S", time.localtime(at)), detail[:70]))
     return "\n".join(lines)
 
 
 def status_json(journal) -> dict:
     return {"runs": [dict(zip(("id", "started", "ended", "pid", "outcome"), r)) for r in journal.runs(20)],
-            "nodes": {n: r.__dict__ for n, r in journal.nodes().items()},
+            "nodes": {n: dict(r.__dict__, proofs=[dict(zip(("step", "status", "at", "detail"), p))
+                                                  for p in journal.proofs(n)])
+                      for n, r in journal.nodes().items()},
             "in_flight": sorted(journal.in_flight())}

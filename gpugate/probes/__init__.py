@@ -134,7 +134,9 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
             jobs["dcgm_health"] = lambda: commands.dcgm_health(cmd("dcgmi"), cap())
     if level:
         # The diagnostic may take the whole budget; leave a moment to act.
-        jobs["dcgm_diag"] = lambda: commands.dcgm_diag(cmd("dcgmi"), level, max(budget.left() - 2.0, 0.1), gpus)
+        levels = tuple(level) if isinstance(level, (list, tuple)) else (level,)
+        jobs["dcgm_diag"] = lambda: commands.dcgm_diag_staged(cmd("dcgmi"), levels,
+                                                              lambda: max(budget.left() - 2.0, 0.1), gpus)
     return jobs
 
 

@@ -2,6 +2,7 @@
 systemctl, dcgmi.  Each is bounded by the caller's timeout; an error or a
 timeout becomes a ProbeFailure."""
 
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import CommandError, ParseError
@@ -9,6 +10,7 @@ from ..facts import UNCHECKED, ProbeFailure
 from ..parsers import dcgm as dcgm_parse
 from ..parsers import system
 from ..runner import run
+from ..toolfacts import DcgmDiag
 
 # What the tools need: slurmd gives us no environment at all.
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
@@ -108,6 +110,21 @@ def dcgm_diag(dcgmi: str, level: int, timeout: float, gpus=None) -> Any:
     # Every exit code is parsed: a refusal on MIG is not a report, whatever its
     # code; the parser reads a report only with the codes that carry one.
     return _run("dcgmi diag", argv + ["-j"], timeout, lambda r: _diag(r, level), ok_codes=range(256))
+
+
+def dcgm_diag_staged(dcgmi: str, levels, time_left: Callable[[], float], gpus=None) -> Any:
+    """The levels in order, cheapest first (verify: -r 1 in seconds, then
+    -r 3's ~15 minutes); the first one that does not pass cleanly is the
+    result, and no later level runs.  The result names the levels passed."""
+    passed = []
+    for i, level in enumerate(levels):
+        diag = dcgm_diag(dcgmi, level, time_left(), gpus)
+        clean = (isinstance(diag, DcgmDiag) and diag.exit_code == 0 and not diag.failures and not diag.not_run
+                 and any(r.status == "Pass" for r in diag.results))
+        if not clean or i == len(levels) - 1:
+            return replace(diag, passed_levels=tuple(passed)) if isinstance(diag, DcgmDiag) else diag
+        passed.append(level)
+    return None
 
 
 def _diag(result, level: int) -> Any:

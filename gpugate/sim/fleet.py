@@ -24,7 +24,8 @@ from . import outputs
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
-EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl")
+EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl",
+               "all_reduce_perf")
 _BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
 
 
@@ -109,6 +110,7 @@ def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
         "dcgm": {"version": pin.dcgm or "4.2.3", "health": "Healthy", "diag_fail": {}},
         "kmsg": [],
         "replays": {},
+        "smoke": "healthy",  # what all_reduce_perf replays: gpugate/data/smoke/<value>.txt
         "converge": "ok",  # sim converge: ok | noop (exits 0, fixes nothing) | error
         "persistence_required": bool(expect.persistence),
         "ib": sim_ib.new_hcas(expect, pin),  # /sys/class/infiniband; None: no [hca] table

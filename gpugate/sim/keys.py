@@ -272,6 +272,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
+    "smoke": _node_path("smoke", convert=lambda v: _choice(v, ("healthy", "pcie-degraded", "hang", "nccl-abort"))),
 }
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 

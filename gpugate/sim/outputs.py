@@ -2,6 +2,7 @@
 are those of the real tools (see the parsers and their tests)."""
 
 import json
+import os
 from typing import Any, Dict
 
 DIAG_TESTS = {1: ["software"], 2: ["software", "pcie", "memory"],
@@ -48,7 +49,21 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         table["dcgmi diag -r %d -j" % level] = entry
         table["dcgmi diag -r %d -i *" % level] = entry  # on some GPUs only (the epilog's)
     table["nvidia-smi *"] = _ok("")
+    table["all_reduce_perf *"] = smoke_replay(model.get("smoke", "healthy"))
     return table
+
+
+SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort")
+
+
+def smoke_replay(kind: str) -> Dict[str, Any]:
+    """all_reduce_perf replaying a real recorded run (gpugate/data/smoke/SOURCES.txt)."""
+    if kind == "hang":
+        return {"hang": True}
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "smoke", kind + ".txt")
+    with open(path) as handle:
+        text = handle.read()
+    return {"stdout": text, "rc": 1 if kind == "nccl-abort" else 0}
 
 
 def _ok(stdout: str) -> Dict[str, Any]:

@@ -19,20 +19,21 @@ from . import history as hist
 from . import journal as jr
 from .plan import ESCALATE, REBOOT, RECONVERGE, Options, Plan, plan
 from .snapshot import take
+from .smoke import SmokeStep
 from .steps import Steps
 from .steps import hostlist as _hostlist
 
 # The steps of one attempt, in order, per remedy.  Attempt 3 is the rollback.
 PIPELINES = {
-    RECONVERGE: ("wait_drained", "converge", "reboot", "wait_up", "verify", "resume"),
-    REBOOT: ("wait_drained", "reboot", "wait_up", "verify", "resume"),
-    "rollout": ("drain", "wait_drained", "converge", "reboot", "wait_up", "verify", "resume"),
-    "rollback": ("rollback", "reboot", "wait_up", "verify", "resume"),
+    RECONVERGE: ("wait_drained", "converge", "reboot", "wait_up", "verify", "smoke", "resume"),
+    REBOOT: ("wait_drained", "reboot", "wait_up", "verify", "smoke", "resume"),
+    "rollout": ("drain", "wait_drained", "converge", "reboot", "wait_up", "verify", "smoke", "resume"),
+    "rollback": ("rollback", "reboot", "wait_up", "verify", "smoke", "resume"),
 }
 RETRY_FROM = {RECONVERGE: "converge", REBOOT: "reboot", "rollout": "converge"}
 # Failures and escalations are handled first, then the pipeline in order.
 STEP_ORDER = ("failed", "escalate", "drain", "wait_drained", "rollback", "converge", "reboot", "wait_up",
-              "verify", "resume")
+              "verify", "smoke", "resume")
 
 
 @dataclass
@@ -52,7 +53,7 @@ class SweepReport:
     max_out: Dict[str, int] = field(default_factory=dict)  # most nodes in our hands per partition
 
 
-class Sweeper(Steps):
+class Sweeper(Steps, SmokeStep):
     def __init__(self, settings, baseline, slurm, transport, journal: jr.Journal, options: Options,
                  force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep,
                  clock=time.time):

@@ -107,6 +107,23 @@ class Journal:
                             "WHERE node = ?", (step, status, attempt, time.time(), detail[:500], self.run_id, node))
             self._event(node, step, status, attempt, detail)
 
+    def stage(self, node: str, step: str, status: str, detail: str = "") -> None:
+        """One proof's result (a DCGM level, the smoke job), as an event only:
+        the node's step stays what the engine recorded."""
+        with self.db:
+            row = self.db.execute("SELECT attempt FROM nodes WHERE node = ?", (node,)).fetchone()
+            self._event(node, step, status, row[0] if row else 1, detail)
+
+    def proofs(self, node: str) -> List[tuple]:
+        """(step, status, at, detail) of the proofs of this node's current attempt, in order."""
+        rec = self.db.execute("SELECT run, attempt FROM nodes WHERE node = ?", (node,)).fetchone()
+        if rec is None:
+            return []
+        return self.db.execute("SELECT step, status, at, detail FROM events WHERE node = ? AND attempt = ? AND "
+                               "(step LIKE 'diag r%' OR step LIKE 'smoke %') AND status != 'started' AND "
+                               "id > (SELECT coalesce(max(id), 0) FROM events WHERE node = ? AND step = 'planned') "
+                               "ORDER BY id", (node, rec[1], node)).fetchall()
+
     def _event(self, node, step, status, attempt, detail) -> None:
         self.db.execute("INSERT INTO events (run, node, step, status, attempt, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (self.run_id, node, step, status, attempt, time.time(), detail[:500]))

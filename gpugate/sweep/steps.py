@@ -196,6 +196,7 @@ class Steps:
             answers.update(self.transport.check(rollback, ["--mode", "verify", "--pin", "previous"], timeout))
         for name in nodes:
             answer = answers.get(name, "no answer")
+            _journal_diag(self.journal, name, answer)
             problem = self._verify_problem(name, answer, records[name])
             if problem is None:
                 self._done(name, "verify", "fit")
@@ -268,6 +269,21 @@ class Steps:
         waiting = self._wait(nodes, settle, float(self.cfg["reboot_timeout"]))
         if waiting:
             self.say("  %s resumed but not yet in service; the floor counts them as out" % hostlist(waiting))
+
+
+def _journal_diag(journal, name, answer) -> None:
+    """Each DCGM level the node's check ran, as its own proof in the journal."""
+    facts = answer.get("facts") if isinstance(answer, dict) else None
+    diag = facts.get("dcgm_diag") if isinstance(facts, dict) else None
+    if not isinstance(diag, dict) or "level" not in diag:
+        return
+    for level in diag.get("passed_levels") or ():
+        journal.stage(name, "diag r%d" % level, jr.DONE, "pass")
+    bad = [r for r in diag.get("results") or () if isinstance(r, dict) and r.get("status") != "Pass"]
+    clean = diag.get("exit_code") == 0 and not bad and diag.get("results")
+    journal.stage(name, "diag r%d" % diag["level"], jr.DONE if clean else jr.FAILED,
+                  "pass" if clean else "; ".join("%s %s" % (r.get("test"), r.get("status")) for r in bad[:3])
+                  or "exit %s" % diag.get("exit_code"))
 
 
 def _converge(template, nodes, timeout) -> str:

@@ -1,0 +1,188 @@
+"""The sweep's smoke stage against the real slurmctld/slurmd: the job runs
+under slurmd inside the batch's reservation; only all_reduce_perf is a
+replaying executable (gpugate sim set NODE smoke=..., real recorded outputs)."""
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_cluster
+from test_slurm_sweep import drain_flag, drift_and_drain, journal_events, journal_rows, run_sweep, sweep_argv
+
+pytestmark = pytest.mark.slurm
+HEALTHY = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke", "healthy.txt")
+
+
+def boot(tmp_path, nodes=4, **sweep):
+    from gpugate.cluster import smoke_command
+
+    values = {"floor": 0.5, "smoke_deadline": 30, "smoke": smoke_command(str(tmp_path))}
+    values.update(sweep)
+    return make_cluster(tmp_path, nodes=nodes, sweep=values)
+
+
+def proofs(cluster, node):
+    db = sqlite3.connect(cluster.path("state", "sweep.db"), timeout=10)
+    try:
+        rows = db.execute("SELECT step, status FROM events WHERE node = ? AND (step LIKE 'diag r%' OR "
+                          "step LIKE 'smoke %') ORDER BY id", (node,)).fetchall()
+    finally:
+        db.close()
+    return rows
+
+
+def smoke_events(cluster, node):
+    return [(step, status, attempt) for _, step, status, attempt in journal_events(cluster, node)
+            if step == "smoke"]
+
+
+def no_smoke_job_left(cluster):
+    out = cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o", "%i %T"]).stdout
+    return out.strip() == ""
+
+
+@pytest.fixture
+def smoke_cluster(tmp_path):
+    clusters = []
+
+    def make(**kwargs):
+        clusters.append(boot(tmp_path / ("c%d" % len(clusters)), **kwargs))
+        return clusters[-1]
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(smoke_cluster):
+    cluster = smoke_cluster()
+    drift_and_drain(cluster, "gpu[01-02]")
+    cluster.sim("set", "FLEET", "gpu02", "smoke=pcie-degraded")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    outcomes = report["outcomes"]
+    assert outcomes["gpu01"]["result"] == "resumed", outcomes
+    assert (outcomes["gpu02"]["result"], outcomes["gpu02"]["attempts"]) == ("escalated", 3), outcomes
+    assert smoke_events(cluster, "gpu01")[-1][:2] == ("smoke", "done")
+    # Every proof of the attempt that resumed it, cheapest first.
+    assert proofs(cluster, "gpu01") == [("diag r1", "done"), ("diag r3", "done"), ("smoke single", "done")]
+    status = subprocess.run(sweep_argv(cluster, "status"), capture_output=True, text=True, env=cluster.env,
+                            timeout=60).stdout
+    assert re.search(r"gpu01\s+smoke single\s+pass .*job \d+ passed", status), status
+    assert re.search(r"gpu01\s+diag r3\s+pass", status), status
+    # Failed on the first try and the retry, judged on the real PCIe output; the
+    # rollback then verifies the previous pin (which gpugate never resumes on its own).
+    assert [(s, a) for s, st, a in smoke_events(cluster, "gpu02") if st == "failed"] == [("smoke", 1), ("smoke", 2)]
+    assert drain_flag(cluster, "gpu02")
+    reason = cluster.reason("gpu02")
+    assert reason.startswith("gpugate: rma smoke=all_reduce busbw=22.9"), reason
+    assert "want >= 350" in reason, reason
+    assert cluster.reason("gpu01") == ""
+    # The last attempt's proofs: diagnostics clean, the smoke job slow.
+    assert proofs(cluster, "gpu02")[:3] == [("diag r1", "done"), ("diag r3", "done"), ("smoke single", "failed")]
+    # The jobs ran under slurmd in the sweep's reservation, which is gone now.
+    jobs = [line for line in cluster.slurm_calls() if " sbatch " in " " + line]
+    assert jobs and all("--reservation=gpugate_sweep_" in line for line in jobs), jobs
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+    assert no_smoke_job_left(cluster)
+
+
+@pytest.mark.slow
+def test_a_smoke_job_that_never_ends_is_cancelled_at_the_deadline(smoke_cluster):
+    cluster = smoke_cluster(nodes=2, smoke_deadline=15, circuit_breaker=5)
+    drift_and_drain(cluster, "gpu01")
+    cluster.sim("set", "FLEET", "gpu01", "smoke=hang", "converge=ok")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu01"]["result"] == "escalated"
+    failed = [e for e in journal_events(cluster, "gpu01") if e[1] == "smoke" and e[2] == "failed"]
+    assert failed
+    assert cluster.reason("gpu01") == "gpugate: rma smoke=all_reduce timeout after 15s (want pass)"
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+@pytest.mark.slow
+def test_gpugate_smoke_by_hand_prints_verdicts_and_changes_no_node_state(smoke_cluster):
+    cluster = smoke_cluster(nodes=2)
+    cluster.sim("set", "FLEET", "gpu02", "smoke=pcie-degraded")
+    before = {n: (cluster.state(n), cluster.reason(n)) for n in cluster.nodes}
+    result = subprocess.run([sys.executable, "-m", "gpugate", "smoke", "--config", cluster.gpugate_conf,
+                             "-w", "gpu[01-02]"], capture_output=True, text=True, timeout=120, env=cluster.env)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.startswith("gpu0"))
+    assert lines["gpu01"].startswith("pass"), result.stdout
+    assert lines["gpu02"].startswith("FAIL") and "busbw=22.9" in lines["gpu02"], result.stdout
+    assert {n: (cluster.state(n), cluster.reason(n)) for n in cluster.nodes} == before
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_smoke" not in cluster.scontrol("show", "reservation")
+
+
+@pytest.mark.slow
+def test_a_node_failing_dcgm_r1_never_runs_r3_nor_the_smoke_job(smoke_cluster):
+    cluster = smoke_cluster(nodes=2)
+    drift_and_drain(cluster, "gpu01")
+    cluster.sim("set", "FLEET", "gpu01", "dcgm.diag_fail=3")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu01"]["result"] == "escalated"
+    steps = proofs(cluster, "gpu01")
+    assert steps and all(step == "diag r1" and status == "failed" for step, status in steps), steps
+    assert not any(e[1] == "smoke" for e in journal_events(cluster, "gpu01"))
+    assert cluster.reason("gpu01").startswith("gpugate: rma dcgm_diag"), cluster.reason("gpu01")
+    assert not [line for line in cluster.slurm_calls() if " sbatch " in " " + line]
+
+
+def replay_healthy(cluster, node, delay):
+    """The node's all_reduce_perf prints the healthy recording after ``delay`` seconds."""
+    cluster.sim("replay", "FLEET", node, "--delay", str(delay), "--stdout-file", HEALTHY, "--",
+                "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "8")
+
+
+def sweep_while_the_smoke_job_runs(cluster, node, delay):
+    """A sweep of the drifted ``node`` (JSON on its stdout), returned once its smoke job runs."""
+    drift_and_drain(cluster, node)
+    replay_healthy(cluster, node, delay)
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cluster.env, text=True)
+    cluster.wait_for(lambda: "RUNNING" in cluster.run(["/usr/bin/squeue", "-h", "-n", "gpugate-smoke", "-o",
+                                                       "%T"]).stdout, 120, "the smoke job to run")
+    return proc
+
+
+@pytest.mark.slow
+def test_a_sweeper_killed_during_the_smoke_job_redoes_it_and_leaves_no_job(smoke_cluster):
+    cluster = smoke_cluster(nodes=2)
+    proc = sweep_while_the_smoke_job_runs(cluster, "gpu02", 20)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    # The drain was lifted for the job (UNDRAIN clears the reason); the reservation still holds the node.
+    assert "gpugate_sweep" in cluster.scontrol("show", "reservation")
+    replay_healthy(cluster, "gpu02", 0)
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu02"]["result"] == "resumed", report
+    assert journal_rows(cluster)["gpu02"][:2] == ("resume", "done")
+    assert proofs(cluster, "gpu02")[-1] == ("smoke single", "done")
+    assert len([line for line in cluster.slurm_calls() if " sbatch " in " " + line]) == 2
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+@pytest.mark.slow
+def test_an_admin_reason_set_during_the_smoke_job_wins(smoke_cluster):
+    cluster = smoke_cluster(nodes=2)
+    proc = sweep_while_the_smoke_job_runs(cluster, "gpu02", 8)
+    cluster.scontrol("update", "NodeName=gpu02", "State=DRAIN", "Reason=admin: swapping a NIC")
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["outcomes"]["gpu02"]["result"] == "left"
+    assert cluster.reason("gpu02") == "admin: swapping a NIC" and drain_flag(cluster, "gpu02")
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
