@@ -8,7 +8,6 @@ import time
 
 import click
 
-from .main import main
 
 DEMO_INTERVAL = 6
 
@@ -29,7 +28,7 @@ def _show(cluster, argv, title=None) -> None:
     click.echo(cluster.run(argv, check=False).stdout.rstrip())
 
 
-@main.group(invoke_without_command=True)
+@click.group(invoke_without_command=True)
 @click.option("--nodes", default=8, show_default=True, type=click.IntRange(4, 32))
 @click.option("--keep", is_flag=True, help="Leave the cluster running at the end (stop it with `gpugate demo down`).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
