@@ -51,7 +51,7 @@ def demo(ctx, nodes, keep, directory):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..cluster import Cluster
+    from ..testbed import Cluster
 
     directory = directory or tempfile.mkdtemp(prefix="gpugate-demo-")
     cluster = Cluster(directory, nodes=nodes, health_interval=DEMO_INTERVAL)
@@ -195,7 +195,7 @@ def demo_up(directory, nodes, interval):
       gpugate demo up --dir /tmp/gg --nodes 4
       gpugate demo down --dir /tmp/gg
     """
-    from ..cluster import Cluster
+    from ..testbed import Cluster
 
     cluster = Cluster(directory, nodes=nodes, health_interval=interval)
     cluster.write(_baseline_text())
@@ -213,7 +213,7 @@ def demo_down(directory):
     Examples:
       gpugate demo down --dir /tmp/gg
     """
-    from ..cluster import Cluster, node_names_from_conf
+    from ..testbed import Cluster, node_names_from_conf
 
     cluster = Cluster(directory, nodes=0)
     cluster.nodes = node_names_from_conf(cluster.conf)
