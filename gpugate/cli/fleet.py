@@ -117,7 +117,7 @@ def metrics(config, output):
     """
     from ..budget import fleet_usage
     from ..fleet.metrics import fleet_families
-    from ..metrics import render
+    from ..promtext import render
     from ..node.state import read_json
     from ..slurm import connect
     from ..sweep.snapshot import take

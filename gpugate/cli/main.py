@@ -189,7 +189,7 @@ def slurm_conf(config, release):
       gpugate slurm-conf
       gpugate slurm-conf --release 24.11
     """
-    from ..slurmconf import fragment
+    from ..slurm.fragment import fragment
 
     click.echo(fragment(config, release), nl=False)
 

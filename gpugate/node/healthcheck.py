@@ -94,7 +94,7 @@ def run(settings, node: str, record: dict) -> int:
                 pass
         st.prune_jobs(state_dir, 30 * 86400, time.time())  # longer than any job's time limit
         if settings.prometheus_textfile:
-            from ..metrics import write_node_textfile
+            from .metrics import write_node_textfile
 
             write_node_textfile(settings.prometheus_textfile, node, verdict, facts, baseline,
                                 held=outcome["action"] == HELD, config_error=bool(record.get("config_error")))
