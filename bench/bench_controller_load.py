@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gpugate.cluster import Cluster  # noqa: E402
+from gpugate.testbed import Cluster  # noqa: E402
 
 DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
 RECHECK = 20

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpugate.cluster import SBIN, Cluster  # noqa: E402
+from gpugate.testbed import SBIN, Cluster  # noqa: E402
 from gpugate.config import load_settings  # noqa: E402
 from gpugate.errors import SlurmError  # noqa: E402
 from gpugate.slurm import connect  # noqa: E402
@@ -54,10 +54,10 @@ def main():
         cluster.write(text)
         cluster.nodes = ["gpu%02d" % i for i in range(1, args.nodes + 1)]
         with open(cluster.conf, "w") as handle:  # every node configured, no slurmd started
-            from gpugate.cluster import free_ports
+            from gpugate.testbed import free_ports
 
             ports = free_ports(2)
-            handle.write(cluster.slurm_conf([ports[0]] + [ports[1]] * args.nodes))
+            handle.write(cluster.rig_slurm_conf([ports[0]] + [ports[1]] * args.nodes))
         cluster._start_munge()
         cluster._spawn([SBIN + "/slurmctld", "-f", cluster.conf, "-i"], "slurmctld")
         cluster._wait(cluster._sinfo_ok, 60, "slurmctld")

@@ -60,7 +60,7 @@ def _require_slurm():
 
 def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None, sweep=None):
     """Write and boot a test cluster; the caller stops it."""
-    from gpugate.cluster import Cluster
+    from gpugate.testbed import Cluster
 
     _require_slurm()
     cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions, sweep=sweep)

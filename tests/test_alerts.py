@@ -68,7 +68,7 @@ def node_textfiles(tmp_path) -> dict:
     os.utime(str(baseline), (1, 1))
     # Held needs Slurm's view of the partition: gpugate's writer, given a real check's verdict.
     from gpugate.config import load_checked_baseline, load_settings
-    from gpugate.metrics import write_node_textfile
+    from gpugate.node.metrics import write_node_textfile
     from gpugate.node.check import run_check
 
     settings = load_settings(str(config))
@@ -83,7 +83,7 @@ def node_textfiles(tmp_path) -> dict:
 def controller_textfile(alarm: bool) -> str:
     from gpugate.budget import Use
     from gpugate.fleet.metrics import fleet_families
-    from gpugate.metrics import render
+    from gpugate.promtext import render
 
     def view(cls):
         return SimpleNamespace(ours=SimpleNamespace(cls=cls) if cls else None, in_service=cls is None)

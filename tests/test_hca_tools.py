@@ -29,7 +29,8 @@ def test_audit_shows_hca_firmware_per_type_like_vbios(tmp_path):
 def test_node_metrics_per_hca_port(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gpugate.metrics import hca_families, render
+    from gpugate.node.metrics import hca_families
+    from gpugate.promtext import render
 
     hcas = read_hcas(_ibstat_root(tmp_path, "h100-roce400-cx7-2ports-down-disabled"))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -1,7 +1,6 @@
 """gpugate.node.nhc without Slurm: the argv, the result, and the kill of a
 hung NHC's whole session (a real bash child, like NHC itself)."""
 
-import os
 import time
 from dataclasses import replace
 
@@ -68,7 +67,8 @@ def test_no_time_left_runs_nothing_and_is_not_a_pass(tmp_path):
 def test_metric_names_the_last_nhc_result_only_when_nhc_runs():
     from gpugate.baseline import load_baseline
     from gpugate.facts import NodeFacts
-    from gpugate.metrics import NHC_RESULTS, node_families, render
+    from gpugate.node.metrics import NHC_RESULTS, node_families
+    from gpugate.promtext import render
     from gpugate.verdict import decide
 
     from conftest import DEMO_BASELINE

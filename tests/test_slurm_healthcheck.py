@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gpugate.cluster import slurm_version
+from gpugate.testbed import slurm_version
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 5

@@ -20,7 +20,7 @@ HEALTHY = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", 
 
 
 def boot(tmp_path, nodes=4, **sweep):
-    from gpugate.cluster import smoke_command
+    from gpugate.testbed import smoke_command
 
     values = {"floor": 0.5, "smoke_deadline": 30, "smoke": smoke_command(str(tmp_path))}
     values.update(sweep)

@@ -355,7 +355,7 @@ def test_no_descriptor_is_left_open(tmp_path):
 
 
 def test_slurm_conf_refuses_to_name_a_program_root_cannot_vouch_for(tmp_path):
-    from gpugate.slurmconf import vouch
+    from gpugate.slurm.fragment import vouch
 
     tool = tmp_path / "reboot"
     tool.write_text("#!/bin/sh\n")

@@ -17,7 +17,8 @@ from gpugate.facts import UNCHECKED, ProbeFailure, to_jsonable
 from gpugate.findings import CHECK_CLASSES
 from gpugate.fleet.audit import DRIFT, STATUSES, UNCHECKED as AUDIT_UNCHECKED, UNREADABLE, fold
 from gpugate.fleet.metrics import fleet_families
-from gpugate.metrics import MATCHES, UNREADABLE as NODE_UNREADABLE, component_states, node_families, render
+from gpugate.node.metrics import MATCHES, UNREADABLE as NODE_UNREADABLE, component_states, node_families
+from gpugate.promtext import render
 from gpugate.node.check import run_check
 
 BASELINE = load_baseline(DEMO_BASELINE)

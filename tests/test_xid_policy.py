@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from conftest import DEMO_BASELINE, ROOT
 from gpugate import xidcatalog
 from gpugate.baseline import load_baseline
-from gpugate.facts import NodeFacts, XidEvent
+from gpugate.facts import NodeFacts
 from gpugate.findings import is_acute
 from gpugate.judges import xids
 from gpugate.parsers import kernlog
@@ -170,7 +170,8 @@ def test_prolog_does_not_drain_on_a_momentary_thermal_clock_event(fleet):
 
 
 def test_metrics_count_kernel_log_events_by_kind_and_code():
-    from gpugate.metrics import kernel_log_samples, render
+    from gpugate.node.metrics import kernel_log_samples
+    from gpugate.promtext import render
     lines = [NONFATAL] * 3 + ["nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"]
     events = tuple(kernlog.parse_dmesg("\n".join(lines)))
     samples = kernel_log_samples(events)

@@ -9,7 +9,6 @@ import time
 import click
 
 from ..errors import ConfigError
-from .main import main
 
 _config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
                            help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
@@ -18,7 +17,7 @@ _audit_opt = click.option("--audit", "audit_file", type=click.Path(dir_okay=Fals
                           help="The latest audit's facts (default: audit.json next to the sweep journal).")
 
 
-@main.group()
+@click.group()
 def baseline():
     """Write a baseline from a known-good node; compare two baselines;
     check a new one against the drain budget before it is pushed.
@@ -41,7 +40,7 @@ def _node_facts(config, sim, node):
     from ..config import load_checked_baseline
     from ..facts import to_jsonable
     from ..node.check import run_check
-    from .main import load_context
+    from .context import load_context
 
     settings = load_context(config, sim, None)
     try:

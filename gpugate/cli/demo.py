@@ -8,7 +8,6 @@ import time
 
 import click
 
-from .main import main
 
 DEMO_INTERVAL = 6
 
@@ -29,7 +28,7 @@ def _show(cluster, argv, title=None) -> None:
     click.echo(cluster.run(argv, check=False).stdout.rstrip())
 
 
-@main.group(invoke_without_command=True)
+@click.group(invoke_without_command=True)
 @click.option("--nodes", default=8, show_default=True, type=click.IntRange(4, 32))
 @click.option("--keep", is_flag=True, help="Leave the cluster running at the end (stop it with `gpugate demo down`).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
@@ -52,7 +51,7 @@ def demo(ctx, nodes, keep, directory):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..cluster import Cluster, smoke_command
+    from ..testbed import Cluster, smoke_command
 
     directory = directory or tempfile.mkdtemp(prefix="gpugate-demo-")
     # The sweep's smoke job runs under slurmd; all_reduce_perf replays a recorded run.
@@ -203,7 +202,7 @@ def demo_up(directory, nodes, interval):
       gpugate demo up --dir /tmp/gg --nodes 4
       gpugate demo down --dir /tmp/gg
     """
-    from ..cluster import Cluster
+    from ..testbed import Cluster
 
     cluster = Cluster(directory, nodes=nodes, health_interval=interval)
     cluster.write(_baseline_text())
@@ -221,7 +220,7 @@ def demo_down(directory):
     Examples:
       gpugate demo down --dir /tmp/gg
     """
-    from ..cluster import Cluster, node_names_from_conf
+    from ..testbed import Cluster, node_names_from_conf
 
     cluster = Cluster(directory, nodes=0)
     cluster.nodes = node_names_from_conf(cluster.conf)

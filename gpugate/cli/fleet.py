@@ -8,7 +8,6 @@ import time
 
 import click
 
-from .main import main
 
 
 def _settings(config):
@@ -49,7 +48,7 @@ def _select_nodes(settings, nodes, partitions):
     return sorted(chosen), member_of
 
 
-@main.command()
+@click.command()
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--nodes", "-w", default=None, help="Only these nodes (hostlist); default: every Slurm node.")
 @click.option("--partition", "-p", multiple=True, help="Only nodes of this partition (repeatable).")
@@ -102,7 +101,7 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     sys.exit(1 if result.drift or result.uncovered or result.config_errors else 0)
 
 
-@main.command()
+@click.command()
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the exposition atomically to this file (node_exporter's textfile collector).")
@@ -118,7 +117,7 @@ def metrics(config, output):
     """
     from ..budget import fleet_usage
     from ..fleet.metrics import fleet_families
-    from ..metrics import render
+    from ..promtext import render
     from ..node.state import read_json
     from ..slurm import connect
     from ..sweep.snapshot import take

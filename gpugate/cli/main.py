@@ -3,13 +3,15 @@ Library errors become messages and exit codes in one place (``Cli.invoke``)."""
 
 import json
 import os
-import socket
 import sys
 
 import click
 
 from .. import __version__
-from ..errors import ConfigError, GpugateError
+from ..errors import GpugateError
+from . import baseline_cmd, demo as demo_cmd, fleet as fleet_cmd, sim as sim_cmd, smoke as smoke_cmd, status_cmd
+from . import sweep as sweep_cmd
+from .context import default_node, in_context, load_context
 
 EXIT_CODES = """\b
 Exit codes:
@@ -35,42 +37,6 @@ class Cli(click.Group):
             click.echo("gpugate: internal error: %s: %s\n(run again with GPUGATE_DEBUG=1 for the traceback, "
                        "and report it)" % (type(exc).__name__, exc), err=True)
             sys.exit(2)
-
-
-def default_node() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
-def load_context(config, sim, baseline_path, node_required=None):
-    """Settings (and a simulated fleet, when --sim is given) for a command."""
-    from ..config import load_settings
-
-    from ..config import CONFIG_ENV
-
-    explicit = bool(config or os.environ.get(CONFIG_ENV))
-    return in_context(load_settings(config, missing_ok=config is None), sim, baseline_path, node_required,
-                      explicit)
-
-
-def in_context(settings, sim=None, baseline_path=None, node_required=None, config_explicit=True):
-    """Settings with --sim and --baseline applied, the simulated node checked.
-    The baseline: --baseline, else that of a gpugate.toml named by --config
-    or $GPUGATE_CONFIG, else the one the --sim fleet was created with, else
-    gpugate.toml's (the default one's, or /etc/gpugate/baseline.toml)."""
-    from dataclasses import replace
-
-    if sim:
-        settings = replace(settings, sim_fleet=os.path.abspath(sim))
-        from ..sim.fleet import recorded_baseline
-
-        recorded = recorded_baseline(settings.sim_fleet)
-        if recorded and not config_explicit:
-            settings = replace(settings, baseline=recorded)
-    if node_required and settings.sim_fleet and not os.path.isdir(os.path.join(settings.sim_fleet, node_required)):
-        raise ConfigError("%s: no simulated node %s there" % (settings.sim_fleet, node_required))
-    if baseline_path:
-        settings = replace(settings, baseline=os.path.abspath(baseline_path))
-    return settings
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -224,15 +190,13 @@ def slurm_conf(config, release):
       gpugate slurm-conf
       gpugate slurm-conf --release 24.11
     """
-    from ..slurmconf import fragment
+    from ..slurm.fragment import fragment
 
     click.echo(fragment(config, release), nl=False)
 
 
-from . import sim as _sim  # noqa: E402,F401  (registers `gpugate sim`)
-from . import demo as _demo  # noqa: E402,F401  (registers `gpugate demo`)
-from . import sweep as _sweep  # noqa: E402,F401  (registers `gpugate sweep`)
-from . import fleet as _fleet  # noqa: E402,F401  (registers `gpugate audit`, `gpugate metrics`)
-from . import smoke as _smoke  # noqa: E402,F401  (registers `gpugate smoke`)
-from . import status_cmd as _status  # noqa: E402,F401  (registers `gpugate status`)
-from . import baseline_cmd as _baseline  # noqa: E402,F401
+# The subcommand modules define their commands; the group gathers them here
+# (they do not import this module, so there is no cycle).
+for _command in (sim_cmd.sim, demo_cmd.demo, sweep_cmd.sweep, fleet_cmd.audit, fleet_cmd.metrics, smoke_cmd.smoke,
+                 status_cmd.status, baseline_cmd.baseline):
+    main.add_command(_command)

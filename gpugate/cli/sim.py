@@ -6,7 +6,6 @@ import os
 import click
 
 from ..errors import ConfigError
-from .main import main
 
 
 def _nodeset(expr: str):
@@ -18,7 +17,7 @@ def _nodeset(expr: str):
     return ns
 
 
-@main.group()
+@click.group()
 def sim():
     """Simulated GPU nodes: NVML, the file-system root and the tools are
     simulated; everything above them runs the production code.

@@ -9,7 +9,6 @@ import time
 import click
 
 from ..errors import GpugateError
-from .main import main
 
 
 def _hostlist(expr):
@@ -40,7 +39,7 @@ def _journal(path):
         journal.close()
 
 
-@main.command("status")
+@click.command("status")
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: gpugate (nodes by class), others, counts, partitions.")

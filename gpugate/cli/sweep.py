@@ -7,7 +7,6 @@ import sys
 
 import click
 
-from .main import main
 
 
 def _context(config):
@@ -18,7 +17,7 @@ def _context(config):
     return settings, load_checked_baseline(settings), connect(settings)
 
 
-@main.group(invoke_without_command=True)
+@click.group(invoke_without_command=True)
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--apply", "apply_", is_flag=True, help="Execute the plan (default: only print it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (or the summary) as JSON.")

@@ -40,7 +40,7 @@ def run(settings, node: str, record: dict) -> int:
         outcome = _act(settings, node, judged, deadline, nhc_outcome)
         _save_state(settings, node, judged, outcome, record)
         if settings.prometheus_textfile:
-            from ..metrics import write_node_textfile
+            from .metrics import write_node_textfile
 
             write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts, judged.baseline,
                                 held=outcome["action"] == HELD, config_error=bool(record.get("config_error")),

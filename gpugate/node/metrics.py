@@ -1,40 +1,18 @@
-"""Prometheus text exposition.  Node side: a textfile for node_exporter's
-textfile collector (verdict, class, per-component match with the pin, and
-whether each component could be read at all).
-Labels are bounded: classes and component names are fixed sets, Xid/SXid codes
-the ones the driver defines."""
+"""Node-side metrics: a textfile for node_exporter's textfile collector
+(verdict, class, per-component match with the pin, and whether each
+component could be read at all).  The controller's are fleet/metrics.py.
+Labels are bounded: classes and component names are fixed sets, Xid/SXid
+codes the ones the driver defines."""
 
 import os
 import time
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Tuple
 
-from .baseline import PIN_COMPONENTS
-from .facts import ProbeFailure, failed, unchecked
-from .findings import CHECK_CLASSES
-from .judges.common import nvswitch
-
-Sample = Tuple[str, dict, float]
-
-
-def _escape(value: str) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def render(families: Iterable[Tuple[str, str, str, List[Sample]]]) -> str:
-    """families: (name, type, help, samples) -> exposition text."""
-    lines = []
-    for name, kind, help_text, samples in families:
-        lines.append("# HELP %s %s" % (name, help_text))
-        lines.append("# TYPE %s %s" % (name, kind))
-        for sample_name, labels, value in samples:
-            label_text = ",".join('%s="%s"' % (k, _escape(v)) for k, v in sorted(labels.items()))
-            lines.append("%s%s %s" % (sample_name, "{%s}" % label_text if label_text else "", _number(value)))
-    return "\n".join(lines) + "\n"
-
-
-def _number(value: float) -> str:
-    return repr(float(value)) if isinstance(value, float) and value != int(value) else str(int(value))
-
+from ..baseline import PIN_COMPONENTS
+from ..facts import ProbeFailure, failed, unchecked
+from ..findings import CHECK_CLASSES
+from ..judges.common import nvswitch
+from ..promtext import render
 
 # What a pinned component's reading was on this node.
 MATCHES, DIFFERS, UNREADABLE, UNCHECKED = "matches", "differs", "unreadable", "unchecked"

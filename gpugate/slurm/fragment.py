@@ -4,9 +4,9 @@ import os
 import sysconfig
 from typing import Optional
 
-from . import trust
-from .config import DEFAULT_CONFIG
-from .errors import ConfigError
+from .. import trust
+from ..config import DEFAULT_CONFIG
+from ..errors import ConfigError
 
 REBOOT_PROGRAM = "/usr/sbin/reboot"
 
@@ -24,7 +24,7 @@ def _release(text: str):
         major, minor = text.split(".")[:2]
         return int(major), int(minor)
     except ValueError:
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError("--release: expected MAJOR.MINOR such as 22.05, got %r" % text) from None
 
