@@ -189,7 +189,10 @@ _BASELINE = Table({
     "nodes": (MapOf(_NODESET, _hostlist), dict),
     "health": (_HEALTH, lambda: _HEALTH.check({}, "health")),
     # The sweep's smoke job passes at or above this average bus bandwidth, per GPU product.
-    "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict)}), lambda: {"min_busbw_gbps": {}}),
+    # min_pair_busbw_gbps: the 2-node pair run's (inter-node line rate, not NVLink).
+    "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict),
+                     "min_pair_busbw_gbps": (MapOf(Number(0, 100000)), dict)}),
+              lambda: {"min_busbw_gbps": {}, "min_pair_busbw_gbps": {}}),
 })
 
 
@@ -280,6 +283,7 @@ class Baseline:
     resolved_expect: Optional[NodeExpect] = None  # set when loaded from a node's cache
     resolved_covered: Optional[bool] = None  # likewise
     smoke_min_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_busbw_gbps
+    smoke_min_pair_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_pair_busbw_gbps
 
     def _sections_for(self, node: str):
         if not self.nodesets:
@@ -378,7 +382,8 @@ def parse_baseline(data: object, source: str) -> Baseline:
     return Baseline(name=raw["name"], pin=pin, previous=previous,
                     rollout_in_progress=raw["rollout"]["in_progress"],
                     nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),
-                    source=source, smoke_min_busbw=dict(raw["smoke"]["min_busbw_gbps"]))
+                    source=source, smoke_min_busbw=dict(raw["smoke"]["min_busbw_gbps"]),
+                    smoke_min_pair_busbw=dict(raw["smoke"]["min_pair_busbw_gbps"]))
 
 
 def load_baseline(path: str) -> Baseline:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 from . import trust
-from .schema import (AnyOf, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
+from .schema import (AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
 
 TYPE_CHECKING = False
@@ -112,6 +112,13 @@ _SWEEP = Table({
     # Where the job writes its output and the sweeper reads it: a file
     # system both see (the job runs on the node, the sweep on the controller).
     "smoke_output_dir": (_PATH, "/var/lib/gpugate/smoke"),
+    # After every single-node job, the nodes that passed run 2-node jobs in
+    # pairs (gpugate/sweep/pairs.py): the inter-node path.  {node} is the
+    # pair's first node, {nodes} both, {gpus} the GPUs of one node.
+    "pairs": (Bool(), False),
+    "smoke_pair": (_ARGV, ("/usr/bin/srun", "--mpi=pmix", "/opt/nccl-tests/build/all_reduce_perf", "-b", "1G",
+                           "-e", "8G", "-f", "2", "-g", "1")),  # one task per GPU, one GPU each
+    "smoke_pair_sbatch": (ListOf(Str("--gres=gpu:{gpus}")), ("--gres=gpu:{gpus}", "--ntasks-per-node={gpus}")),
 })
 
 # Drains for anything but an acute finding stop at a share of each

@@ -146,3 +146,26 @@ def _checked(run: Optional[NcclRun]) -> bool:
         return True
     old = all(r.oop_max_error is not None and r.ip_max_error is not None for r in run.rows)
     return old and run.out_of_bounds == 0
+
+
+# What a shell or launcher prints when the program itself is not there or not
+# executable: `sh: 1: exec: /opt/x: not found`, bash's `No such file or
+# directory`, `command not found`, `Permission denied`.
+_CANNOT_RUN = ("command not found", "No such file or directory", ": not found", "Permission denied",
+               "cannot execute")
+
+
+def cannot_run(run: Optional[NcclRun], exit_code: Optional[int], text: str) -> str:
+    """Why the command never ran on the node ("" when it did): the site's
+    configuration (a wrong path, nccl-tests not installed), not the node.
+    Only without any result or NCCL/CUDA error line: a run that got that far
+    was started, and what it printed is the node's."""
+    if run is not None and (run.rows or run.avg_busbw_gbps is not None or run.errors):
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = next((line for line in lines if any(m in line for m in _CANNOT_RUN)), "")
+    if exit_code in (126, 127):
+        return _shorten("exit %d: %s" % (exit_code, said or (lines[-1] if lines else "no output")))
+    if exit_code and said:
+        return _shorten("exit %d: %s" % (exit_code, said))
+    return ""

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..errors import ConfigError
+from .outputs import SMOKE
 
 _CLOCKS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80, "sw_thermal": 0x20, "none": 0}
 XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected.",
@@ -272,8 +273,10 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
-    "smoke": _node_path("smoke", convert=lambda v: _choice(v, ("healthy", "pcie-degraded", "hang", "nccl-abort"))),
+    "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
 }
+
+
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 

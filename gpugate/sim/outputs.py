@@ -49,21 +49,38 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         table["dcgmi diag -r %d -j" % level] = entry
         table["dcgmi diag -r %d -i *" % level] = entry  # on some GPUs only (the epilog's)
     table["nvidia-smi *"] = _ok("")
-    table["all_reduce_perf *"] = smoke_replay(model.get("smoke", "healthy"))
+    kind = model.get("smoke", "healthy")
+    table["all_reduce_perf *"] = dict(smoke_replay(kind), multinode=pair_replay(kind))
     return table
 
 
-SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort")
+SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort", "pair-slow", "pair-abort")
+# What a node brings to a 2-node run: the recording and how bad it is (the
+# replaying stub of the pair's first node plays the worse of the two).
+_PAIR = {"healthy": ("pair-healthy", 0), "pair-slow": ("pair-slow", 1), "pcie-degraded": ("pair-slow", 1),
+         "pair-abort": ("nccl-abort", 2), "nccl-abort": ("nccl-abort", 2), "hang": ("hang", 3)}
 
 
 def smoke_replay(kind: str) -> Dict[str, Any]:
-    """all_reduce_perf replaying a real recorded run (gpugate/data/smoke/SOURCES.txt)."""
+    """all_reduce_perf replaying a real recorded run (gpugate/data/smoke/SOURCES.txt).
+    pair-* values break only the 2-node run: the single-node one is healthy."""
     if kind == "hang":
         return {"hang": True}
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "smoke", kind + ".txt")
-    with open(path) as handle:
-        text = handle.read()
-    return {"stdout": text, "rc": 1 if kind == "nccl-abort" else 0}
+    name = "healthy" if kind.startswith("pair-") else kind
+    return {"stdout": _recording(name), "rc": 1 if kind == "nccl-abort" else 0}
+
+
+def pair_replay(kind: str) -> Dict[str, Any]:
+    """What this node's 2-node (pair) run replays, with its severity."""
+    name, severity = _PAIR[kind]
+    if name == "hang":
+        return {"hang": True, "severity": severity}
+    return {"stdout": _recording(name), "rc": 1 if name == "nccl-abort" else 0, "severity": severity}
+
+
+def _recording(name: str) -> str:
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "smoke", name + ".txt")) as handle:
+        return handle.read()
 
 
 def _ok(stdout: str) -> Dict[str, Any]:

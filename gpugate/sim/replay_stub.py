@@ -31,6 +31,8 @@ def main():
     if entry is None:
         sys.stderr.write("sim: no recording for: %s\n" % key)
         return 127
+    if entry.get("multinode") and _job_nodes():
+        entry = _worst(entry["multinode"], key, here)
     if entry.get("hang"):
         while True:  # a wedged tool: only a kill ends it
             time.sleep(3600)
@@ -40,6 +42,58 @@ def main():
     sys.stderr.write(entry.get("stderr", ""))
     sys.stdout.flush()
     return int(entry.get("rc", 0))
+
+
+def _job_nodes():
+    """The nodes of a multi-node Slurm job this runs in (the batch script's
+    SLURM_JOB_NODELIST, e.g. "gpu[01-02]" or "gpu01,gpu03"), else []."""
+    try:
+        if int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) < 2:
+            return []
+    except ValueError:
+        return []
+    names, depth, word = [], 0, ""
+    for char in os.environ.get("SLURM_JOB_NODELIST", "") + ",":
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names += _expand(word)
+            word = ""
+        else:
+            word += char
+    return [n for n in names if n]
+
+
+def _expand(word):
+    if "[" not in word:
+        return [word]
+    head, _, rest = word.partition("[")
+    ranges, _, tail = rest.partition("]")
+    out = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        for i in range(int(low), int(high or low) + 1):
+            out.append("%s%0*d%s" % (head, len(low), i, tail))
+    return out
+
+
+def _worst(mine, key, here):
+    """A multi-node run shows its worst node: each node of the job brings
+    its own recording (FLEET/NODE/replay.json, "multinode"), the most
+    severe one plays."""
+    fleet = os.path.dirname(os.path.dirname(here))
+    best = mine
+    for node in _job_nodes():
+        try:
+            with open(os.path.join(fleet, node, "replay.json")) as handle:
+                table = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        entries = [v for k, v in table.items() if k == key or (k.endswith(" *") and key.startswith(k[:-1]))]
+        for entry in entries:
+            theirs = entry.get("multinode")
+            if theirs and theirs.get("severity", 0) > best.get("severity", 0):
+                best = theirs
+    return best
 
 
 if __name__ == "__main__":

@@ -31,11 +31,12 @@ class JobState:
 
 def submit(slurm, argv: List[str], node: str, reservation: str, minutes: int, output: str, name: str,
            extra: List[str] = ()) -> str:
-    """sbatch the command on one whole node inside ``reservation``: the job id."""
+    """sbatch the command on whole nodes (``node``: one, or "a,b" for a
+    pair) inside ``reservation``: the job id."""
     if not reservation:
         raise SlurmError("refusing to submit %s to %s outside a reservation" % (name, node))
     args = ["--parsable", "--job-name=" + name, "--reservation=" + reservation, "--nodelist=" + node,
-            "--nodes=1", "--exclusive", "--time=%d" % max(1, minutes), "--output=" + output,
+            "--nodes=%d" % len(node.split(",")), "--exclusive", "--time=%d" % max(1, minutes), "--output=" + output,
             "--open-mode=truncate", "--no-requeue", "--chdir=" + os.path.dirname(output)] + list(extra)
     # sbatch --wrap runs the text with /bin/sh on the node: quote every word.
     out = slurm._run("sbatch", args + ["--wrap", "exec " + " ".join(shlex.quote(a) for a in argv)])

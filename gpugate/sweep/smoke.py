@@ -26,6 +26,7 @@ from ..errors import SlurmError
 from ..findings import RMA, Finding
 from ..slurm import jobs as sj
 from . import journal as jr
+from .pairs import FAIL, ODD_ONE_OUT, decide, run_rounds
 from .waits import poll_until
 
 JOB_NAME = "gpugate-smoke"
@@ -38,23 +39,25 @@ HEAD = 64 << 10
 
 @dataclass
 class SmokeResult:
-    node: str
+    node: str  # the node, or "a,b" for a pair's job
     job: str = ""
     passed: bool = False
     problem: str = ""  # e.g. "busbw=23.4GB/s (want >= 350)"
     seconds: float = 0.0
+    site: str = ""  # the command never ran (a wrong path): the site's configuration, not the node
 
 
-def template(argv, node: str, gpus: Optional[int]) -> List[str]:
-    """{node} and {gpus} in the command; an unknown GPU count leaves the
-    tool's own default (all_reduce_perf -g {gpus} needs a number)."""
+def template(argv, node: str, gpus: Optional[int], nodes: Optional[str] = None) -> List[str]:
+    """{node}, {nodes} ("a,b" of a pair; the node alone) and {gpus} in the
+    command; an unknown GPU count leaves the tool's own default
+    (all_reduce_perf -g {gpus} needs a number)."""
     out = []
     for word in argv:
         if "{gpus}" in word and gpus is None:
             if out and out[-1] in ("-g", "--ngpus"):
                 out.pop()
             continue
-        out.append(word.replace("{node}", node).replace("{gpus}", str(gpus)))
+        out.append(word.replace("{nodes}", nodes or node).replace("{node}", node).replace("{gpus}", str(gpus)))
     return out
 
 
@@ -62,29 +65,35 @@ def run_smoke(slurm, cfg, baseline, nodes: List[str], reservation: str, sleep=ti
               say=lambda text: None) -> Dict[str, SmokeResult]:
     """Submit the smoke job on each node inside ``reservation``, wait, judge.
     Changes no node state (the caller lifts and sets drains)."""
+    return _run_jobs(slurm, cfg, baseline, [(n,) for n in nodes], reservation, sleep, say)
+
+
+def run_pairs(slurm, cfg, baseline, pairs, reservation: str, sleep=time.sleep,
+              say=lambda text: None) -> Dict[str, SmokeResult]:
+    """One 2-node job per pair (``smoke_pair``), keyed "a,b"."""
+    return _run_jobs(slurm, cfg, baseline, [tuple(p) for p in pairs], reservation, sleep, say)
+
+
+def _run_jobs(slurm, cfg, baseline, units, reservation, sleep, say) -> Dict[str, SmokeResult]:
     if not reservation or reservation not in slurm.reservations():
         raise SlurmError("reservation %r is missing: the smoke job is never submitted outside it" % reservation)
     outdir = str(cfg["smoke_output_dir"])
     os.makedirs(outdir, mode=0o755, exist_ok=True)
     deadline = float(cfg["smoke_deadline"])
     minutes = int(math.ceil(deadline / 60.0)) + 1  # Slurm's own limit only backs ours up
-    # nccl-tests (all_reduce_perf, all_gather_perf, ...) must print its table
-    # and average; a site's own command is judged on its exit code (and any
-    # nccl-tests-like error or wrong-value lines it prints).
-    nccl_tests = os.path.basename(str(cfg["smoke"][0])).endswith("_perf")
     results: Dict[str, SmokeResult] = {}
-    jobs: Dict[str, str] = {}  # job -> node
+    jobs: Dict[str, str] = {}  # job -> unit label
     started = time.monotonic()
     try:
-        for node in nodes:
-            gpus = baseline.expect_for(node).gpus
-            argv = template(cfg["smoke"], node, gpus)
-            extra = template(cfg["smoke_sbatch"], node, gpus)
-            output = os.path.join(outdir, "%s-%s-%%j.out" % (JOB_NAME, node))
-            job = sj.submit(slurm, argv, node, reservation, minutes, output, JOB_NAME, extra)
-            results[node] = SmokeResult(node, job)
-            jobs[job] = node
-            say("  %s: smoke job %s submitted in reservation %s" % (node, job, reservation))
+        for unit in units:
+            label, pair = ",".join(unit), len(unit) > 1
+            gpus = baseline.expect_for(unit[0]).gpus
+            argv = template(cfg["smoke_pair" if pair else "smoke"], unit[0], gpus, label)
+            extra = template(cfg["smoke_pair_sbatch" if pair else "smoke_sbatch"], unit[0], gpus, label)
+            job = sj.submit(slurm, argv, label, reservation, minutes, _output(outdir, label, "%j"), JOB_NAME, extra)
+            results[label] = SmokeResult(label, job)
+            jobs[job] = label
+            say("  %s: smoke job %s submitted in reservation %s" % (label, job, reservation))
     except SlurmError:
         _cancel_and_wait(slurm, cfg, sorted(jobs), sleep)  # none of this batch's jobs is left behind
         raise
@@ -101,13 +110,21 @@ def run_smoke(slurm, cfg, baseline, nodes: List[str], reservation: str, sleep=ti
     late = poll_until(jobs, lambda waiting: sj.show(slurm, sorted(waiting)), settle, deadline,
                       float(cfg["poll_seconds"]), sleep)
     _cancel_and_wait(slurm, cfg, sorted(late), sleep)
-    for job, node in jobs.items():
-        res = results[node]
+    for job, label in jobs.items():
+        res = results[label]
         res.seconds = took.get(job, time.monotonic() - started)
-        state = ended.get(job)
-        output = os.path.join(outdir, "%s-%s-%s.out" % (JOB_NAME, node, job))
-        res.passed, res.problem = _judge(baseline, node, state, job in late, output, deadline, nccl_tests)
+        argv = cfg["smoke_pair" if "," in label else "smoke"]
+        # nccl-tests (all_reduce_perf, all_gather_perf, ...; also behind srun)
+        # must print its table and average; a site's own command is judged
+        # on its exit code (and any nccl-tests-like error or wrong-value lines).
+        nccl_tests = any(os.path.basename(str(word)).endswith("_perf") for word in argv)
+        res.passed, res.problem, res.site = _judge(baseline, label.split(","), ended.get(job), job in late,
+                                                   _output(outdir, label, job), deadline, nccl_tests)
     return results
+
+
+def _output(outdir: str, label: str, job: str) -> str:
+    return os.path.join(outdir, "%s-%s-%s.out" % (JOB_NAME, label.replace(",", "+"), job))
 
 
 def _cancel_and_wait(slurm, cfg, jobs, sleep) -> None:
@@ -137,26 +154,42 @@ def _read_bounded(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _judge(baseline, node, state, timed_out, output, deadline, nccl_tests=True):
-    from ..judges.smoke import judge_smoke
+def _want(baseline, nodes):
+    """The minimum busbw for these nodes' product (a pair: the pair table,
+    and only when both nodes are the same listed product)."""
+    products = {baseline.expect_for(n).product for n in nodes}
+    table = baseline.smoke_min_pair_busbw if len(nodes) > 1 else baseline.smoke_min_busbw
+    product = products.pop() if len(products) == 1 else None
+    return table.get(product) if product else None
+
+
+def _judge(baseline, nodes, state, timed_out, output, deadline, nccl_tests=True):
+    """(passed, problem, site): site is why the command never ran, when it did not."""
+    from ..judges.smoke import cannot_run, judge_smoke
     from ..parsers.nccl import parse_nccl_tests
 
-    product = baseline.expect_for(node).product
-    want = baseline.smoke_min_busbw.get(product) if product else None
+    want = _want(baseline, nodes)
     if timed_out:
-        return False, judge_smoke(None, None, True, want, deadline_s=deadline).problem
+        return False, judge_smoke(None, None, True, want, deadline_s=deadline).problem, ""
     if state is None or state.state == sj.GONE:
-        return False, "the job's record was gone before gpugate read it"
+        return False, "the job's record was gone before gpugate read it", ""
     try:
         text = _read_bounded(output)
     except OSError as exc:
-        return False, "cannot read the job's output %s (%s): smoke_output_dir must be shared" % (
+        problem = "cannot read the job's output %s (%s): smoke_output_dir must be shared" % (
             output, exc.strerror or exc)
+        # No output from a job that ran to its end: it never started (a wrong
+        # smoke_output_dir); a node that failed the job (NODE_FAIL) is the node's.
+        return False, problem, problem if state.state in ("COMPLETED", "FAILED") else ""
     exit_code = state.exit_code if state.state != "CANCELLED" else None
-    verdict = judge_smoke(parse_nccl_tests(text), exit_code, False, want, require_result=nccl_tests)
+    run = parse_nccl_tests(text)
+    site = cannot_run(run, exit_code, text)
+    if site:
+        return False, "cannot run: " + site, site
+    verdict = judge_smoke(run, exit_code, False, want, require_result=nccl_tests)
     if verdict.passed and state.state != "COMPLETED":
-        return False, "job %s" % state.state.lower()
-    return verdict.passed, verdict.problem
+        return False, "job %s" % state.state.lower(), ""
+    return verdict.passed, verdict.problem, ""
 
 
 def finding(problem: str) -> Finding:
@@ -184,6 +217,7 @@ class SmokeStep:
         from .. import reason as reasons
         from .steps import hostlist
 
+        runs, pair_verdicts = [], {}
         states = self._states(group)
         for name in list(group):
             st = states.get(name)
@@ -202,8 +236,14 @@ class SmokeStep:
                 raise SlurmError("reservation %s is missing: no smoke job outside it" % reservation)
             self.slurm.undrain(hostlist(group))
             results = run_smoke(self.slurm, self.cfg, self.baseline, group, reservation, self.sleep, self.say)
+            if self.cfg["pairs"] and self.cfg["smoke_pair"] and not any(r.site for r in results.values()):
+                passed = [n for n in group if results[n].passed]
+                runs = run_rounds(passed, lambda pairs: run_pairs(self.slurm, self.cfg, self.baseline, pairs,
+                                                                  reservation, self.sleep, self.say))
+                pair_verdicts = decide(passed, runs, {n for n in passed if self._failed_pair_before(n)})
         except SlurmError as exc:
             results = {n: SmokeResult(n, problem="not run: %s" % exc) for n in group}
+            runs, pair_verdicts = [], {}
         finally:
             # Out of service again with the work reason, unless someone set a
             # reason of their own meanwhile: theirs wins, as everywhere.
@@ -215,17 +255,62 @@ class SmokeStep:
                 self.slurm.drain(hostlist(names), reason_text)
         for name, reason_text in sorted(theirs.items()):
             self._leave(name, "reason changed during the smoke job: %r" % reason_text)
+        site = self._journal_smoke(ours, results, runs)
+        if site:
+            return self._smoke_cannot_run(ours, site)
         for name in ours:
+            res, verdict = results[name], pair_verdicts.get(name)
+            detail = "job %s %s in %.0fs" % (res.job or "-", "passed" if res.passed else res.problem, res.seconds)
+            if res.passed and (verdict is None or verdict.verdict != FAIL):
+                self._done(name, "smoke", detail + ("; pair %s with %s" % (verdict.verdict, verdict.partner)
+                                                    if verdict and verdict.partner else ""))
+                continue
+            problem = res.problem if not res.passed else "pair=%s %s" % (verdict.partner, verdict.problem)
+            self.failures.add(name)
+            self.last_findings[name] = [finding(problem)]
+            self.journal.record(name, "smoke", jr.FAILED, detail=detail if not res.passed else problem)
+            self._attempt_failed(name, records[name], "smoke all_reduce " + problem)
+
+    def _failed_pair_before(self, name) -> bool:
+        """Did an earlier attempt of this sweep fail the node on its pairs?"""
+        events = self.journal.events(name)
+        since = max((i for i, e in enumerate(events) if e[2] == "planned"), default=-1)
+        return any(e[2] == "smoke" and e[3] == jr.FAILED and e[6].startswith("pair=") for e in events[since + 1:])
+
+    def _journal_smoke(self, nodes, results, runs) -> str:
+        """Each proof as its own journal entry: the single job, every pair
+        the node ran (and an odd one out's "pair not run").  Returns the
+        first "the command cannot run" it saw, else ""."""
+        site = ""
+        for name in nodes:
             res = results[name]
             detail = "job %s %s in %.0fs" % (res.job or "-", "passed" if res.passed else res.problem, res.seconds)
             self.journal.stage(name, "smoke single", jr.DONE if res.passed else jr.FAILED, detail)
-            if res.passed:
-                self._done(name, "smoke", detail)
-                continue
-            self.failures.add(name)
-            self.last_findings[name] = [finding(res.problem)]
-            self.journal.record(name, "smoke", jr.FAILED, detail=detail)
-            self._attempt_failed(name, records[name], "smoke all_reduce " + res.problem)
+            site = site or (res.site and "%s on %s: %s" % (_command(self.cfg["smoke"]), name, res.site))
+            mine = [r for r in runs if name in r.nodes]
+            for run in mine:
+                partner = run.nodes[1] if run.nodes[0] == name else run.nodes[0]
+                self.journal.stage(name, "smoke pair", jr.DONE if run.passed else jr.FAILED,
+                                   "round %d with %s: %s" % (run.round, partner, run.detail))
+                site = site or (run.site and "%s on %s: %s" % (_command(self.cfg["smoke_pair"]),
+                                                              ",".join(run.nodes), run.site))
+            if self.cfg["pairs"] and self.cfg["smoke_pair"] and res.passed and not mine and not site:
+                self.journal.stage(name, "smoke pair", jr.DONE, ODD_ONE_OUT)
+        return site
+
+    def _smoke_cannot_run(self, nodes, site) -> None:
+        """The command never ran: the site's configuration, not the nodes.
+        No node takes the failure path; they stay drained with the sweep's
+        work reason (the next run takes them up again) and the sweep stops."""
+        for name in nodes:
+            self.journal.record(name, "smoke", jr.STARTED, detail="cannot run: " + site)
+        self.report.stopped = ("the smoke command cannot run (%s): not the nodes' fault, none was failed. Set "
+                               "[sweep] smoke (or smoke_pair) in gpugate.toml to the right path, or smoke = [] to "
+                               "turn the stage off; the nodes stay drained for the next gpugate sweep" % site)
+
+
+def _command(argv) -> str:
+    return " ".join(str(a) for a in argv)[:120]
 
 
 __all__ = ["run_smoke", "SmokeStep", "SmokeResult"]

@@ -17,7 +17,8 @@ has the process and port helpers.
 """
 
 from .cluster import Cluster
-from .files import node_names_from_conf, smoke_command
+from .files import node_names_from_conf, smoke_command, smoke_pair_command
 from .procs import SBIN, ClusterError, free_ports, slurm_version
 
-__all__ = ["Cluster", "ClusterError", "SBIN", "free_ports", "node_names_from_conf", "slurm_version", "smoke_command"]
+__all__ = ["Cluster", "ClusterError", "SBIN", "free_ports", "node_names_from_conf", "slurm_version", "smoke_command",
+           "smoke_pair_command"]

@@ -110,7 +110,7 @@ def _sweep_toml(cluster) -> str:
         "converge": converge, "rollback": converge + ["--previous"],
         "poll_seconds": 0.5, "drain_timeout": 60, "reboot_timeout": 90, "verify_timeout": 120,
         # No smoke job unless a test asks (smoke_command()); the rig has no gres.
-        "smoke": [], "smoke_sbatch": [], "smoke_output_dir": cluster.path("smoke"),
+        "smoke": [], "smoke_sbatch": [], "smoke_output_dir": cluster.path("smoke"), "smoke_pair_sbatch": [],
     }
     values.update(cluster.sweep_overrides)
     return "\n".join("%s = %s" % (k, _toml_value(v)) for k, v in values.items())
@@ -182,6 +182,13 @@ def smoke_command(directory: str) -> List[str]:
     replayed all_reduce_perf (FLEET/NODE/bin), run by slurmd."""
     return [os.path.join(os.path.abspath(directory), "fleet", "{node}", "bin", "all_reduce_perf"),
             "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]
+
+
+def smoke_pair_command(directory: str) -> List[str]:
+    """The 2-node pair job on that cluster: no MPI here, so no srun; the
+    pair's first node replays the worse 2-node recording of the two."""
+    return [os.path.join(os.path.abspath(directory), "fleet", "{node}", "bin", "all_reduce_perf"),
+            "-b", "1G", "-e", "8G", "-f", "2", "-g", "1"]
 
 
 def write_file(path: str, text: str, mode: int = 0o644) -> None:
