@@ -20,9 +20,10 @@ HEALTHY = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", 
 
 
 def boot(tmp_path, nodes=4, **sweep):
-    from gpugate.testbed import smoke_command
+    from gpugate.testbed import smoke_command, smoke_pair_command
 
-    values = {"floor": 0.5, "smoke_deadline": 30, "smoke": smoke_command(str(tmp_path))}
+    values = {"floor": 0.5, "smoke_deadline": 30, "smoke": smoke_command(str(tmp_path)),
+              "smoke_pair": smoke_pair_command(str(tmp_path))}
     values.update(sweep)
     return make_cluster(tmp_path, nodes=nodes, sweep=values)
 
@@ -59,8 +60,18 @@ def smoke_cluster(tmp_path):
         c.stop()
 
 
+def pair_proofs(cluster, node):
+    db = sqlite3.connect(cluster.path("state", "sweep.db"), timeout=10)
+    try:
+        return db.execute("SELECT status, detail FROM events WHERE node = ? AND step = 'smoke pair' ORDER BY id",
+                          (node,)).fetchall()
+    finally:
+        db.close()
+
+
 def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(smoke_cluster):
-    cluster = smoke_cluster()
+    # pairs: gpu01 is the odd one out (gpu02 fails alone); later gpu03 and gpu04 pair up.
+    cluster = smoke_cluster(pairs=True, floor=0.25)
     drift_and_drain(cluster, "gpu[01-02]")
     cluster.sim("set", "FLEET", "gpu02", "smoke=pcie-degraded")
     code, report, err = run_sweep(cluster)
@@ -70,7 +81,9 @@ def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(sm
     assert (outcomes["gpu02"]["result"], outcomes["gpu02"]["attempts"]) == ("escalated", 3), outcomes
     assert smoke_events(cluster, "gpu01")[-1][:2] == ("smoke", "done")
     # Every proof of the attempt that resumed it, cheapest first.
-    assert proofs(cluster, "gpu01") == [("diag r1", "done"), ("diag r3", "done"), ("smoke single", "done")]
+    assert proofs(cluster, "gpu01") == [("diag r1", "done"), ("diag r3", "done"), ("smoke single", "done"),
+                                        ("smoke pair", "done")]
+    assert pair_proofs(cluster, "gpu01") == [("done", "pair not run: odd node out")]
     status = subprocess.run(sweep_argv(cluster, "status"), capture_output=True, text=True, env=cluster.env,
                             timeout=60).stdout
     assert re.search(r"gpu01\s+smoke single\s+pass .*job \d+ passed", status), status
@@ -90,6 +103,68 @@ def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(sm
     assert jobs and all("--reservation=gpugate_sweep_" in line for line in jobs), jobs
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
     assert no_smoke_job_left(cluster)
+    # A batch of two healthy nodes: their single jobs, then one 2-node job together.
+    drift_and_drain(cluster, "gpu[03-04]")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert [report["outcomes"][n]["result"] for n in ("gpu03", "gpu04")] == ["resumed"] * 2, report
+    for node, partner in (("gpu03", "gpu04"), ("gpu04", "gpu03")):
+        assert proofs(cluster, node)[-2:] == [("smoke single", "done"), ("smoke pair", "done")]
+        status, detail = pair_proofs(cluster, node)[-1]
+        assert re.fullmatch(r"round 1 with %s: job \d+ passed in \d+s" % partner, detail), detail
+    pair_jobs = [line for line in cluster.slurm_calls() if " sbatch " in " " + line and "--nodes=2" in line]
+    assert len(pair_jobs) == 1 and "--nodelist=gpu03,gpu04" in pair_jobs[0], pair_jobs
+    assert "--reservation=gpugate_sweep_" in pair_jobs[0]
+    assert cluster.reason("gpu03") == cluster.reason("gpu04") == ""
+    assert no_smoke_job_left(cluster)
+
+
+@pytest.mark.slow
+def test_a_node_failing_pairs_with_two_partners_is_told_from_them(smoke_cluster):
+    cluster = smoke_cluster(pairs=True, floor=0)
+    drift_and_drain(cluster, "gpu[01-04]")
+    cluster.sim("set", "FLEET", "gpu02", "smoke=pair-slow")  # its single job is healthy, its link slow
+    code, report, err = run_sweep(cluster, timeout=600)
+    assert code == 0, err
+    outcomes = report["outcomes"]
+    assert [outcomes[n]["result"] for n in ("gpu01", "gpu03", "gpu04")] == ["resumed"] * 3, outcomes
+    assert outcomes["gpu02"]["result"] == "escalated", outcomes
+    # Round 1 (01,02) slow, (03,04) good; round 2 each suspect with a good node.
+    first = [d for _, d in pair_proofs(cluster, "gpu01")]
+    assert first[0].startswith("round 1 with gpu02: job ") and "busbw=17.8GB/s (want >= 50)" in first[0], first
+    assert first[1].startswith("round 2 with gpu03: job ") and "passed" in first[1], first
+    assert [d.split(":")[0] for s, d in pair_proofs(cluster, "gpu02")][:2] == ["round 1 with gpu01",
+                                                                             "round 2 with gpu04"]
+    # Retried alone, nothing re-proves its link: rma with the pair it failed.
+    assert ("failed", "not re-proven: no partner (it failed its pairs in an earlier attempt)") in \
+        pair_proofs(cluster, "gpu02")
+    assert ("done", "pair not run: odd node out") not in pair_proofs(cluster, "gpu02")
+    reason = cluster.reason("gpu02")
+    assert reason.startswith("gpugate: rma smoke=all_reduce pair=gpu04 busbw=17.8GB/s (want >= 50)"), reason
+    assert no_smoke_job_left(cluster)
+
+
+@pytest.mark.slow
+def test_a_smoke_command_that_cannot_run_stops_the_sweep_and_fails_no_node(smoke_cluster, tmp_path):
+    missing = str(tmp_path / "no-nccl-tests" / "all_reduce_perf")
+    cluster = smoke_cluster(nodes=2, smoke=[missing, "-g", "{gpus}"])
+    drift_and_drain(cluster, "gpu01")
+    code, report, err = run_sweep(cluster)
+    assert code == 1, err
+    assert report["outcomes"]["gpu01"]["result"] == "halted", report
+    assert "the smoke command cannot run (%s" % missing in report["stopped"], report["stopped"]
+    assert "smoke = []" in report["stopped"] and "exit 127" in report["stopped"], report["stopped"]
+    print(report["stopped"])
+    # Out of service with the sweep's own work reason (the next run takes it
+    # up), never retried, rolled back or escalated.
+    reason = cluster.reason("gpu01")
+    assert drain_flag(cluster, "gpu01") and re.match(r"gpugate: \w+ sweep=\w+ batch \d+ attempt 1", reason), reason
+    steps = [(e[1], e[2], e[3]) for e in journal_events(cluster, "gpu01")]
+    assert ("smoke", "started", 1) in steps and not [s for s in steps if s[0] in ("smoke", "escalate", "rollback")
+                                                     and s[1] != "started" or s[2] > 1]
+    assert proofs(cluster, "gpu01")[-1] == ("smoke single", "failed")
+    assert no_smoke_job_left(cluster)
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ def _rounds_with_bad(nodes, bad):
     """The rounds against a fleet where a pair fails exactly when it holds a bad node."""
     def run_pairs(pairs):
         return {",".join(p): SmokeResult(",".join(p), "1", passed=not (set(p) & bad),
-                                         problem="busbw=17.86GB/s (want >= 50)" if set(p) & bad else "")
+                                         problem="busbw=17.8GB/s (want >= 50)" if set(p) & bad else "")
                 for p in pairs}
     return run_rounds(nodes, run_pairs)
 
@@ -105,10 +105,15 @@ def test_a_site_fault_in_round_one_runs_no_second_round():
 DASH_MISSING = "sh: 1: exec: /opt/nccl-tests/build/all_reduce_perf: not found\n"
 BASH_MISSING = "bash: /opt/nccl-tests/build/all_reduce_perf: No such file or directory\n"
 DASH_NOEXEC = "sh: 1: exec: /tmp/noexec-perf: Permission denied\n"
+# The smoke job's output on the test cluster (sbatch --wrap, slurmd's spool).
+SLURM_MISSING = ("/tmp/pytest-of-root/pytest-285/test_a_smoke_command_that_cann0/c0/spool/gpu01/job00001/"
+                 "slurm_script: 4: exec: /tmp/pytest-of-root/pytest-285/test_a_smoke_command_that_cann0/"
+                 "no-nccl-tests/all_reduce_perf: not found\n")
 
 
 @pytest.mark.parametrize("text, code, site", [
     (DASH_MISSING, 127, True),
+    (SLURM_MISSING, 127, True),
     (BASH_MISSING, 127, True),
     (DASH_NOEXEC, 126, True),
     ("", 127, True),
@@ -118,6 +123,12 @@ DASH_NOEXEC = "sh: 1: exec: /tmp/noexec-perf: Permission denied\n"
 ])
 def test_a_command_that_cannot_run_is_the_sites(text, code, site):
     assert bool(cannot_run(parse_nccl_tests(text), code, text)) is site
+
+
+def test_the_site_fault_keeps_the_end_of_the_line():
+    said = cannot_run(parse_nccl_tests(SLURM_MISSING), 127, SLURM_MISSING)
+    assert said.startswith("exit 127: ..") and said.endswith("no-nccl-tests/all_reduce_perf: not found")
+    assert len(said) == 80
 
 
 @pytest.mark.parametrize("sample, code", [("nccl-abort", 1), ("healthy", 0), ("pcie-degraded", 0),

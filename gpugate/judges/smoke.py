@@ -164,8 +164,11 @@ def cannot_run(run: Optional[NcclRun], exit_code: Optional[int], text: str) -> s
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = next((line for line in lines if any(m in line for m in _CANNOT_RUN)), "")
-    if exit_code in (126, 127):
-        return _shorten("exit %d: %s" % (exit_code, said or (lines[-1] if lines else "no output")))
-    if exit_code and said:
-        return _shorten("exit %d: %s" % (exit_code, said))
+    said = said or (lines[-1] if lines and exit_code in (126, 127) else "")
+    if exit_code in (126, 127) or (exit_code and said):
+        # The end says most ("...: not found"); the start is Slurm's spool path.
+        said = " ".join(said.split()) or "no output"
+        head = "exit %d: " % exit_code
+        room = _ERROR_CHARS - len(head)
+        return head + (said if len(said) <= room else ".." + said[-(room - 2):])
     return ""

@@ -26,7 +26,7 @@ from ..errors import SlurmError
 from ..findings import RMA, Finding
 from ..slurm import jobs as sj
 from . import journal as jr
-from .pairs import FAIL, ODD_ONE_OUT, decide, run_rounds
+from .pairs import FAIL, NOT_REPROVEN, decide, run_rounds
 from .waits import poll_until
 
 JOB_NAME = "gpugate-smoke"
@@ -255,7 +255,7 @@ class SmokeStep:
                 self.slurm.drain(hostlist(names), reason_text)
         for name, reason_text in sorted(theirs.items()):
             self._leave(name, "reason changed during the smoke job: %r" % reason_text)
-        site = self._journal_smoke(ours, results, runs)
+        site = self._journal_smoke(ours, results, runs, pair_verdicts)
         if site:
             return self._smoke_cannot_run(ours, site)
         for name in ours:
@@ -267,7 +267,8 @@ class SmokeStep:
                 continue
             problem = res.problem if not res.passed else "pair=%s %s" % (verdict.partner, verdict.problem)
             self.failures.add(name)
-            self.last_findings[name] = [finding(problem)]
+            if not (verdict and verdict.problem == NOT_REPROVEN and name in self.last_findings):
+                self.last_findings[name] = [finding(problem)]  # (alone: the pair it failed stays the finding)
             self.journal.record(name, "smoke", jr.FAILED, detail=detail if not res.passed else problem)
             self._attempt_failed(name, records[name], "smoke all_reduce " + problem)
 
@@ -277,9 +278,9 @@ class SmokeStep:
         since = max((i for i, e in enumerate(events) if e[2] == "planned"), default=-1)
         return any(e[2] == "smoke" and e[3] == jr.FAILED and e[6].startswith("pair=") for e in events[since + 1:])
 
-    def _journal_smoke(self, nodes, results, runs) -> str:
+    def _journal_smoke(self, nodes, results, runs, verdicts) -> str:
         """Each proof as its own journal entry: the single job, every pair
-        the node ran (and an odd one out's "pair not run").  Returns the
+        the node ran (or why it ran none: the odd one out, not re-proven).  Returns the
         first "the command cannot run" it saw, else ""."""
         site = ""
         for name in nodes:
@@ -294,8 +295,9 @@ class SmokeStep:
                                    "round %d with %s: %s" % (run.round, partner, run.detail))
                 site = site or (run.site and "%s on %s: %s" % (_command(self.cfg["smoke_pair"]),
                                                               ",".join(run.nodes), run.site))
-            if self.cfg["pairs"] and self.cfg["smoke_pair"] and res.passed and not mine and not site:
-                self.journal.stage(name, "smoke pair", jr.DONE, ODD_ONE_OUT)
+            alone = verdicts.get(name)
+            if alone is not None and not mine and not site:  # the odd one out, or not re-proven
+                self.journal.stage(name, "smoke pair", jr.FAILED if alone.verdict == FAIL else jr.DONE, alone.problem)
         return site
 
     def _smoke_cannot_run(self, nodes, site) -> None:
