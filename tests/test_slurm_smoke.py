@@ -195,6 +195,20 @@ def test_gpugate_smoke_by_hand_prints_verdicts_and_changes_no_node_state(smoke_c
     assert lines["gpu01"].startswith("pass"), result.stdout
     assert lines["gpu02"].startswith("FAIL") and "busbw=22.9" in lines["gpu02"], result.stdout
     assert {n: (cluster.state(n), cluster.reason(n)) for n in cluster.nodes} == before
+    # --pairs: both single jobs pass, their 2-node job aborts; nobody else can tell them apart.
+    cluster.sim("set", "FLEET", "gpu02", "smoke=pair-abort")
+    result = subprocess.run([sys.executable, "-m", "gpugate", "smoke", "--config", cluster.gpugate_conf,
+                             "-w", "gpu[01-02]", "--pairs", "--json"], capture_output=True, text=True, timeout=120,
+                            env=cluster.env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    verdicts = json.loads(result.stdout)
+    for node, partner in (("gpu01", "gpu02"), ("gpu02", "gpu01")):
+        pair = verdicts[node]["pair"]
+        assert (pair["verdict"], pair["partner"]) == ("fail", partner), verdicts
+        assert pair["problem"].startswith("nccl error: h100-4: NCCL WARN Net : connecting"), pair
+        assert [(r["nodes"], r["round"], r["passed"]) for r in pair["runs"]] == [(["gpu01", "gpu02"], 1, False)]
+        assert verdicts[node]["detail"].startswith("job ") and not verdicts[node]["passed"], verdicts
+    assert {n: (cluster.state(n), cluster.reason(n)) for n in cluster.nodes} == before
     assert no_smoke_job_left(cluster)
     assert "gpugate_smoke" not in cluster.scontrol("show", "reservation")
 

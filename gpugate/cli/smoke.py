@@ -12,8 +12,10 @@ import click
 @click.command("smoke")
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--nodes", "-w", required=True, help="The nodes to smoke (hostlist).")
+@click.option("--pairs", is_flag=True, help="Then pair the nodes that passed for 2-node jobs ([sweep] smoke_pair), "
+              "as the sweep does with pairs = true, and print each pair's verdict too.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
-def smoke(config, nodes, as_json):
+def smoke(config, nodes, pairs, as_json):
     """Run the sweep's smoke job on each node, through Slurm, and print the
     verdict per node.  Changes no node state: it runs in a maintenance
     reservation of its own (gpugate_smoke_PID, deleted afterwards), on nodes
@@ -21,29 +23,37 @@ def smoke(config, nodes, as_json):
     own drain inside its reservation).  The command, sbatch options and
     deadline are gpugate.toml's [sweep] smoke, smoke_sbatch, smoke_deadline;
     the minimum bus bandwidth per GPU product is the baseline's
-    [smoke.min_busbw_gbps].  Exit 0 when every node passed, 1 otherwise.
+    [smoke.min_busbw_gbps].  With --pairs, the nodes that passed then run
+    2-node jobs in pairs (sorted names; a failed pair's nodes each try once
+    more with another partner; the pair minimum is the baseline's
+    [smoke.min_pair_busbw_gbps]).  Exit 0 when every node passed, 1 otherwise.
 
     \b
     Examples:
       gpugate smoke -w gpu017                 # one repaired node
       gpugate smoke -w 'gpu[001-064]' --json  # a batch, machine-readable
+      gpugate smoke -w 'gpu[001-004]' --pairs # and the links: gpu001+gpu002, gpu003+gpu004
     """
     from ClusterShell.NodeSet import NodeSet
 
     from ..config import load_checked_baseline, load_settings
     from ..errors import SlurmError
     from ..slurm import connect
-    from ..sweep.smoke import run_smoke
+    from ..sweep.pairs import FAIL, UNPAIRED, decide, run_rounds
+    from ..sweep.smoke import run_pairs, run_smoke
 
     settings = load_settings(config, missing_ok=config is None)
     baseline = load_checked_baseline(settings)
     slurm = connect(settings)
     if not settings.sweep["smoke"]:
         raise click.ClickException("no smoke job configured ([sweep] smoke = [])")
+    if pairs and not settings.sweep["smoke_pair"]:
+        raise click.ClickException("no pair job configured ([sweep] smoke_pair = [])")
     wanted = sorted(NodeSet(nodes))
     states = slurm.nodes(nodes)
     verdicts = {}
     ready = []
+    runs, pair_verdicts = [], {}
     for name in wanted:
         st = states.get(name)
         if st is None:
@@ -61,14 +71,32 @@ def smoke(config, nodes, as_json):
             results = run_smoke(slurm, settings.sweep, baseline, ready, reservation)
             verdicts.update({n: (r.passed, "job %s in %.0fs%s" % (r.job, r.seconds, "" if r.passed else ": " + r.problem))
                              for n, r in results.items()})
+            if pairs:
+                passed = [n for n in ready if results[n].passed]
+                runs = run_rounds(passed, lambda p: run_pairs(slurm, settings.sweep, baseline, p, reservation))
+                pair_verdicts = decide(passed, runs)
         except SlurmError as exc:
             verdicts.update({n: (False, "not run: %s" % exc) for n in ready})
         finally:
             slurm.unreserve(reservation)
+    for name, verdict in pair_verdicts.items():
+        if verdict.verdict == FAIL:
+            verdicts[name] = (False, verdicts[name][1] + "; pair failed: pair=%s %s" % (verdict.partner, verdict.problem))
     if as_json:
-        click.echo(json.dumps({n: {"passed": p, "detail": d} for n, (p, d) in verdicts.items()}, sort_keys=True))
+        out = {n: {"passed": p, "detail": d} for n, (p, d) in verdicts.items()}
+        for name, verdict in pair_verdicts.items():
+            out[name]["pair"] = {"verdict": verdict.verdict, "partner": verdict.partner, "problem": verdict.problem,
+                                 "runs": [{"nodes": list(r.nodes), "round": r.round, "passed": r.passed,
+                                           "detail": r.detail} for r in runs if name in r.nodes]}
+        click.echo(json.dumps(out, sort_keys=True))
     else:
         for name in wanted:
             passed, detail = verdicts[name]
             click.echo("%s %s %s" % (name, "pass" if passed else "FAIL", detail))
+        for run in runs:
+            click.echo("%s pair round %d %s %s" % ("+".join(run.nodes), run.round, "pass" if run.passed else "FAIL",
+                                                   run.detail))
+        for name, verdict in pair_verdicts.items():
+            if verdict.verdict == UNPAIRED:
+                click.echo("%s %s" % (name, verdict.problem))
     sys.exit(0 if all(p for p, _ in verdicts.values()) else 1)
