@@ -100,7 +100,11 @@ _BY_COMPONENT = {
               "twice and after the rollback: read its output (smoke_output_dir/gpugate-smoke-NODE-JOB.out)",
               "low busbw with correct results is NVLink/NVSwitch or P2P off (PCIe speed): nvidia-smi "
               "topo -m and nvidia-smi nvlink -s, Fabric Manager; wrong values or an NCCL error: hardware",
-              "after the repair: gpugate smoke -w NODE (on the node in service, or via the sweep)"],
+              "pair=PARTNER (the 2-node pair job): it failed with two different partners, or with its only "
+              "one when nobody could tell them apart (a batch of two: look at the partner too); slow or an "
+              "NCCL NET error is the inter-node path: ibstat, the HCA's cable and switch port, gpugate audit",
+              "after the repair: gpugate smoke -w NODE (on the node in service, or via the sweep; "
+              "gpugate smoke -w NODE,GOOD --pairs for its link)"],
 }
 _BY_ACTION = {
     "reconverge": ["gpugate sweep reconverges the node to the pin (re-image or config converge), "

@@ -72,6 +72,7 @@ def sim_set(fleet, nodes, assignments):
       gpugate sim set /tmp/fleet gpu002 compute_mode=prohibited gpu.1.power_limit=500 gpu.2.ecc.pending=0
       gpugate sim set /tmp/fleet gpu004 ib.mlx5_4.state=DOWN imex.domain=DEGRADED
       gpugate sim set /tmp/fleet gpu004 smoke=pcie-degraded   # the sweep's smoke job finds NVLink off
+      gpugate sim set /tmp/fleet gpu004 smoke=pair-slow       # only its 2-node pair job is slow
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
@@ -79,7 +80,8 @@ def sim_set(fleet, nodes, assignments):
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
       sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE
       compute_mode power_limit (every GPU; watts)
-      smoke=healthy|pcie-degraded|hang|nccl-abort (what all_reduce_perf replays)
+      smoke=healthy|pcie-degraded|hang|nccl-abort|pair-slow|pair-abort (what all_reduce_perf
+      replays; pair-*: only the 2-node pair job, whose first node plays the worse of the two)
       gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
