@@ -116,6 +116,9 @@ _SWEEP = Table({
     # pairs (gpugate/sweep/pairs.py): the inter-node path.  {node} is the
     # pair's first node, {nodes} both, {gpus} the GPUs of one node.
     "pairs": (Bool(), False),
+    # An odd one out pairs with an idle in-service node of its partition,
+    # lent to the batch's reservation for that job (gpugate/sweep/partner.py).
+    "pair_with_in_service": (Bool(), False),
     "smoke_pair": (_ARGV, ("/usr/bin/srun", "--mpi=pmix", "/opt/nccl-tests/build/all_reduce_perf", "-b", "1G",
                            "-e", "8G", "-f", "2", "-g", "1")),  # one task per GPU, one GPU each
     "smoke_pair_sbatch": (ListOf(Str("--gres=gpu:{gpus}")), ("--gres=gpu:{gpus}", "--ntasks-per-node={gpus}")),

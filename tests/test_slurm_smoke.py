@@ -145,6 +145,25 @@ def test_a_node_failing_pairs_with_two_partners_is_told_from_them(smoke_cluster)
 
 
 @pytest.mark.slow
+def test_the_odd_one_out_pairs_with_an_idle_node_lent_to_the_reservation(smoke_cluster):
+    cluster = smoke_cluster(nodes=3, pairs=True, pair_with_in_service=True)
+    drift_and_drain(cluster, "gpu01")
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    assert report["outcomes"]["gpu01"]["result"] == "resumed", report
+    status, detail = pair_proofs(cluster, "gpu01")[-1]
+    assert status == "done" and re.fullmatch(r"round 1 with gpu02 \(in service\): job \d+ passed in \d+s", detail), detail
+    calls = cluster.slurm_calls()
+    lend = [c for c in calls if "update ReservationName=gpugate_sweep_" in c]
+    assert [c.split("Nodes=")[1] for c in lend] == ["gpu[01-02]", "gpu01"], lend  # lent, then given back
+    pair_jobs = [c for c in calls if " sbatch " in " " + c and "--nodes=2" in c]
+    assert len(pair_jobs) == 1 and "--nodelist=gpu01,gpu02" in pair_jobs[0], pair_jobs
+    assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+    assert cluster.reason("gpu02") == "" and not drain_flag(cluster, "gpu02")
+    assert no_smoke_job_left(cluster)
+
+
+@pytest.mark.slow
 def test_a_smoke_command_that_cannot_run_stops_the_sweep_and_fails_no_node(smoke_cluster, tmp_path):
     missing = str(tmp_path / "no-nccl-tests" / "all_reduce_perf")
     cluster = smoke_cluster(nodes=2, smoke=[missing, "-g", "{gpus}"])

@@ -181,3 +181,43 @@ def test_the_pair_run_replays_the_worse_node_of_the_job(tmp_path):
     code, run = play("gpu[01,03]")
     assert (code, run.avg_busbw_gbps) == (0, 17.8617)
     assert gpugate_cmd("sim", "set", fleet, "gpu03", "smoke=pair-fast").returncode != 0
+
+
+def _node(name, state="IDLE", flags=(), reason="", partitions=("gpu",)):
+    from gpugate.slurm.nodestate.record import NodeState
+
+    return NodeState(name, state, frozenset(flags), reason, None, "", tuple(partitions))
+
+
+def test_an_in_service_partner_is_idle_flagless_in_the_same_partition_and_outside_the_batch():
+    from gpugate.sweep.partner import pick, still_free
+
+    states = {"gpu01": _node("gpu01", flags=("DRAIN",), reason="gpugate: x"),
+              "gpu02": _node("gpu02", state="ALLOCATED"), "gpu03": _node("gpu03", flags=("RESERVED",)),
+              "gpu04": _node("gpu04", partitions=("cpu",)), "gpu05": _node("gpu05", reason="admin: hold"),
+              "gpu06": _node("gpu06"), "gpu07": _node("gpu07")}
+    assert pick(states, "gpu01", ["gpu01"]) == "gpu06"
+    assert pick(states, "gpu01", ["gpu06"]) == "gpu07"
+    assert pick(states, "gpu01", ["gpu06", "gpu07"]) is None
+    assert pick(states, "gpu99", []) is None
+    assert still_free(_node("gpu06", flags=("MAINTENANCE", "RESERVED")))
+    assert not still_free(_node("gpu06", state="MIXED", flags=("MAINTENANCE", "RESERVED")))
+    assert not still_free(None)
+
+
+def test_the_odd_one_out_pairs_with_the_lent_partner_who_is_never_judged_nor_reused():
+    lent = []
+
+    def partner_for(odd):
+        lent.append(odd)
+        return "gpu09"
+    runs = run_rounds(["gpu01", "gpu02", "gpu03"], lambda pairs: {
+        ",".join(p): SmokeResult(",".join(p), "1", passed="gpu02" not in p, problem="" if "gpu02" not in p else "x")
+        for p in pairs}, partner_for)
+    assert lent == ["gpu03"]
+    assert [(r.nodes, r.round, r.passed) for r in runs] == [(("gpu01", "gpu02"), 1, False),
+                                                            (("gpu03", "gpu09"), 1, True),
+                                                            (("gpu01", "gpu03"), 2, True)]
+    verdicts = decide(["gpu01", "gpu02", "gpu03"], runs)
+    assert "gpu09" not in verdicts
+    assert [verdicts[n].verdict for n in ("gpu01", "gpu02", "gpu03")] == [PASS, FAIL, PASS]

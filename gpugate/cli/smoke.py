@@ -40,6 +40,7 @@ def smoke(config, nodes, pairs, as_json):
     from ..errors import SlurmError
     from ..slurm import connect
     from ..sweep.pairs import FAIL, UNPAIRED, decide, run_rounds
+    from ..sweep.partner import Lender
     from ..sweep.smoke import run_pairs, run_smoke
 
     settings = load_settings(config, missing_ok=config is None)
@@ -73,7 +74,13 @@ def smoke(config, nodes, pairs, as_json):
                              for n, r in results.items()})
             if pairs:
                 passed = [n for n in ready if results[n].passed]
-                runs = run_rounds(passed, lambda p: run_pairs(slurm, settings.sweep, baseline, p, reservation))
+                lender = Lender(slurm, reservation, ready) if settings.sweep["pair_with_in_service"] else None
+                try:
+                    runs = run_rounds(passed, lambda p: run_pairs(slurm, settings.sweep, baseline, p, reservation),
+                                      lender)
+                finally:
+                    if lender is not None:
+                        lender.give_back()
                 pair_verdicts = decide(passed, runs)
         except SlurmError as exc:
             verdicts.update({n: (False, "not run: %s" % exc) for n in ready})

@@ -109,6 +109,10 @@ class CommandSlurm:
         self._run("scontrol", ["create", "reservation", "ReservationName=" + name, "Nodes=" + names,
                                "StartTime=now", "Duration=UNLIMITED", "Users=root", "Flags=MAINT,IGNORE_JOBS"])
 
+    def update_reservation(self, name: str, names: str) -> None:
+        """The reservation's nodes, as the full list (`Nodes+=` is newer than 22.05)."""
+        self._run("scontrol", ["update", "ReservationName=" + name, "Nodes=" + names])
+
     def unreserve(self, name: str) -> None:
         self._run("scontrol", ["delete", "ReservationName=" + name])
 

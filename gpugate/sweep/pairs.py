@@ -6,8 +6,9 @@ cables, switch ports) a single-node run never touches.
 The rule (pure, below; the jobs go through gpugate.sweep.smoke):
 
 1. Round 1: the passed nodes sorted by name, paired in order (a,b) (c,d) ...;
-   an odd one out runs no pair: journaled "pair not run: odd node out",
-   which is no failure.
+   an odd one out pairs with an idle in-service node of its partition when
+   pair_with_in_service allows it (gpugate.sweep.partner), else runs no
+   pair: journaled "pair not run: odd node out", which is no failure.
 2. A failed pair makes both its nodes suspects.  Round 2: each suspect runs
    once more with a *different* partner, one that passed its pair first (a
    known good node tells the two apart), else another suspect.
@@ -99,14 +100,20 @@ def _partner(run: PairRun, node: str) -> str:
     return run.nodes[1] if run.nodes[0] == node else run.nodes[0]
 
 
-def run_rounds(nodes, run_pairs) -> List[PairRun]:
+def run_rounds(nodes, run_pairs, partner_for=None) -> List[PairRun]:
     """Round 1, then round 2 for the suspects; the runs in order.
     ``run_pairs(pairs)`` runs the jobs (gpugate.sweep.smoke.run_pairs):
-    {"a,b": SmokeResult}.  A site fault (the pair command cannot run) stops
-    after its round: another round would only fail the same way."""
+    {"a,b": SmokeResult}; ``partner_for(odd)``, when given, an in-service
+    partner for round 1's odd one out (or None).  Only the batch's nodes
+    are judged or reused as partners.  A site fault (the pair command cannot
+    run) stops after its round: another round would only fail the same way."""
     from ..errors import SlurmError
 
-    pairs, _ = first_round(nodes)
+    pairs, odd = first_round(nodes)
+    partner = partner_for(odd[0]) if odd and partner_for is not None else None
+    if partner is not None:
+        pairs.append((odd[0], partner))
+    batch = set(nodes)
     runs: List[PairRun] = []
     for number in (1, 2):
         if not pairs:
@@ -124,8 +131,8 @@ def run_rounds(nodes, run_pairs) -> List[PairRun]:
             runs.append(PairRun(pair, number, res.passed, detail, res.problem, res.site))
         if number == 2 or any(r.site for r in runs):
             break
-        good = {n for r in runs if r.passed for n in r.nodes}
-        suspects = {n for r in runs if not r.passed for n in r.nodes}
+        good = {n for r in runs if r.passed for n in r.nodes} & batch
+        suspects = {n for r in runs if not r.passed for n in r.nodes} & batch
         pairs = second_round(suspects, good, {frozenset(r.nodes) for r in runs})
     return runs
 

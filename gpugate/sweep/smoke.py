@@ -27,6 +27,7 @@ from ..findings import RMA, Finding
 from ..slurm import jobs as sj
 from . import journal as jr
 from .pairs import FAIL, NOT_REPROVEN, decide, run_rounds
+from .partner import Lender
 from .waits import poll_until
 
 JOB_NAME = "gpugate-smoke"
@@ -238,8 +239,13 @@ class SmokeStep:
             results = run_smoke(self.slurm, self.cfg, self.baseline, group, reservation, self.sleep, self.say)
             if self.cfg["pairs"] and self.cfg["smoke_pair"] and not any(r.site for r in results.values()):
                 passed = [n for n in group if results[n].passed]
-                runs = run_rounds(passed, lambda pairs: run_pairs(self.slurm, self.cfg, self.baseline, pairs,
-                                                                  reservation, self.sleep, self.say))
+                lender = Lender(self.slurm, reservation, group, self.say) if self.cfg["pair_with_in_service"] else None
+                try:
+                    runs = run_rounds(passed, lambda pairs: run_pairs(self.slurm, self.cfg, self.baseline, pairs,
+                                                                      reservation, self.sleep, self.say), lender)
+                finally:
+                    if lender is not None:
+                        lender.give_back()
                 pair_verdicts = decide(passed, runs, {n for n in passed if self._failed_pair_before(n)})
         except SlurmError as exc:
             results = {n: SmokeResult(n, problem="not run: %s" % exc) for n in group}
@@ -291,8 +297,8 @@ class SmokeStep:
             mine = [r for r in runs if name in r.nodes]
             for run in mine:
                 partner = run.nodes[1] if run.nodes[0] == name else run.nodes[0]
-                self.journal.stage(name, "smoke pair", jr.DONE if run.passed else jr.FAILED,
-                                   "round %d with %s: %s" % (run.round, partner, run.detail))
+                self.journal.stage(name, "smoke pair", jr.DONE if run.passed else jr.FAILED, "round %d with %s%s: %s" % (
+                    run.round, partner, "" if partner in nodes else " (in service)", run.detail))
                 site = site or (run.site and "%s on %s: %s" % (_command(self.cfg["smoke_pair"]),
                                                               ",".join(run.nodes), run.site))
             alone = verdicts.get(name)
