@@ -152,7 +152,8 @@ def test_the_odd_one_out_pairs_with_an_idle_node_lent_to_the_reservation(smoke_c
     assert code == 0, err
     assert report["outcomes"]["gpu01"]["result"] == "resumed", report
     status, detail = pair_proofs(cluster, "gpu01")[-1]
-    assert status == "done" and re.fullmatch(r"round 1 with gpu02 \(in service\): job \d+ passed in \d+s", detail), detail
+    assert status == "done", detail
+    assert re.fullmatch(r"round 1 with gpu02 \(in service\): job \d+ passed in \d+s", detail), detail
     calls = cluster.slurm_calls()
     lend = [c for c in calls if "update ReservationName=gpugate_sweep_" in c]
     assert [c.split("Nodes=")[1] for c in lend] == ["gpu[01-02]", "gpu01"], lend  # lent, then given back

@@ -221,3 +221,42 @@ def test_the_odd_one_out_pairs_with_the_lent_partner_who_is_never_judged_nor_reu
     verdicts = decide(["gpu01", "gpu02", "gpu03"], runs)
     assert "gpu09" not in verdicts
     assert [verdicts[n].verdict for n in ("gpu01", "gpu02", "gpu03")] == [PASS, FAIL, PASS]
+
+
+class _Slurm:
+    """Slurm's answers for the lender: node states (before and after the
+    update) and the reservation's nodes; records the updates."""
+
+    def __init__(self, after="IDLE", fail_update=False):
+        self.after, self.fail_update, self.updates = after, fail_update, []
+
+    def reservations(self):
+        return {"gpugate_sweep_r1_b1": "gpu01"}
+
+    def nodes(self, names=None):
+        states = {"gpu01": _node("gpu01", flags=("MAINTENANCE", "RESERVED")), "gpu02": _node("gpu02")}
+        if self.updates:
+            states["gpu02"] = _node("gpu02", state=self.after, flags=("MAINTENANCE", "RESERVED"))
+        return {n: s for n, s in states.items() if names is None or n == names}
+
+    def update_reservation(self, name, nodes):
+        from gpugate.errors import SlurmError
+
+        self.updates.append(nodes)
+        if self.fail_update and len(self.updates) == 1:
+            raise SlurmError("scontrol: error: Requested nodes are busy")
+
+
+@pytest.mark.parametrize("after, fail_update, partner, updates", [
+    ("IDLE", False, "gpu02", ["gpu[01-02]", "gpu01"]),
+    ("ALLOCATED", False, None, ["gpu[01-02]", "gpu01"]),  # took a job in between: given back at once
+    ("IDLE", True, None, ["gpu[01-02]", "gpu01"]),  # refused: set back all the same
+])
+def test_the_lender_gives_every_partner_back(after, fail_update, partner, updates):
+    from gpugate.sweep.partner import Lender
+
+    slurm = _Slurm(after, fail_update)
+    lender = Lender(slurm, "gpugate_sweep_r1_b1", ["gpu01"])
+    assert lender("gpu01") == partner
+    lender.give_back()
+    assert slurm.updates == updates

@@ -88,7 +88,8 @@ def smoke(config, nodes, pairs, as_json):
             slurm.unreserve(reservation)
     for name, verdict in pair_verdicts.items():
         if verdict.verdict == FAIL:
-            verdicts[name] = (False, verdicts[name][1] + "; pair failed: pair=%s %s" % (verdict.partner, verdict.problem))
+            why = "; pair failed: pair=%s %s" % (verdict.partner, verdict.problem)
+            verdicts[name] = (False, verdicts[name][1] + why)
     if as_json:
         out = {n: {"passed": p, "detail": d} for n, (p, d) in verdicts.items()}
         for name, verdict in pair_verdicts.items():

@@ -15,6 +15,8 @@ reservation is deleted (its end, or the next run's cleanup).
 
 from typing import Dict, Iterable, Optional
 
+from ..errors import SlurmError
+
 IDLE = "IDLE"
 
 
@@ -52,15 +54,19 @@ class Lender:
 
         self.slurm, self.reservation, self.batch, self.say = slurm, reservation, list(batch), say
         self.hostlist = hostlist
-        self.own = slurm.reservations().get(reservation, "")
         self.lent = []
+        try:
+            self.own = slurm.reservations().get(reservation)  # None: unknown, so nothing is lent
+        except SlurmError as exc:
+            say("  no in-service partner: %s" % exc)
+            self.own = None
 
     def __call__(self, odd: str) -> Optional[str]:
         """A partner for ``odd``, in the reservation now; None if there is none."""
         from ClusterShell.NodeSet import NodeSet
 
-        from ..errors import SlurmError
-
+        if not self.own:
+            return None
         try:
             partner = pick(self.slurm.nodes(), odd, self.batch + self.lent)
             if partner is None:
@@ -80,8 +86,6 @@ class Lender:
     def give_back(self) -> None:
         """The reservation's own nodes again; should Slurm refuse, the
         partner is held only until the batch's reservation is deleted."""
-        from ..errors import SlurmError
-
         if self.lent:
             lent, self.lent = self.lent, []
             try:

@@ -297,8 +297,9 @@ class SmokeStep:
             mine = [r for r in runs if name in r.nodes]
             for run in mine:
                 partner = run.nodes[1] if run.nodes[0] == name else run.nodes[0]
-                self.journal.stage(name, "smoke pair", jr.DONE if run.passed else jr.FAILED, "round %d with %s%s: %s" % (
-                    run.round, partner, "" if partner in nodes else " (in service)", run.detail))
+                where = "" if partner in nodes else " (in service)"
+                self.journal.stage(name, "smoke pair", jr.DONE if run.passed else jr.FAILED,
+                                   "round %d with %s%s: %s" % (run.round, partner, where, run.detail))
                 site = site or (run.site and "%s on %s: %s" % (_command(self.cfg["smoke_pair"]),
                                                               ",".join(run.nodes), run.site))
             alone = verdicts.get(name)
