@@ -8,10 +8,8 @@ import sys
 
 import click
 
-from .main import main
 
-
-@main.command("smoke")
+@click.command("smoke")
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
 @click.option("--nodes", "-w", required=True, help="The nodes to smoke (hostlist).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
