@@ -107,7 +107,7 @@ def set_key(model: Dict[str, Any], key: str, value: str) -> None:
     ib.<dev>.link_layer=..., ib.<dev>.fw=..., ib.<dev>.gone=1,
     ib.<dev>.counter.<name>=<n>|+<n>; imex.service=..., imex.domain=...,
     imex.peer.<address>=<STATE>, imex.installed=0|1."""
-    from .keys import _flag, _int
+    from .values import parse_flag as _flag, parse_int as _int
 
     parts = key.split(".")
     if parts[0] == "imex":

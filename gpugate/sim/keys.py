@@ -7,28 +7,13 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from ..errors import ConfigError
 from .outputs import SMOKE
+from .values import parse_flag as _flag, parse_int as _int
 
 _CLOCKS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80, "sw_thermal": 0x20, "none": 0}
 XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected.",
             13: "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address",
             94: "Contained ECC error.", 95: "Uncontained ECC error.", 119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
             74: "NVLink: fatal error detected on link 3"}
-
-
-def _int(value: str) -> int:
-    try:
-        return int(value, 0)
-    except ValueError:
-        raise ConfigError("expected an integer, got %r" % value) from None
-
-
-def _flag(value: str) -> int:
-    lowered = value.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return 1
-    if lowered in ("0", "false", "no", "off"):
-        return 0
-    raise ConfigError("expected 1/0 (or true/false), got %r" % value)
 
 
 def _choice(value: str, allowed):
