@@ -50,6 +50,8 @@ def test_healthcheck_writes_prometheus_textfile_and_one_log_line(node_env):
     assert m[("gpugate_node_fit", ())] == 1
     assert m[("gpugate_component_matches_pin", (("component", "driver"),))] == 1
     gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "driver=550.54.15", check=True)
+    with open(node_env["config"], "a") as handle:  # no Slurm to spread a drift out for
+        handle.write("[drain_budget]\njitter_seconds = 0\n")
     result = run_entry("healthcheck", node_env)
     assert result.returncode == 1  # unfit; Slurm is not there to drain it
     m = metrics(node_env["prom"])

@@ -108,6 +108,8 @@ def test_nhc_failing_alone_gpugate_keeps_hands_off(nhc_cluster):
     c.wait_for(lambda: c.state("gpu01") == "idle", 3 * INTERVAL + 15, "gpu01 resumed by NHC")
 
 
+# slow: the default run keeps the NHC-alone and hanging cases (ten-minute budget).
+@pytest.mark.slow
 def test_gpugate_failing_alone_nhc_keeps_hands_off(nhc_cluster):
     c = nhc_cluster
     reason = _drained_with(c, "gpu02", "gpugate: health xid:gpu3=79")
@@ -125,6 +127,8 @@ def test_gpugate_failing_alone_nhc_keeps_hands_off(nhc_cluster):
     assert c.reason("gpu02") == reason
 
 
+# slow: the default run keeps the NHC-alone and hanging cases (ten-minute budget).
+@pytest.mark.slow
 def test_both_failing_first_reason_stays_each_lifts_only_its_own(nhc_cluster):
     c = nhc_cluster
     reason = _drained_with(c, "gpu03", "NHC:")

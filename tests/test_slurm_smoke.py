@@ -70,7 +70,7 @@ def pair_proofs(cluster, node):
 
 
 def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(smoke_cluster):
-    # pairs: gpu01 is the odd one out (gpu02 fails alone); later gpu03 and gpu04 pair up.
+    # pairs: gpu01 is the odd one out (gpu02 fails alone).
     cluster = smoke_cluster(pairs=True, floor=0.25)
     drift_and_drain(cluster, "gpu[01-02]")
     cluster.sim("set", "FLEET", "gpu02", "smoke=pcie-degraded")
@@ -103,7 +103,12 @@ def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(sm
     assert jobs and all("--reservation=gpugate_sweep_" in line for line in jobs), jobs
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
     assert no_smoke_job_left(cluster)
+
+
+@pytest.mark.slow
+def test_two_healthy_nodes_pair_up_after_their_single_jobs(smoke_cluster):
     # A batch of two healthy nodes: their single jobs, then one 2-node job together.
+    cluster = smoke_cluster(pairs=True, floor=0.25)
     drift_and_drain(cluster, "gpu[03-04]")
     code, report, err = run_sweep(cluster)
     assert code == 0, err
