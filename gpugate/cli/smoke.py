@@ -1,9 +1,8 @@
 """`gpugate smoke -w NODES`: the sweep's smoke job by hand.  The work is in
-gpugate.sweep.smoke (the same submission, wait and judgement); this parses
-options, holds a reservation of its own for the run and renders."""
+gpugate.sweep.byhand (its own reservation, the sweep's submission, wait,
+judgement and pairing); this parses options and renders."""
 
 import json
-import os
 import sys
 
 import click
@@ -37,74 +36,33 @@ def smoke(config, nodes, pairs, as_json):
     from ClusterShell.NodeSet import NodeSet
 
     from ..config import load_checked_baseline, load_settings
-    from ..errors import SlurmError
     from ..slurm import connect
-    from ..sweep.pairs import FAIL, UNPAIRED, decide, run_rounds
-    from ..sweep.partner import Lender
-    from ..sweep.smoke import run_pairs, run_smoke
+    from ..sweep.byhand import smoke_by_hand
+    from ..sweep.pairs import UNPAIRED
 
     settings = load_settings(config, missing_ok=config is None)
     baseline = load_checked_baseline(settings)
-    slurm = connect(settings)
     if not settings.sweep["smoke"]:
         raise click.ClickException("no smoke job configured ([sweep] smoke = [])")
     if pairs and not settings.sweep["smoke_pair"]:
         raise click.ClickException("no pair job configured ([sweep] smoke_pair = [])")
     wanted = sorted(NodeSet(nodes))
-    states = slurm.nodes(nodes)
-    verdicts = {}
-    ready = []
-    runs, pair_verdicts = [], {}
-    for name in wanted:
-        st = states.get(name)
-        if st is None:
-            verdicts[name] = (False, "not a Slurm node")
-        elif st.drain or st.down or not st.responding:
-            verdicts[name] = (False, "not in service (%s): a drained node takes no job" % (st.reason or "down"))
-        else:
-            ready.append(name)
-    reservation = "gpugate_smoke_%d" % os.getpid()
-    if ready:
-        from ..sweep.steps import hostlist
-
-        slurm.reserve(reservation, hostlist(ready))
-        try:
-            results = run_smoke(slurm, settings.sweep, baseline, ready, reservation)
-            verdicts.update({n: (r.passed, "job %s in %.0fs%s" % (r.job, r.seconds, "" if r.passed else ": " + r.problem))
-                             for n, r in results.items()})
-            if pairs:
-                passed = [n for n in ready if results[n].passed]
-                lender = Lender(slurm, reservation, ready) if settings.sweep["pair_with_in_service"] else None
-                try:
-                    runs = run_rounds(passed, lambda p: run_pairs(slurm, settings.sweep, baseline, p, reservation),
-                                      lender)
-                finally:
-                    if lender is not None:
-                        lender.give_back()
-                pair_verdicts = decide(passed, runs)
-        except SlurmError as exc:
-            verdicts.update({n: (False, "not run: %s" % exc) for n in ready})
-        finally:
-            slurm.unreserve(reservation)
-    for name, verdict in pair_verdicts.items():
-        if verdict.verdict == FAIL:
-            why = "; pair failed: pair=%s %s" % (verdict.partner, verdict.problem)
-            verdicts[name] = (False, verdicts[name][1] + why)
+    result = smoke_by_hand(connect(settings), settings, baseline, wanted, pairs)
     if as_json:
-        out = {n: {"passed": p, "detail": d} for n, (p, d) in verdicts.items()}
-        for name, verdict in pair_verdicts.items():
+        out = {n: {"passed": p, "detail": d} for n, (p, d) in result.verdicts.items()}
+        for name, verdict in result.pair_verdicts.items():
             out[name]["pair"] = {"verdict": verdict.verdict, "partner": verdict.partner, "problem": verdict.problem,
                                  "runs": [{"nodes": list(r.nodes), "round": r.round, "passed": r.passed,
-                                           "detail": r.detail} for r in runs if name in r.nodes]}
+                                           "detail": r.detail} for r in result.runs if name in r.nodes]}
         click.echo(json.dumps(out, sort_keys=True))
     else:
         for name in wanted:
-            passed, detail = verdicts[name]
+            passed, detail = result.verdicts[name]
             click.echo("%s %s %s" % (name, "pass" if passed else "FAIL", detail))
-        for run in runs:
+        for run in result.runs:
             click.echo("%s pair round %d %s %s" % ("+".join(run.nodes), run.round, "pass" if run.passed else "FAIL",
                                                    run.detail))
-        for name, verdict in pair_verdicts.items():
+        for name, verdict in result.pair_verdicts.items():
             if verdict.verdict == UNPAIRED:
                 click.echo("%s %s" % (name, verdict.problem))
-    sys.exit(0 if all(p for p, _ in verdicts.values()) else 1)
+    sys.exit(0 if result.passed else 1)
