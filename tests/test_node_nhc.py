@@ -80,3 +80,13 @@ def test_metric_names_the_last_nhc_result_only_when_nhc_runs():
     assert 'gpugate_nhc_result{result="timed out"} 1' in text
     assert 'gpugate_nhc_result{result="passed"} 0' in text
     assert "gpugate_nhc_result" not in render(node_families("gpu01", verdict, facts, baseline))
+
+
+def test_an_nhc_command_others_can_change_is_not_run(tmp_path):
+    # Root runs it: the same trust walk as every tool gpugate starts.
+    marker = tmp_path / "ran"
+    settings = _settings(tmp_path, "touch %s\n" % marker)
+    (tmp_path / "fake-nhc").chmod(0o777)
+    outcome = nhc.run(settings, "gpu01", False, time.monotonic() + 10)
+    assert outcome["result"] == nhc.NOT_RUN and "NHC not run" in outcome["error"], outcome
+    assert not marker.exists()

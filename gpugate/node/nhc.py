@@ -41,12 +41,20 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
     limit = min(float(settings.nhc["timeout_seconds"]), deadline - started)
     if limit < _MIN_SECONDS:
         return {"result": NOT_RUN, "seconds": 0.0, "error": "no time left in the health check's budget"}
+    command = argv(settings, node, keep_drain)
+    # NHC runs as root like every tool gpugate starts: the same trust walk
+    # (only root can change the file, its directories and its #! interpreter).
+    from ..trust import Untrusted, open_executable
+    try:
+        os.close(open_executable(command[0], "[nhc] command"))
+    except (Untrusted, OSError) as exc:
+        return {"result": NOT_RUN, "seconds": 0.0, "error": "NHC not run: %s" % exc}
     env = dict(settings.slurm_env)  # slurmd gives none: NHC's scontrol needs SLURM_CONF
     env["SLURMD_NODENAME"] = node
     try:
         # Its own session: at the deadline the whole tree goes (NHC's checks,
         # its watchdog, a hung scontrol), never gpugate's own processes.
-        child = subprocess.Popen(argv(settings, node, keep_drain), stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, close_fds=True)
     except OSError as exc:
