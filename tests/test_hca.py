@@ -20,7 +20,8 @@ from gpugate.probes.ib import read_hcas
 from gpugate.sim.ib import rate_text
 from gpugate.toolfacts import Hca, HcaPort
 
-SAMPLES = "/work/shared/samples"
+from conftest import SAMPLES
+
 SYSFS = os.path.join(SAMPLES, "sysfs-class-infiniband-h100-ndr400-FIXTURE-gpud", "sys-class-infiniband-h100.0")
 IBSTAT = {name: os.path.join(SAMPLES, "ibstat-%s-gpud.txt" % name) for name in
           ("a100-roce200-fw28.37-all-active", "h100-ib-ndr400-cx7-fw28.41-all-active",

@@ -1,7 +1,7 @@
 """nccl-tests output: the parser (gpugate.parsers.nccl) and the smoke verdict
 (gpugate.judges.smoke).
 
-Table tests read the real captures in /work/shared/samples (each with a
+Table tests read the real captures in ../shared/samples (each with a
 .src.txt saying where it came from); the per-form tests build on real lines
 from those captures and from public nccl-tests issues (quoted below), with
 the launcher prefixes srun, Open MPI, MPICH and pdsh put before each line.
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from gpugate.judges.smoke import SmokeVerdict, first_error, gbps, judge_smoke
 from gpugate.parsers.nccl import MAX_ERRORS, NcclRow, NcclRun, parse_nccl_tests
 
-SAMPLES = "/work/shared/samples"
+from conftest import SAMPLES
+
 PROPS = settings(max_examples=150, deadline=None)
 H100_MIN = 350.0  # a typical per-product minimum (the issue's example) for a large-message all_reduce
 GH200_MIN = 15.0  # a minimum a site would set for the 1 B..128 MB sweep of the GH200 capture

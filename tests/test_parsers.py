@@ -1,7 +1,7 @@
 """Table and property tests for gpugate.parsers (dcgm, kernlog, system).
 
 Fixtures are written here, modelled on what the tools print; the real captures
-in /work/shared/samples are read only when that directory exists.
+in ../shared/samples are read only when that directory exists.
 """
 
 import json
@@ -15,7 +15,8 @@ from gpugate.errors import ParseError
 from gpugate.facts import DcgmHealth, DkmsEntry, Package, XidEvent
 from gpugate.parsers import dcgm, kernlog, system
 
-SAMPLES = "/work/shared/samples"
+from conftest import SAMPLES
+
 PROPS = settings(max_examples=120, deadline=None)
 
 # --------------------------------------------------------------------------
