@@ -4,7 +4,7 @@ what each nodeset must look like, and the health policy."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from .record import asdict, dataclass, field, replace
 
 from .errors import ConfigError
 from .lazyre import Lazy

@@ -13,7 +13,7 @@ the first ``allowance`` of them keep their drain.  A node ranked beyond it
 gives its drain back (see gpugate.node.act)."""
 
 import math
-from dataclasses import dataclass
+from .record import dataclass
 from typing import Iterable, Mapping, Optional, Tuple
 
 from . import reason as reasons

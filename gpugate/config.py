@@ -4,7 +4,7 @@ Everything that is not the baseline.  Validated like the baseline."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from .record import dataclass
 
 from .errors import ConfigError
 from . import trust

@@ -8,7 +8,7 @@ supported by this GPU", which is a fact, not a failure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from .record import dataclass, field, fields, is_dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -10,7 +10,7 @@ mark of ownership (ReasonUser is root for everything run as root).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from .record import dataclass
 
 from .findings import CHECK_CLASSES, CLASSES, Finding, is_acute, sort_findings
 from .lazyre import Lazy

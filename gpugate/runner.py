@@ -7,7 +7,7 @@ checked is the file run (/proc/self/fd/N), whatever the path says later."""
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from .record import dataclass
 from typing import Mapping, Optional, Sequence
 
 from . import trust

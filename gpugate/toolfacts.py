@@ -4,7 +4,7 @@ only when a tool's output is parsed (gpugate.facts names them too)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

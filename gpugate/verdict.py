@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .record import dataclass
 
 from . import reason
 from .findings import CHECK_CLASSES, NOT_RUN, PENDING, Finding, sort_findings

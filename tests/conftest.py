@@ -41,7 +41,7 @@ def fleet(tmp_path):
 @pytest.fixture
 def settings_for():
     """Settings for a simulated fleet (no gpugate.toml needed)."""
-    from dataclasses import replace
+    from gpugate.record import replace
 
     from gpugate.config import parse_settings
 

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
+from gpugate.record import asdict
 
 import pytest
 from hypothesis import given, settings

@@ -405,7 +405,7 @@ def test_xid_window_is_unmoved_by_a_clock_step():
 
 def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
     import json
-    from dataclasses import replace
+    from gpugate.record import replace
 
     from gpugate.config import parse_settings
     from gpugate.node import hold

@@ -11,7 +11,7 @@ from test_hca import _baseline, _facts, _ibstat_root, _sysfs_root
 
 
 def test_audit_shows_hca_firmware_per_type_like_vbios(tmp_path):
-    from dataclasses import replace
+    from gpugate.record import replace
 
     from gpugate.fleet.audit import fold, to_text
 

@@ -2,7 +2,7 @@
 hung NHC's whole session (a real bash child, like NHC itself)."""
 
 import time
-from dataclasses import replace
+from gpugate.record import replace
 
 from gpugate.config import parse_settings
 from gpugate.node import nhc

@@ -15,7 +15,7 @@ src/plugins/data_parser/v0.0.39 and v0.0.40 parsers.c and a published 25.11
 """
 
 import json
-from dataclasses import replace
+from gpugate.record import replace
 import os
 import shutil
 import subprocess

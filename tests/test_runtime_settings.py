@@ -3,7 +3,7 @@ power limit, ECC mode, MIG mode), read through NVML, judged as budgeted
 drift: a wrong pin in the baseline stays within the drain budget."""
 
 import json
-from dataclasses import replace
+from gpugate.record import replace
 
 import pytest
 from hypothesis import given

@@ -92,7 +92,7 @@ def test_the_sweeps_verification_over_ssh(rig):
 
 @pytest.mark.ssh
 def test_the_ssh_config_is_trust_checked(rig, tmp_path):
-    from dataclasses import replace
+    from gpugate.record import replace
 
     from gpugate.config import load_settings
     from gpugate.errors import ConfigError

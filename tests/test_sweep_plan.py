@@ -203,7 +203,7 @@ def test_repeat_rule_counts_returns_for_the_same_component_within_the_window_sin
 @settings(max_examples=200, deadline=None)
 @given(fleets(), options_st, st.data(), st.integers(1, 4))
 def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, options, data, limit):
-    from dataclasses import replace
+    from gpugate.record import replace
 
     # Each node's history: some returns to service for what it is drained for now, and noise.
     # The fleet is seen at 0: its history lies in the 20 days before.

@@ -4,7 +4,7 @@ metrics, never "matches pin"; `gpugate metrics` with a bad baseline exits 2.
 Simulated nodes (NVML and tools replayed) run the production probes."""
 
 import os
-from dataclasses import replace
+from gpugate.record import replace
 from types import SimpleNamespace
 
 import pytest

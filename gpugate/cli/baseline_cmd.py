@@ -34,7 +34,7 @@ def baseline():
 
 def _node_facts(config, sim, node):
     """The node's facts, as `gpugate facts` collects them (DCGM always asked)."""
-    from dataclasses import replace
+    from ..record import replace
 
     from ..baseline import parse_baseline
     from ..config import load_checked_baseline

@@ -28,7 +28,7 @@ def in_context(settings, sim=None, baseline_path=None, node_required=None, confi
     The baseline: --baseline, else that of a gpugate.toml named by --config
     or $GPUGATE_CONFIG, else the one the --sim fleet was created with, else
     gpugate.toml's (the default one's, or /etc/gpugate/baseline.toml)."""
-    from dataclasses import replace
+    from ..record import replace
 
     if sim:
         settings = replace(settings, sim_fleet=os.path.abspath(sim))

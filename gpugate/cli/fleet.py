@@ -71,7 +71,7 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
       gpugate audit -p gpu --json
       gpugate audit -w 'gpu[001-064]' -b new-baseline.toml
     """
-    from dataclasses import replace
+    from ..record import replace
 
     from ..baseline import load_baseline
     from ..fleet.audit import fold, to_json, to_text

@@ -1,7 +1,7 @@
 """The audit: every component's distinct values across the fleet, folded
 into hostlists and compared with the pin.  Pure: facts in, table out."""
 
-from dataclasses import dataclass, field
+from ..record import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 # Node-wide components: how to read each from a node's facts (JSON form).

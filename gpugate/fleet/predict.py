@@ -8,7 +8,7 @@ partition: the nodes the new baseline leaves unfit for budgeted findings
 against budget.allowance.  Pure: baselines, facts and partitions in, a
 Prediction out; nodes without readable facts are "unknown", never fit."""
 
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..budget import allowance

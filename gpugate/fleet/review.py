@@ -2,7 +2,7 @@
 audit, which nodes would drift under the new one before it is pushed."""
 
 import json
-from dataclasses import asdict
+from ..record import asdict
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..baseline import PIN_COMPONENTS

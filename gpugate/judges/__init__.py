@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..baseline import Baseline
 from ..facts import NodeFacts
-from dataclasses import replace
+from ..record import replace
 
 from ..facts import failed
 from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings

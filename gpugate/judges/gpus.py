@@ -8,6 +8,7 @@ from ..baseline import CLOCK_REASONS
 from ..facts import ProbeFailure, failed
 from ..findings import (BROKEN, HEALTH, INVESTIGATE, REBOOT,
                         RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
+from ..record import fields
 from . import settings, xids
 from .common import nvswitch, probe_finding
 
@@ -120,4 +121,4 @@ def _pcie(policy, gpu):
 
 
 def _values(gpu):
-    return [getattr(gpu, name) for name in gpu.__dataclass_fields__]
+    return [getattr(gpu, f.name) for f in fields(gpu)]

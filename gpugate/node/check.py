@@ -3,7 +3,7 @@ No Slurm here; the entry points act on the verdict."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..record import dataclass
 
 from ..facts import NodeFacts
 from ..judges import judge

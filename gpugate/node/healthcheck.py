@@ -160,7 +160,7 @@ def _nhc_share(settings):
     budget (at least half of it stays gpugate's)."""
     if not nhc.configured(settings):
         return settings
-    from dataclasses import replace
+    from ..record import replace
 
     total = float(settings.budgets["healthcheck"])
     own = max(total - float(settings.nhc["timeout_seconds"]), total / 2)
@@ -181,7 +181,7 @@ def _run_nhc(settings, node: str, j: _Judged, deadline: float, record: dict):
 
 def _within_slurmd_timeout(settings, record: dict):
     """budgets.healthcheck, cut to end before slurmd kills the check."""
-    from dataclasses import replace
+    from ..record import replace
 
     from .slurmd_limits import conf_paths, health_check_timeout, healthcheck_budget
 

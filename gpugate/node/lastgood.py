@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
+from ..record import replace
 
 from ..errors import ConfigError
 

@@ -9,7 +9,7 @@ so one odd record cannot hide the event after it.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from ..record import replace
 
 from gpugate.facts import XidEvent
 from gpugate.lazyre import Lazy

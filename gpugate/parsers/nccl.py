@@ -37,7 +37,7 @@ counts, FAILED if any MIN_BW verdict failed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from ..record import dataclass
 
 from gpugate.lazyre import Lazy
 

@@ -2,7 +2,7 @@
 systemctl, dcgmi.  Each is bounded by the caller's timeout; an error or a
 timeout becomes a ProbeFailure."""
 
-from dataclasses import replace
+from ..record import replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import CommandError, ParseError

@@ -10,7 +10,7 @@ import collections
 import errno
 import os
 import stat
-from dataclasses import replace
+from ..record import replace
 
 from ..facts import ProbeFailure, XidEvent
 from ..parsers.kernlog import parse_kmsg

@@ -5,7 +5,7 @@ deadline each, no shell).  No sacct: a cluster without slurmdbd has none;
 
 import os
 import shlex
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, List, Optional
 
 from ..errors import SlurmError

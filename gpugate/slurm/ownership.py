@@ -9,7 +9,7 @@ reasons (rma, rollout) from a node-side check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..record import dataclass
 
 from .. import reason as reasons
 from ..findings import RMA, ROLLOUT, severity

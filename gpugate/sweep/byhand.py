@@ -4,7 +4,7 @@ and judgement as the sweep's stage (sweep.smoke), and the same pairing
 (sweep.pairs); the CLI only renders what this returns."""
 
 import os
-from dataclasses import dataclass, field
+from ..record import dataclass, field
 from typing import Dict, List, Tuple
 
 from ..errors import SlurmError

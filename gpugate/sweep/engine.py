@@ -9,7 +9,7 @@ The steps themselves are in steps.py; the waits poll through waits.py.
 """
 
 import time
-from dataclasses import dataclass, field, replace
+from ..record import dataclass, field, replace
 from typing import Callable, Dict, List, Sequence
 
 from .. import reason as reasons

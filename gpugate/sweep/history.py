@@ -9,7 +9,7 @@ seconds is escalated to ``rma`` instead of being worked on once more: a
 part that keeps failing is cheaper to replace than to keep repairing.
 """
 
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
 from .. import reason as reasons

@@ -11,7 +11,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError

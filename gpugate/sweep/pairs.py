@@ -22,7 +22,7 @@ The rule (pure, below; the jobs go through gpugate.sweep.smoke):
    the retry (no partner), it fails once more ("not re-proven").
 """
 
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
 
 PASS, FAIL, UNPAIRED = "pass", "fail", "unpaired"

@@ -17,7 +17,7 @@ whatever its remedy would be.
 """
 
 import math
-from dataclasses import dataclass, field
+from ..record import dataclass, field
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT

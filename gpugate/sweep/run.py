@@ -4,7 +4,7 @@ lock, and forgiving repeat offenders.  The CLI parses, calls these, renders."""
 
 import os
 import time
-from dataclasses import replace
+from ..record import replace
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import reason as reasons

@@ -19,7 +19,7 @@ result, so the resume step compares and clears it as before.
 import math
 import os
 import time
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, List, Optional
 
 from ..errors import SlurmError

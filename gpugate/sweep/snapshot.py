@@ -1,7 +1,7 @@
 """What the sweep sees: every node's Slurm state, and for nodes gpugate
 drained, their reason parsed back into class and first finding."""
 
-from dataclasses import dataclass
+from ..record import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from .. import reason as reasons

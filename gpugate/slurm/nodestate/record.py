@@ -2,7 +2,7 @@
 and the readers' contract: ParseError and nothing else, one record per node."""
 
 import re
-from dataclasses import dataclass, replace
+from ...record import dataclass, replace
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from gpugate.errors import ParseError

@@ -1,7 +1,7 @@
 """sinfo's text output (SINFO_TEXT_ARGV, every release): the fallback reader."""
 
 import re
-from dataclasses import replace
+from ...record import replace
 from datetime import datetime
 from typing import Dict, List, Optional, Tuple
 
