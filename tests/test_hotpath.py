@@ -18,10 +18,11 @@ from conftest import DEMO_BASELINE, ROOT
 
 # Loaded by the prolog's healthy path, they would cost every job: the TOML
 # parser (the kept parse is reused), OpenSSL's hashes, typing, the Slurm
-# commands and what runs tools (subprocess, threads), click, ClusterShell, and
-# NVML's binding or the simulated node's (loaded in the forked reader only).
+# commands and what runs tools (subprocess, threads), click, ClusterShell,
+# NVML's binding or the simulated node's (loaded in the forked reader only),
+# dataclasses and inspect (gpugate.record), pickle and signal (gpugate.forked).
 NOT_ON_THE_HOT_PATH = {
-    "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
+    "dataclasses", "inspect", "pickle", "signal", "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
     "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
     "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
     "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
@@ -247,3 +248,34 @@ def test_the_readers_stand_ins_become_the_facts_records():
     assert isinstance(got, facts.NvmlFacts) and isinstance(got.gpus[0], facts.GpuFacts)
     assert got.gpus[0].vbios == facts.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
     assert got.gpus[0].pcie == facts.Pcie(5, 16, 5, 16) and got.gpus[0].nvlink_up == (True, False)
+
+
+def test_pynvml_loads_without_ctypes_util_and_leaves_the_real_one_importable():
+    """nvmlread.import_pynvml: the stand-in for ctypes.util lives only while
+    pynvml loads; afterwards ctypes.util is the real module, and pynvml's
+    find_library (unused on Linux) still answers through it."""
+    code = ("import sys, json; from gpugate import nvmlread; p = nvmlread.import_pynvml(); "
+            "loaded = 'ctypes.util' in sys.modules; import ctypes.util; "
+            "print(json.dumps([loaded, ctypes.util.__file__.endswith('util.py'), "
+            "p.find_library('c') == ctypes.util.find_library('c'), p.nvmlInit.__module__, "
+            "nvmlread.import_pynvml() is p, 'subprocess' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == [False, True, True, "pynvml", True, True]
+    # ctypes.util already loaded: used as it is, no stand-in.
+    code = ("import sys, ctypes.util; real = ctypes.util; from gpugate import nvmlread; nvmlread.import_pynvml(); "
+            "print(sys.modules['ctypes.util'] is real)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_a_reader_answer_that_is_not_plain_values_is_an_error_not_a_crash():
+    from gpugate.forked import ERROR, OK, Forked
+
+    plain = Forked(lambda: {"a": (1, 2.5, None, True, b"x", "t", [frozenset({3})])})
+    assert plain.result(30) == (OK, {"a": (1, 2.5, None, True, b"x", "t", [frozenset({3})])})
+    odd = Forked(lambda: object())
+    state, text = odd.result(30)
+    assert state == ERROR and "unserialisable answer" in text
+    dead = Forked(lambda: os._exit(3))
+    state, text = dead.result(30)
+    assert state == ERROR and "the reader died" in text

@@ -84,8 +84,9 @@ def run(settings, node: str, record: dict, reader=None) -> int:
 
 
 def _prepare_reader() -> None:
-    from .. import nvmlread  # noqa: F401 - the reading, which loads nothing else of gpugate's
-    import pynvml  # noqa: F401 - the binding (a simulated node's is built on it too)
+    from .. import nvmlread  # the reading, which loads nothing else of gpugate's
+
+    nvmlread.import_pynvml()  # the binding (a simulated node's is built on it too)
 
 
 def _read_nvml(orders: dict):
