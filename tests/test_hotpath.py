@@ -90,10 +90,49 @@ def test_the_cold_prolog_parses_no_toml_once_the_parse_is_kept(node):
     assert first["log"]["reused"] is False and first["log"]["verdict"] == "fit"
     second = _prolog(node, "gpu02", "9")
     assert second["code"] == 0 and second["log"]["verdict"] == "fit"
-    # ClusterShell (and with it subprocess and logging) still expands the
-    # baseline's hostlists on this path.
+    # The node's kept view of the baseline: no TOML, no ClusterShell to
+    # expand the [nodes."..."] hostlists (with it subprocess and logging).
     loaded = set(second["modules"])
-    assert not loaded & {"tomllib", "tomli", "hashlib", "typing", "pynvml"}, sorted(loaded)
+    assert not loaded & NOT_ON_THE_HOT_PATH, sorted(loaded & NOT_ON_THE_HOT_PATH)
+
+
+def test_the_kept_view_follows_the_baseline_text_and_the_gpugate_version(node, tmp_path):
+    from gpugate import __version__
+    from gpugate.baseline import load_baseline
+    from gpugate.node import lastgood
+
+    baseline = str(tmp_path / "baseline.toml")
+    with open(DEMO_BASELINE) as handle:
+        text = handle.read()
+    with open(baseline, "w") as handle:
+        handle.write(text)
+    config = open(node["config"]).read().replace(DEMO_BASELINE, baseline)
+    with open(node["config"], "w") as handle:
+        handle.write(config)
+    assert _prolog(node, "gpu02", "20")["log"]["reused"] is False
+    view_path = os.path.join(lastgood.directory(node["config"], "gpu02"), lastgood.BASELINE + lastgood.RESOLVED)
+    view = json.load(open(view_path))
+    assert view["text"] == text and view["version"] == __version__ and view["node"] == "gpu02"
+    fresh = json.loads(json.dumps(load_baseline(baseline).resolved_for("gpu02")))
+    assert view["view"] == fresh  # what a fresh parse resolves
+    # A new baseline text: parsed, validated and resolved again.
+    changed = text.replace('name = "', 'name = "v2-', 1)
+    assert changed != text
+    with open(baseline, "w") as handle:
+        handle.write(changed)
+    os.utime(baseline, (1, 1))
+    assert _prolog(node, "gpu02", "21")["log"]["verdict"] == "fit"
+    view = json.load(open(view_path))
+    assert view["text"] == changed and view["view"]["name"].startswith("v2-")
+    # A view made by another version, or damaged: not used, made again.
+    for damage in ({**view, "version": "0.0.0", "view": {**view["view"], "name": "stale"}},
+                   {**view, "view": {"name": "no pins"}}):
+        with open(view_path, "w") as handle:
+            json.dump(damage, handle)
+        result = _prolog(node, "gpu02", "22")
+        # validated again (the kept parse of the same text, ClusterShell for its hostlists)
+        assert result["log"]["verdict"] == "fit" and "ClusterShell.NodeSet" in result["modules"]
+        assert json.load(open(view_path)) == view
 
 
 def test_a_changed_file_is_parsed_again_and_a_damaged_kept_parse_is_ignored(node, tmp_path):

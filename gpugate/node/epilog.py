@@ -23,7 +23,7 @@ def run(settings, node: str, record: dict) -> int:
     if baseline is None:
         from .lastgood import load_baseline
 
-        baseline = load_baseline(settings, record)
+        baseline = load_baseline(settings, record, node)
     job_file = st.job_path(settings.state_dir(node), job_id) if job_id else None
     job = st.read_json(job_file) if job_file else None
     if job and job.get("boot_id") == boot_id and isinstance(job.get("kmsg_seq"), int):

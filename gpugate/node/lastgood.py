@@ -16,7 +16,15 @@ Next to each copy is its TOML parse (NAME.parsed.json, with the text it was
 made from): a run whose file holds exactly that text validates the kept
 parse instead of parsing again, so the prolog needs no TOML parser.  The
 validation runs every time, and the copy is compared byte for byte: no
-stat signature or hash stands in for the content."""
+stat signature or hash stands in for the content.
+
+For the prolog and epilog, the baseline's copy also has this node's
+resolved view (baseline.toml.resolved.json: what Baseline.resolved_for
+gives, with the text and the gpugate version it was made by): a run whose
+baseline holds exactly that text, under that version, takes the view as
+validated, since validating the same text with the same code gives the same
+answer.  The prolog then needs neither the TOML parser nor ClusterShell
+(about 15 ms to load) when its health check's verdict is not reusable."""
 
 from __future__ import annotations
 
@@ -24,9 +32,9 @@ import json
 import os
 import sys
 import time
-from ..record import replace
 
 from ..errors import ConfigError
+from ..record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -37,6 +45,7 @@ CONFIG = "gpugate.toml"
 BASELINE = "baseline.toml"
 META = "meta.json"
 PARSED = ".parsed.json"  # NAME + PARSED: the kept parse of NAME
+RESOLVED = ".resolved.json"  # BASELINE + RESOLVED: this node's view of the kept baseline
 _MAX_BYTES = 4 << 20
 
 
@@ -87,11 +96,11 @@ def _fallback(where: str, name: str, exc: ConfigError, record: dict, what: str) 
     return copy
 
 
-def load_baseline(settings, record: dict):
+def load_baseline(settings, record: dict, node: Optional[str] = None):
     """The baseline settings name, else the last good copy (recording the
     error), else ConfigError.  Without a last-good directory (admin tools):
-    the file or the error."""
-    from ..baseline import parse_baseline
+    the file or the error.  With ``node``, this node's kept resolved view
+    when the file's text is the one it was made from."""
     from ..config import load_checked_baseline
     from ..schema import read_toml_file
 
@@ -104,13 +113,56 @@ def load_baseline(settings, record: dict):
                               % exc) from None
     try:
         data = read_toml_file(settings.baseline, "baseline")  # refused unless root's alone
+        view = _resolved(where, data, node) if node else None
+        if view is not None:
+            return view
         parsed, cached = _parse(where, BASELINE, data, settings.baseline)
+        from ..baseline import parse_baseline
+
         baseline = parse_baseline(parsed, settings.baseline)
     except ConfigError as exc:
         copy = _fallback(where, BASELINE, exc, record, "baseline")
         return load_checked_baseline(replace(settings, baseline=copy))
     _keep(where, BASELINE, settings.baseline, data, parsed, cached)
+    if node:
+        _keep_resolved(where, data, node, baseline)
     return baseline
+
+
+def _resolved(where: str, data: bytes, node: str):
+    """The kept view of this node, if made from this very text by this
+    version of gpugate; else None."""
+    from .. import __version__
+    from ..trust import open_file
+
+    try:
+        with os.fdopen(open_file(os.path.join(where, BASELINE + RESOLVED), "gpugate's kept view"), "rb") as handle:
+            kept_view = json.loads(handle.read(2 * _MAX_BYTES))
+        if (kept_view.get("text") != data.decode("utf-8") or kept_view.get("version") != __version__
+                or kept_view.get("node") != node):
+            return None
+        from ..baseline import from_resolved
+
+        return from_resolved(kept_view["view"])
+    except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # none kept, another text or version, unreadable: parse and validate
+
+
+def _keep_resolved(where: str, data: bytes, node: str, baseline) -> None:
+    """Best effort, like _keep: without it the next run parses again."""
+    from .. import __version__
+
+    if len(data) > _MAX_BYTES:
+        return
+    try:
+        text = json.dumps({"text": data.decode("utf-8"), "version": __version__, "node": node,
+                           "view": baseline.resolved_for(node)}, sort_keys=True)
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        _write(os.path.join(where, BASELINE + RESOLVED), text.encode())
+    except (TypeError, ValueError):
+        return  # a value JSON cannot hold: the baseline is parsed every run
+    except OSError as exc:
+        sys.stderr.write("gpugate: cannot keep this node's view of the baseline in %s: %s\n" % (where, exc))
 
 
 def for_admin(settings_loader: Callable[[], object], config_path: str, node: str, record: dict):

@@ -62,7 +62,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     if baseline is None:
         from .lastgood import load_baseline
 
-        baseline = load_baseline(settings, record)  # on an error, the entry point cancels the reader
+        baseline = load_baseline(settings, record, node)  # on an error, the entry point cancels the reader
     high, expected = (last or {}).get("gpus_high"), baseline.expect_for(node).gpus
     result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus, nvml_started=nvml,
                        extra=lambda facts: lost.judge(high, expected, facts))
