@@ -66,6 +66,14 @@ class SimNvml(StateAccess):
     def __repr__(self):
         return "<simulated pynvml, %d GPU(s)>" % len(self._gpus())
 
+    def __getattr__(self, name):  # only what the class does not define
+        return _constant(name)
+
+    def __dir__(self):
+        names = set(super().__dir__())
+        return sorted(names | {n for n in dir(_real) if not n.startswith("_")
+                               and isinstance(getattr(_real, n), _CONSTANT_TYPES)})
+
     # -- init -------------------------------------------------------------------
 
     def nvmlInit(self):
@@ -310,19 +318,19 @@ class SimNvml(StateAccess):
         return procs
 
 
-def _copy_constants():
-    """Give SimNvml pynvml's constants, error classes and ctypes types.
-
-    The same objects, not copies, so ``except sim.NVMLError_GpuIsLost`` and
-    ``except pynvml.NVMLError_GpuIsLost`` are one clause.  pynvml's functions are
-    not copied: a function the stand-in lacks must fail loudly (AttributeError).
-    """
-    for name in dir(_real):
-        value = getattr(_real, name)
-        if name.startswith("_") or name in vars(SimNvml):
-            continue
-        if isinstance(value, (int, float, str, bytes, tuple, type, ctypes._SimpleCData)):
-            setattr(SimNvml, name, value)
+_CONSTANT_TYPES = (int, float, str, bytes, tuple, type, ctypes._SimpleCData)
 
 
-_copy_constants()
+def _constant(name: str):
+    """pynvml's constant, error class or ctypes type of that name (the same
+    object, not a copy, so ``except sim.NVMLError_GpuIsLost`` and ``except
+    pynvml.NVMLError_GpuIsLost`` are one clause), found when first asked
+    for: copying all ~2,000 onto the class costs every probe a millisecond.
+    pynvml's functions are not given: a function the stand-in lacks must fail
+    loudly (AttributeError)."""
+    if not name.startswith("_"):
+        value = getattr(_real, name, None)
+        if isinstance(value, _CONSTANT_TYPES):
+            return value
+    raise AttributeError("simulated pynvml has no %r" % name)
+
