@@ -28,43 +28,9 @@ def binding(sim_fleet: str, node: str):
         from .sim import nvml as sim_nvml
 
         return sim_nvml.load_file(os.path.join(sim_fleet, node, "node.json"))
+    from .pynvml_loader import import_pynvml
+
     return import_pynvml()
-
-
-def import_pynvml():
-    """The real binding (the only import of it), loaded without what it
-    does not use.  pynvml does `from ctypes.util import find_library` and
-    never calls it (it opens libnvidia-ml.so.1 by name); ctypes.util loads
-    subprocess, shutil and tempfile, about 6 ms of the prolog's critical
-    path.  Only while pynvml loads, ctypes.util is a stand-in whose
-    find_library loads the real one; afterwards an import gets the real
-    module."""
-    import sys
-
-    if "pynvml" in sys.modules or "ctypes.util" in sys.modules:
-        import pynvml
-
-        return pynvml
-    import types
-
-    stand_in = types.ModuleType("ctypes.util", "gpugate.nvmlread's stand-in, while pynvml loads")
-    stand_in.find_library = _find_library
-    sys.modules["ctypes.util"] = stand_in
-    try:
-        import pynvml
-    finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
-        ctypes = sys.modules.get("ctypes")
-        if getattr(ctypes, "util", None) is stand_in:
-            del ctypes.util
-    return pynvml
-
-
-def _find_library(name):
-    from ctypes.util import find_library
-
-    return find_library(name)
 
 
 def reader(nvml, loader, gpus, processes):

@@ -289,22 +289,40 @@ def test_the_readers_stand_ins_become_the_facts_records():
     assert got.gpus[0].pcie == facts.Pcie(5, 16, 5, 16) and got.gpus[0].nvlink_up == (True, False)
 
 
-def test_pynvml_loads_without_ctypes_util_and_leaves_the_real_one_importable():
-    """nvmlread.import_pynvml: the stand-in for ctypes.util lives only while
-    pynvml loads; afterwards ctypes.util is the real module, and pynvml's
-    find_library (unused on Linux) still answers through it."""
-    code = ("import sys, json; from gpugate import nvmlread; p = nvmlread.import_pynvml(); "
-            "loaded = 'ctypes.util' in sys.modules; import ctypes.util; "
-            "print(json.dumps([loaded, ctypes.util.__file__.endswith('util.py'), "
-            "p.find_library('c') == ctypes.util.find_library('c'), p.nvmlInit.__module__, "
-            "nvmlread.import_pynvml() is p, 'subprocess' in sys.modules]))")
+def test_pynvml_loads_without_ctypes_util_or_string_and_is_the_same_module():
+    """gpugate.pynvml_loader: the stand-ins live only while pynvml loads;
+    afterwards the real modules import, pynvml answers through them, and it
+    defined the same names (its error classes are named with capwords)."""
+    code = ("import sys, json; before = set(sys.modules); from gpugate.pynvml_loader import import_pynvml; "
+            "p = import_pynvml(); loaded = sorted(m for m in ('ctypes.util', 'string', 're', 'subprocess') "
+            "if m in sys.modules and m not in before); "
+            "import ctypes.util, string; "
+            "print(json.dumps([loaded, ctypes.util.__file__.endswith('util.py'), string.__file__.endswith('.py'), "
+            "p.find_library('c') == ctypes.util.find_library('c'), p.string.ascii_letters == string.ascii_letters, "
+            "import_pynvml() is p, sorted(n for n in dir(p) if not n.startswith('__'))]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(out.stdout) == [False, True, True, "pynvml", True, True]
-    # ctypes.util already loaded: used as it is, no stand-in.
-    code = ("import sys, ctypes.util; real = ctypes.util; from gpugate import nvmlread; nvmlread.import_pynvml(); "
-            "print(sys.modules['ctypes.util'] is real)")
+    loaded, util_real, string_real, find_same, string_same, same, names = json.loads(out.stdout)
+    assert loaded == [] and util_real and string_real and find_same and string_same and same
+    plain = subprocess.run([sys.executable, "-c", "import json, pynvml; print(json.dumps(sorted("
+                            "n for n in dir(pynvml) if not n.startswith('__'))))"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert names == json.loads(plain.stdout) and "NVMLError_GpuIsLost" in names
+    # Modules already loaded are used as they are: no stand-in.
+    code = ("import sys, ctypes.util, string; real = (ctypes.util, string); "
+            "from gpugate.pynvml_loader import import_pynvml; p = import_pynvml(); "
+            "print(sys.modules['ctypes.util'] is real[0] and p.string is real[1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_capwords_is_the_standard_one():
+    import string
+
+    from gpugate.pynvml_loader import _capwords
+
+    for text, sep in (("NVML_ERROR_GPU_IS_LOST", "_"), ("hello  wide world", None), ("", None), ("a_b", "_"),
+                      ("ERROR__DOUBLE", "_"), (" lead trail ", " "), ("mIxEd cAsE", None)):
+        assert _capwords(text, sep) == string.capwords(text, sep)
 
 
 def test_a_reader_answer_that_is_not_plain_values_is_an_error_not_a_crash():

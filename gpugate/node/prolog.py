@@ -84,9 +84,10 @@ def run(settings, node: str, record: dict, reader=None) -> int:
 
 
 def _prepare_reader() -> None:
-    from .. import nvmlread  # the reading, which loads nothing else of gpugate's
+    from .. import nvmlread  # noqa: F401 - the reading, which loads no records of gpugate's
+    from ..pynvml_loader import import_pynvml
 
-    nvmlread.import_pynvml()  # the binding (a simulated node's is built on it too)
+    import_pynvml()  # the binding (a simulated node's is built on it too)
 
 
 def _read_nvml(orders: dict):
