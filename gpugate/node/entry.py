@@ -93,6 +93,19 @@ def main(mode, argv):
     return code
 
 
+def leave(code: int) -> None:
+    """Exit without the interpreter's teardown (freeing every module loaded:
+    about 1.5 ms of every job's prolog).  Everything gpugate writes is closed
+    by then (state files, the log line); the forked NVML reader has answered
+    or been killed; no atexit handler is registered on these paths."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # slurmd closed the pipe: nothing to say there anyway
+    os._exit(code)
+
+
 def _log(settings, node, record):
     from .logline import emit
 
