@@ -4,10 +4,10 @@ what each nodeset must look like, and the health policy."""
 from __future__ import annotations
 
 import re
-from .record import asdict, dataclass, field, replace
 
 from .errors import ConfigError
 from .lazyre import Lazy
+from .record import asdict, dataclass, field, replace
 from .schema import (REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table,
                      load_toml, validate)
 

@@ -13,11 +13,11 @@ the first ``allowance`` of them keep their drain.  A node ranked beyond it
 gives its drain back (see gpugate.node.act)."""
 
 import math
-from .record import dataclass
 from typing import Iterable, Mapping, Optional, Tuple
 
 from . import reason as reasons
 from .findings import CHECK_CLASSES
+from .record import dataclass
 
 __all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "admit", "keep", "fleet_usage"]
 

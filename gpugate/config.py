@@ -4,10 +4,10 @@ Everything that is not the baseline.  Validated like the baseline."""
 from __future__ import annotations
 
 import os
-from .record import dataclass
 
 from .errors import ConfigError
 from . import trust
+from .record import dataclass
 from .schema import (AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
 

@@ -10,10 +10,10 @@ mark of ownership (ReasonUser is root for everything run as root).
 from __future__ import annotations
 
 import re
-from .record import dataclass
 
 from .findings import CHECK_CLASSES, CLASSES, Finding, is_acute, sort_findings
 from .lazyre import Lazy
+from .record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -7,11 +7,11 @@ checked is the file run (/proc/self/fd/N), whatever the path says later."""
 import os
 import signal
 import subprocess
-from .record import dataclass
 from typing import Mapping, Optional, Sequence
 
 from . import trust
 from .errors import CommandError
+from .record import dataclass
 
 # Exit codes that still come with a valid answer on stdout (dcgmi diag: a test
 # failed / an isolate-class failure).  Callers pass them in ``ok_codes``.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .record import dataclass
 
 from . import reason
 from .findings import CHECK_CLASSES, NOT_RUN, PENDING, Finding, sort_findings
+from .record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

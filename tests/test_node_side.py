@@ -321,3 +321,16 @@ def test_fit_node_slurmd_reports_in_service_needs_no_controller(node_env):
     assert 0 <= record["jitter"] <= 0.2
     code, record = last_record(SLURM_NODE_IS_HEALTHY="no")
     assert code == 1 and record["action"] == "failed" and "jitter" not in record
+
+
+def test_one_run_acts_on_a_node_at_a_time(tmp_path):
+    from gpugate.errors import GpugateError
+    from gpugate.node.act import _act_lock
+
+    where = str(tmp_path / "state")
+    with _act_lock(where, 0.1):
+        with pytest.raises(GpugateError, match="another gpugate run is acting"):
+            with _act_lock(where, 0.1):
+                pass
+    with _act_lock(where, 0.1):  # released on the way out, the failed attempt's file closed too
+        assert os.path.exists(os.path.join(where, "act.lock"))

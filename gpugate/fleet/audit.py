@@ -1,8 +1,9 @@
 """The audit: every component's distinct values across the fleet, folded
 into hostlists and compared with the pin.  Pure: facts in, table out."""
 
-from ..record import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
+
+from ..record import dataclass, field
 
 # Node-wide components: how to read each from a node's facts (JSON form).
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",

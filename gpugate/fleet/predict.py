@@ -8,13 +8,13 @@ partition: the nodes the new baseline leaves unfit for budgeted findings
 against budget.allowance.  Pure: baselines, facts and partitions in, a
 Prediction out; nodes without readable facts are "unknown", never fit."""
 
-from ..record import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..budget import allowance
 from ..facts import from_jsonable
 from ..findings import Finding, is_acute
 from ..judges import judge
+from ..record import dataclass
 from ..verdict import decide
 
 FIT, UNFIT, UNKNOWN = "fit", "unfit", "unknown"

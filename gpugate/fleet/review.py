@@ -2,10 +2,10 @@
 audit, which nodes would drift under the new one before it is pushed."""
 
 import json
-from ..record import asdict
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..baseline import PIN_COMPONENTS
+from ..record import asdict
 
 
 def _pin_changes(old, new) -> List[Dict[str, object]]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 
 from ..baseline import Baseline
-from ..facts import NodeFacts
-from ..record import replace
-
-from ..facts import failed
+from ..facts import NodeFacts, failed
 from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings
+from ..record import replace
 from . import dcgm, gpus, stack, versions
 
 TYPE_CHECKING = False

@@ -25,6 +25,7 @@ an average to compare, so it brings the result requirement back.
 from __future__ import annotations
 
 import math
+
 from ..record import dataclass
 
 TYPE_CHECKING = False

@@ -3,11 +3,11 @@ No Slurm here; the entry points act on the verdict."""
 
 from __future__ import annotations
 
-from ..record import dataclass
 
 from ..facts import NodeFacts
 from ..judges import judge
 from ..probes import Budget, collect
+from ..record import dataclass
 from ..verdict import Verdict, decide
 
 TYPE_CHECKING = False

@@ -9,10 +9,10 @@ so one odd record cannot hide the event after it.
 from __future__ import annotations
 
 import re
-from ..record import replace
 
 from gpugate.facts import XidEvent
 from gpugate.lazyre import Lazy
+from gpugate.record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -37,9 +37,9 @@ counts, FAILED if any MIN_BW verdict failed.
 from __future__ import annotations
 
 import re
-from ..record import dataclass
 
 from gpugate.lazyre import Lazy
+from gpugate.record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only

@@ -2,13 +2,13 @@
 systemctl, dcgmi.  Each is bounded by the caller's timeout; an error or a
 timeout becomes a ProbeFailure."""
 
-from ..record import replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..errors import CommandError, ParseError
 from ..facts import UNCHECKED, ProbeFailure
 from ..parsers import dcgm as dcgm_parse
 from ..parsers import system
+from ..record import replace
 from ..runner import run
 from ..toolfacts import DcgmDiag
 

@@ -10,10 +10,10 @@ import collections
 import errno
 import os
 import stat
-from ..record import replace
 
 from ..facts import ProbeFailure, XidEvent
 from ..parsers.kernlog import parse_kmsg
+from ..record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -5,10 +5,10 @@ deadline each, no shell).  No sacct: a cluster without slurmdbd has none;
 
 import os
 import shlex
-from ..record import dataclass
 from typing import Dict, List, Optional
 
 from ..errors import SlurmError
+from ..record import dataclass
 
 # Job states after which nothing more happens (squeue(1) JOB STATE CODES).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",

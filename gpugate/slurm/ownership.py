@@ -9,10 +9,10 @@ reasons (rma, rollout) from a node-side check.
 
 from __future__ import annotations
 
-from ..record import dataclass
 
 from .. import reason as reasons
 from ..findings import RMA, ROLLOUT, severity
+from ..record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

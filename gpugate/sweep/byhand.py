@@ -4,12 +4,12 @@ and judgement as the sweep's stage (sweep.smoke), and the same pairing
 (sweep.pairs); the CLI only renders what this returns."""
 
 import os
-from ..record import dataclass, field
 from typing import Dict, List, Tuple
 
 from ..errors import SlurmError
 from .pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
 from .partner import Lender
+from ..record import dataclass, field
 from .smoke import run_pairs, run_smoke
 from .steps import hostlist
 

@@ -9,7 +9,6 @@ The steps themselves are in steps.py; the waits poll through waits.py.
 """
 
 import time
-from ..record import dataclass, field, replace
 from typing import Callable, Dict, List, Sequence
 
 from .. import reason as reasons
@@ -18,6 +17,7 @@ from ..findings import RMA, ROLLOUT, Finding
 from . import history as hist
 from . import journal as jr
 from .plan import ESCALATE, REBOOT, RECONVERGE, Options, Plan, plan
+from ..record import dataclass, field, replace
 from .snapshot import take
 from .smoke import SmokeStep
 from .steps import Steps

@@ -9,11 +9,11 @@ seconds is escalated to ``rma`` instead of being worked on once more: a
 part that keeps failing is cheaper to replace than to keep repairing.
 """
 
-from ..record import dataclass
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
 from .. import reason as reasons
 from ..findings import RMA, ROLLOUT
+from ..record import dataclass
 
 RESUMED, REDRAINED, ESCALATED, FORGIVEN = "resumed", "redrained", "escalated", "forgiven"
 KINDS = (RESUMED, REDRAINED, ESCALATED, FORGIVEN)

@@ -11,11 +11,11 @@ import json
 import os
 import sqlite3
 import time
-from ..record import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from .history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
+from ..record import dataclass
 
 SCHEMA_VERSION = 2
 # Formats this version reads; the tables it adds are created on open (v1 had no history).

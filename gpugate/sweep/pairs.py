@@ -22,8 +22,9 @@ The rule (pure, below; the jobs go through gpugate.sweep.smoke):
    the retry (no partner), it fails once more ("not re-proven").
 """
 
-from ..record import dataclass
 from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
+
+from ..record import dataclass
 
 PASS, FAIL, UNPAIRED = "pass", "fail", "unpaired"
 ODD_ONE_OUT = "pair not run: odd node out"

@@ -17,12 +17,12 @@ whatever its remedy would be.
 """
 
 import math
-from ..record import dataclass, field
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
 from ..names import is_node_name
 from . import history as hist
+from ..record import dataclass, field
 
 RECONVERGE = "reconverge"
 REBOOT = "reboot"

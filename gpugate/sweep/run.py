@@ -4,7 +4,6 @@ lock, and forgiving repeat offenders.  The CLI parses, calls these, renders."""
 
 import os
 import time
-from ..record import replace
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import reason as reasons
@@ -12,6 +11,7 @@ from ..errors import CommandError, ConfigError, GpugateError
 from ..findings import RMA
 from . import history as hist
 from .plan import ESCALATE, Options, Plan, plan
+from ..record import replace
 from .snapshot import Snapshot, take
 from .steps import hostlist
 

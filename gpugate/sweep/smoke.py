@@ -19,7 +19,6 @@ result, so the resume step compares and clears it as before.
 import math
 import os
 import time
-from ..record import dataclass
 from typing import Dict, List, Optional
 
 from ..errors import SlurmError
@@ -28,6 +27,7 @@ from ..slurm import jobs as sj
 from . import journal as jr
 from .pairs import FAIL, NOT_REPROVEN, decide, run_rounds
 from .partner import Lender
+from ..record import dataclass
 from .waits import poll_until
 
 JOB_NAME = "gpugate-smoke"

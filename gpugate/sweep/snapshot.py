@@ -1,10 +1,10 @@
 """What the sweep sees: every node's Slurm state, and for nodes gpugate
 drained, their reason parsed back into class and first finding."""
 
-from ..record import dataclass
 from typing import Dict, Mapping, Optional, Tuple
 
 from .. import reason as reasons
+from ..record import dataclass
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 and the readers' contract: ParseError and nothing else, one record per node."""
 
 import re
-from ...record import dataclass, replace
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from gpugate.errors import ParseError
 
 from .fields import _expect_str, _show, _type
+from ...record import dataclass, replace
 
 
 # --------------------------------------------------------------------------

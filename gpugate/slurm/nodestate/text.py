@@ -1,13 +1,13 @@
 """sinfo's text output (SINFO_TEXT_ARGV, every release): the fallback reader."""
 
 import re
-from ...record import replace
 from datetime import datetime
 from typing import Dict, List, Optional, Tuple
 
 from gpugate.errors import ParseError
 
 from .fields import _name, _show
+from ...record import replace
 from .record import NodeState, _guarded, _merge, _parse_state
 
 _TEXT_FIELDS = ("node", "partition", "state", "timestamp", "user", "reason")
