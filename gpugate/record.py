@@ -117,9 +117,64 @@ def _build(cls, frozen: bool):
             raise TypeError("%s: non-default field %r follows a default field" % (cls.__name__, f.name))
         seen_default = seen_default or has_default
     setattr(cls, _FIELDS, tuple(found))
-    # One exec per class (as dataclasses does): a generated __init__ runs as
-    # fast as a hand-written one, and records are made by the thousand.
-    names = [f.name for f in found]
+    methods = {"__init__": _first_init(cls, tuple(found), frozen), "__repr__": _repr, "__eq__": _eq}
+    if frozen:
+        methods.update(__hash__=_hash, __setattr__=_frozen_setattr, __delattr__=_frozen_delattr)
+    else:
+        methods["__hash__"] = None  # equal by value and mutable: unhashable, as a dataclass
+    for name, method in methods.items():
+        if name in cls.__dict__:
+            continue  # the class's own wins, as with dataclasses
+        if name == "__init__":
+            method.__qualname__ = "%s.%s" % (cls.__qualname__, name)
+        setattr(cls, name, method)
+    cls.__match_args__ = tuple(f.name for f in found)
+    return cls
+
+
+# A record's first few instances are made by a generic __init__; the
+# compiled one (one exec, as dataclasses does: as fast as a hand-written
+# __init__) replaces it once a record is made more often.  Compiling every
+# record's __init__ when its module loads costs about 0.2 ms a record,
+# milliseconds of every prolog, which makes each record a few times at most.
+COMPILE_AFTER = 16
+
+
+def _first_init(cls, found: tuple, frozen: bool):
+    names = tuple(f.name for f in found)
+    index = {name: i for i, name in enumerate(names)}
+    calls = [0]
+
+    def __init__(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == COMPILE_AFTER and cls.__dict__.get("__init__") is __init__:
+            cls.__init__ = _compiled_init(cls, found, frozen)
+        if len(args) > len(names):
+            raise TypeError("%s() takes %d positional arguments but %d were given"
+                            % (cls.__qualname__, len(names) + 1, len(args) + 1))
+        values = list(args) + [_MISSING] * (len(names) - len(args))
+        for key, value in kwargs.items():
+            at = index.get(key)
+            if at is None:
+                raise TypeError("%s() got an unexpected keyword argument %r" % (cls.__qualname__, key))
+            if at < len(args):
+                raise TypeError("%s() got multiple values for argument %r" % (cls.__qualname__, key))
+            values[at] = value
+        into = self.__dict__  # frozen or not: no __setattr__, as object.__setattr__ would
+        for f, value in zip(found, values):
+            if value is _MISSING:
+                if f.default_factory is not _MISSING:
+                    value = f.default_factory()
+                elif f.default is not _MISSING:
+                    value = f.default
+                else:
+                    raise TypeError("%s() missing required argument: %r" % (cls.__qualname__, f.name))
+            into[f.name] = value
+
+    return __init__
+
+
+def _compiled_init(cls, found: tuple, frozen: bool):
     env = {"_MISSING": _MISSING, "_set": object.__setattr__}
     params, body = [], []
     for f in found:
@@ -136,21 +191,9 @@ def _build(cls, frozen: bool):
             params.append(f.name)
             value = f.name
         body.append("  _set(self, %r, %s)" % (f.name, value) if frozen else "  self.%s = %s" % (f.name, value))
-    src = "def __init__(self%s):\n%s\n" % ("".join(", " + p for p in params), "\n".join(body) or "  pass")
-    exec(src, env)
-    methods = {"__init__": env["__init__"], "__repr__": _repr, "__eq__": _eq}
-    if frozen:
-        methods.update(__hash__=_hash, __setattr__=_frozen_setattr, __delattr__=_frozen_delattr)
-    else:
-        methods["__hash__"] = None  # equal by value and mutable: unhashable, as a dataclass
-    for name, method in methods.items():
-        if name in cls.__dict__:
-            continue  # the class's own wins, as with dataclasses
-        if method is not None and name == "__init__":
-            method.__qualname__ = "%s.%s" % (cls.__qualname__, name)
-        setattr(cls, name, method)
-    cls.__match_args__ = tuple(names)
-    return cls
+    exec("def __init__(self%s):\n%s\n" % ("".join(", " + p for p in params), "\n".join(body) or "  pass"), env)
+    env["__init__"].__qualname__ = "%s.__init__" % cls.__qualname__
+    return env["__init__"]
 
 
 def _values(self) -> tuple:

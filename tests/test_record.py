@@ -152,3 +152,41 @@ def test_the_class_keeps_its_own_methods():
             return "<%s>" % self.name
 
     assert repr(Named("a")) == "<a>" and Named("a") == Named("a") and len({Named("a"), Named("a")}) == 1
+
+
+NAMES = ("index", "name", "memory", "links", "errors", "xids")
+
+
+@PROPS
+@given(st.lists(st.integers(0, 9), max_size=8),
+       st.dictionaries(st.sampled_from(NAMES + ("bogus",)), st.integers(0, 9), max_size=4), st.booleans())
+def test_the_first_instances_are_made_as_the_compiled_init_makes_them(args, kwargs, frozen):
+    """Records start with a generic __init__ and compile theirs after
+    COMPILE_AFTER instances: both accept and refuse the same calls."""
+    _, rec = _pair(frozen)
+    generic = record._first_init(rec, record.fields(rec), frozen)
+    compiled = record._compiled_init(rec, record.fields(rec), frozen)
+    outcomes = []
+    for init in (generic, compiled):
+        made = object.__new__(rec)
+        try:
+            init(made, *args, **kwargs)
+            outcomes.append(("made", record.asdict(made)))
+        except TypeError:
+            outcomes.append(("refused", None))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_a_record_compiles_its_init_once_made_often():
+    @record.dataclass(frozen=True)
+    class Often:
+        """Made many times."""
+        a: int
+        b: int = 2
+
+    first = Often.__init__
+    made = [Often(i) for i in range(record.COMPILE_AFTER + 2)]
+    assert Often.__init__ is not first and Often.__init__.__qualname__.endswith("Often.__init__")
+    assert made[0] == Often(0, 2) and made[-1].a == record.COMPILE_AFTER + 1
+    with pytest.raises(TypeError):
+        Often()
