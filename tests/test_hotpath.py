@@ -20,9 +20,10 @@ from conftest import DEMO_BASELINE, ROOT
 # parser (the kept parse is reused), OpenSSL's hashes, typing, the Slurm
 # commands and what runs tools (subprocess, threads), click, ClusterShell,
 # NVML's binding or the simulated node's (loaded in the forked reader only),
-# dataclasses and inspect (gpugate.record), pickle and signal (gpugate.forked).
+# dataclasses and inspect (gpugate.record), pickle and signal (gpugate.forked),
+# contextlib (gpugate.node.act).
 NOT_ON_THE_HOT_PATH = {
-    "dataclasses", "inspect", "pickle", "signal", "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
+    "dataclasses", "inspect", "pickle", "signal", "contextlib", "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
     "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
     "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
     "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
