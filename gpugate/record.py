@@ -86,6 +86,21 @@ def _asdict(value):
     return value
 
 
+def _annotations(cls) -> dict:
+    """The class's own annotations, in order: from its namespace, or, on
+    Python 3.14+ where a module without `from __future__ import annotations`
+    has them evaluated lazily, from annotationlib (a name not defined at run
+    time, e.g. one imported for type checking only, is a forward reference)."""
+    own = cls.__dict__.get("__annotations__")
+    if own is not None:
+        return own
+    try:
+        import annotationlib
+    except ImportError:  # before 3.14 every annotated class has __annotations__
+        return {}
+    return annotationlib.get_annotations(cls, format=annotationlib.Format.FORWARDREF)
+
+
 def _build(cls, frozen: bool):
     for base in cls.__mro__[1:]:
         if hasattr(base, _FIELDS):
@@ -93,7 +108,7 @@ def _build(cls, frozen: bool):
     if "__post_init__" in cls.__dict__:
         raise TypeError("%s: records have no __post_init__" % cls.__name__)
     found = []
-    for name, kind in cls.__dict__.get("__annotations__", {}).items():
+    for name, kind in _annotations(cls).items():
         if not name.isidentifier() or iskeyword(name):
             raise TypeError("%s: field name %r is not an identifier" % (cls.__name__, name))
         if "ClassVar" in str(kind):
