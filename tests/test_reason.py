@@ -29,7 +29,10 @@ def test_rendered_reason_is_bounded_ascii_one_line_and_parses_back(findings, tag
     assert text.startswith("%s %s" % (tag, verdict.cls))
     parsed = reason.parse(text, tag)
     assert parsed is not None and parsed.cls == verdict.cls
-    assert parsed.cls == max((f.cls for f in findings), key=class_rank)
+    # Acute findings lead (Slurm's copy tells an acute drain from a budgeted
+    # one), then the most severe class.
+    leading = [f for f in findings if f.acute] or findings
+    assert parsed.cls == max((f.cls for f in leading), key=class_rank)
     # Every finding is either shown or counted in "+N more".
     assert len(parsed.findings) + parsed.more == len(findings)
     first, lead = parsed.first, verdict.findings[0]
@@ -113,3 +116,11 @@ def test_an_uncovered_node_renders_bounded_and_parses_back(node, path, others):
     assert len(mixed.encode("ascii")) <= reason.MAX_BYTES
     parsed = reason.parse(mixed, TAG)
     assert len(parsed.findings) + parsed.more == len(others) + 1
+
+
+def test_an_acute_finding_leads_the_reason_over_a_more_severe_budgeted_one():
+    budgeted = Finding("health", "0", "", "", "reconverge")  # not in findings.ACUTE
+    acute = Finding("broken", "dkms", "", "", "reconverge")
+    assert acute.acute and not budgeted.acute
+    verdict = decide([budgeted, acute], TAG)
+    assert verdict.cls == "broken" and reason.parse(verdict.reason, TAG).first.component == "dkms"
