@@ -51,6 +51,7 @@ def _stand_in(name: str):
     import types
 
     module = types.ModuleType(name, "gpugate.pynvml_loader's stand-in for %s while pynvml loads" % name)
+
     def __getattr__(attr):
         if attr.startswith("__"):  # the import system asks for __path__ etc.: a plain module has none
             raise AttributeError(attr)

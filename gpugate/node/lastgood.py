@@ -133,19 +133,16 @@ def _resolved(where: str, data: bytes, node: str):
     """The kept view of this node, if made from this very text by this
     version of gpugate; else None."""
     from .. import __version__
-    from ..trust import open_file
+
+    kept_view = _kept_for(where, BASELINE + RESOLVED, data, "gpugate's kept view")
+    if kept_view is None or kept_view.get("version") != __version__ or kept_view.get("node") != node:
+        return None
+    from ..baseline import from_resolved
 
     try:
-        with os.fdopen(open_file(os.path.join(where, BASELINE + RESOLVED), "gpugate's kept view"), "rb") as handle:
-            kept_view = json.loads(handle.read(2 * _MAX_BYTES))
-        if (kept_view.get("text") != data.decode("utf-8") or kept_view.get("version") != __version__
-                or kept_view.get("node") != node):
-            return None
-        from ..baseline import from_resolved
-
         return from_resolved(kept_view["view"])
-    except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # none kept, another text or version, unreadable: parse and validate
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # damaged, or another shape: parse and validate
 
 
 def _keep_resolved(where: str, data: bytes, node: str, baseline) -> None:
@@ -203,17 +200,27 @@ def _parse(where: str, name: str, data: bytes, source: str):
     is used only for the very text it was made from; the caller validates
     it as it would a fresh parse."""
     from ..schema import parse_toml_bytes
+
+    kept_parse = _kept_for(where, name + PARSED, data, "gpugate's kept parse")
+    if kept_parse is not None and "toml" in kept_parse:
+        return kept_parse["toml"], True
+    return parse_toml_bytes(data, source), False
+
+
+def _kept_for(where: str, filename: str, data: bytes, what: str):
+    """The JSON object kept in ``filename`` (root's alone: the trust walk)
+    when it was made from exactly the text of ``data``; else None (none
+    kept, another text, unreadable)."""
     from ..trust import open_file
 
     try:
-        text = data.decode("utf-8")
-        with os.fdopen(open_file(os.path.join(where, name + PARSED), "gpugate's kept parse"), "rb") as handle:
-            kept_parse = json.loads(handle.read(2 * _MAX_BYTES))
-        if isinstance(kept_parse, dict) and kept_parse.get("text") == text:
-            return kept_parse["toml"], True
-    except (ConfigError, OSError, ValueError, KeyError):
-        pass  # none kept, another text, or unreadable: parse
-    return parse_toml_bytes(data, source), False
+        with os.fdopen(open_file(os.path.join(where, filename), what), "rb") as handle:
+            kept_data = json.loads(handle.read(2 * _MAX_BYTES))
+        if isinstance(kept_data, dict) and kept_data.get("text") == data.decode("utf-8"):
+            return kept_data
+    except (ConfigError, OSError, ValueError):
+        pass
+    return None
 
 
 def _keep(where: str, name: str, path: str, data: bytes, parsed, cached: bool) -> None:
