@@ -154,7 +154,7 @@ _CONFIG = Table({
     "prolog": (Table({"verdict_max_age_seconds": (Number(0, 86400), 900.0)}),
                lambda: {"verdict_max_age_seconds": 900.0}),
     "slurm": (Table({
-        "backend": (Choice("commands"), "commands"),  # pyslurm: see gpugate.slurm.connect
+        "backend": (Choice("commands", "pyslurm", "auto"), "commands"),  # see gpugate.slurm.connect
         "bin_dir": (_PATH, "/usr/bin"),
         "slurm_conf": (_OPT_PATH, ""),
         "timeout_seconds": (Number(1, 600), 10.0),

@@ -72,7 +72,7 @@ def test_settings_defaults_and_errors(tmp_path):
     for data, where in [({"state_dir": "relative"}, "state_dir"), ({"budgets": {"healthcheck": -1}}, "budgets.healthcheck"),
                         ({"commands": {"rm": "/bin/rm"}}, "commands.rm"), ({"reason_tag": "has space"}, "reason_tag"),
                         ({"slurm": {"backend": "rest"}}, "slurm.backend"),
-                        ({"slurm": {"backend": "pyslurm"}}, "slurm.backend")]:
+                        ({"slurm": {"backend": "PySlurm"}}, "slurm.backend")]:
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
             parse_settings(data, "gpugate.toml")
 

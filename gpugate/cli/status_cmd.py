@@ -69,7 +69,11 @@ def status(config, as_json, partition, nodes):
 
     settings = load_settings(config, missing_ok=config is None)
     wanted = _hostlist(nodes) if nodes else None
-    states = connect(settings).nodes()
+    slurm = connect(settings)
+    try:
+        states = slurm.nodes()
+    finally:
+        slurm.close()
     now = time.time()
     budget = fleet_usage(settings, states)  # over whole partitions, before -p/-w
     states = {n: st for n, st in states.items()
@@ -82,6 +86,7 @@ def status(config, as_json, partition, nodes):
     summary["repeat_offenders"] = repeat_offenders(
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))
+    summary["slurm_backend"] = {"name": slurm.name, "why": slurm.why}
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:

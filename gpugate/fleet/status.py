@@ -223,6 +223,11 @@ def render_text(summary: dict) -> str:
                      "baseline; fix the pushed file. First: %s" % (
                          len(errors["nodes"]), format_age(errors.get("age")), errors["hostlist"],
                          errors["first"][:200]))
+    backend = summary.get("slurm_backend")
+    if backend:
+        lines.append("")
+        lines.append("Slurm read through: %s%s" % (backend["name"], "" if backend["why"] == "configured"
+                                                     else " (%s)" % backend["why"]))
     return "\n".join(lines)
 
 

@@ -64,7 +64,20 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
 
 
 def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float]) -> Dict[str, Any]:
-    """Read the node's state, decide by the ownership rules, write."""
+    """Read the node's state, decide by the ownership rules, write; the
+    outcome names the Slurm backend that did it (the log line's "backend")."""
+    used: list = []
+    outcome = _read_decide_write(settings, node, verdict, marker, limit, deadline, used)
+    if used:
+        outcome["backend"] = used[0].name
+        if used[0].why != "configured":
+            outcome["backend_why"] = used[0].why[:300]
+        used[0].close()
+    return outcome
+
+
+def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
+                       used: list) -> Dict[str, Any]:
     from ..slurm import connect, ownership
 
     try:
@@ -72,6 +85,7 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
         # write under one lock, so no run undoes another's newer decision.
         with _act_lock(settings.state_dir(node), limit):
             slurm = connect(settings, deadline=deadline)
+            used.append(slurm)
             budgeted = hold.applies(settings, verdict)
             # A budgeted drain needs the fleet's states anyway: one read
             # gives this node's own state and the budget (a node already
@@ -163,6 +177,9 @@ def settle(settings, node: str, result, record: Dict[str, Any], deadline: Option
         return True
     outcome = act(settings, node, verdict, deadline=deadline)
     record["action"] = outcome["action"]
+    for key in ("backend", "backend_why"):
+        if key in outcome:
+            record[key] = outcome[key]
     if not outcome["ok"]:
         record["slurm_error"] = outcome.get("error")
         if hold.applies(settings, verdict):

@@ -149,6 +149,9 @@ def _log_fields(record: dict, j: _Judged, outcome: dict) -> None:
         record["boot_grace"] = True
     if "jitter" in outcome:
         record["jitter"] = outcome["jitter"]
+    for key in ("backend", "backend_why"):
+        if key in outcome:
+            record[key] = outcome[key]
     if not outcome["ok"]:
         record["slurm_error"] = outcome.get("error")
     if outcome.get("why"):

@@ -1,18 +1,44 @@
-"""The Slurm adapter: the only code that talks to Slurm."""
+"""The Slurm adapter: the only code that talks to Slurm.
+
+Two backends with one interface: ``commands`` (scontrol, sinfo, sbatch,
+scancel: every Slurm host has them, every release) and ``pyslurm``
+(Slurm's C API, in a worker process: gpugate.slurm.pyslurm_backend), for
+Slurm 25.11 and any release a site builds pyslurm for.  ``[slurm] backend``
+picks one; ``auto`` takes pyslurm when it loads and was built for the Slurm
+this host runs, else the commands, and says why (``backend.why``)."""
+
+COMMANDS, PYSLURM, AUTO = "commands", "pyslurm", "auto"
 
 
 def connect(settings, timeout=None, deadline=None):
-    """The command backend (scontrol/sinfo: every Slurm host has them, every
-    release).  A pyslurm backend is not part of this release: pyslurm must
-    match Slurm's major.minor and PyPI only has 25.11 builds, so it could not
-    be proven here against a real cluster; the configuration refuses it.
+    """The configured backend, ready to call.
 
     deadline (time.monotonic()): every call's timeout is cut to the time
     left, and no call starts once it has passed (node-side runs must end
-    before slurmd kills them)."""
+    before slurmd kills them).  ``backend = "pyslurm"`` raises SlurmError
+    (PyslurmMismatch) when pyslurm cannot be used: never half-used."""
     from .commands import CommandSlurm
 
     slurm = settings.slurm
     limit = float(slurm["timeout_seconds"])
-    return CommandSlurm(str(slurm["bin_dir"]), settings.slurm_env, min(limit, timeout) if timeout else limit,
-                        deadline=deadline)
+    limit = min(limit, timeout) if timeout else limit
+    args = (str(slurm["bin_dir"]), settings.slurm_env, limit)
+    wanted = str(slurm.get("backend", COMMANDS))
+    if wanted == COMMANDS:
+        backend = CommandSlurm(*args, deadline=deadline)
+        backend.why = "configured"
+        return backend
+    from .pyslurm_backend import PyslurmMismatch, PyslurmSlurm
+
+    backend = PyslurmSlurm(*args, deadline=deadline)
+    try:
+        backend.start()
+    except PyslurmMismatch as exc:
+        if wanted == PYSLURM:
+            raise
+        fallback = CommandSlurm(*args, deadline=deadline)
+        fallback.why = "auto: %s" % exc
+        return fallback
+    backend.why = "configured" if wanted == PYSLURM else "auto: pyslurm %s matches this Slurm" % (
+        backend.pyslurm_version)
+    return backend

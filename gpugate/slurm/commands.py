@@ -3,10 +3,12 @@ every Slurm host, every version).  The only code that runs them."""
 
 import re
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import CommandError, ParseError, SlurmError
 from ..runner import run
+from .base import NodeUpdates
+from .jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
 from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState,
                         parse_nodes_json, parse_nodes_text)
 
@@ -17,7 +19,9 @@ _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
 MIN_CALL_SECONDS = 0.5
 
 
-class CommandSlurm:
+class CommandSlurm(NodeUpdates):
+    name = "commands"
+
     def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0,
                  deadline: Optional[float] = None):
         self.bin_dir = bin_dir.rstrip("/")
@@ -27,6 +31,9 @@ class CommandSlurm:
         self._version: Optional[Tuple[int, int]] = None
         self.calls = 0  # commands run: the sweep's benchmark counts them
         self.slowest = 0.0  # seconds of the slowest call so far
+
+    def close(self) -> None:
+        """Nothing to let go (the pyslurm backend stops its worker)."""
 
     def time_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
@@ -90,15 +97,6 @@ class CommandSlurm:
             args.append("Reason=" + reason)
         self._run("scontrol", args + list(extra))
 
-    def drain(self, names: str, reason: str) -> None:
-        self.update(names, "DRAIN", reason)
-
-    def undrain(self, names: str) -> None:
-        self.update(names, "UNDRAIN")
-
-    def resume(self, names: str) -> None:
-        self.update(names, "RESUME")
-
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
         self._run("scancel", ["--nodelist=" + names, "--full"])
@@ -132,6 +130,31 @@ class CommandSlurm:
             args.append("nextstate=" + next_state)
         args += ["reason=" + reason, names]
         self._run("scontrol", args)
+
+    # Batch jobs: gpugate.slurm.jobs decides what, these send it.
+
+    def submit_job(self, spec: dict) -> str:
+        return parse_sbatch(self._run("sbatch", sbatch_argv(spec)))
+
+    def job_states(self, jobs: List[str]) -> Dict[str, JobState]:
+        """One call per job: `scontrol show job` takes one id."""
+        states = {}
+        for job in jobs:
+            try:
+                out = self._run("scontrol", ["show", "job", "--oneliner", job])
+            except SlurmError as exc:
+                if "Invalid job id" in str(exc):
+                    states[job] = JobState(job, GONE)
+                    continue
+                raise
+            states[job] = parse_show_job(out).get(job, JobState(job, GONE))
+        return states
+
+    def cancel_job_ids(self, jobs: List[str]) -> None:
+        self._run("scancel", list(jobs))
+
+    def cancel_named(self, name: str, reservation: str) -> None:
+        self._run("scancel", ["--name=" + name, "--reservation=" + reservation])
 
 
 def _only(found: Dict[str, NodeState], names: Optional[str]) -> Dict[str, NodeState]:

@@ -1,7 +1,8 @@
-"""Batch jobs gpugate submits itself (the sweep's smoke job): sbatch,
-scontrol show job, scancel.  Every call goes through CommandSlurm._run (a
-deadline each, no shell).  No sacct: a cluster without slurmdbd has none;
-`scontrol show job` answers until MinJobAge after the job ended."""
+"""Batch jobs gpugate submits itself (the sweep's smoke job): what to
+submit, and the job states read back.  The backend sends them (commands:
+sbatch, scontrol show job, scancel; pyslurm: its job calls), each under
+the backend's deadline.  No sacct: a cluster without slurmdbd has none;
+slurmctld answers for a job until MinJobAge after it ended."""
 
 import os
 import shlex
@@ -31,15 +32,28 @@ class JobState:
 
 def submit(slurm, argv: List[str], node: str, reservation: str, minutes: int, output: str, name: str,
            extra: List[str] = ()) -> str:
-    """sbatch the command on whole nodes (``node``: one, or "a,b" for a
-    pair) inside ``reservation``: the job id."""
+    """Submit the command on whole nodes (``node``: one, or "a,b" for a
+    pair) inside ``reservation``: the job id.  The backend sends it (sbatch,
+    or pyslurm's submit)."""
     if not reservation:
         raise SlurmError("refusing to submit %s to %s outside a reservation" % (name, node))
-    args = ["--parsable", "--job-name=" + name, "--reservation=" + reservation, "--nodelist=" + node,
-            "--nodes=%d" % len(node.split(",")), "--exclusive", "--time=%d" % max(1, minutes), "--output=" + output,
-            "--open-mode=truncate", "--no-requeue", "--chdir=" + os.path.dirname(output)] + list(extra)
-    # sbatch --wrap runs the text with /bin/sh on the node: quote every word.
-    out = slurm._run("sbatch", args + ["--wrap", "exec " + " ".join(shlex.quote(a) for a in argv)])
+    # The batch script runs with /bin/sh on the node: quote every word.
+    return slurm.submit_job({"name": name, "reservation": reservation, "node": node, "minutes": max(1, minutes),
+                             "output": output, "extra": list(extra),
+                             "wrap": "exec " + " ".join(shlex.quote(a) for a in argv)})
+
+
+def sbatch_argv(spec: dict) -> List[str]:
+    """sbatch's arguments for a job submit() decided."""
+    node = spec["node"]
+    return ["--parsable", "--job-name=" + spec["name"], "--reservation=" + spec["reservation"],
+            "--nodelist=" + node, "--nodes=%d" % len(node.split(",")), "--exclusive", "--time=%d" % spec["minutes"],
+            "--output=" + spec["output"], "--open-mode=truncate", "--no-requeue",
+            "--chdir=" + os.path.dirname(spec["output"])] + list(spec["extra"]) + ["--wrap", spec["wrap"]]
+
+
+def parse_sbatch(out: str) -> str:
+    """The job id `sbatch --parsable` printed ("123" or "123;cluster")."""
     job = out.strip().split(";")[0]
     if not job.isdigit():
         raise SlurmError("sbatch answered %r, not a job id" % out.strip()[:80])
@@ -62,25 +76,15 @@ def parse_show_job(text: str) -> Dict[str, JobState]:
 
 
 def show(slurm, jobs: List[str]) -> Dict[str, JobState]:
-    """The state of each job (one call per job: `scontrol show job` takes one id)."""
-    states = {}
-    for job in jobs:
-        try:
-            out = slurm._run("scontrol", ["show", "job", "--oneliner", job])
-        except SlurmError as exc:
-            if "Invalid job id" in str(exc):
-                states[job] = JobState(job, GONE)
-                continue
-            raise
-        states[job] = parse_show_job(out).get(job, JobState(job, GONE))
-    return states
+    """The state of each job (GONE: slurmctld no longer knows it)."""
+    return slurm.job_states(list(jobs))
 
 
 def cancel(slurm, jobs: List[str]) -> None:
     if jobs:
-        slurm._run("scancel", list(jobs))
+        slurm.cancel_job_ids(list(jobs))
 
 
 def cancel_named(slurm, name: str, reservation: str) -> None:
     """Cancel every job of this name in the reservation (left by an interrupted sweeper)."""
-    slurm._run("scancel", ["--name=" + name, "--reservation=" + reservation])
+    slurm.cancel_named(name, reservation)

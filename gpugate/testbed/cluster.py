@@ -30,7 +30,9 @@ class Cluster:
     @property
     def env(self) -> Dict[str, str]:
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": self.conf, "LC_ALL": "C",
-               "HOME": os.environ.get("HOME", "/root")}
+               "HOME": os.environ.get("HOME", "/root"),
+               # The pyslurm backend's calls, beside the scontrol/sinfo shims' (slurm_calls()).
+               "GPUGATE_SLURM_TRACE": self.path("log", "slurm-calls.log")}
         return env
 
     def path(self, *parts: str) -> str:
@@ -150,7 +152,8 @@ class Cluster:
         return self.run([BIN + "/scontrol"] + list(args), check=check).stdout
 
     def slurm_calls(self) -> List[str]:
-        """Every scontrol/sinfo command gpugate ran, one line each."""
+        """Every scontrol/sinfo command gpugate ran, one line each (the
+        pyslurm backend's calls in the same words: GPUGATE_SLURM_TRACE)."""
         try:
             with open(self.path("log", "slurm-calls.log")) as handle:
                 return handle.read().splitlines()

@@ -75,6 +75,12 @@ def rig_slurm_conf(cluster, ports: List[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rig_backend() -> str:
+    """The Slurm backend the rig's gpugate uses: $GPUGATE_TEST_SLURM_BACKEND
+    (scripts/test --release 25.11 runs the Slurm tests once with each)."""
+    return os.environ.get("GPUGATE_TEST_SLURM_BACKEND", "commands")
+
+
 def write_gpugate_toml(cluster, extra: str) -> None:
     """gpugate.toml of the rig (what its shims name)."""
     text = """# gpugate.toml of a local test cluster (gpugate demo / tests)
@@ -86,6 +92,7 @@ log = "file"
 boot_grace_seconds = 0
 
 [slurm]
+backend = "{backend}"
 slurm_conf = "{dir}/slurm.conf"
 # Logging shims in front of scontrol/sinfo: tests count gpugate's Slurm calls.
 bin_dir = "{dir}/slurm-bin"
@@ -96,7 +103,7 @@ fleet = "{dir}/fleet"
 [sweep]
 {sweep}
 {extra}
-""".format(dir=cluster.dir, extra=extra, sweep=_sweep_toml(cluster))
+""".format(dir=cluster.dir, extra=extra, sweep=_sweep_toml(cluster), backend=rig_backend())
     write_file(cluster.gpugate_conf, text)
 
 
@@ -121,8 +128,10 @@ def write_shims(cluster) -> None:
     of scontrol/sinfo/scancel/sbatch so that tests count gpugate's calls."""
     for mode in ENTRY_POINTS:
         target = installed_entry_point(mode)
+        # The pyslurm backend's calls go to the same log as the shims' below.
         write_file(cluster.path("bin", mode), "#!/bin/sh\n# slurmd passes no arguments: name this cluster's "
-                   "configuration.\nexec %s --config %s\n" % (target, cluster.gpugate_conf), 0o755)
+                   "configuration.\nexport GPUGATE_SLURM_TRACE=%s\nexec %s --config %s\n"
+                   % (cluster.path("log", "slurm-calls.log"), target, cluster.gpugate_conf), 0o755)
     for tool in ("scontrol", "sinfo", "scancel", "sbatch"):
         write_file(cluster.path("slurm-bin", tool), '#!/bin/sh\necho "$SLURMD_NODENAME %s $*" >> %s\nexec %s/%s "$@"\n'
                    % (tool, cluster.path("log", "slurm-calls.log"), BIN, tool), 0o755)

@@ -1,0 +1,271 @@
+"""The pyslurm backend: Slurm's C API through pyslurm, in a worker process.
+
+Same interface and rules as the command backend (gpugate.slurm.commands):
+every call has a deadline, cut to the run's; a call with less than
+MIN_CALL_SECONDS left is not started; errors are SlurmError.  pyslurm runs
+in gpugate.slurm.pyslurm_worker, a child this process kills when a call
+misses its deadline (libslurm retries an absent slurmctld for minutes
+inside one call, and exits the process on a slurm.conf it cannot read);
+the next call starts a new worker.
+
+What libslurm has no call for goes through the site's tools, under the same
+deadline: `scontrol reboot` (scontrol builds REQUEST_REBOOT_NODES itself,
+src/scontrol/reboot_node.c; slurm.h declares no reboot function), and the
+Slurm release this host runs (`sinfo --version`), which pyslurm's own
+major.minor must equal."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import SlurmError
+from .base import NodeUpdates
+from .commands import MIN_CALL_SECONDS, CommandSlurm, _only
+from .jobs import ENDED, GONE, JobState
+from .nodestate import NodeState
+from .nodestate.records import parse_node_records
+from .wire import WireClosed, WireTimeout, read_frame, write_frame
+
+def _trace(path: str, op: str, args: tuple) -> None:
+    from .trace import in_scontrol_words
+
+    try:
+        with open(path, "a") as handle:
+            for words in in_scontrol_words(op, args):
+                handle.write("%s %s\n" % (os.environ.get("SLURMD_NODENAME", ""), words))
+    except OSError:
+        pass  # a trace is for reading along, never a reason to fail a call
+
+
+# The worker's own start (interpreter, pyslurm, slurm.conf) gets at least
+# this long, whatever the call's share: a cold start on a busy controller.
+START_SECONDS = 5.0
+
+
+class PyslurmMismatch(SlurmError):
+    """pyslurm does not import, or was built for another Slurm release."""
+
+
+def check_release(pyslurm_version: str, running: Tuple[int, int], bin_dir: str) -> None:
+    """pyslurm X.Y.Z is built for Slurm X.Y (its versioning): refuse any other."""
+    built_for = ".".join(pyslurm_version.split(".")[:2])
+    here = "%d.%d" % running
+    if built_for != here:
+        raise PyslurmMismatch(
+            "pyslurm %s is built for Slurm %s, but this host runs Slurm %s (%s/sinfo --version): rebuild it "
+            "against this Slurm (pip install 'pyslurm==%s.*' with SLURM_INCLUDE_DIR and SLURM_LIB_DIR set) or "
+            "set [slurm] backend = \"commands\"" % (pyslurm_version, built_for, here, bin_dir, here))
+
+
+class PyslurmSlurm(NodeUpdates):
+    name = "pyslurm"
+
+    def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0,
+                 deadline: Optional[float] = None, python: str = sys.executable):
+        self.tools = CommandSlurm(bin_dir, env, timeout, deadline)
+        self.env = dict(self.tools.env)
+        self.timeout = timeout
+        self.deadline = deadline
+        self.python = python
+        self.calls = 0  # requests answered or failed, worker starts not counted
+        self.slowest = 0.0
+        self.pyslurm_version = ""
+        self._proc: Optional[subprocess.Popen] = None
+        self._stderr = None
+        # Every call, in scontrol's words, appended to this file: what a
+        # logging shim in front of scontrol shows of the command backend.
+        self.trace = os.environ.get("GPUGATE_SLURM_TRACE", "")
+
+    # -- the worker --------------------------------------------------------
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def start(self, timeout: Optional[float] = None) -> str:
+        """Start the worker and check pyslurm against this host's Slurm:
+        pyslurm's version.  PyslurmMismatch when it cannot be used."""
+        if self._proc is not None:
+            return self.pyslurm_version
+        limit = min(max(timeout or self.timeout, START_SECONDS), self.time_left())
+        if limit < MIN_CALL_SECONDS:
+            raise SlurmError("pyslurm worker not started: no time left in this run's budget")
+        ends = time.monotonic() + limit
+        env = dict(self.env)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            # -I: no PYTHON* variables, no user site, no current directory on
+            # sys.path (slurmd starts node-side runs in its log directory).
+            self._proc = subprocess.Popen([self.python, "-I", "-m", "gpugate.slurm.pyslurm_worker"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          env=env, close_fds=True, start_new_session=True)
+        except OSError as exc:
+            self._stderr.close()
+            raise PyslurmMismatch("cannot start the pyslurm worker (%s): %s" % (self.python, exc)) from None
+        try:
+            status, *rest = read_frame(self._proc.stdout.fileno(), ends)
+        except (WireClosed, WireTimeout) as exc:
+            why = self._abandon()
+            if isinstance(exc, WireTimeout):
+                raise SlurmError("pyslurm worker did not start within %.1f s%s" % (limit, why)) from None
+            raise PyslurmMismatch("pyslurm worker exited at start%s" % why) from None
+        if status != "ok":
+            self._abandon()
+            raise PyslurmMismatch("pyslurm does not load: %s" % rest[-1])
+        version = str(rest[0]["pyslurm"])
+        try:
+            check_release(version, self.tools.version(), self.tools.bin_dir)
+        except SlurmError:
+            self._abandon()
+            raise
+        self.pyslurm_version = version
+        return version
+
+    def close(self) -> None:
+        """Let the worker go: it leaves when its requests pipe closes."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            self._kill(proc)
+        finally:
+            proc.stdout.close()
+            if self._stderr is not None:
+                self._stderr.close()
+
+    def _abandon(self) -> str:
+        """Kill the worker: ": <the end of what it printed>" (or "")."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return ""
+        self._kill(proc)
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        said = ""
+        if self._stderr is not None:
+            try:
+                self._stderr.seek(0)
+                said = self._stderr.read()[-600:].decode("utf-8", "replace").strip()
+            finally:
+                self._stderr.close()
+                self._stderr = None
+        said = " ".join(said.split())[-300:]
+        return ": %s" % said if said else " (exit status %s)" % proc.returncode
+
+    @staticmethod
+    def _kill(proc) -> None:
+        try:
+            os.killpg(proc.pid, 9)  # the worker and anything it started
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel: the kernel reaps it later
+
+    def _call(self, op: str, *args, timeout: Optional[float] = None):
+        limit = min(timeout or self.timeout, self.time_left())
+        if limit < MIN_CALL_SECONDS:
+            raise SlurmError("pyslurm %s not started: no time left in this run's budget (gpugate retries on its "
+                             "next run)" % op)
+        started = time.monotonic()
+        self.start(limit)
+        limit = min(limit, self.time_left()) - (time.monotonic() - started)
+        self.calls += 1
+        if self.trace:
+            _trace(self.trace, op, args)
+        try:
+            write_frame(self._proc.stdin.fileno(), (op, args))
+            answer = read_frame(self._proc.stdout.fileno(), time.monotonic() + max(limit, 0.0))
+        except WireTimeout:
+            why = self._abandon()
+            raise SlurmError("pyslurm %s: no answer within %.1f s (is slurmctld up? gpugate retries on its next "
+                             "run)%s" % (op, max(limit, 0.0), why if why.startswith(":") else "")) from None
+        except (WireClosed, OSError) as exc:
+            why = self._abandon()
+            raise SlurmError("pyslurm worker died during %s (%s)%s" % (op, exc, why)) from None
+        finally:
+            self.slowest = max(self.slowest, time.monotonic() - started)
+        if answer[0] == "ok":
+            return answer[1]
+        kind, message = answer[1], answer[2]
+        hint = ""
+        if kind == "rpc" and ("Unable to contact slurm controller" in message or "Connection refused" in message):
+            hint = " (is slurmctld up? gpugate retries on its next run)"
+        raise SlurmError("pyslurm %s: %s%s" % (op, message, hint))
+
+    # -- the interface every backend has ------------------------------------
+
+    def version(self) -> Tuple[int, int]:
+        return self.tools.version()
+
+    def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
+        single = bool(names) and not any(c in names for c in "[],")
+        return _only(parse_node_records(self._call("nodes", names if single else None)), names)
+
+    def update(self, names: str, state: str, reason: Optional[str] = None) -> None:
+        self._call("update_nodes", names, state, reason)
+
+    def cancel_jobs(self, names: str) -> None:
+        """Cancel every job on these nodes (the sweep's --force)."""
+        from ClusterShell.NodeSet import NodeSet
+
+        wanted = NodeSet(names)
+        doomed = [job for job, (_, _, nodes, state) in self._call("jobs_now").items()
+                  if state not in ENDED and nodes and NodeSet(nodes) & wanted]
+        self._call("cancel", doomed)
+
+    def reserve(self, name: str, names: str) -> None:
+        self._call("reserve", name, names)
+
+    def update_reservation(self, name: str, names: str) -> None:
+        self._call("update_reservation", name, names)
+
+    def unreserve(self, name: str) -> None:
+        self._call("unreserve", name)
+
+    def reservations(self) -> Dict[str, str]:
+        return dict(self._call("reservations"))
+
+    def reboot(self, names: str, reason: str, next_state: Optional[str] = None) -> None:
+        self.tools.deadline = self.deadline
+        self.tools.reboot(names, reason, next_state)  # no reboot call in libslurm's API (module docstring)
+
+    # -- batch jobs (gpugate.slurm.jobs decides what, the backend sends it) --
+
+    def submit_job(self, spec: dict) -> str:
+        return str(self._call("submit", self._submit_spec(spec)))
+
+    def _submit_spec(self, spec: dict) -> dict:
+        """What the worker needs of what gpugate.slurm.jobs.submit decided;
+        the job gets the environment sbatch would pass (this run's)."""
+        return {"name": spec["name"], "reservation": spec["reservation"], "nodes": spec["node"],
+                "count": len(spec["node"].split(",")), "minutes": spec["minutes"], "output": spec["output"],
+                "chdir": os.path.dirname(spec["output"]), "environment": dict(self.env),
+                "script": "#!/bin/sh\n" + spec["wrap"] + "\n", "extra": list(spec["extra"])}
+
+    def job_states(self, jobs: List[str]) -> Dict[str, JobState]:
+        found = self._call("jobs", list(jobs))
+        states = {}
+        for job in jobs:
+            info = found.get(job)
+            states[job] = JobState(job, GONE) if info is None else JobState(job, info[0], info[1], info[2], info[3])
+        return states
+
+    def cancel_job_ids(self, jobs: List[str]) -> None:
+        if jobs:
+            self._call("cancel", list(jobs))
+
+    def cancel_named(self, name: str, reservation: str) -> None:
+        doomed = [job for job, (job_name, resv, _, state) in self._call("jobs_now").items()
+                  if state not in ENDED and job_name == name and resv == reservation]
+        self._call("cancel", doomed)

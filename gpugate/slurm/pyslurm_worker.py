@@ -1,0 +1,198 @@
+"""The pyslurm worker: the only process that loads pyslurm (and libslurm).
+
+gpugate starts it as ``python -m gpugate.slurm.pyslurm_worker`` and talks to
+it over stdin and stdout (gpugate.slurm.wire).  It lives apart because
+libslurm can hold the interpreter in a call that does not return
+(slurmctld away: its own retries run for minutes, with the GIL held) and
+exits the whole process on a slurm.conf it cannot read; gpugate kills a
+worker that misses its deadline and starts another for the next call.
+
+Answers are plain values only.  A request is ``(operation, args)``; an
+answer ``("ok", value)`` or ``("error", kind, message)`` with kind
+``"rpc"`` (slurmctld refused or did not answer), ``"refused"`` (gpugate
+will not send it) or ``"internal"``."""
+
+import os
+import sys
+import time
+
+from .wire import WireClosed, read_frame, write_frame
+
+# sbatch options gpugate sets itself, from its own arguments.
+_OWN_SBATCH = {"job-name", "J", "reservation", "nodelist", "w", "nodes", "N", "exclusive", "time", "t", "output",
+               "o", "open-mode", "requeue", "no-requeue", "chdir", "D", "parsable", "wrap"}
+
+
+RESERVATION_MINUTES = 365 * 24 * 60
+
+
+class Refused(Exception):
+    """A request gpugate will not send (e.g. an sbatch option pyslurm does not know)."""
+
+
+class Api:
+    """One method per operation; each returns plain values."""
+
+    def __init__(self, pyslurm):
+        self.pyslurm = pyslurm
+
+    def op_hello(self):
+        return {"pyslurm": self.pyslurm.__version__, "pid": os.getpid()}
+
+    def op_nodes(self, name):
+        """Every node (name None) or one node, as plain records."""
+        ps = self.pyslurm
+        if name:
+            try:
+                nodes = [ps.Node.load(name)]  # REQUEST_NODE_INFO_SINGLE, as `sinfo -n`
+            except ps.RPCError as exc:
+                if "does not exist" in str(exc) or "Invalid node name" in str(exc):
+                    return []
+                raise
+        else:
+            nodes = list(ps.Nodes.load().values())
+        return [_node_record(n) for n in nodes]
+
+    def op_update_nodes(self, names, state, reason):
+        ps = self.pyslurm
+        changes = ps.Node(state=state) if reason is None else ps.Node(state=state, reason=reason)
+        ps.Node(names).modify(changes)
+
+    def op_reservations(self):
+        return {r.name: r.nodes or "" for r in self.pyslurm.Reservations.load().values()}
+
+    def op_reserve(self, name, nodes):
+        ps = self.pyslurm
+        flags = ps.ReservationFlags.MAINTENANCE | ps.ReservationFlags.IGNORE_RUNNING_JOBS
+        # pyslurm turns a duration into an end time (UNLIMITED would end in
+        # the year 10193): a year, far beyond any sweep, which deletes its
+        # reservations when done (and any a killed sweeper left).
+        ps.Reservation(name=name, nodes=nodes, users=["root"], start_time=int(time.time()),
+                       duration=RESERVATION_MINUTES, flags=flags).create()
+
+    def op_update_reservation(self, name, nodes):
+        ps = self.pyslurm
+        ps.Reservation(name=name).modify(ps.Reservation(nodes=nodes))
+
+    def op_unreserve(self, name):
+        self.pyslurm.Reservation(name=name).delete()
+
+    def op_submit(self, spec):
+        """A batch job: spec holds what gpugate.slurm.jobs.submit decided."""
+        ps = self.pyslurm
+        desc = ps.JobSubmitDescription(
+            name=spec["name"], reservations=spec["reservation"], required_nodes=spec["nodes"],
+            nodes=spec["count"], resource_sharing="exclusive", time_limit=spec["minutes"],
+            standard_output=spec["output"], log_files_open_mode="truncate", is_requeueable=False,
+            working_directory=spec["chdir"], environment=spec["environment"], script=spec["script"])
+        for opt, value in _sbatch_options(spec["extra"]):
+            known = _sbatch_option(opt)
+            if known is None or known.our_attr_name is None:
+                raise Refused("pyslurm %s cannot submit the sbatch option --%s (it does not know it): drop it "
+                              "from [sweep] smoke_sbatch, or set [slurm] backend = \"commands\" (sbatch knows "
+                              "every option)" % (ps.__version__, opt))
+            known.set(value, desc, True)
+        return str(desc.submit())
+
+    def op_jobs(self, job_ids):
+        """job id -> (state, exit code, signal, reason), or None: slurmctld
+        no longer knows the job (past MinJobAge, or never)."""
+        ps = self.pyslurm
+        found = {}
+        for job_id in job_ids:
+            try:
+                job = ps.Job.load(int(job_id))
+            except ps.RPCError as exc:
+                if "Invalid job id" in str(exc):
+                    found[job_id] = None
+                    continue
+                raise
+            found[job_id] = (job.state or "UNKNOWN", job.exit_code, job.exit_code_signal or 0, job.state_reason or "")
+        return found
+
+    def op_cancel(self, job_ids):
+        ps = self.pyslurm
+        for job_id in job_ids:
+            try:
+                ps.Job(int(job_id)).cancel()
+            except ps.RPCError as exc:
+                if "already complet" not in str(exc) and "Invalid job id" not in str(exc):
+                    raise
+
+    def op_jobs_now(self):
+        """Every job slurmctld knows: id -> (name, reservation, nodes, state)."""
+        return {str(job.id): (job.name or "", job.reservation or "", job.allocated_nodes or job.required_nodes or "",
+                              job.state or "")
+                for job in self.pyslurm.Jobs.load().values()}
+
+
+def _node_record(node) -> dict:
+    return {"name": node.name, "state": node.state or "", "reason": node.reason or "",
+            "reason_time": node.reason_time, "reason_user": node.reason_user or "",
+            "partitions": list(node.partitions or [])}
+
+
+def _sbatch_options(argv):
+    """(option, value) pairs from sbatch-style words: --opt=v, --opt v, -X v, --flag."""
+    words = list(argv)
+    while words:
+        word = words.pop(0)
+        if not word.startswith("-") or word in ("-", "--"):
+            raise Refused("sbatch option expected, got %r" % word)
+        name, eq, value = word.lstrip("-").partition("=")
+        if not eq:
+            value = words.pop(0) if words and not words[0].startswith("-") else None
+        if name in _OWN_SBATCH:
+            raise Refused("sbatch option --%s is gpugate's own (set from the sweep's job)" % name)
+        yield name, value
+
+
+def _sbatch_option(name):
+    from pyslurm.core.job.sbatch_opts import SBATCH_OPTIONS
+
+    for opt in SBATCH_OPTIONS:
+        if name in (opt.short_opt, opt.long_opt):
+            return opt
+    return None
+
+
+def _load():
+    os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"  # init below, with this run's slurm.conf
+    import pyslurm
+
+    pyslurm.slurm_init(os.environ.get("SLURM_CONF") or None)
+    return Api(pyslurm)
+
+
+def serve(requests_fd: int, answers_fd: int) -> int:
+    try:
+        api = _load()
+        write_frame(answers_fd, ("ok", api.op_hello()))
+    except Exception as exc:  # pyslurm missing or built for another Slurm
+        write_frame(answers_fd, ("error", "import", "%s: %s" % (type(exc).__name__, exc)))
+        return 1
+    rpc_error = api.pyslurm.RPCError
+    while True:
+        try:
+            op, args = read_frame(requests_fd)
+        except WireClosed:
+            return 0  # gpugate is done with us
+        try:
+            answer = ("ok", getattr(api, "op_" + op)(*args))
+        except Refused as exc:
+            answer = ("error", "refused", str(exc))
+        except rpc_error as exc:
+            answer = ("error", "rpc", str(exc))
+        except Exception as exc:  # a bug here must reach gpugate as an error, not a dead pipe
+            answer = ("error", "internal", "%s: %s" % (type(exc).__name__, exc))
+        write_frame(answers_fd, answer)
+
+
+def main() -> int:
+    answers = os.dup(1)  # the protocol's own descriptor
+    os.dup2(2, 1)  # whatever libslurm or pyslurm prints goes to stderr, not into a frame
+    return serve(0, answers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

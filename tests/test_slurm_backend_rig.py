@@ -1,0 +1,235 @@
+"""The Slurm backends against a real slurmctld.
+
+Every Slurm integration test runs with the rig's backend
+($GPUGATE_TEST_SLURM_BACKEND; scripts/test --release 25.11 runs them once
+with each).  These check the backends against each other where pyslurm is
+installed (Slurm 25.11): what one writes the other reads, node by node,
+and neither outlives its deadline when slurmctld stops answering."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpugate.errors import SlurmError
+from gpugate.slurm import jobs
+from gpugate.slurm.commands import CommandSlurm
+from gpugate.slurm.pyslurm_backend import PyslurmMismatch, PyslurmSlurm
+from gpugate.testbed.files import rig_backend
+
+pytestmark = pytest.mark.slurm
+INTERVAL = 5
+CLUSTER = {"nodes": 4, "interval": INTERVAL, "partitions": {"a": "gpu[01-02]", "b": "gpu[03-04]"}}
+
+
+def _has_pyslurm():
+    # No init: without a slurm.conf at its default path libslurm would exit.
+    env = dict(os.environ, PYSLURM_DISABLE_AUTO_INIT="1")
+    return subprocess.run([sys.executable, "-c", "import pyslurm"], capture_output=True, env=env).returncode == 0
+
+
+def _need_pyslurm():
+    if not _has_pyslurm():
+        if rig_backend() == "pyslurm" or os.environ.get("GPUGATE_REQUIRE_PYSLURM"):
+            pytest.fail("pyslurm does not import (scripts/rootfs 25.11 builds it)")
+        pytest.skip("pyslurm is not installed here (Slurm 25.11 only: scripts/test --release 25.11)")
+
+
+def _env(cluster):
+    return {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "SLURM_CONF": cluster.conf}
+
+
+def _commands(cluster, timeout=10.0, deadline=None):
+    return CommandSlurm("/usr/bin", _env(cluster), timeout, deadline=deadline)
+
+
+def _pyslurm(cluster, timeout=10.0, deadline=None):
+    backend = PyslurmSlurm("/usr/bin", _env(cluster), timeout, deadline=deadline)
+    backend.start()
+    return backend
+
+
+def _backend(cluster, name, **kwargs):
+    return _pyslurm(cluster, **kwargs) if name == "pyslurm" else _commands(cluster, **kwargs)
+
+
+def test_the_rigs_backend_acts_for_the_node_and_the_log_line_says_which(cluster):
+    cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
+    cluster.wait_for(lambda: "drain" in cluster.state("gpu02"), 2 * INTERVAL + 15, "gpu02 drained")
+    assert cluster.reason("gpu02").startswith("gpugate: drift driver=550.54.15")
+    acted = [r for r in cluster.log_records("gpu02") if r.get("action") == "drain"]
+    assert acted and acted[-1]["backend"] == rig_backend(), acted[-1:]
+    cluster.sim("set", "FLEET", "gpu02", "driver=580.65.06")
+    cluster.scontrol("update", "NodeName=gpu02", "State=RESUME")
+
+
+def test_both_backends_read_every_node_the_same(cluster):
+    _need_pyslurm()
+    cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=rack 7: fan | swap, 'quoted'")
+    commands, pyslurm = _commands(cluster), _pyslurm(cluster)
+    try:
+        cluster.wait_for(lambda: "drain" in cluster.state("gpu03"), 20, "gpu03 drained")
+        for names in (None, "gpu03", "gpu[01-03]", "gpu01,gpu04", "gpu99"):
+            assert pyslurm.nodes(names) == commands.nodes(names), names
+        fleet = pyslurm.nodes()
+        assert sorted(fleet) == ["gpu01", "gpu02", "gpu03", "gpu04"]
+        assert fleet["gpu03"].drain and fleet["gpu03"].reason == "rack 7: fan | swap, 'quoted'"
+        assert fleet["gpu03"].reason_user == "root" and fleet["gpu03"].reason_time
+        assert fleet["gpu01"].partitions == ("a",) and fleet["gpu04"].partitions == ("b",)
+        assert pyslurm.version() == commands.version() == (25, 11)
+    finally:
+        pyslurm.close()
+        cluster.scontrol("update", "NodeName=gpu03", "State=RESUME")
+
+
+def test_what_pyslurm_writes_the_commands_read(cluster):
+    _need_pyslurm()
+    commands, pyslurm = _commands(cluster), _pyslurm(cluster)
+    try:
+        pyslurm.drain("gpu[01,04]", "gpugate: drift driver=1 (want 2)")
+        states = commands.nodes("gpu[01-04]")
+        assert states["gpu01"].drain and states["gpu04"].drain and not states["gpu02"].drain
+        assert states["gpu04"].reason == "gpugate: drift driver=1 (want 2)"
+        pyslurm.undrain("gpu01")
+        pyslurm.resume("gpu04")
+        states = commands.nodes()
+        assert not states["gpu01"].drain and not states["gpu04"].drain
+        # 25.11 marks an undrained or resumed node not responding until its next ping.
+        cluster.wait_for(lambda: all(s.in_service for s in commands.nodes().values()), 30, "every node in service")
+        assert commands.nodes("gpu04")["gpu04"].reason == "" == pyslurm.nodes("gpu04")["gpu04"].reason
+
+        pyslurm.reserve("gpugate_test_r", "gpu01")
+        shown = cluster.scontrol("show", "reservation", "gpugate_test_r", "--oneliner")
+        assert "Nodes=gpu01 " in shown and "MAINT" in shown and "IGNORE_JOBS" in shown, shown
+        assert "Duration=365-00:00:00" in shown, shown  # pyslurm sends an end time, not UNLIMITED
+        assert commands.reservations()["gpugate_test_r"] == "gpu01"
+        pyslurm.update_reservation("gpugate_test_r", "gpu[01-02]")
+        assert commands.reservations()["gpugate_test_r"] == "gpu[01-02]"
+        assert pyslurm.reservations() == commands.reservations()
+        pyslurm.unreserve("gpugate_test_r")
+        assert "gpugate_test_r" not in commands.reservations()
+        with pytest.raises(SlurmError):
+            pyslurm.unreserve("gpugate_test_r")  # gone: Slurm's refusal, as an error
+    finally:
+        pyslurm.close()
+
+
+def test_batch_jobs_through_either_backend_read_the_same(cluster, tmp_path):
+    _need_pyslurm()
+    out_dir = tmp_path / "jobs"
+    out_dir.mkdir()
+    commands, pyslurm = _commands(cluster), _pyslurm(cluster)
+    cluster.scontrol("create", "reservation", "ReservationName=gpugate_test_jobs", "Nodes=gpu02", "StartTime=now",
+                     "Duration=UNLIMITED", "Users=root", "Flags=MAINT,IGNORE_JOBS")
+    try:
+        submitted = {}
+        for name, backend in (("commands", commands), ("pyslurm", pyslurm)):
+            submitted[name] = jobs.submit(backend, ["/bin/sh", "-c", "echo hello from $SLURM_JOB_NODELIST; exit 3"],
+                                          "gpu02", "gpugate_test_jobs", 2, str(out_dir / (name + ".out")),
+                                          "gpugate-test-" + name)
+        ids = sorted(submitted.values())
+
+        def ended():
+            return all(s.ended for s in commands.job_states(ids).values())
+        cluster.wait_for(ended, 60, "both jobs to end")
+        seen_c, seen_p = commands.job_states(ids), pyslurm.job_states(ids)
+        for job in ids:
+            assert (seen_p[job].state, seen_p[job].exit_code) == (seen_c[job].state, seen_c[job].exit_code), job
+            assert seen_c[job].state == "FAILED" and seen_c[job].exit_code == 3
+        for name in submitted:
+            assert (out_dir / (name + ".out")).read_text() == "hello from gpu02\n"
+        assert pyslurm.job_states(["999999"])["999999"].state == jobs.GONE
+
+        # A job left running is cancelled by name (the sweep's rerun), then by node (--force).
+        for cancel in (lambda: pyslurm.cancel_named("gpugate-test-long", "gpugate_test_jobs"),
+                       lambda: pyslurm.cancel_jobs("gpu02")):
+            job = jobs.submit(pyslurm, ["/bin/sleep", "300"], "gpu02", "gpugate_test_jobs", 10,
+                              str(out_dir / "long.out"), "gpugate-test-long")
+            cluster.wait_for(lambda: commands.job_states([job])[job].state == "RUNNING", 60, "the long job runs")
+            cancel()
+            cluster.wait_for(lambda: commands.job_states([job])[job].ended, 60, "the long job cancelled")
+            assert commands.job_states([job])[job].state == "CANCELLED"
+        with pytest.raises(SlurmError) as err:
+            jobs.submit(pyslurm, ["/bin/true"], "gpu02", "gpugate_test_jobs", 1, str(out_dir / "x.out"), "x",
+                        extra=["--no-such-option=1"])
+        assert "does not know it" in str(err.value) and 'backend = "commands"' in str(err.value)
+    finally:
+        pyslurm.close()
+        cluster.scontrol("delete", "ReservationName=gpugate_test_jobs", check=False)
+
+
+@pytest.mark.parametrize("name", ["commands", "pyslurm"])
+def test_a_stopped_slurmctld_costs_a_call_its_deadline_and_no_more(cluster, name):
+    if name == "pyslurm":
+        _need_pyslurm()
+    backend = _backend(cluster, name, timeout=3.0)
+    pid = cluster.pids()["slurmctld"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(SlurmError) as err:
+            backend.nodes()
+        took = time.monotonic() - started
+        assert took < 3.0 + 2.0, took
+        assert "slurmctld" in str(err.value), err.value
+        # The run's own deadline wins over the call's timeout.
+        short = _backend(cluster, name, timeout=30.0, deadline=time.monotonic() + 8.0)
+        started = time.monotonic()
+        with pytest.raises(SlurmError):
+            short.nodes("gpu01")
+        assert time.monotonic() - started < 8.0 + 2.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The next call works: for pyslurm, a new worker (the stuck one was killed).
+    cluster.wait_for(lambda: bool(_backend(cluster, name).nodes("gpu01")), 30, "slurmctld to answer again")
+
+
+def _status(cluster, conf):
+    result = subprocess.run([sys.executable, "-m", "gpugate", "status", "--json", "--config", conf],
+                            capture_output=True, text=True, timeout=120, env=cluster.env)
+    return result.returncode, result.stdout, result.stderr
+
+
+def _conf_with(cluster, tmp_path, backend, bin_dir=None):
+    with open(cluster.gpugate_conf) as handle:
+        text = handle.read().replace('backend = "%s"' % rig_backend(), 'backend = "%s"' % backend)
+    if bin_dir:
+        text = text.replace('bin_dir = "%s/slurm-bin"' % cluster.dir, 'bin_dir = "%s"' % bin_dir)
+    path = tmp_path / "gpugate.toml"
+    path.write_text(text)
+    os.chmod(path, 0o644)
+    return str(path)
+
+
+def test_auto_says_which_backend_it_chose_and_a_mismatch_is_refused(cluster, tmp_path):
+    code, out, err = _status(cluster, _conf_with(cluster, tmp_path, "auto"))
+    assert code == 0, err
+    chosen = json.loads(out)["slurm_backend"]
+    if _has_pyslurm():
+        assert chosen == {"name": "pyslurm", "why": "auto: pyslurm %s matches this Slurm"
+                          % chosen["why"].split()[2]}, chosen
+    else:
+        assert chosen["name"] == "commands" and chosen["why"].startswith("auto: pyslurm does not load"), chosen
+        return
+    # Another Slurm release on this host: sinfo says 24.11 (a tool that
+    # prints a recorded answer, and otherwise runs the real one).
+    other = tmp_path / "bin"
+    other.mkdir()
+    for tool in ("scontrol", "sinfo", "sbatch", "scancel"):
+        (other / tool).write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "slurm 24.11.5"; exit 0; }\n'
+                                  'exec /usr/bin/%s "$@"\n' % tool)
+        (other / tool).chmod(0o755)
+    os.chmod(tmp_path, 0o755)
+    code, out, err = _status(cluster, _conf_with(cluster, tmp_path, "auto", str(other)))
+    assert code == 0, err
+    chosen = json.loads(out)["slurm_backend"]
+    assert chosen["name"] == "commands" and "built for Slurm 25.11, but this host runs Slurm 24.11" in chosen["why"]
+    code, out, err = _status(cluster, _conf_with(cluster, tmp_path, "pyslurm", str(other)))
+    assert code != 0 and out == ""
+    assert "built for Slurm 25.11, but this host runs Slurm 24.11" in err and "rebuild it" in err, err
+    with pytest.raises(PyslurmMismatch):
+        PyslurmSlurm(str(other), _env(cluster), 10.0).start()
