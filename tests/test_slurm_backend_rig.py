@@ -188,6 +188,56 @@ def test_a_stopped_slurmctld_costs_a_call_its_deadline_and_no_more(cluster, name
     cluster.wait_for(lambda: bool(_backend(cluster, name).nodes("gpu01")), 30, "slurmctld to answer again")
 
 
+def test_a_pyslurm_worker_killed_mid_call_is_an_error_and_the_next_call_starts_another(cluster):
+    _need_pyslurm()
+    backend = _pyslurm(cluster, timeout=20.0)
+    pid = cluster.pids()["slurmctld"]
+    first = backend._proc.pid
+    os.kill(pid, signal.SIGSTOP)  # the call waits on slurmctld...
+    try:
+        killer = subprocess.Popen(["/bin/sh", "-c", "sleep 1; kill -9 %d" % first])  # ...and its worker dies
+        started = time.monotonic()
+        with pytest.raises(SlurmError) as err:
+            backend.nodes()
+        killer.wait(timeout=10)
+        assert time.monotonic() - started < 10
+        assert "pyslurm worker died during nodes" in str(err.value), err.value
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert backend.nodes("gpu01")["gpu01"].name == "gpu01"
+    assert backend._proc.pid != first
+    backend.close()
+
+
+def test_the_health_check_keeps_its_drain_when_pyslurm_cannot_reach_slurmctld(cluster):
+    """What the tools shims do to the command backend (test_slurm_faults), for
+    pyslurm: slurmctld does not answer; nothing is lost, nothing outlives
+    the health check's budget, the drain lands once it answers."""
+    if rig_backend() != "pyslurm":
+        pytest.skip("the command backend's faults: test_slurm_faults.py")
+    node = "gpu04"
+    cluster.sim("set", "FLEET", node, "gpu.4.xid=79")
+    pid = cluster.pids()["slurmctld"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = subprocess.run([cluster.path("bin", "healthcheck")], env={"SLURMD_NODENAME": node},
+                                capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert took < 40 + 5, took
+    record = cluster.log_records(node)[-1]
+    assert record["verdict"] == "unfit" and record["action"] == "failed" and record["backend"] == "pyslurm"
+    assert "pyslurm" in record["slurm_error"], record
+    subprocess.run([cluster.path("bin", "healthcheck")], env={"SLURMD_NODENAME": node}, capture_output=True,
+                   timeout=120, check=False)
+    assert cluster.reason(node).startswith("gpugate: health xid:gpu4=79 (want none)")
+    cluster.sim("set", "FLEET", node, "reboot=1")
+    cluster.scontrol("update", "NodeName=" + node, "State=RESUME")
+
+
 def _status(cluster, conf):
     result = subprocess.run([sys.executable, "-m", "gpugate", "status", "--json", "--config", conf],
                             capture_output=True, text=True, timeout=120, env=cluster.env)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from test_slurm_faults import Shims, run_entry
+from test_slurm_faults import Shims, run_entry, tools_only
 
 pytestmark = pytest.mark.slurm
 # Two 4-node partitions, a quarter of each: one node of each may be out for
@@ -163,6 +163,7 @@ def patient(cluster):
         handle.write(text)
 
 
+@tools_only
 @pytest.mark.slow
 @pytest.mark.parametrize("delay", [20, 5])
 def test_slurm_answering_slowly_the_health_check_ends_before_the_kill(cluster, good, patient, delay):

@@ -8,6 +8,7 @@ import pytest
 
 from gpugate.errors import ParseError
 from gpugate.slurm.nodestate import parse_nodes_json, parse_nodes_text
+from gpugate.slurm.nodestate.records import parse_node_records
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "slurm")
 RELEASES = sorted(d for d in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, d, "expected.json")))
@@ -22,15 +23,22 @@ def load(release):
             text = handle.read()
         if not how["read_by_gpugate"]:
             continue
-        if name.endswith(".json"):
+        if name == "pyslurm-nodes.json":
+            parsed[name] = parse_node_records(json.loads(text))
+        elif name.endswith(".json"):
             parsed[name] = parse_nodes_json(text)
         elif name == "sinfo-text.txt":
             parsed[name] = parse_nodes_text(text)
     return expected, parsed
 
 
-def test_the_three_releases_are_recorded():
-    assert {"22.05", "24.11", "26.05"} <= set(RELEASES)
+def test_the_four_releases_are_recorded():
+    assert {"22.05", "24.11", "25.11", "26.05"} <= set(RELEASES)
+
+
+def test_pyslurms_records_are_recorded_where_it_is_built():
+    expected, parsed = load("25.11")
+    assert "pyslurm-nodes.json" in parsed and expected["files"]["pyslurm-nodes.json"]["read_by_gpugate"]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -46,6 +54,8 @@ def test_every_form_reads_what_each_node_was_put_in(release):
     assert "sinfo-text.txt" in parsed and any(n.endswith(".json") for n in parsed)
     if release >= "23.02":
         assert "scontrol-show-node.json" in parsed
+    if release == "25.11":
+        assert "pyslurm-nodes.json" in parsed
     for name, nodes in parsed.items():
         assert set(nodes) == set(expected["nodes"]), name
         for node, want in expected["nodes"].items():

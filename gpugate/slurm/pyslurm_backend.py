@@ -49,10 +49,24 @@ class PyslurmMismatch(SlurmError):
     """pyslurm does not import, or was built for another Slurm release."""
 
 
+# The oldest pyslurm this backend was proven with (against Slurm 25.11.7).
+OLDEST = (25, 11)
+
+
 def check_release(pyslurm_version: str, running: Tuple[int, int], bin_dir: str) -> None:
-    """pyslurm X.Y.Z is built for Slurm X.Y (its versioning): refuse any other."""
-    built_for = ".".join(pyslurm_version.split(".")[:2])
+    """pyslurm X.Y.Z is built for Slurm X.Y (its versioning): refuse any
+    other, and any older than the one this backend was proven with."""
+    parts = pyslurm_version.split(".")
+    built_for = ".".join(parts[:2])
     here = "%d.%d" % running
+    try:
+        release = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        raise PyslurmMismatch("pyslurm says its version is %r: not X.Y.Z" % pyslurm_version) from None
+    if release < OLDEST:
+        raise PyslurmMismatch("pyslurm %s is older than gpugate's pyslurm backend supports (%d.%d and later, with "
+                              "the Slurm release of the same number): set [slurm] backend = \"commands\""
+                              % (pyslurm_version, OLDEST[0], OLDEST[1]))
     if built_for != here:
         raise PyslurmMismatch(
             "pyslurm %s is built for Slurm %s, but this host runs Slurm %s (%s/sinfo --version): rebuild it "
