@@ -3,8 +3,6 @@ what each nodeset must look like, and the health policy."""
 
 from __future__ import annotations
 
-import re
-
 from .errors import ConfigError
 from .lazyre import Lazy
 from .record import asdict, dataclass, field, replace
@@ -31,6 +29,8 @@ def _version(value: str) -> Optional[str]:
 # groups.conf through a shell, on every node, on every check.
 _HOSTLIST_RE = Lazy(r"^[A-Za-z0-9._\-\[\],/!&^]+$")
 _RANGE_RE = Lazy(r"^([0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$")
+_HOSTLIST_SPLIT = Lazy(r"[,!&^](?![^\[]*\])")
+_HOSTLIST_GROUP = Lazy(r"\[([^\[\]]*)\]")
 MAX_NODESET = 100000  # names one expression may expand to (expanding is linear in them)
 
 
@@ -39,9 +39,9 @@ def _hostlist_size(value: str) -> float:
     expanding it (NodeSet builds every name: "gpu[0-99999999]" would take
     minutes and gigabytes).  Unreadable ranges count 0: NodeSet reports them."""
     total = 0.0
-    for element in re.split(r"[,!&^](?![^\[]*\])", value):
+    for element in _HOSTLIST_SPLIT.split(value):
         size = 1.0
-        for group in re.findall(r"\[([^\[\]]*)\]", element):
+        for group in _HOSTLIST_GROUP.findall(element):
             count = 0.0
             for item in group.split(","):
                 match = _RANGE_RE.match(item)

@@ -15,7 +15,6 @@ are the same interpreter, forked, so its format always agrees."""
 
 import marshal
 import os
-import select
 import time
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
@@ -53,6 +52,9 @@ class Forked:
             view = memoryview(data)
             while view:
                 view = view[os.write(write_fd, view):]
+            # The caller reads to the end of the pipe: close it now, not
+            # when the exit has unmapped this process (about 1 ms later).
+            os.close(write_fd)
             os._exit(0)
         os.close(write_fd)
         if prepare is not None:
@@ -66,6 +68,8 @@ class Forked:
     def result(self, timeout: float):
         """(OK, value), (ERROR, text) when fn raised or the child died, or
         (TIMEOUT, None): the child is killed and not waited for."""
+        import select  # here: the reader is forked before it is needed (an extension module to load)
+
         chunks, deadline = [], time.monotonic() + max(timeout, 0.0)
         try:
             while True:
@@ -81,10 +85,7 @@ class Forked:
         finally:
             os.close(self.read_fd)
             self.read_fd = None
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        _reap(self.pid)
         try:
             return marshal.loads(b"".join(chunks))
         except (EOFError, ValueError, TypeError) as exc:
@@ -102,6 +103,36 @@ class Forked:
         try:
             os.kill(self.pid, SIGKILL)
         except ProcessLookupError:
+            pass
+
+
+# Children that had answered but not yet exited: reaped later, by pid (never
+# waitpid(-1), which would take other code's children).
+_EXITING = []
+
+
+def _reap(pid: int) -> None:
+    """Reap this child if it has exited, else later; and any earlier ones."""
+    for child in _EXITING + [pid]:
+        try:
+            done, _ = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            done = child
+        if done and child in _EXITING:
+            _EXITING.remove(child)
+        elif not done and child not in _EXITING:
+            _EXITING.append(child)
+
+
+def finish() -> None:
+    """Wait for the children that answered and are exiting (not the ones
+    killed at a deadline: one stuck in the kernel may never go).  Before
+    this process ends: its own resource use then counts theirs, and no
+    zombie is left behind."""
+    while _EXITING:
+        try:
+            os.waitpid(_EXITING.pop(), 0)
+        except ChildProcessError:
             pass
 
 

@@ -1,8 +1,13 @@
 """Regular expressions compiled on first use: most of gpugate's are for
 loading a file or parsing a tool's output, which the prolog's healthy path
-never does, and compiling costs every run that imports the module."""
+never does.  Compiling costs every run that imports the module, and so does
+``import re`` itself (with enum and functools, about 4 ms): re is imported
+only when a pattern is first used."""
 
-import re
+# re's flag values (fixed by its _constants since Python 2; a test compares
+# them with re's), so that a module can name them without importing re.
+IGNORECASE = 2
+ASCII = 256
 
 
 class Lazy:
@@ -15,5 +20,7 @@ class Lazy:
 
     def __getattr__(self, name: str):
         if self._compiled is None:
+            import re
+
             self._compiled = re.compile(self.pattern, self.flags)
         return getattr(self._compiled, name)

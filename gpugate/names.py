@@ -5,18 +5,24 @@ state directory path ({node}) and in the sweep's commands ({node}, {nodes},
 ssh targets).  A name like "../etc", "-oProxyCommand=..." or one with shell
 or hostlist characters must never get there: host names only."""
 
-import re
-
 from .errors import ConfigError
 
 # RFC 1123 labels (plus '_', which some sites use), dot-separated; no leading
-# '-' or '.', so never an option nor a relative path.
-_NODE_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_][A-Za-z0-9_-]{0,62})*\Z")
+# '-' or '.', so never an option nor a relative path.  What the pattern
+# [A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,62})* matches,
+# checked without re (the prolog checks its node's name before every job).
+_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_REST = _FIRST | {"-"}
 MAX_NODE_NAME = 253
 
 
 def is_node_name(name: object) -> bool:
-    return isinstance(name, str) and len(name) <= MAX_NODE_NAME and bool(_NODE_NAME.match(name))
+    if not isinstance(name, str) or len(name) > MAX_NODE_NAME:
+        return False
+    for label in name.split("."):
+        if not 0 < len(label) <= 63 or label[0] not in _FIRST or not _REST.issuperset(label):
+            return False
+    return True
 
 
 def check_node_name(name: object, where: str = "node name") -> str:

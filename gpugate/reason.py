@@ -9,8 +9,6 @@ mark of ownership (ReasonUser is root for everything run as root).
 
 from __future__ import annotations
 
-import re
-
 from .findings import CHECK_CLASSES, CLASSES, Finding, is_acute, sort_findings
 from .lazyre import Lazy
 from .record import dataclass
@@ -25,6 +23,7 @@ _SEP = "; "
 _FINDING_RE = Lazy(
     r"^(?P<component>[a-z0-9_]{1,32})(?::gpu(?P<gpu>\d{1,3}))?=(?P<observed>[^;()]*) \(want (?P<expected>[^;()]*)\)$")
 _MORE_RE = Lazy(r"^\+(\d{1,4}) more$")
+_NOT_COMPONENT = Lazy(r"[^a-z0-9_]")
 # What slurmctld appends to a reason around `scontrol reboot nextstate=...`:
 # " : reboot issued" when it sends the reboot, " : reboot complete" when
 # the node registers again.  The reason is still ours, findings unchanged.
@@ -44,7 +43,7 @@ def sanitize(text: str, limit: int = _VALUE_MAX) -> str:
 
 
 def _component(name: str) -> str:
-    name = re.sub(r"[^a-z0-9_]", "_", str(name).lower())[:32]
+    name = _NOT_COMPONENT.sub("_", str(name).lower())[:32]
     return name or "unknown"
 
 

@@ -15,15 +15,18 @@ import sys
 import pytest
 
 from conftest import DEMO_BASELINE, ROOT
+from gpugate.pynvml_loader import _WRAPPER_ASSIGNMENTS
 
 # Loaded by the prolog's healthy path, they would cost every job: the TOML
 # parser (the kept parse is reused), OpenSSL's hashes, typing, the Slurm
 # commands and what runs tools (subprocess, threads), click, ClusterShell,
 # NVML's binding or the simulated node's (loaded in the forked reader only),
 # dataclasses and inspect (gpugate.record), pickle and signal (gpugate.forked),
-# contextlib (gpugate.node.act).
+# contextlib (gpugate.node.act), json, re, enum and functools (gpugate.jsontext,
+# gpugate.lazyre).
 NOT_ON_THE_HOT_PATH = {
     "dataclasses", "inspect", "pickle", "signal", "contextlib", "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
+    "json", "re", "enum", "functools",
     "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
     "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
     "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
@@ -31,8 +34,11 @@ NOT_ON_THE_HOT_PATH = {
 # Every gpugate module the hot prolog loads today.  A new one is a cost on
 # every job: load it lazily where it is needed, or raise this knowingly.
 # 42: the prolog judges the job's GPUs' runtime settings (judges.settings)
-# and its fresh kernel-log events (judges.xids), both checks it must run.
-MAX_GPUGATE_MODULES = 42
+# and its fresh kernel-log events (judges.xids), both checks it must run;
+# 43: the NVML reader's own small module (node.prolog_reader), which the
+# entry script forks before anything else loads; 44: gpugate.jsontext, the
+# JSON of the prolog's files without the json package (re, enum: ~4 ms).
+MAX_GPUGATE_MODULES = 44
 
 # What the interpreter loaded at start (site, .pth files, an editable
 # install's finder) is the environment's, not the prolog's.
@@ -41,8 +47,9 @@ import sys
 before = set(sys.modules)
 from gpugate.node.entry import main
 code = main("prolog", ["--config", sys.argv[1]])
+loaded = sorted(set(sys.modules) - before)
 import json
-print(json.dumps({"code": code, "modules": sorted(set(sys.modules) - before)}))
+print(json.dumps({"code": code, "modules": loaded}))
 """
 
 
@@ -290,30 +297,78 @@ def test_the_readers_stand_ins_become_the_facts_records():
     assert got.gpus[0].pcie == facts.Pcie(5, 16, 5, 16) and got.gpus[0].nvlink_up == (True, False)
 
 
-def test_pynvml_loads_without_ctypes_util_or_string_and_is_the_same_module():
+def test_pynvml_loads_without_ctypes_util_string_or_threading_and_is_the_same_module():
     """gpugate.pynvml_loader: the stand-ins live only while pynvml loads;
     afterwards the real modules import, pynvml answers through them, and it
-    defined the same names (its error classes are named with capwords)."""
+    defined the same names (its error classes are named with capwords) and
+    the same kind of lock."""
     code = ("import sys, json; before = set(sys.modules); from gpugate.pynvml_loader import import_pynvml; "
-            "p = import_pynvml(); loaded = sorted(m for m in ('ctypes.util', 'string', 're', 'subprocess') "
-            "if m in sys.modules and m not in before); "
-            "import ctypes.util, string; "
+            "p = import_pynvml(); loaded = sorted(m for m in ('ctypes.util', 'string', 're', 'subprocess', "
+            "'threading', 'functools', 'collections') if m in sys.modules and m not in before); "
+            "import ctypes.util, string, threading; "
+            "lock = p.libLoadLock; acquired = lock.acquire(blocking=False); held = lock.locked(); lock.release(); "
             "print(json.dumps([loaded, ctypes.util.__file__.endswith('util.py'), string.__file__.endswith('.py'), "
             "p.find_library('c') == ctypes.util.find_library('c'), p.string.ascii_letters == string.ascii_letters, "
-            "import_pynvml() is p, sorted(n for n in dir(p) if not n.startswith('__'))]))")
+            "import_pynvml() is p, sorted(n for n in dir(p) if not n.startswith('__')), "
+            "type(lock) is type(threading.Lock()) and acquired and held and not lock.locked(), "
+            "p.threading.Thread is threading.Thread and sys.modules['threading'] is threading]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    loaded, util_real, string_real, find_same, string_same, same, names = json.loads(out.stdout)
-    assert loaded == [] and util_real and string_real and find_same and string_same and same
+    loaded, util_real, string_real, find_same, string_same, same, names, lock_same, threading_real = \
+        json.loads(out.stdout)
+    assert loaded in ([], ["collections", "functools"]) and util_real and string_real and find_same and string_same
+    assert same and lock_same and threading_real
+    if sys.version_info[:2] in _WRAPPER_ASSIGNMENTS:
+        assert loaded == []  # functools stood in too
     plain = subprocess.run([sys.executable, "-c", "import json, pynvml; print(json.dumps(sorted("
                             "n for n in dir(pynvml) if not n.startswith('__'))))"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert names == json.loads(plain.stdout) and "NVMLError_GpuIsLost" in names
     # Modules already loaded are used as they are: no stand-in.
-    code = ("import sys, ctypes.util, string; real = (ctypes.util, string); "
+    code = ("import sys, ctypes.util, string, threading; real = (ctypes.util, string, threading); "
             "from gpugate.pynvml_loader import import_pynvml; p = import_pynvml(); "
-            "print(sys.modules['ctypes.util'] is real[0] and p.string is real[1])")
+            "print(sys.modules['ctypes.util'] is real[0] and p.string is real[1] and p.threading is real[2])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True"
+
+
+_WRAPPED = ("import json, sys; %s; "
+            "print(json.dumps(sorted([n, f.__name__, f.__qualname__, f.__doc__, f.__module__, f.__wrapped__.__qualname__, "
+            "sorted(f.__dict__), repr(getattr(f, '__annotations__', None)), repr(getattr(f, '__type_params__', None))] "
+            "for n, f in vars(p).items() if callable(f) and hasattr(f, '__wrapped__'))))")
+
+
+def test_pynvml_wrapped_functions_are_the_same_with_the_stand_in_wraps():
+    """pynvml decorates some 30 functions with functools.wraps at import:
+    with the stand-in they carry the same names, docs and __wrapped__."""
+    ours = subprocess.run([sys.executable, "-c", _WRAPPED % "from gpugate.pynvml_loader import import_pynvml; "
+                           "p = import_pynvml()"], capture_output=True, text=True, timeout=60, check=True)
+    plain = subprocess.run([sys.executable, "-c", _WRAPPED % "import pynvml as p"], capture_output=True, text=True,
+                           timeout=60, check=True)
+    wrapped = json.loads(ours.stdout)
+    assert len(wrapped) >= 20 and wrapped == json.loads(plain.stdout)
+
+
+def test_the_stand_in_wraps_copies_what_this_pythons_functools_copies():
+    import functools
+
+    from gpugate.pynvml_loader import _wraps
+
+    if sys.version_info[:2] not in _WRAPPER_ASSIGNMENTS:
+        pytest.skip("this Python gets the real functools while pynvml loads")
+    assert _WRAPPER_ASSIGNMENTS[sys.version_info[:2]] == functools.WRAPPER_ASSIGNMENTS
+    assert functools.WRAPPER_UPDATES == ("__dict__",)
+
+    def inner(a: int) -> str:
+        """Doc."""
+    inner.marker = 1
+
+    def made(decorate):
+        def wrapper(*args):
+            return inner(*args)
+        return decorate(wrapper)
+    ours, theirs = made(_wraps(inner)), made(functools.wraps(inner))
+    for attr in functools.WRAPPER_ASSIGNMENTS + ("__dict__", "__wrapped__"):
+        assert getattr(ours, attr) == getattr(theirs, attr), attr
 
 
 def test_capwords_is_the_standard_one():

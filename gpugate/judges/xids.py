@@ -9,16 +9,14 @@ resume sticks until a new one arrives)."""
 
 from __future__ import annotations
 
-import re
-
 from ..facts import ProbeFailure
 from ..findings import HEALTH, REBOOT, Finding
-from ..lazyre import Lazy
+from ..lazyre import IGNORECASE, Lazy
 from .common import probe_finding
 
 # The first severity word: "Fatal", "Non-fatal" (SXid), "Nonfatal"/"nonfatal" (Xid 144-150).
-_SEVERITY = Lazy(r"\b(non-?fatal|fatal)\b", re.I)
-_RECOVERY_TO = Lazy(r"\bto 0x([0-9a-f]{1,8})\b", re.I)
+_SEVERITY = Lazy(r"\b(non-?fatal|fatal)\b", IGNORECASE)
+_RECOVERY_TO = Lazy(r"\bto 0x([0-9a-f]{1,8})\b", IGNORECASE)
 _DETAIL = 120
 
 

@@ -22,7 +22,9 @@ failure, and log the error)."""
 _WHAT = {"healthcheck": "HealthCheckProgram", "prolog": "Prolog", "epilog": "Epilog"}
 
 
-def main(mode, argv):
+def main(mode, argv, reader=None):
+    """reader: the prolog's NVML reader, when its entry script forked it
+    already (gpugate.node.prolog_reader)."""
     started = time.monotonic()
     config = None
     args = list(argv)
@@ -40,14 +42,11 @@ def main(mode, argv):
             return 2
     node = os.environ.get("SLURMD_NODENAME") or _hostname()
     record = {"node": node, "mode": mode}
-    settings = reader = None
-    if mode == "prolog":
-        from .prolog import start_reader
+    settings = None
+    if mode == "prolog" and reader is None:
+        from .prolog_reader import start_reader
 
-        try:
-            reader = start_reader()  # loads NVML's binding while the configuration loads
-        except OSError:
-            pass  # no fork now: the prolog tries again, and reports NVML missing if it must
+        reader = start_reader()  # loads NVML's binding while the configuration loads
     try:
         from ..config import check_state, config_path
         from ..names import check_node_name
@@ -97,12 +96,16 @@ def leave(code: int) -> None:
     """Exit without the interpreter's teardown (freeing every module loaded:
     about 1.5 ms of every job's prolog).  Everything gpugate writes is closed
     by then (state files, the log line); the forked NVML reader has answered
-    or been killed; no atexit handler is registered on these paths."""
+    (and is reaped here) or been killed; no atexit handler is registered on
+    these paths."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass  # slurmd closed the pipe: nothing to say there anyway
+    forked = sys.modules.get("gpugate.forked")
+    if forked is not None:
+        forked.finish()  # the NVML reader that answered: exiting meanwhile, reaped here
     os._exit(code)
 
 

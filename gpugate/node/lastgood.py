@@ -28,11 +28,11 @@ answer.  The prolog then needs neither the TOML parser nor ClusterShell
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
+from .. import jsontext
 from ..errors import ConfigError
 from ..record import replace
 
@@ -152,7 +152,7 @@ def _keep_resolved(where: str, data: bytes, node: str, baseline) -> None:
     if len(data) > _MAX_BYTES:
         return
     try:
-        text = json.dumps({"text": data.decode("utf-8"), "version": __version__, "node": node,
+        text = jsontext.dumps({"text": data.decode("utf-8"), "version": __version__, "node": node,
                            "view": baseline.resolved_for(node)}, sort_keys=True)
         os.makedirs(where, mode=0o700, exist_ok=True)
         _write(os.path.join(where, BASELINE + RESOLVED), text.encode())
@@ -183,7 +183,7 @@ def kept(where: str) -> dict:
     """What the directory holds: {"gpugate.toml": {"sha256", "at", "source"}, ...}."""
     try:
         with open(os.path.join(where, META)) as handle:
-            data = json.load(handle)
+            data = jsontext.loads(handle.read())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -215,7 +215,7 @@ def _kept_for(where: str, filename: str, data: bytes, what: str):
 
     try:
         with os.fdopen(open_file(os.path.join(where, filename), what), "rb") as handle:
-            kept_data = json.loads(handle.read(2 * _MAX_BYTES))
+            kept_data = jsontext.loads(handle.read(2 * _MAX_BYTES))
         if isinstance(kept_data, dict) and kept_data.get("text") == data.decode("utf-8"):
             return kept_data
     except (ConfigError, OSError, ValueError):
@@ -243,10 +243,10 @@ def _keep(where: str, name: str, path: str, data: bytes, parsed, cached: bool) -
             _write(copy, data)
             meta = kept(where)
             meta[name] = {"sha256": _sha256(data), "at": time.time(), "source": path}
-            _write(os.path.join(where, META), json.dumps(meta, sort_keys=True).encode())
+            _write(os.path.join(where, META), jsontext.dumps(meta, sort_keys=True).encode())
         if not cached:
             try:
-                text = json.dumps({"text": data.decode("utf-8"), "toml": parsed}, sort_keys=True)
+                text = jsontext.dumps({"text": data.decode("utf-8"), "toml": parsed}, sort_keys=True)
             except (TypeError, ValueError):
                 return  # a date or time value: nothing to keep, the file is parsed every run
             _write(os.path.join(where, name + PARSED), text.encode())

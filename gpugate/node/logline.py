@@ -3,9 +3,10 @@ the state directory (node, mode, verdict, reason, action, durations)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
+
+from .. import jsontext
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -18,7 +19,7 @@ _ROTATE_BYTES = 5 << 20
 def emit(settings_log: str, state_dir: str, record: Dict[str, Any]) -> str:
     record = dict(record)
     record.setdefault("ts", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    line = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
+    line = jsontext.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
     if settings_log in ("syslog", "both"):
         _syslog(line, record.get("verdict"))
     if settings_log in ("file", "both"):

@@ -12,28 +12,22 @@ import time
 from .jobenv import job_gpus
 
 
-def start_reader():
-    """The NVML reader, forked before the configuration is even loaded: it
-    loads the binding meanwhile, and reads only once run() sends it what to
-    read (gpugate.forked)."""
-    from ..forked import Forked
-
-    return Forked(_read_nvml, prepare=_prepare_reader)
-
-
 def run(settings, node: str, record: dict, reader=None) -> int:
     deadline = time.monotonic() + float(settings.budgets["prolog"])
     gpus = job_gpus()
     # NVML first: the child reads the job's GPUs while this process loads
     # the judges (hence the imports below, not above).
     nvml = reader
-    try:
-        nvml = nvml or start_reader()
-        nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus})
-    except OSError:  # no fork, or the child is gone: the collection forks (and reports) on its own
-        if nvml is not None:
+    if nvml is None:
+        from .prolog_reader import start_reader
+
+        nvml = start_reader()  # None: no fork now; the collection forks (and reports) on its own
+    if nvml is not None:
+        try:
+            nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus})
+        except OSError:  # the child is gone: the collection forks (and reports) on its own
             nvml.cancel()
-        nvml = None
+            nvml = None
     from ..judges import lost
     from ..judges.job import start_counters
     from ..probes import files
@@ -81,22 +75,6 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
     # the job (and drains the node itself, "Prolog error", if ours failed).
     return result.verdict.exit_code
-
-
-def _prepare_reader() -> None:
-    from .. import nvmlread  # noqa: F401 - the reading, which loads no records of gpugate's
-    from ..pynvml_loader import import_pynvml
-
-    import_pynvml()  # the binding (a simulated node's is built on it too)
-
-
-def _read_nvml(orders: dict):
-    """In the forked child: load the binding (pynvml, or the simulated
-    node's) and read NVML of the job's GPUs."""
-    from .. import nvmlread
-
-    binding = lambda: nvmlread.binding(orders["sim_fleet"], orders["node"])  # noqa: E731
-    return nvmlread.reader(None, binding, orders["gpus"], False)()
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:

@@ -5,8 +5,9 @@ reader sees the old file or the new one, never half of one."""
 
 from __future__ import annotations
 
-import json
 import os
+
+from .. import jsontext
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -17,7 +18,7 @@ JOBS = "jobs"
 
 
 def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
-    write_bytes(path, json.dumps(data, sort_keys=True, separators=(",", ":")).encode(), durable)
+    write_bytes(path, jsontext.dumps(data, sort_keys=True, separators=(",", ":")).encode(), durable)
 
 
 def write_bytes(path: str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
@@ -45,7 +46,7 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
     file means "no reusable state", never a crash)."""
     try:
         with open(path) as handle:
-            data = json.load(handle)
+            data = jsontext.loads(handle.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -8,10 +8,8 @@ so one odd record cannot hide the event after it.
 
 from __future__ import annotations
 
-import re
-
 from gpugate.facts import XidEvent
-from gpugate.lazyre import Lazy
+from gpugate.lazyre import ASCII, IGNORECASE, Lazy
 from gpugate.record import replace
 
 TYPE_CHECKING = False
@@ -23,33 +21,35 @@ _BUS = r"(?:PCI:)?(?:(?P<domain>[0-9a-f]{1,8}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0
 # "PCI:" and sometimes the domain; a few print the function (".0").  On a MIG
 # GPU the driver adds the instances: "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)"
 # (open-gpu-kernel-modules' Xid format; NVIDIA's A100 memory-error guide).
-_XID = re.compile(
+_XID = Lazy(
     r"NVRM: Xid \(" + _BUS + r"(?P<mig>(?:[ \t]+GPU-C?I:[0-9]{1,4}){1,2})?"
     r"\):[ \t]*(?P<xid>[0-9]{1,9})\b(?P<rest>[^\n]*)",
-    re.I,
+    IGNORECASE,
 )
 # "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"; the
 # driver follows it with "..., Severity 1 Engine instance ..." and "..., Data {...}"
 # lines for the same event (Fabric Manager user guide; gpud's captured lines).
 _SXID = Lazy(
     r"(?P<switch>nvidia-nvswitch[0-9]{1,4}): SXid \(" + _BUS + r"\):[ \t]*(?P<xid>[0-9]{1,9})\b(?P<rest>[^\n]*)",
-    re.I,
+    IGNORECASE,
 )
-_SXID_MORE = Lazy(r"^(?:Severity [0-9]|Data \{)", re.I)
+_SXID_MORE = Lazy(r"^(?:Severity [0-9]|Data \{)", IGNORECASE)
 # "NVRM: GPU 0000:29:00.0: GPU has fallen off the bus."
-_OFF_BUS = Lazy(r"NVRM: GPU " + _BUS + r": GPU has fallen off the bus", re.I)
+_OFF_BUS = Lazy(r"NVRM: GPU " + _BUS + r": GPU has fallen off the bus", IGNORECASE)
 # Split over records: "NVRM: The NVIDIA GPU 0000:18:00.0" / "NVRM: (PCI ID: 10de:20b0)
 # installed in this system has" / "NVRM: fallen off the bus and is not responding to commands."
-_OFF_BUS_HEAD = Lazy(r"NVRM: The NVIDIA GPU " + _BUS + r"(?P<rest>[^\n]*)", re.I)
+_OFF_BUS_HEAD = Lazy(r"NVRM: The NVIDIA GPU " + _BUS + r"(?P<rest>[^\n]*)", IGNORECASE)
 _OFF_BUS_TAIL = "fallen off the bus and is not responding"
 _SPLIT_RECORDS = 4  # the tail comes within this many records of the head
-# /dev/kmsg record: "PRI,SEQ,TS_USEC,FLAGS[,more];MESSAGE".
-_KMSG = re.compile(r"^([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;(.*)$")
+# /dev/kmsg record: "PRI,SEQ,TS_USEC,FLAGS[,more];MESSAGE" (read by
+# kmsg_record, without a regular expression: it runs on every record).
+_DIGITS = frozenset("0123456789")
 # dmesg --time-format=iso "2025-01-21T04:41:44,283302+00:00"; journal short-iso "...+0000".
 _ISO = Lazy(
     r"\b(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?(Z|[+-]\d{2}:?\d{2})(?=\s|$)",
-    re.ASCII,
+    ASCII,
 )
+_LEADING_COMMA = Lazy(r"^[ \t]*,")
 
 
 def _bus_id(match) -> str:
@@ -58,11 +58,13 @@ def _bus_id(match) -> str:
 
 
 def _rest(match) -> str:
-    return re.sub(r"^[ \t]*,", "", match.group("rest")).strip()  # drop the ", " after the number
+    return _LEADING_COMMA.sub("", match.group("rest")).strip()  # drop the ", " after the number
 
 
 def parse_xid_message(message: str) -> Optional[XidEvent]:
     """The Xid in one log line, or None when the line is not an Xid report."""
+    if "nvrm" not in message.lower():  # most lines: no pattern to run (or compile)
+        return None
     match = _XID.search(message)
     if not match:
         return None
@@ -115,13 +117,31 @@ def parse_kmsg(text: str, boot_time: Optional[float]) -> Tuple[XidEvent, ...]:
     """Events in /dev/kmsg records; timestamp = boot_time + TS_USEC when boot_time is known."""
     events, scanner = [], Scanner()
     for line in text.splitlines():
-        match = _KMSG.match(line)  # continuation lines (" KEY=value") do not match
-        event = scanner.feed(match.group(4)) if match else None
+        record = kmsg_record(line)  # continuation lines (" KEY=value") are none
+        event = scanner.feed(record[3]) if record else None
         if event is None:
             continue
-        timestamp = None if boot_time is None else boot_time + int(match.group(3)) / 1e6
-        events.append(replace(event, seq=int(match.group(2)), timestamp=timestamp))
+        timestamp = None if boot_time is None else boot_time + int(record[2]) / 1e6
+        events.append(replace(event, seq=int(record[1]), timestamp=timestamp))
     return tuple(events)
+
+
+def kmsg_record(line: str) -> Optional[Tuple[str, str, str, str]]:
+    """(PRI, SEQ, TS_USEC, MESSAGE) of a /dev/kmsg record line, or None: what
+    ^([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;(.*)$ matches."""
+    head, semicolon, message = line.partition(";")
+    if message.endswith("\n"):
+        message = message[:-1]  # "$" matches before a final newline
+    if not semicolon or "\n" in message:
+        return None
+    fields = head.split(",", 3)
+    if len(fields) < 4:
+        return None
+    pri, seq, usec = fields[0], fields[1], fields[2]
+    for value, most in ((pri, 10), (seq, 20), (usec, 20)):
+        if not 0 < len(value) <= most or not _DIGITS.issuperset(value):
+            return None
+    return pri, seq, usec, message
 
 
 def _iso_epoch(line: str) -> Optional[float]:

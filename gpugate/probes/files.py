@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
+from .. import jsontext
 from ..errors import ParseError
 from ..facts import ProbeFailure
 
@@ -71,7 +71,7 @@ def image(root: str) -> Any:
     if not isinstance(text, str):
         return text
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except ValueError as exc:
         return ProbeFailure("image", "error", "cluster-image.json: %s" % exc)
     if not isinstance(data, dict) or not isinstance(data.get("version"), str):

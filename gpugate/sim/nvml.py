@@ -28,12 +28,12 @@ so loading a node in a short-lived probe process is cheap.
 """
 
 import ctypes
-import json
 import os
 import time
 
 import pynvml as _real
 
+from .. import jsontext
 from .nvml_state import StateAccess, _error, _Handle, _hang, _not_supported, _pci_bus_id, _target
 
 NVMLError = _real.NVMLError
@@ -54,7 +54,7 @@ def load(state):
 def load_file(path):
     """Load the "nvml" part of a simulated node's model file (JSON)."""
     with open(os.fspath(path), encoding="utf-8") as f:
-        model = json.load(f)
+        model = jsontext.loads(f.read())
     if not isinstance(model, dict) or not isinstance(model.get("nvml"), dict):
         raise ValueError("%s: no \"nvml\" object at the top level" % path)
     return SimNvml(model["nvml"])

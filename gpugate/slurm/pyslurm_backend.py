@@ -108,7 +108,6 @@ class PyslurmSlurm(NodeUpdates):
             raise SlurmError("pyslurm worker not started: no time left in this run's budget")
         ends = time.monotonic() + limit
         env = dict(self.env)
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
         self._stderr = tempfile.TemporaryFile()
         try:
             # -I: no PYTHON* variables, no user site, no current directory on
