@@ -10,8 +10,6 @@ calls them as json does, with json's defaults, and falls back to the json
 package where ``_json`` is missing or refuses (another interpreter).
 Same values in, same text out (tests/test_jsontext.py compares them)."""
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing costs the prolog milliseconds
     from typing import Any, Callable, Optional
@@ -45,7 +43,7 @@ if _json is not None:
         _scan = None
 
 
-def loads(text) -> Any:
+def loads(text) -> "Any":
     """json.loads(text) for str or UTF-8 bytes; ValueError when it is not JSON."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
@@ -81,8 +79,8 @@ def _refused(text: str, what: str, at: int):
     raise ValueError("%s: char %d" % (what, at))  # pragma: no cover - json refuses what _json refused
 
 
-def dumps(value, sort_keys: bool = False, separators: Optional[tuple] = None,
-          default: Optional[Callable] = None) -> str:
+def dumps(value, sort_keys: bool = False, separators: "Optional[tuple]" = None,
+          default: "Optional[Callable]" = None) -> str:
     """json.dumps(value, sort_keys=..., separators=..., default=...) with
     json's other defaults (ASCII, NaN allowed, circular references refused)."""
     item, key = separators if separators is not None else (", ", ": ")

@@ -30,6 +30,7 @@ _WRAPPER_ASSIGNMENTS = {
     (3, 11): ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__"),
     (3, 12): ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"),
     (3, 13): ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__", "__type_params__"),
+    (3, 14): ("__module__", "__name__", "__qualname__", "__doc__", "__annotate__", "__type_params__"),
 }
 _STAND_INS = ("ctypes.util", "string", "threading") + (
     ("functools",) if sys.version_info[:2] in _WRAPPER_ASSIGNMENTS else ())

@@ -315,10 +315,14 @@ def test_pynvml_loads_without_ctypes_util_string_or_threading_and_is_the_same_mo
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded, util_real, string_real, find_same, string_same, same, names, lock_same, threading_real = \
         json.loads(out.stdout)
-    assert loaded in ([], ["collections", "functools"]) and util_real and string_real and find_same and string_same
-    assert same and lock_same and threading_real
+    # Elsewhere the real functools loads, and 3.14's ctypes loads sysconfig, which
+    # makes a threading.RLock: the stand-in hands it the real module.
+    assert set(loaded) <= {"collections", "functools", "threading"}
+    assert util_real and string_real and find_same and string_same and same and lock_same and threading_real
     if sys.version_info[:2] in _WRAPPER_ASSIGNMENTS:
-        assert loaded == []  # functools stood in too
+        assert not {"functools", "collections"} & set(loaded)  # functools stood in too
+    if sys.version_info[:2] <= (3, 13):
+        assert loaded == []
     plain = subprocess.run([sys.executable, "-c", "import json, pynvml; print(json.dumps(sorted("
                             "n for n in dir(pynvml) if not n.startswith('__'))))"],
                            capture_output=True, text=True, timeout=60, check=True)
