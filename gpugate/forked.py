@@ -124,16 +124,25 @@ def _reap(pid: int) -> None:
             _EXITING.append(child)
 
 
-def finish() -> None:
-    """Wait for the children that answered and are exiting (not the ones
-    killed at a deadline: one stuck in the kernel may never go).  Before
-    this process ends: its own resource use then counts theirs, and no
-    zombie is left behind."""
+def finish(limit: float = 2.0) -> None:
+    """Wait, at most ``limit`` seconds, for the children that answered and
+    are exiting (not the ones killed at a deadline: one stuck in the kernel
+    may never go).  Before this process ends: its own resource use then
+    counts theirs.  A child whose exit stalls (closing a wedged GPU's device
+    can block) is left to init."""
+    ends = time.monotonic() + limit
     while _EXITING:
-        try:
-            os.waitpid(_EXITING.pop(), 0)
-        except ChildProcessError:
-            pass
+        for child in list(_EXITING):
+            try:
+                done, _ = os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                done = child
+            if done:
+                _EXITING.remove(child)
+        if _EXITING:
+            if time.monotonic() >= ends:
+                return
+            time.sleep(0.0005)
 
 
 def _orders(prepare, fd: int):

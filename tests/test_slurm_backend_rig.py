@@ -126,24 +126,33 @@ def test_batch_jobs_through_either_backend_read_the_same(cluster, tmp_path):
     cluster.scontrol("create", "reservation", "ReservationName=gpugate_test_jobs", "Nodes=gpu02", "StartTime=now",
                      "Duration=UNLIMITED", "Users=root", "Flags=MAINT,IGNORE_JOBS")
     try:
-        submitted = {}
+        submitted, codes = {}, {}
         for name, backend in (("commands", commands), ("pyslurm", pyslurm)):
-            submitted[name] = jobs.submit(backend, ["/bin/sh", "-c", "echo hello from $SLURM_JOB_NODELIST; exit 3"],
-                                          "gpu02", "gpugate_test_jobs", 2, str(out_dir / (name + ".out")),
-                                          "gpugate-test-" + name)
+            # 3, and 255 (an MPI launcher's: pyslurm alone would say 127, "command not found")
+            for code in (3, 255):
+                key = "%s-%d" % (name, code)
+                submitted[key] = jobs.submit(
+                    backend, ["/bin/sh", "-c", "echo hello from $SLURM_JOB_NODELIST; exit %d" % code], "gpu02",
+                    "gpugate_test_jobs", 2, str(out_dir / (key + ".out")), "gpugate-test-" + name)
+                codes[submitted[key]] = code
         ids = sorted(submitted.values())
 
         def ended():
             return all(s.ended for s in commands.job_states(ids).values())
-        cluster.wait_for(ended, 60, "both jobs to end")
+        cluster.wait_for(ended, 90, "the jobs to end")
         seen_c, seen_p = commands.job_states(ids), pyslurm.job_states(ids)
         for job in ids:
             assert (seen_p[job].state, seen_p[job].exit_code) == (seen_c[job].state, seen_c[job].exit_code), job
-            assert seen_c[job].state == "FAILED" and seen_c[job].exit_code == 3
-        for name in submitted:
-            assert (out_dir / (name + ".out")).read_text() == "hello from gpu02\n"
+            assert seen_c[job].state == "FAILED" and seen_c[job].exit_code == codes[job]
+        for key in submitted:
+            assert (out_dir / (key + ".out")).read_text() == "hello from gpu02\n"
         assert pyslurm.job_states(["999999"])["999999"].state == jobs.GONE
 
+        # A user's job waiting for gpu02 (held by the reservation) is not the
+        # sweep's to cancel: scancel --nodelist matches the nodes a job was given.
+        waiting = cluster.run(["/usr/bin/sbatch", "--parsable", "-w", "gpu02", "-o", "/dev/null", "--wrap",
+                               "true"]).stdout.strip().split(";")[0]
+        cluster.wait_for(lambda: commands.job_states([waiting])[waiting].state == "PENDING", 30, "a pending job")
         # A job left running is cancelled by name (the sweep's rerun), then by node (--force).
         for cancel in (lambda: pyslurm.cancel_named("gpugate-test-long", "gpugate_test_jobs"),
                        lambda: pyslurm.cancel_jobs("gpu02")):
@@ -153,6 +162,8 @@ def test_batch_jobs_through_either_backend_read_the_same(cluster, tmp_path):
             cancel()
             cluster.wait_for(lambda: commands.job_states([job])[job].ended, 60, "the long job cancelled")
             assert commands.job_states([job])[job].state == "CANCELLED"
+        assert commands.job_states([waiting])[waiting].state == "PENDING"
+        cluster.run(["/usr/bin/scancel", waiting])
         with pytest.raises(SlurmError) as err:
             jobs.submit(pyslurm, ["/bin/true"], "gpu02", "gpugate_test_jobs", 1, str(out_dir / "x.out"), "x",
                         extra=["--no-such-option=1"])

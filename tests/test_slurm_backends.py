@@ -215,3 +215,103 @@ def test_no_call_starts_without_time_left():
     with pytest.raises(SlurmError) as err:
         backend.nodes("gpu01")
     assert "no time left" in str(err.value) and backend._proc is None
+
+
+# ------------------------------------------- the protocol with a worker double
+#
+# The real worker needs pyslurm (Slurm 25.11: test_slurm_backend_rig.py);
+# here a stand-in speaks the same frames, to test what the caller does with
+# a slow start, an interrupted call and a late answer.
+
+_WORKER = r'''
+import os, sys, time
+from gpugate.slurm.wire import WireClosed, read_frame, write_frame
+start_delay, answer_delay, log = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+answers = os.dup(1)
+os.dup2(2, 1)
+time.sleep(start_delay)
+write_frame(answers, (0, "ok", {"pyslurm": "25.11.2", "pid": os.getpid()}))
+while True:
+    try:
+        number, op, args = read_frame(0)
+    except WireClosed:
+        sys.exit(0)
+    with open(log, "a") as handle:
+        handle.write("%d %s %d\n" % (os.getpid(), op, number))
+    time.sleep(answer_delay)
+    write_frame(answers, (number, "ok", [op, os.getpid()]))
+'''
+
+
+@pytest.fixture
+def double(tmp_path):
+    """(make backend, log of the requests the doubles received)."""
+    os.chmod(tmp_path, 0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "sinfo").write_text('#!/bin/sh\necho "slurm 25.11.7"\n')
+    (bindir / "sinfo").chmod(0o755)
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    log = tmp_path / "requests.log"
+    log.write_text("")
+
+    def make(start_delay=0.0, answer_delay=0.0, timeout=5.0, deadline=None):
+        python = tmp_path / ("python-%s-%s" % (start_delay, answer_delay))
+        python.write_text('#!/bin/sh\nexec %s %s %s %s %s\n' % (sys.executable, script, start_delay, answer_delay, log))
+        python.chmod(0o755)
+        backend = PyslurmSlurm(str(bindir), {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.getcwd()}, timeout,
+                               deadline=deadline, python=str(python))
+        return backend
+    return make, log
+
+
+def _requests(log):
+    return [line.split() for line in log.read_text().splitlines()]
+
+
+def test_an_interrupted_call_never_hands_its_answer_to_the_next(double):
+    import signal
+
+    make, log = double
+    backend = make(answer_delay=1.0)
+    assert backend._call("reservations")[0] == "reservations"
+    first = backend._proc.pid
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backend._call("nodes", None)  # ctrl-C while its answer is on the way
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert backend._proc is None  # that worker is gone...
+    answer = backend._call("unreserve", "r1")
+    assert answer[0] == "unreserve" and answer[1] != first  # ...and the next call has its own answer
+    backend.close()
+
+
+def test_a_slow_worker_start_leaves_the_call_its_own_time_or_sends_nothing(double):
+    make, log = double
+    backend = make(start_delay=1.5, timeout=1.0)  # a start may take START_SECONDS, the call keeps its 1 s
+    assert backend._call("reservations")[0] == "reservations"
+    backend.close()
+    short = make(start_delay=1.5, timeout=30.0, deadline=time.monotonic() + 1.8)
+    with pytest.raises(SlurmError) as err:
+        short._call("update_nodes", "gpu01", "DRAIN", "gpugate: x")
+    assert "not started: no time left" in str(err.value)
+    assert [r for r in _requests(log) if r[1] == "update_nodes"] == []  # never sent
+    short.close()
+
+
+def test_a_late_answer_is_a_timeout_and_the_worker_is_replaced(double):
+    make, log = double
+    backend = make(answer_delay=3.0, timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(SlurmError) as err:
+        backend._call("reservations")
+    assert time.monotonic() - started < 2.5 and "no answer within 1.0 s" in str(err.value)
+    assert backend._proc is None

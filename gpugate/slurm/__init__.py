@@ -16,7 +16,8 @@ def connect(settings, timeout=None, deadline=None):
     deadline (time.monotonic()): every call's timeout is cut to the time
     left, and no call starts once it has passed (node-side runs must end
     before slurmd kills them).  ``backend = "pyslurm"`` raises SlurmError
-    (PyslurmMismatch) when pyslurm cannot be used: never half-used."""
+    (PyslurmMismatch) when pyslurm cannot be used: never half-used; ``auto``
+    then takes the commands, and says why."""
     from .commands import CommandSlurm
 
     slurm = settings.slurm
@@ -28,12 +29,13 @@ def connect(settings, timeout=None, deadline=None):
         backend = CommandSlurm(*args, deadline=deadline)
         backend.why = "configured"
         return backend
-    from .pyslurm_backend import PyslurmMismatch, PyslurmSlurm
+    from ..errors import SlurmError
+    from .pyslurm_backend import PyslurmSlurm
 
     backend = PyslurmSlurm(*args, deadline=deadline)
     try:
         backend.start()
-    except PyslurmMismatch as exc:
+    except SlurmError as exc:  # pyslurm cannot be used, or its worker did not start in time
         if wanted == PYSLURM:
             raise
         fallback = CommandSlurm(*args, deadline=deadline)

@@ -18,10 +18,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import SlurmError
+from ..errors import ParseError, SlurmError
 from .base import NodeUpdates
 from .commands import MIN_CALL_SECONDS, CommandSlurm, _only
 from .jobs import ENDED, GONE, JobState
@@ -89,6 +90,9 @@ class PyslurmSlurm(NodeUpdates):
         self.pyslurm_version = ""
         self._proc: Optional[subprocess.Popen] = None
         self._stderr = None
+        # One request in flight on the worker's pipes: callers in threads wait their turn.
+        self._lock = threading.Lock()
+        self._sent = 0  # requests sent; the worker echoes each one's number
         # Every call, in scontrol's words, appended to this file: what a
         # logging shim in front of scontrol shows of the command backend.
         self.trace = os.environ.get("GPUGATE_SLURM_TRACE", "")
@@ -119,7 +123,7 @@ class PyslurmSlurm(NodeUpdates):
             self._stderr.close()
             raise PyslurmMismatch("cannot start the pyslurm worker (%s): %s" % (self.python, exc)) from None
         try:
-            status, *rest = read_frame(self._proc.stdout.fileno(), ends)
+            _, status, *rest = read_frame(self._proc.stdout.fileno(), ends)  # the hello: request 0
         except (WireClosed, WireTimeout) as exc:
             why = self._abandon()
             if isinstance(exc, WireTimeout):
@@ -139,6 +143,10 @@ class PyslurmSlurm(NodeUpdates):
 
     def close(self) -> None:
         """Let the worker go: it leaves when its requests pipe closes."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -186,35 +194,54 @@ class PyslurmSlurm(NodeUpdates):
             pass  # stuck in the kernel: the kernel reaps it later
 
     def _call(self, op: str, *args, timeout: Optional[float] = None):
-        limit = min(timeout or self.timeout, self.time_left())
-        if limit < MIN_CALL_SECONDS:
-            raise SlurmError("pyslurm %s not started: no time left in this run's budget (gpugate retries on its "
-                             "next run)" % op)
+        with self._lock:
+            return self._call_alone(op, args, timeout)
+
+    def _call_alone(self, op: str, args: tuple, timeout: Optional[float]):
         started = time.monotonic()
-        self.start(limit)
-        limit = min(limit, self.time_left()) - (time.monotonic() - started)
+        self.start(self._limit(op, timeout))
+        limit = self._limit(op, timeout)  # the call's own time, after a start that took some
         self.calls += 1
+        self._sent += 1
         if self.trace:
             _trace(self.trace, op, args)
         try:
-            write_frame(self._proc.stdin.fileno(), (op, args))
-            answer = read_frame(self._proc.stdout.fileno(), time.monotonic() + max(limit, 0.0))
+            write_frame(self._proc.stdin.fileno(), (self._sent, op, args))
+            answer = read_frame(self._proc.stdout.fileno(), time.monotonic() + limit)
         except WireTimeout:
             why = self._abandon()
             raise SlurmError("pyslurm %s: no answer within %.1f s (is slurmctld up? gpugate retries on its next "
-                             "run)%s" % (op, max(limit, 0.0), why if why.startswith(":") else "")) from None
+                             "run)%s" % (op, limit, why if why.startswith(":") else "")) from None
         except (WireClosed, OSError) as exc:
             why = self._abandon()
             raise SlurmError("pyslurm worker died during %s (%s)%s" % (op, exc, why)) from None
+        except BaseException:
+            # Interrupted (ctrl-C, ...) with an answer on its way: this worker
+            # would hand it to the next call.  It goes; the next call starts another.
+            self._abandon()
+            raise
         finally:
             self.slowest = max(self.slowest, time.monotonic() - started)
-        if answer[0] == "ok":
-            return answer[1]
-        kind, message = answer[1], answer[2]
+        if not isinstance(answer, tuple) or len(answer) < 3 or answer[0] != self._sent:
+            self._abandon()
+            raise SlurmError("pyslurm %s: the worker answered another request (%r): worker replaced" % (
+                op, answer[:1] if isinstance(answer, tuple) else type(answer).__name__))
+        if answer[1] == "ok":
+            return answer[2]
+        kind, message = answer[2], answer[3] if len(answer) > 3 else ""
         hint = ""
         if kind == "rpc" and ("Unable to contact slurm controller" in message or "Connection refused" in message):
             hint = " (is slurmctld up? gpugate retries on its next run)"
         raise SlurmError("pyslurm %s: %s%s" % (op, message, hint))
+
+    def _limit(self, op: str, timeout: Optional[float]) -> float:
+        """This call's time: its timeout cut to the run's; SlurmError when
+        too little is left to start it."""
+        limit = min(timeout or self.timeout, self.time_left())
+        if limit < MIN_CALL_SECONDS:
+            raise SlurmError("pyslurm %s not started: no time left in this run's budget (gpugate retries on its "
+                             "next run)" % op)
+        return limit
 
     # -- the interface every backend has ------------------------------------
 
@@ -223,7 +250,11 @@ class PyslurmSlurm(NodeUpdates):
 
     def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
         single = bool(names) and not any(c in names for c in "[],")
-        return _only(parse_node_records(self._call("nodes", names if single else None)), names)
+        records = self._call("nodes", names if single else None)
+        try:
+            return _only(parse_node_records(records), names)
+        except ParseError as exc:  # as the command backend says of output it cannot read
+            raise SlurmError("cannot read node states: %s" % exc) from None
 
     def update(self, names: str, state: str, reason: Optional[str] = None) -> None:
         self._call("update_nodes", names, state, reason)
@@ -268,10 +299,18 @@ class PyslurmSlurm(NodeUpdates):
 
     def job_states(self, jobs: List[str]) -> Dict[str, JobState]:
         found = self._call("jobs", list(jobs))
-        states = {}
+        states, ended = {}, []
         for job in jobs:
             info = found.get(job)
-            states[job] = JobState(job, GONE) if info is None else JobState(job, info[0], info[1], info[2], info[3])
+            states[job] = JobState(job, GONE) if info is None else JobState(job, info[0], None, info[1], info[2])
+            if info is not None and states[job].ended:
+                ended.append(job)
+        if ended:
+            # pyslurm takes 128 off an exit code of 128 and over, and reads
+            # none as 0: the script's own code comes from scontrol, once.
+            for job, told in self.tools.job_states(ended).items():
+                if told.state != GONE:
+                    states[job] = told
         return states
 
     def cancel_job_ids(self, jobs: List[str]) -> None:

@@ -7,10 +7,12 @@ libslurm can hold the interpreter in a call that does not return
 exits the whole process on a slurm.conf it cannot read; gpugate kills a
 worker that misses its deadline and starts another for the next call.
 
-Answers are plain values only.  A request is ``(operation, args)``; an
-answer ``("ok", value)`` or ``("error", kind, message)`` with kind
-``"rpc"`` (slurmctld refused or did not answer), ``"refused"`` (gpugate
-will not send it) or ``"internal"``."""
+Answers are plain values only.  A request is ``(number, operation, args)``;
+its answer ``(number, "ok", value)`` or ``(number, "error", kind, message)``
+with kind ``"rpc"`` (slurmctld refused or did not answer), ``"refused"``
+(gpugate will not send it) or ``"internal"``: gpugate checks the number, so
+an answer never reaches another request.  The first frame, unasked, is
+number 0: pyslurm's version, or why it does not load."""
 
 import os
 import sys
@@ -107,7 +109,10 @@ class Api:
                     found[job_id] = None
                     continue
                 raise
-            found[job_id] = (job.state or "UNKNOWN", job.exit_code, job.exit_code_signal or 0, job.state_reason or "")
+            # pyslurm's exit code is not the batch script's for codes of 128
+            # and over (it takes 128 off) nor for none (0): gpugate reads an
+            # ended job's exit code with scontrol.
+            found[job_id] = (job.state or "UNKNOWN", job.exit_code_signal or 0, job.state_reason or "")
         return found
 
     def op_cancel(self, job_ids):
@@ -120,9 +125,9 @@ class Api:
                     raise
 
     def op_jobs_now(self):
-        """Every job slurmctld knows: id -> (name, reservation, nodes, state)."""
-        return {str(job.id): (job.name or "", job.reservation or "", job.allocated_nodes or job.required_nodes or "",
-                              job.state or "")
+        """Every job slurmctld knows: id -> (name, reservation, the nodes it
+        was given ("" while pending: scancel --nodelist matches only those), state)."""
+        return {str(job.id): (job.name or "", job.reservation or "", job.allocated_nodes or "", job.state or "")
                 for job in self.pyslurm.Jobs.load().values()}
 
 
@@ -167,25 +172,28 @@ def _load():
 def serve(requests_fd: int, answers_fd: int) -> int:
     try:
         api = _load()
-        write_frame(answers_fd, ("ok", api.op_hello()))
+        write_frame(answers_fd, (0, "ok", api.op_hello()))
     except Exception as exc:  # pyslurm missing or built for another Slurm
-        write_frame(answers_fd, ("error", "import", "%s: %s" % (type(exc).__name__, exc)))
+        write_frame(answers_fd, (0, "error", "import", "%s: %s" % (type(exc).__name__, exc)))
         return 1
     rpc_error = api.pyslurm.RPCError
     while True:
         try:
-            op, args = read_frame(requests_fd)
+            number, op, args = read_frame(requests_fd)
         except WireClosed:
             return 0  # gpugate is done with us
         try:
-            answer = ("ok", getattr(api, "op_" + op)(*args))
+            answer = (number, "ok", getattr(api, "op_" + op)(*args))
         except Refused as exc:
-            answer = ("error", "refused", str(exc))
+            answer = (number, "error", "refused", str(exc))
         except rpc_error as exc:
-            answer = ("error", "rpc", str(exc))
+            answer = (number, "error", "rpc", str(exc))
         except Exception as exc:  # a bug here must reach gpugate as an error, not a dead pipe
-            answer = ("error", "internal", "%s: %s" % (type(exc).__name__, exc))
-        write_frame(answers_fd, answer)
+            answer = (number, "error", "internal", "%s: %s" % (type(exc).__name__, exc))
+        try:
+            write_frame(answers_fd, answer)
+        except ValueError:  # not plain values: a bug of ours, said as one
+            write_frame(answers_fd, (number, "error", "internal", "unmarshallable answer to %s" % op))
 
 
 def main() -> int:
