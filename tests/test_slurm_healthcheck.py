@@ -6,6 +6,7 @@ import time
 import pytest
 
 from gpugate.testbed import slurm_version
+from gpugate.testbed.files import rig_backend
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 5
@@ -28,6 +29,9 @@ def test_drifted_node_drained_within_two_intervals_healthy_untouched(cluster):
     for node in ("gpu01", "gpu03"):
         assert cluster.state(node) == "idle" and cluster.reason(node) == ""
     assert took < 2 * INTERVAL + 15
+    # The log line names the Slurm backend that drained (the rig's: both on 25.11).
+    acted = [r for r in cluster.log_records("gpu02") if r.get("action") == "drain"]
+    assert acted and acted[-1]["backend"] == rig_backend(), acted[-1:]
 
 
 def test_admin_drain_is_never_overwritten_nor_resumed(cluster):
