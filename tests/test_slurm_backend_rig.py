@@ -175,8 +175,7 @@ def test_batch_jobs_through_either_backend_read_the_same(cluster, tmp_path):
 
 @pytest.mark.parametrize("name", ["commands", "pyslurm"])
 def test_a_stopped_slurmctld_costs_a_call_its_deadline_and_no_more(cluster, name):
-    if name == "pyslurm":
-        backend = _backend(cluster, name, timeout=3.0)
+    backend = _backend(cluster, name, timeout=3.0)
     pid = cluster.pids()["slurmctld"]
     os.kill(pid, signal.SIGSTOP)
     try:
