@@ -274,14 +274,14 @@ def test_an_interrupted_call_never_hands_its_answer_to_the_next(double):
     import signal
 
     make, log = double
-    backend = make(answer_delay=1.0)
+    backend = make(answer_delay=0.5)
     assert backend._call("reservations")[0] == "reservations"
     first = backend._proc.pid
 
     def interrupt(*_):
         raise KeyboardInterrupt
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    signal.setitimer(signal.ITIMER_REAL, 0.15)
     try:
         with pytest.raises(KeyboardInterrupt):
             backend._call("nodes", None)  # ctrl-C while its answer is on the way
@@ -296,22 +296,23 @@ def test_an_interrupted_call_never_hands_its_answer_to_the_next(double):
 
 def test_a_slow_worker_start_leaves_the_call_its_own_time_or_sends_nothing(double):
     make, log = double
-    backend = make(start_delay=1.5, timeout=1.0)  # a start may take START_SECONDS, the call keeps its 1 s
+    backend = make(start_delay=0.8, timeout=0.6)  # a start may take START_SECONDS, the call keeps its 0.6 s
     assert backend._call("reservations")[0] == "reservations"
     backend.close()
-    short = make(start_delay=1.5, timeout=30.0, deadline=time.monotonic() + 1.8)
+    short = make(start_delay=0.8, timeout=30.0, deadline=time.monotonic() + 1.0)
     with pytest.raises(SlurmError) as err:
         short._call("update_nodes", "gpu01", "DRAIN", "gpugate: x")
-    assert "not started: no time left" in str(err.value)
+    # Started with less than 0.5 s left (or, on a loaded machine, not in the second at all).
+    assert "not started: no time left" in str(err.value) or "did not start within" in str(err.value)
     assert [r for r in _requests(log) if r[1] == "update_nodes"] == []  # never sent
     short.close()
 
 
 def test_a_late_answer_is_a_timeout_and_the_worker_is_replaced(double):
     make, log = double
-    backend = make(answer_delay=3.0, timeout=1.0)
+    backend = make(answer_delay=2.0, timeout=0.6)
     started = time.monotonic()
     with pytest.raises(SlurmError) as err:
         backend._call("reservations")
-    assert time.monotonic() - started < 2.5 and "no answer within 1.0 s" in str(err.value)
+    assert time.monotonic() - started < 2.0 and "no answer within 0.6 s" in str(err.value)
     assert backend._proc is None
