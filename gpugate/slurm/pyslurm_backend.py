@@ -123,19 +123,24 @@ class PyslurmSlurm(NodeUpdates):
             self._stderr.close()
             raise PyslurmMismatch("cannot start the pyslurm worker (%s): %s" % (self.python, exc)) from None
         try:
-            _, status, *rest = read_frame(self._proc.stdout.fileno(), ends)  # the hello: request 0
+            hello = read_frame(self._proc.stdout.fileno(), ends)  # request 0, unasked
         except (WireClosed, WireTimeout) as exc:
             why = self._abandon()
             if isinstance(exc, WireTimeout):
                 raise SlurmError("pyslurm worker did not start within %.1f s%s" % (limit, why)) from None
             raise PyslurmMismatch("pyslurm worker exited at start%s" % why) from None
-        if status != "ok":
+        except BaseException:  # interrupted: a worker never checked is never used
             self._abandon()
-            raise PyslurmMismatch("pyslurm does not load: %s" % rest[-1])
-        version = str(rest[0]["pyslurm"])
+            raise
         try:
+            if hello[1] != "ok":
+                raise PyslurmMismatch("pyslurm does not load: %s" % hello[-1])
+            version = str(hello[2]["pyslurm"])
             check_release(version, self.tools.version(), self.tools.bin_dir)
-        except SlurmError:
+        except (IndexError, KeyError, TypeError) as exc:
+            self._abandon()
+            raise PyslurmMismatch("the pyslurm worker's first answer is not its version (%s)" % exc) from None
+        except BaseException:
             self._abandon()
             raise
         self.pyslurm_version = version
