@@ -16,6 +16,10 @@ from .record import dataclass
 # Exit codes that still come with a valid answer on stdout (dcgmi diag: a test
 # failed / an isolate-class failure).  Callers pass them in ``ok_codes``.
 _KILL_GRACE = 1.0
+# The calls in flight, by pid: a run that leaves at its deadline while a
+# tool still hangs stops their process groups (stop_running), or a hung
+# dcgmi would outlive every health check that started one.
+_running = {}
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,15 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
         raise CommandError(argv, "%s: cannot start (%s)" % (argv[0], exc)) from None
     finally:
         os.close(fd)
+    _running[proc.pid] = proc
     try:
         out, err = proc.communicate(input_text, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise CommandError(argv, "%s: timed out after %.1fs" % (argv[0], timeout),
                            timed_out=True) from None
+    finally:
+        _running.pop(proc.pid, None)
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")
     if proc.returncode not in ok_codes:
@@ -95,3 +102,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             continue
     # A process stuck in the kernel (D state) cannot be reaped; leave it.
+
+
+def stop_running() -> None:
+    """SIGKILL the process group of every call still in flight: this
+    process is leaving (a node-side run at its deadline) and will read none
+    of their answers.  The threads waiting on them end with the process."""
+    for proc in list(_running.values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

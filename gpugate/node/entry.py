@@ -96,8 +96,9 @@ def leave(code: int) -> None:
     """Exit without the interpreter's teardown (freeing every module loaded:
     about 1.5 ms of every job's prolog).  Everything gpugate writes is closed
     by then (state files, the log line); the forked NVML reader has answered
-    (and is reaped here) or been killed; no atexit handler is registered on
-    these paths."""
+    (and is reaped here) or been killed; a tool still running at the
+    deadline is killed with its process group; no atexit handler is
+    registered on these paths."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -106,6 +107,9 @@ def leave(code: int) -> None:
     forked = sys.modules.get("gpugate.forked")
     if forked is not None:
         forked.finish()  # the NVML reader that answered: exiting meanwhile, reaped here
+    runner = sys.modules.get("gpugate.runner")
+    if runner is not None:
+        runner.stop_running()  # a tool still hanging at the deadline: not left behind
     os._exit(code)
 
 
