@@ -107,6 +107,7 @@ def fit(cluster, node):
     return json.loads(result.stdout)["fit"]
 
 
+@pytest.mark.long
 def test_six_of_eight_drifted_converged_in_batches_under_the_floor(new_cluster):
     cluster = new_cluster(sweep={"floor": 0.5})
     drifted = drift_and_drain(cluster, "gpu[01-06]")
@@ -133,6 +134,7 @@ def test_six_of_eight_drifted_converged_in_batches_under_the_floor(new_cluster):
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
 
 
+@pytest.mark.long
 def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     cluster = new_cluster(nodes=4)
     drift_and_drain(cluster, "gpu02")
@@ -172,6 +174,7 @@ def test_admin_reason_change_during_the_sweep_is_never_resumed(new_cluster):
     assert journal_rows(cluster)["gpu03"][:2] == ("left", "done")
 
 
+@pytest.mark.long
 def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
     cluster = new_cluster(nodes=6, sweep={"floor": 0, "max_batch": 2, "circuit_breaker": 2})
     drifted = drift_and_drain(cluster, "gpu[01-04]")
@@ -308,10 +311,7 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
                             stderr=subprocess.PIPE, text=True, env=cluster.env)
     cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
                      ("gpu02", "verify", "started", 1) in journal_events(cluster, "gpu02"), 120, "verify to start")
-    reboot = subprocess.run([cluster.path("bin", "reboot")], env=dict(cluster.env, SLURMD_NODENAME="gpu02"),
-                            capture_output=True, text=True, timeout=60)
-    assert reboot.returncode == 0, reboot.stderr
-    cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
+    cluster.reboot_node("gpu02", "driver=550.54.15")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "Traceback" not in err, err
     result = json.loads(out)["outcomes"]["gpu02"]["result"]
@@ -323,7 +323,7 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
                      "gpu02 drained again or fit")
     reason = cluster.reason("gpu02")
     if drain_flag(cluster, "gpu02"):
-        assert reason.startswith(("gpugate: drift driver=550.54.15", "gpugate: rma ")), reason
+        assert reason.startswith(("gpugate: drift driver=550.54.15", "gpugate: rma ")), (reason, result, events)
     else:
         assert fit(cluster, "gpu02") and result == "resumed"
         resumed_at = max(i for i, e in enumerate(events) if e[1] == "resume")

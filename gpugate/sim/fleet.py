@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
 from . import ib as sim_ib
-from . import outputs
+from . import outputs, quiet
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
@@ -52,6 +52,7 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
     directory = node_dir(fleet, node)
+    quiet.wait_quiet(node)  # no check reads the change half-written
     os.makedirs(directory, mode=0o755, exist_ok=True)
     _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
     render(directory, model)

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from ..sim import quiet
 from . import files
 from .procs import BIN, SBIN, ClusterError, _is_ours, _pid_alive, free_ports, slurm_version
 
@@ -209,6 +210,18 @@ class Cluster:
 
     def stop_slurmd(self, name: str) -> None:
         self._stop_pid("slurmd-" + name)
+
+    def reboot_node(self, name: str, *assignments: str) -> None:
+        """An unplanned reboot that changes the node (e.g. into an old
+        driver): slurmd stops and the checks it started end, the simulated
+        node reboots with ``assignments`` in one write, slurmd comes back
+        with -b.  No check reads the change half-made, as none runs on a
+        real node that is rebooting (a `sim set driver=` on a live node can be
+        read half-written: one version loaded, the other on disk)."""
+        self.stop_slurmd(name)
+        self._wait(lambda: not quiet.runs_for(name), 60, "the checks slurmd-%s started to end" % name)
+        self.sim("set", "FLEET", name, *assignments, "reboot=1")
+        self.start_slurmd(name, boot=True)
 
     def _stop_pid(self, what: str, timeout: float = 15.0) -> None:
         pid = self.pids().get(what)
