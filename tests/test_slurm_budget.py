@@ -46,6 +46,7 @@ def _held(cluster, node, since):
     return [r for r in cluster.log_records(node)[since[node]:] if r.get("action") == "held"]
 
 
+@pytest.mark.long
 def test_wrong_pin_everywhere_drains_only_the_budget_and_xid79_still_drains(cluster):
     cluster.sim("set", "FLEET", "gpu03", "gpu.3.xid=79")
     cluster.wait_for(lambda: cluster.reason("gpu03").startswith("gpugate: health"), 3 * INTERVAL + 20,
