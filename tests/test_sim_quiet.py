@@ -12,6 +12,16 @@ from gpugate.sim import quiet
 SLEEPER = "import time, sys; time.sleep(float(sys.argv[1]))\n"
 
 
+def seen(proc, node, within=10.0):
+    """The sleeper is listed as a run for ``node`` (it takes a moment to exec)."""
+    deadline = time.monotonic() + within
+    while proc.pid not in quiet.runs_for(node):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def start(tmp_path, name, node, seconds):
     """A process named like a gpugate entry point (or not), started with
     slurmd's SLURMD_NODENAME, that reads nothing and sleeps."""
@@ -26,11 +36,8 @@ def test_runs_for_names_the_checks_of_that_node_only(tmp_path):
     other_node = start(tmp_path, "gpugate-prolog", "gpu08", 30)
     not_gpugate = start(tmp_path, "slurmd", "gpu07", 30)
     try:
-        deadline = time.monotonic() + 10
-        while check.pid not in quiet.runs_for("gpu07") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert check.pid in quiet.runs_for("gpu07")
-        assert other_node.pid not in quiet.runs_for("gpu07") and other_node.pid in quiet.runs_for("gpu08")
+        assert seen(check, "gpu07")
+        assert seen(other_node, "gpu08") and other_node.pid not in quiet.runs_for("gpu07")
         assert not_gpugate.pid not in quiet.runs_for("gpu07")
     finally:
         for proc in (check, other_node, not_gpugate):
@@ -42,8 +49,7 @@ def test_runs_for_names_the_checks_of_that_node_only(tmp_path):
 def test_a_save_waits_for_the_running_check_then_writes(fleet, tmp_path):
     check = start(tmp_path, "gpugate-healthcheck", "gpu02", 2)
     try:
-        while check.pid not in quiet.runs_for("gpu02"):
-            time.sleep(0.02)
+        assert seen(check, "gpu02")
         result = gpugate_cmd("sim", "set", fleet, "gpu02", "driver=550.54.15")
         assert result.returncode == 0, result.stderr
         # Written after the check ended, not during it.
@@ -58,8 +64,7 @@ def test_a_save_waits_for_the_running_check_then_writes(fleet, tmp_path):
 def test_a_hung_check_delays_a_save_only_so_long(tmp_path):
     check = start(tmp_path, "gpugate-epilog", "gpu03", 60)
     try:
-        while check.pid not in quiet.runs_for("gpu03"):
-            time.sleep(0.02)
+        assert seen(check, "gpu03")
         t0 = time.monotonic()
         quiet.wait_quiet("gpu03", timeout=0.5)
         assert 0.5 <= time.monotonic() - t0 < 5 and check.poll() is None
