@@ -7,7 +7,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
 EXAMPLE_BASELINE = os.path.join(ROOT, "slurm_conf", "baseline.example.toml")
-SAMPLES = os.path.join(os.path.dirname(ROOT), "shared", "samples")
+# Real tool outputs the tests parse, each with NAME.src.txt (or SOURCE.txt
+# in a directory) saying where it came from: in the repository, so a bare
+# clone runs every test (../shared/samples is where they were collected).
+SAMPLES = os.path.join(ROOT, "tests", "fixtures")
 
 
 def gpugate_cmd(*args, check=False, timeout=120, env=None):
@@ -49,6 +52,19 @@ def settings_for():
         base = parse_settings({}, "(test)")
         return replace(base, sim_fleet=fleet_dir, baseline=baseline, **extra)
     return make
+
+
+def require_vendored(path, what):
+    """``path`` (a third-party source tarball from ../shared/vendor, which a
+    bare clone has not beside it), or skip saying so; under CI (CI=true),
+    which lays shared/ beside its clone, its absence fails the run."""
+    if path:
+        return path
+    message = ("%s: no tarball in ../shared/vendor/ beside this checkout (a bare clone has none; "
+               "put the source there to run this test)" % what)
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + "; CI=true: CI must have it", pytrace=False)
+    pytest.skip(message)
 
 
 def _require_slurm():

@@ -1,8 +1,9 @@
 """nccl-tests output: the parser (gpugate.parsers.nccl) and the smoke verdict
 (gpugate.judges.smoke).
 
-Table tests read the real captures in ../shared/samples (each with a
-.src.txt saying where it came from); the per-form tests build on real lines
+Table tests read the real captures in tests/fixtures (each with a
+.src.txt saying where it came from; the five the simulated nodes replay are
+read from gpugate/data/smoke/, the same bytes, sources in its SOURCES.txt); the per-form tests build on real lines
 from those captures and from public nccl-tests issues (quoted below), with
 the launcher prefixes srun, Open MPI, MPICH and pdsh put before each line.
 """
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from gpugate.judges.smoke import SmokeVerdict, first_error, gbps, judge_smoke
 from gpugate.parsers.nccl import MAX_ERRORS, NcclRow, NcclRun, parse_nccl_tests
 
-from conftest import SAMPLES
+from conftest import ROOT, SAMPLES
 
 PROPS = settings(max_examples=150, deadline=None)
 H100_MIN = 350.0  # a typical per-product minimum (the issue's example) for a large-message all_reduce
@@ -31,10 +32,14 @@ NVLINK = "nccl-all_reduce_perf-dgxh100-4gpu-nvlink-healthy-FRAGMENT.txt"
 PCIE = "nccl-all_reduce_perf-dgxh100-4gpu-p2p-disabled-pcie-degraded-FRAGMENT.txt"
 
 
+# Captures the package already carries for the simulated nodes' all_reduce_perf.
+SMOKE = os.path.join(ROOT, "gpugate", "data", "smoke")
+IN_PACKAGE = {A3MEGA: "pair-healthy.txt", GH200: "pair-slow.txt", SHARP: "nccl-abort.txt",
+              NVLINK: "healthy.txt", PCIE: "pcie-degraded.txt"}
+
+
 def sample(name):
-    path = os.path.join(SAMPLES, name)
-    if not os.path.exists(path):
-        pytest.skip("no samples directory here")
+    path = os.path.join(SMOKE, IN_PACKAGE[name]) if name in IN_PACKAGE else os.path.join(SAMPLES, name)
     with open(path) as handle:
         return handle.read()
 

@@ -1,7 +1,7 @@
 """Table and property tests for gpugate.parsers (dcgm, kernlog, system).
 
 Fixtures are written here, modelled on what the tools print; the real captures
-in ../shared/samples are read only when that directory exists.
+in tests/fixtures (each with its .src.txt) are read too.
 """
 
 import json
@@ -546,12 +546,10 @@ def test_systemctl_bad(text):
 
 
 # --------------------------------------------------------------------------
-# The real captures, when this machine has them (never copied into the repo).
+# The real captures (tests/fixtures, each with its .src.txt).
 
 def _sample(name):
     path = os.path.join(SAMPLES, name)
-    if not os.path.exists(path):
-        pytest.skip("sample %s not available" % name)
     with open(path, encoding="utf-8") as handle:
         return handle.read()
 

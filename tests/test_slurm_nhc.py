@@ -7,7 +7,7 @@ drain; a hanging NHC is killed in time and gpugate's checks still run."""
 import os
 
 import pytest
-from conftest import make_cluster
+from conftest import make_cluster, require_vendored
 
 from gpugate import nhcbuild
 
@@ -26,11 +26,7 @@ HANG = 'function check_test_hang() {\n    [[ -e "$1" ]] && sleep 300\n    return
 
 @pytest.fixture(scope="module")
 def nhc_cluster(tmp_path_factory):
-    tarball = nhcbuild.vendored(ROOT)
-    if not tarball:
-        if os.environ.get("GPUGATE_REQUIRE_SLURM"):
-            pytest.fail("the vendored NHC tarball (../shared/vendor/nhc-*.tar.gz) is missing")
-        pytest.skip("the vendored NHC tarball (../shared/vendor/nhc-*.tar.gz) is missing")
+    tarball = require_vendored(nhcbuild.vendored(ROOT), "real LBNL NHC (nhc-*.tar.gz)")
     prefix = str(tmp_path_factory.mktemp("nhc"))
     flags = os.path.join(prefix, "flags")
     os.makedirs(flags)
