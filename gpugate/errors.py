@@ -19,7 +19,7 @@ class CommandError(GpugateError):
     """An external command failed, timed out or is missing."""
 
     def __init__(self, argv, message, rc=None, stdout="", stderr="", timed_out=False, missing=False,
-                 refused=False):
+                 refused=False, overflow=False):
         self.argv = list(argv)
         self.rc = rc
         self.stdout = stdout
@@ -27,6 +27,7 @@ class CommandError(GpugateError):
         self.timed_out = timed_out
         self.missing = missing
         self.refused = refused  # not root's alone (gpugate.trust): nothing ran
+        self.overflow = overflow  # printed more than its cap (gpugate.runner): killed
         super().__init__(message)
 
 

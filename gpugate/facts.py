@@ -21,7 +21,8 @@ class ProbeFailure:
 
     kind: ``timeout`` | ``missing`` (tool or file absent) | ``error`` (non-zero
     exit, unreadable, unparseable) | ``refused`` (the tool is not root's
-    alone: gpugate.trust; not run) | ``absent`` (the tool answered: the thing
+    alone: gpugate.trust; not run) | ``overflow`` (the tool printed more than
+    gpugate.runner's cap: killed) | ``absent`` (the tool answered: the thing
     asked about does not exist) | ``nvml`` (an NVMLError; ``code`` is its value)
     | ``unchecked`` (the configuration says not to read it, e.g.
     ``packages.manager = "none"``: no finding, but never taken for a value).

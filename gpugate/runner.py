@@ -1,12 +1,17 @@
 """Every external command goes through ``run``: argv only, a timeout, its own
 process group (so a hung tool's children die with it), and a typed error that
-carries argv, exit code and output.  Never ``shell=True``.  The program must
+carries argv, exit code and output.  Never ``shell=True``.  Its output is read
+with a byte cap: a tool printing without end is killed there, not read
+until memory runs out.  The program must
 be an absolute path that only root can change (gpugate.trust), and the file
 checked is the file run (/proc/self/fd/N), whatever the path says later."""
 
 import os
+import select
+import selectors
 import signal
 import subprocess
+import time
 from typing import Mapping, Optional, Sequence
 
 from . import trust
@@ -16,6 +21,11 @@ from .record import dataclass
 # Exit codes that still come with a valid answer on stdout (dcgmi diag: a test
 # failed / an isolate-class failure).  Callers pass them in ``ok_codes``.
 _KILL_GRACE = 1.0
+# The most a tool may print: far above any answer gpugate reads (dcgmi diag's
+# JSON of 8 GPUs is ~100 KB); a call that reads a larger one says so (max_stdout).
+MAX_STDOUT = 16 << 20
+MAX_STDERR = 1 << 20
+_CHUNK = 1 << 16
 # The calls in flight, by pid: a run that leaves at its deadline while a
 # tool still hangs stops their process groups (stop_running), or a hung
 # dcgmi would outlive every health check that started one.
@@ -31,8 +41,11 @@ class Result:
 
 
 def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
-        ok_codes: Sequence[int] = (0,), input_text: Optional[str] = None) -> Result:
-    """Run argv; return its Result when rc is in ok_codes, else raise CommandError."""
+        ok_codes: Sequence[int] = (0,), input_text: Optional[str] = None, max_stdout: int = MAX_STDOUT,
+        max_stderr: int = MAX_STDERR) -> Result:
+    """Run argv; return its Result when rc is in ok_codes, else raise
+    CommandError (also when it prints more than max_stdout or max_stderr
+    bytes: it is killed there, with its process group)."""
     argv = [str(a) for a in argv]
     if not argv:
         raise CommandError(argv, "empty command")
@@ -57,14 +70,17 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
     finally:
         os.close(fd)
     _running[proc.pid] = proc
+    deadline = time.monotonic() + timeout
     try:
-        out, err = proc.communicate(input_text, timeout=timeout)
+        out, err = read_output(proc, argv, deadline, (max_stdout, max_stderr), input_text)
+        proc.wait(max(deadline - time.monotonic(), 0.001))  # both pipes closed: it is leaving
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise CommandError(argv, "%s: timed out after %.1fs" % (argv[0], timeout),
                            timed_out=True) from None
     finally:
         _running.pop(proc.pid, None)
+        _close_pipes(proc)
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")
     if proc.returncode not in ok_codes:
@@ -73,6 +89,57 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
                                                      ": " + first[0][:200] if first else ""),
                            rc=proc.returncode, stdout=stdout, stderr=stderr)
     return Result(tuple(argv), proc.returncode, stdout, stderr)
+
+
+def read_output(proc: subprocess.Popen, argv, deadline: float, caps=(MAX_STDOUT, MAX_STDERR),
+                input_text: Optional[str] = None, kill=None) -> list:
+    """Popen.communicate with a cap on each pipe: [stdout, stderr] bytes
+    (b"" for one not piped) once both are closed.  subprocess.TimeoutExpired
+    at the deadline (time.monotonic()); CommandError once a pipe brings more
+    than its cap, after ``kill(proc)`` (default: SIGTERM, then SIGKILL, its
+    process group)."""
+    pending = memoryview(input_text.encode("utf-8")) if input_text is not None else None
+    names = ("stdout", "stderr")
+    pipes = {pipe.fileno(): i for i, pipe in enumerate((proc.stdout, proc.stderr)) if pipe is not None}
+    chunks, sizes = ([], []), [0, 0]
+    with selectors.PollSelector() as selector:
+        for fd in pipes:
+            selector.register(fd, selectors.EVENT_READ)
+        if pending is not None:
+            if pending:
+                selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(argv, 0)
+            for key, _ in selector.select(left):
+                if key.fd not in pipes:  # stdin: a write of PIPE_BUF never blocks once it polls writable
+                    try:
+                        pending = pending[os.write(key.fd, pending[:select.PIPE_BUF]):]
+                    except BrokenPipeError:  # it stopped reading: its answer tells
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(key.fd)
+                        proc.stdin.close()
+                    continue
+                i = pipes[key.fd]
+                data = os.read(key.fd, _CHUNK)
+                if not data:
+                    selector.unregister(key.fd)
+                    continue
+                sizes[i] += len(data)
+                if sizes[i] > caps[i]:
+                    (kill or _kill_group)(proc)
+                    raise CommandError(argv, "%s: printed more than %s on %s; killed"
+                                       % (argv[0], _size(caps[i]), names[i]), overflow=True)
+                chunks[i].append(data)
+    return [b"".join(c) for c in chunks]
+
+
+def _size(n: int) -> str:
+    return "%d MiB" % (n >> 20) if n >= 1 << 20 and not n % (1 << 20) else "%d bytes" % n
 
 
 def _open_checked(argv) -> int:
@@ -90,18 +157,30 @@ def _open_checked(argv) -> int:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM then SIGKILL the whole process group; never wait unbounded."""
+    """SIGTERM then SIGKILL the whole process group; never wait unbounded,
+    and read nothing more (a tool printing on while it dies would be read
+    without a cap): our ends of its pipes are closed first."""
+    _close_pipes(proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
         try:
-            proc.communicate(timeout=_KILL_GRACE)
+            proc.wait(timeout=_KILL_GRACE)
             return
         except subprocess.TimeoutExpired:
             continue
     # A process stuck in the kernel (D state) cannot be reaped; leave it.
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:  # stdin's buffer, to a reader that left
+                pass
 
 
 def stop_running() -> None:

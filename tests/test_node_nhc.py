@@ -90,3 +90,13 @@ def test_an_nhc_command_others_can_change_is_not_run(tmp_path):
     outcome = nhc.run(settings, "gpu01", False, time.monotonic() + 10)
     assert outcome["result"] == nhc.NOT_RUN and "NHC not run" in outcome["error"], outcome
     assert not marker.exists()
+
+
+def test_an_nhc_printing_without_end_is_killed_at_its_cap(tmp_path):
+    """Issue 24, item 8: NHC's output is read with a cap (1 MiB) too; over
+    it, its session is killed and it has not answered (never a pass)."""
+    started = time.monotonic()
+    outcome = nhc.run(_settings(tmp_path, "exec yes\n", timeout=20), "gpu01", False, time.monotonic() + 30)
+    assert outcome["result"] == nhc.NOT_RUN
+    assert outcome["error"].endswith(": printed more than 1 MiB on stdout; killed")
+    assert time.monotonic() - started < 10

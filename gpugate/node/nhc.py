@@ -21,6 +21,7 @@ PASSED, FAILED, TIMED_OUT, NOT_RUN = "passed", "failed", "timed out", "not run" 
 # Below this there is no point starting NHC: it counts as not answered.
 _MIN_SECONDS = 1.0
 _OUTPUT = 300
+_MAX_OUTPUT = 1 << 20  # what NHC may print (its log goes to its own file): beyond, it is killed
 
 
 def configured(settings) -> bool:
@@ -59,8 +60,14 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
                                  start_new_session=True, close_fds=True)
     except OSError as exc:
         return {"result": NOT_RUN, "seconds": 0.0, "error": "cannot start NHC: %s" % exc}
+    from ..errors import CommandError
+    from ..runner import read_output
+
     try:
-        output, _ = child.communicate(timeout=limit)
+        output = read_output(child, command, started + limit, (_MAX_OUTPUT, 0), kill=_kill_session)[0]
+        child.wait(max(started + limit - time.monotonic(), 0.001))
+    except CommandError as exc:  # printing without end: killed, and no answer
+        return {"result": NOT_RUN, "seconds": round(time.monotonic() - started, 3), "error": str(exc)}
     except subprocess.TimeoutExpired:
         _kill_session(child)
         output = b""

@@ -24,7 +24,7 @@ def _run(source: str, argv: Sequence[str], timeout: float, parse: Callable[[Any]
         # refused: not root's alone, so not run; never "missing" (dkms reads
         # that as "no dkms here") and never a healthy answer.
         kind = ("refused" if exc.refused else "timeout" if exc.timed_out else "missing" if exc.missing
-                else "error")
+                else "overflow" if exc.overflow else "error")
         return ProbeFailure(source, kind, str(exc)[:200], exc.rc)
     if result.rc in absent_codes:
         return ProbeFailure(source, "absent", (result.stderr or result.stdout).strip()[:200], result.rc)

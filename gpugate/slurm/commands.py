@@ -11,6 +11,7 @@ from .base import NodeUpdates
 from .jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
 from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState,
                         parse_nodes_json, parse_nodes_text)
+from .wire import MAX_FRAME
 
 _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
 
@@ -48,7 +49,9 @@ class CommandSlurm(NodeUpdates):
         self.calls += 1
         started = time.monotonic()
         try:
-            return run([self.bin_dir + "/" + tool] + list(args), limit, env=env).stdout
+            # A whole fleet's node table (sinfo --json: a few KB a node) may pass
+            # the cap of a node's tools: the pyslurm worker's frame limit.
+            return run([self.bin_dir + "/" + tool] + list(args), limit, env=env, max_stdout=MAX_FRAME).stdout
         except CommandError as exc:
             hint = ""
             if exc.timed_out or "Unable to contact slurm controller" in exc.stderr \
