@@ -15,20 +15,22 @@ import sys
 _TIMEOUT = 900  # pip may download the dependencies
 
 
-def create(work: str, root: str, python: str = "") -> str:
+def create(work: str, root: str, python: str = "", wheelhouse: str = "") -> str:
     """A new venv (no system site-packages) under ``work`` with gpugate's
-    wheel, built from ``root``, and its dependencies from the index."""
+    wheel, built from ``root``, and its dependencies from the index (or
+    only from the ``wheelhouse`` directory: a node with no index)."""
     venv = os.path.join(work, "venv")
     python = python or _base_python()
     subprocess.run([python, "-m", "venv", venv], check=True, timeout=_TIMEOUT)
     pip = [os.path.join(venv, "bin", "python3"), "-m", "pip", "-q", "--disable-pip-version-check"]
+    index = ["--no-index", "--find-links", os.path.abspath(wheelhouse)] if wheelhouse else []
     wheels, tree = os.path.join(work, "wheels"), os.path.join(work, "tree")
     # Built from a copy: pip builds in the tree and would leave build/ there.
-    shutil.copytree(root, tree, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__"))
-    subprocess.run(pip + ["wheel", "--no-deps", "-w", wheels, tree], check=True, timeout=_TIMEOUT,
+    shutil.copytree(root, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__"))
+    subprocess.run(pip + ["wheel", "--no-deps", "-w", wheels, tree] + index, check=True, timeout=_TIMEOUT,
                    stdout=subprocess.DEVNULL)
     (wheel,) = [os.path.join(wheels, w) for w in os.listdir(wheels) if w.startswith("gpugate-")]
-    subprocess.run(pip + ["install", wheel], check=True, timeout=_TIMEOUT, stdout=subprocess.DEVNULL)
+    subprocess.run(pip + ["install", wheel] + index, check=True, timeout=_TIMEOUT, stdout=subprocess.DEVNULL)
     return venv
 
 

@@ -84,9 +84,21 @@ def usage(states: Mapping[str, object], tag: str, share: float,
     return result
 
 
-def _describe(use: Use, share: float) -> str:
-    return "drain budget of partition %s spent: %d of %d nodes drained for budgeted findings (%g%% of %d)" % (
-        use.partition, len(use.drained), use.allowance, share * 100, use.size)
+def _describe(use: Use, share: float, node: str) -> str:
+    """Why ``node`` is held: the nodes that hold the budget (oldest drains
+    first), and those drained after them, which give their drains back
+    (``node`` itself when it drained too: gpugate.node.act)."""
+    others = [n for n in use.drained if n != node]
+    holders, beyond = others[:use.allowance], others[use.allowance:]
+    why = "drain budget of partition %s spent: %d of %d nodes (%g%% of %d) drained for budgeted findings: %s" % (
+        use.partition, len(holders), use.allowance, share * 100, use.size,
+        ", ".join(holders[:4]) + (" and %d more" % (len(holders) - 4) if len(holders) > 4 else ""))
+    if node in use.drained:
+        why += "; this node drained after them and gives its drain back"
+    if beyond:
+        why += "; %d more drained after them %s back: %s" % (
+            len(beyond), "gives its drain" if len(beyond) == 1 else "give their drains", ", ".join(beyond[:4]))
+    return why
 
 
 def admit(node: str, states: Mapping[str, object], tag: str, share: float) -> Tuple[bool, str]:
@@ -99,7 +111,7 @@ def admit(node: str, states: Mapping[str, object], tag: str, share: float) -> Tu
     for use in usage(states, tag, share, me.partitions).values():
         others = [n for n in use.drained if n != node]
         if len(others) >= use.allowance:
-            return False, _describe(use, share)
+            return False, _describe(use, share, node)
     return True, ""
 
 
@@ -111,7 +123,7 @@ def keep(node: str, states: Mapping[str, object], tag: str, share: float) -> Tup
         return True, ""
     for use in usage(states, tag, share, me.partitions).values():
         if node in use.drained and use.drained.index(node) >= use.allowance:
-            return False, _describe(use, share)
+            return False, _describe(use, share, node)
     return True, ""
 
 

@@ -94,7 +94,8 @@ def test_admit_refuses_once_the_partition_share_is_drained():
     states["n02"] = node("n02", reason=DRIFT_REASON, when=101)
     ok, why = budget.admit("n05", states, TAG, 0.2)
     assert not ok
-    assert why == "drain budget of partition gpu spent: 2 of 2 nodes drained for budgeted findings (20% of 10)"
+    assert why == ("drain budget of partition gpu spent: 2 of 2 nodes (20% of 10) drained for budgeted findings: "
+                   "n01, n02")
 
 
 def test_acute_and_foreign_drains_do_not_use_the_budget():
@@ -120,7 +121,12 @@ def test_keep_ranks_oldest_reason_first_then_name():
     assert budget.keep("n07", states, TAG, 0.2) == (True, "")
     assert budget.keep("n02", states, TAG, 0.2) == (True, "")
     ok, why = budget.keep("n03", states, TAG, 0.2)
-    assert not ok and "3 of 2" in why
+    # What was counted, said as it is: never "3 of 2" (issue 25).
+    assert not ok and why == ("drain budget of partition gpu spent: 2 of 2 nodes (20% of 10) drained for budgeted "
+                              "findings: n07, n02; this node drained after them and gives its drain back")
+    states["n09"] = node("n09", reason=DRIFT_REASON, when=102)
+    ok, why = budget.admit("n05", states, TAG, 0.2)
+    assert not ok and why.endswith("n07, n02; 2 more drained after them give their drains back: n03, n09")
 
 
 def test_unknown_reason_time_ranks_last():

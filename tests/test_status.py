@@ -153,6 +153,17 @@ def test_in_flight_node_out_for_another_reason_says_so(journal_nodes):
     assert out["others"][0]["sweep"] == "verify started (attempt 1)"
 
 
+def test_a_node_not_responding_with_no_reason_says_so_in_words():
+    # The demo's end: a node whose slurmd restarts, no reason and no reason time (issue 25).
+    states = {"gpu01": node("gpu01"), "gpu02": node("gpu02", "IDLE", ("NOT_RESPONDING",))}
+    text = render_text(summarize(take(states, TAG, NOW), {}, NOW, states=states))
+    (row,) = [line for line in text.splitlines() if line.startswith("others")]
+    assert row.split()[:3] == ["others", "gpu02", "IDLE*"]
+    assert row.endswith("no reason set: slurmd does not answer slurmctld (rebooting, stopped or unreachable)")
+    assert "(?)" not in text and "(no reason)" not in text
+    assert "(*: slurmd does not answer slurmctld: Slurm's NOT_RESPONDING, sinfo's mark)" in text
+
+
 def test_everything_in_service():
     states = {n: node(n) for n in ("gpu01", "gpu02")}
     out = summarize(take(states, TAG, NOW), {}, NOW)

@@ -167,6 +167,17 @@ def _short_state(state: str) -> str:
     return "+".join(words)
 
 
+def _others_text(entry: dict) -> str:
+    """A node out for a reason not gpugate's: the reason and for how long,
+    in words where Slurm gives neither."""
+    reason, age = entry["reason"], entry.get("out_for")
+    if not reason:
+        not_responding = "NOT_RESPONDING" in entry["state"].split("+")
+        reason = "no reason set" + (": slurmd does not answer slurmctld (rebooting, stopped or "
+                                    "unreachable)" if not_responding else "")
+    return reason if age is None else "%s (%s)" % (reason, format_age(age))
+
+
 def render_text(summary: dict) -> str:
     counts = summary["counts"]
     by_class = counts["gpugate_by_class"]
@@ -178,8 +189,7 @@ def render_text(summary: dict) -> str:
 
     ours = [(cls, e["node"], format_age(e["out_for"]), _body(e["reason"], cls), e.get("sweep"))
             for cls, entries in summary["gpugate"].items() for e in entries]
-    others = [("others", e["node"], _short_state(e["state"]),
-               "%s (%s)" % (e["reason"] or "(no reason)", format_age(e.get("out_for"))), e.get("sweep"))
+    others = [("others", e["node"], _short_state(e["state"]), _others_text(e), e.get("sweep"))
               for e in summary["others"]]
     if not ours and not others:
         lines.append("(every node is in service)")
@@ -196,6 +206,8 @@ def render_text(summary: dict) -> str:
             if sweep:
                 line += "  sweep: " + sweep
             lines.append(line.rstrip())
+    if any(r[2].split("+")[0].endswith("*") for r in others):
+        lines.append("(*: slurmd does not answer slurmctld: Slurm's NOT_RESPONDING, sinfo's mark)")
 
     parts = summary.get("partitions") or {}
     if parts:
