@@ -134,6 +134,9 @@ def main() -> int:
         runs = {"reference": ([python, "-c", "pass"], {"SLURMD_NODENAME": HOT})}
         if args.nhc != "none" and args.nhc:
             runs["NHC trivial"] = (_nhc.install(args.nhc, os.path.join(work, "nhc")), {"SLURMD_NODENAME": HOT})
+        elif args.nhc != "none":
+            print("NHC not measured: no ../shared/vendor/nhc-*.tar.gz beside this checkout (--nhc TARBALL)",
+                  file=sys.stderr)
         runs["prolog hot"] = ([prolog, "--config", config], lambda i: slurmd_env(HOT, 1000 + i))
         runs["prolog cold"] = ([prolog, "--config", config], lambda i: slurmd_env(COLD, 5000 + i))
         runs["healthcheck"] = ([healthcheck, "--config", config], {"SLURMD_NODENAME": HOT})
