@@ -9,6 +9,7 @@ import time
 
 from . import trust
 from .errors import ConfigError
+from .safeio import CONFIG_CAP, read_fd
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -233,7 +234,7 @@ def read_settled(path: str, what: str) -> bytes:
         # A relative path can only come from the command line: the admin's own choice.
         with os.fdopen(trust.open_file(os.path.abspath(path), what), "rb") as handle:
             before = os.fstat(handle.fileno())
-            data = handle.read()
+            data = read_fd(handle.fileno(), CONFIG_CAP, path)  # a 2 GB baseline is refused, not parsed
             after = os.fstat(handle.fileno())
         if _signature(before) == _signature(after) and len(data) == after.st_size:
             # Empty: maybe truncated this instant (ext4 shows the new size

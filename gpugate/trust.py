@@ -253,6 +253,12 @@ def _interpreter(fd: int) -> Optional[str]:
     return os.fsdecode(words[0]) if words else ""
 
 
+def open_dir(path: str, what: str, missing_ok: bool = True, owners: Optional[FrozenSet[int]] = None) -> Optional[int]:
+    """An O_PATH fd on the checked directory, to create and open names below
+    it (dir_fd=...), or None when it is missing and missing_ok."""
+    return _walk(path, what, DIRECTORY, trusted_owners() if owners is None else owners, missing_ok)
+
+
 def check_dir(path: str, what: str, missing_ok: bool = True, owners: Optional[FrozenSet[int]] = None) -> None:
     """A directory gpugate keeps state in (created by root when missing)."""
     fd = _walk(path, what, DIRECTORY, trusted_owners() if owners is None else owners, missing_ok)

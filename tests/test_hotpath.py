@@ -37,8 +37,10 @@ NOT_ON_THE_HOT_PATH = {
 # and its fresh kernel-log events (judges.xids), both checks it must run;
 # 43: the NVML reader's own small module (node.prolog_reader), which the
 # entry script forks before anything else loads; 44: gpugate.jsontext, the
-# JSON of the prolog's files without the json package (re, enum: ~4 ms).
-MAX_GPUGATE_MODULES = 44
+# JSON of the prolog's files without the json package (re, enum: ~4 ms);
+# 45: gpugate.safeio (os, stat, errno only), the prolog's job file written
+# through a random O_EXCL|O_NOFOLLOW temporary name and its state read capped.
+MAX_GPUGATE_MODULES = 45
 
 # What the interpreter loaded at start (site, .pth files, an editable
 # install's finder) is the environment's, not the prolog's.

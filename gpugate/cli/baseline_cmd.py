@@ -59,28 +59,15 @@ def _write_new(path: str, text: str, force: bool) -> None:
     path = os.path.abspath(path)
     if not force and os.path.lexists(path):
         raise ConfigError("%s exists: not overwriting it (use --force)" % path)
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, ".%s.tmp.%d" % (os.path.basename(path), os.getpid()))
+    from ..safeio import write_atomic
+
     try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        if force:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if the file appeared meanwhile
-            except FileExistsError:
-                raise ConfigError("%s exists: not overwriting it (use --force)" % path) from None
-            except OSError:  # no hard links on this file system
-                os.replace(tmp, path)
+        # A random O_EXCL|O_NOFOLLOW temporary name; without --force a hard link that fails if the file appeared.
+        write_atomic(path, text.encode(), mode=0o644, exact_mode=True, replace=force)
+    except FileExistsError:
+        raise ConfigError("%s exists: not overwriting it (use --force)" % path) from None
     except OSError as exc:
         raise ConfigError("cannot write %s: %s" % (path, exc)) from None
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
 
 
 @baseline.command("capture")
@@ -126,9 +113,10 @@ def capture(config, sim, node, name, output, force):
 
 def read_audit(path: str):
     """The latest audit's {"at", "baseline", "facts", "partitions"}; None when there is none."""
+    from ..safeio import AUDIT_CAP, read_capped
+
     try:
-        with open(path) as handle:
-            data = json.load(handle)
+        data = json.loads(read_capped(path, AUDIT_CAP))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -119,6 +119,7 @@ def metrics(config, output):
     from ..fleet.metrics import fleet_families
     from ..promtext import render
     from ..node.state import read_json
+    from ..safeio import AUDIT_CAP
     from ..slurm import connect
     from ..sweep.snapshot import take
 
@@ -140,13 +141,13 @@ def metrics(config, output):
             last_run = (journal.runs(1) or [None])[0]
         finally:
             journal.close()
-    last_audit = read_json(audit_path(settings))
+    last_audit = read_json(audit_path(settings), AUDIT_CAP)
     text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states),
                                  last_run))
     if output:
-        tmp = "%s.tmp.%d" % (output, os.getpid())
-        with open(tmp, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, output)
+        from ..safeio import write_in_checked_dir
+
+        # node_exporter's textfile directory: root's alone, or refused (ConfigError naming the fix).
+        write_in_checked_dir(os.path.abspath(output), text.encode(), "the metrics textfile directory")
     else:
         click.echo(text, nl=False)

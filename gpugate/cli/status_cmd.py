@@ -96,6 +96,7 @@ def status(config, as_json, partition, nodes):
 def _last_audit(settings):
     """The latest audit (audit.json next to the sweep journal), or None."""
     from ..node.state import read_json
+    from ..safeio import AUDIT_CAP
     from .fleet import audit_path
 
-    return read_json(audit_path(settings))
+    return read_json(audit_path(settings), AUDIT_CAP)

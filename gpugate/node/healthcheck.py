@@ -42,9 +42,12 @@ def run(settings, node: str, record: dict) -> int:
         if settings.prometheus_textfile:
             from .metrics import write_node_textfile
 
-            write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts, judged.baseline,
-                                held=outcome["action"] == HELD, config_error=bool(record.get("config_error")),
-                                nhc=(nhc_outcome or {}).get("result", ""))
+            not_written = write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts,
+                                              judged.baseline, held=outcome["action"] == HELD,
+                                              config_error=bool(record.get("config_error")),
+                                              nhc=(nhc_outcome or {}).get("result", ""))
+            if not_written:  # logged; the verdict and the drain stand
+                record["metrics_error"] = not_written[:600]
         _log_fields(record, judged, outcome)
         return judged.verdict.exit_code
 

@@ -35,6 +35,7 @@ import time
 from .. import jsontext
 from ..errors import ConfigError
 from ..record import replace
+from ..safeio import STATE_CAP, read_capped
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -182,8 +183,7 @@ def for_admin(settings_loader: Callable[[], object], config_path: str, node: str
 def kept(where: str) -> dict:
     """What the directory holds: {"gpugate.toml": {"sha256", "at", "source"}, ...}."""
     try:
-        with open(os.path.join(where, META)) as handle:
-            data = jsontext.loads(handle.read())
+        data = jsontext.loads(read_capped(os.path.join(where, META), STATE_CAP).decode("utf-8"))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}

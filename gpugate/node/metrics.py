@@ -4,7 +4,6 @@ component could be read at all).  The controller's are fleet/metrics.py.
 Labels are bounded: classes and component names are fixed sets, Xid/SXid
 codes the ones the driver defines."""
 
-import os
 import time
 from typing import Dict, Tuple
 
@@ -156,15 +155,20 @@ def hca_families(facts) -> list:
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
-                        config_error: bool = False, nhc: str = "") -> None:
+                        config_error: bool = False, nhc: str = "") -> str:
+    """Write the textfile; "" when written, else why not (logged by the
+    caller: a metrics write never changes the verdict or the drain).  Its
+    directory (node_exporter's, often not root's) must pass the trust walk:
+    root writes nothing where someone else could plant a symlink."""
+    from ..errors import ConfigError
+    from ..safeio import write_in_checked_dir
+
     text = render(node_families(node, verdict, facts, baseline, held, config_error, nhc))
-    tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)  # node_exporter must never read half a file
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        # Atomic (node_exporter must never read half a file) and 0644 whatever the umask.
+        write_in_checked_dir(path, text.encode(), "[healthcheck] prometheus_textfile's directory")
+    except ConfigError as exc:  # trust.Untrusted: the fix is named, nothing was written
+        return str(exc)
+    except OSError as exc:
+        return "%s: cannot write the metrics textfile: %s" % (path, exc.strerror or exc)
+    return ""

@@ -98,13 +98,14 @@ def _kill_session(child) -> None:
 
 
 def _session_members(sid: int) -> list:
+    from ..safeio import SMALL_CAP, read_capped
+
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open("/proc/%s/stat" % name, "rb") as handle:
-                stat = handle.read().rsplit(b")", 1)[1].split()
+            stat = read_capped("/proc/%s/stat" % name, SMALL_CAP).rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
         # After "(comm)": state ppid pgrp session ...

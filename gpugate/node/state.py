@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from .. import jsontext
+from ..safeio import STATE_CAP, read_capped, write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -22,31 +23,17 @@ def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
 
 
 def write_bytes(path: str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
+    """Atomically, through a random O_EXCL|O_NOFOLLOW temporary name (gpugate.safeio)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, data, mode=mode, durable=durable)
 
 
-def read_json(path: str) -> Optional[Dict[str, Any]]:
-    """The file's object, or None when absent or unreadable (a corrupt state
-    file means "no reusable state", never a crash)."""
+def read_json(path: str, cap: int = STATE_CAP) -> Optional[Dict[str, Any]]:
+    """The file's object, or None when absent, unreadable or over ``cap``
+    bytes (a corrupt state file means "no reusable state", never a crash)."""
     try:
-        with open(path) as handle:
-            data = jsontext.loads(handle.read())
+        data = jsontext.loads(read_capped(path, cap).decode("utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

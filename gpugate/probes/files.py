@@ -20,9 +20,10 @@ def _path(root: str, rel: str) -> str:
 
 
 def read_text(root: str, rel: str, source: str) -> Any:
-    try:
-        with open(_path(root, rel), "rb") as handle:
-            return handle.read(_MAX_FILE).decode("utf-8", "replace")
+    from ..safeio import read_capped
+
+    try:  # a regular file (never a FIFO or device: no wait), at most _MAX_FILE bytes, else an error saying so
+        return read_capped(_path(root, rel), _MAX_FILE).decode("utf-8", "replace")
     except FileNotFoundError:
         return ProbeFailure(source, "missing", rel)
     except OSError as exc:

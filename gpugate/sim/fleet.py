@@ -209,12 +209,10 @@ def _install_executables(bindir: str, absent=()) -> None:
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
     """Atomic replace: a probe never reads a half-written simulated file."""
+    from ..safeio import write_atomic
+
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode(), mode=mode, durable=False, exact_mode=True)  # random O_EXCL temp name
 
 
 def _remove(path: str) -> None:

@@ -179,8 +179,8 @@ class PyslurmSlurm(NodeUpdates):
         said = ""
         if self._stderr is not None:
             try:
-                self._stderr.seek(0)
-                said = self._stderr.read()[-600:].decode("utf-8", "replace").strip()
+                self._stderr.seek(max(0, os.fstat(self._stderr.fileno()).st_size - 600))  # its last words only
+                said = self._stderr.read(600).decode("utf-8", "replace").strip()
             finally:
                 self._stderr.close()
                 self._stderr = None

@@ -4,8 +4,19 @@ Slurm on each verified node, inside the batch's maintenance reservation.
 One job per node: `sbatch --reservation=R --nodelist=NODE --exclusive` running
 the site's command (default nccl-tests all_reduce_perf over the node's GPUs),
 its output written to ``smoke_output_dir``, a file system the node and the
-sweeper both see.  The sweeper polls `scontrol show job` until every job ended
-or the deadline passed; a job still there at the deadline is cancelled and
+sweeper both see.  A pass resumes a node, so the proof must be the job's:
+the directory must pass the trust walk (root's alone, or the stage is
+refused with the fix named and no node resumes), and each job's output file
+is created by the sweeper before the job is submitted (O_EXCL|O_NOFOLLOW, a
+random name, root's, 0600), then read back only if it is still that very
+file: a regular file (no symlink, FIFO or device: opened non-blocking),
+owned by root, the same inode, read by its head and tail (bounded).  The job
+runs as root (the sweeper submits it, no --uid) and slurmstepd opens the
+file with O_TRUNC as the job's user, so it stays root's: a job run as anyone
+else could not write it, and fails.
+
+The sweeper polls `scontrol show job` until every job ended or the deadline
+passed; a job still there at the deadline is cancelled and
 waited for, so no job outlives the reservation.  The result is judged by
 gpugate.judges.smoke (exit code, nccl-tests' own correctness lines, average
 bus bandwidth against the baseline's per-product minimum).
@@ -16,12 +27,14 @@ job off) and sets the sweep's work reason again afterwards, whatever the
 result, so the resume step compares and clears it as before.
 """
 
+import errno
 import math
 import os
 import time
 from typing import Dict, List, Optional
 
-from ..errors import SlurmError
+from .. import safeio
+from ..errors import ConfigError, SlurmError
 from ..findings import RMA, Finding
 from ..slurm import jobs as sj
 from . import journal as jr
@@ -78,8 +91,14 @@ def run_pairs(slurm, cfg, baseline, pairs, reservation: str, sleep=time.sleep,
 def _run_jobs(slurm, cfg, baseline, units, reservation, sleep, say) -> Dict[str, SmokeResult]:
     if not reservation or reservation not in slurm.reservations():
         raise SlurmError("reservation %r is missing: the smoke job is never submitted outside it" % reservation)
-    outdir = str(cfg["smoke_output_dir"])
-    os.makedirs(outdir, mode=0o755, exist_ok=True)
+    outputs = Outputs(str(cfg["smoke_output_dir"]))  # trust.Untrusted (a ConfigError) names the fix
+    try:
+        return _submit_and_judge(slurm, cfg, baseline, units, reservation, sleep, say, outputs)
+    finally:
+        outputs.close()
+
+
+def _submit_and_judge(slurm, cfg, baseline, units, reservation, sleep, say, outputs) -> Dict[str, SmokeResult]:
     deadline = float(cfg["smoke_deadline"])
     minutes = int(math.ceil(deadline / 60.0)) + 1  # Slurm's own limit only backs ours up
     results: Dict[str, SmokeResult] = {}
@@ -91,11 +110,11 @@ def _run_jobs(slurm, cfg, baseline, units, reservation, sleep, say) -> Dict[str,
             gpus = baseline.expect_for(unit[0]).gpus
             argv = template(cfg["smoke_pair" if pair else "smoke"], unit[0], gpus, label)
             extra = template(cfg["smoke_pair_sbatch" if pair else "smoke_sbatch"], unit[0], gpus, label)
-            job = sj.submit(slurm, argv, label, reservation, minutes, _output(outdir, label, "%j"), JOB_NAME, extra)
+            job = sj.submit(slurm, argv, label, reservation, minutes, outputs.create(label), JOB_NAME, extra)
             results[label] = SmokeResult(label, job)
             jobs[job] = label
             say("  %s: smoke job %s submitted in reservation %s" % (label, job, reservation))
-    except SlurmError:
+    except (SlurmError, ConfigError):
         _cancel_and_wait(slurm, cfg, sorted(jobs), sleep)  # none of this batch's jobs is left behind
         raise
     ended: Dict[str, sj.JobState] = {}
@@ -120,12 +139,68 @@ def _run_jobs(slurm, cfg, baseline, units, reservation, sleep, say) -> Dict[str,
         # on its exit code (and any nccl-tests-like error or wrong-value lines).
         nccl_tests = any(os.path.basename(str(word)).endswith("_perf") for word in argv)
         res.passed, res.problem, res.site = _judge(baseline, label.split(","), ended.get(job), job in late,
-                                                   _output(outdir, label, job), deadline, nccl_tests)
+                                                   outputs.reader(label), deadline, nccl_tests)
+        outputs.name_after(label, job)
     return results
 
 
-def _output(outdir: str, label: str, job: str) -> str:
-    return os.path.join(outdir, "%s-%s-%s.out" % (JOB_NAME, label.replace(",", "+"), job))
+class Outputs:
+    """The jobs' output files in the checked ``smoke_output_dir``: each made
+    by the sweeper before its job is submitted, so a file planted there
+    (only root could) or left by an earlier job is never the proof."""
+
+    def __init__(self, outdir: str):
+        self.outdir = outdir
+        try:
+            self.dir_fd = safeio.open_checked_dir(outdir, "[sweep] smoke_output_dir")
+        except OSError as exc:
+            raise ConfigError("%s: cannot use [sweep] smoke_output_dir: %s" % (outdir, exc.strerror or exc)) from None
+        self.made: Dict[str, tuple] = {}  # label -> (name, stat at creation)
+        # Held open until judged: an inode in use is never freed, so its number
+        # cannot come back as a file made in its place (the read compares it).
+        self.held: List[int] = []
+
+    def close(self) -> None:
+        for fd in self.held + [self.dir_fd]:
+            os.close(fd)
+
+    def create(self, label: str) -> str:
+        """A new empty file (O_CREAT|O_EXCL|O_NOFOLLOW, 0600, an unpredictable
+        name) for the job's --output: its path."""
+        for _ in range(8):
+            name = "%s-%s-%s.out" % (JOB_NAME, label.replace(",", "+"), os.urandom(6).hex())
+            try:
+                fd = safeio.create_new(self.dir_fd, name, 0o600)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise ConfigError("%s: cannot create the smoke job's output: %s" % (
+                    os.path.join(self.outdir, name), exc.strerror or exc)) from None
+            self.held.append(fd)
+            self.made[label] = (name, os.fstat(fd))
+            return os.path.join(self.outdir, name)
+        raise ConfigError("%s: cannot create a new smoke job output file (every name taken)" % self.outdir)
+
+    def reader(self, label: str):
+        name, made = self.made[label]
+        return Output(os.path.join(self.outdir, name), lambda: _read_bounded(name, self.dir_fd, made))
+
+    def name_after(self, label: str, job: str) -> None:
+        """gpugate-smoke-NODE-JOB.out, for the admin who reads it (best effort)."""
+        name, made = self.made[label]
+        final = "%s-%s-%s.out" % (JOB_NAME, label.replace(",", "+"), job)
+        try:
+            if safeio.identity(os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)) == safeio.identity(made):
+                os.rename(name, final, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except OSError:
+            pass
+
+
+class Output:
+    """One job's output: its path (for messages) and read() -> the text, or OSError."""
+
+    def __init__(self, path: str, read):
+        self.path, self.read = path, read
 
 
 def _cancel_and_wait(slurm, cfg, jobs, sleep) -> None:
@@ -140,18 +215,31 @@ def _cancel_and_wait(slurm, cfg, jobs, sleep) -> None:
         raise SlurmError("smoke job(s) %s still there %.0fs after scancel" % (",".join(sorted(still)), CANCEL_WAIT))
 
 
-def _read_bounded(path: str) -> str:
+def _read_bounded(path: str, dir_fd: int = -1, made=None) -> str:
     """The output, or (NCCL_DEBUG=INFO can write gigabytes) its head, where
     the versions are, and its last MAX_OUTPUT bytes, where the table, the
-    averages and the failure lines are."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
+    averages and the failure lines are.  Only a regular file of root's (the
+    job's user: gpugate's own when a non-root admin dry-runs) opened without
+    following a symlink or waiting on a FIFO; when ``made`` (its stat at
+    creation) is given, that very file, written since.  Else OSError."""
+    from ..trust import trusted_owners
+
+    fd = safeio.open_regular(path, dir_fd=dir_fd, owners=trusted_owners())
+    try:
+        st = os.fstat(fd)
+        if made is not None and safeio.identity(st) != safeio.identity(made):
+            raise safeio.refused(path, "is not the file the sweeper created for the job (replaced)")
+        if made is not None and (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+                made.st_size, made.st_mtime_ns, made.st_ctime_ns):
+            raise OSError(errno.ENOENT, "the job never opened its output", path)
+        size = st.st_size
         if size <= MAX_OUTPUT + HEAD:
-            data = handle.read()
+            data = os.pread(fd, MAX_OUTPUT + HEAD, 0)
         else:
-            data = handle.read(HEAD) + b"\n"
-            handle.seek(size - MAX_OUTPUT)
-            data += handle.read(MAX_OUTPUT).split(b"\n", 1)[-1]  # from the first whole line
+            data = os.pread(fd, HEAD, 0) + b"\n"
+            data += os.pread(fd, MAX_OUTPUT, size - MAX_OUTPUT).split(b"\n", 1)[-1]  # from the first whole line
+    finally:
+        os.close(fd)
     return data.decode("utf-8", "replace")
 
 
@@ -175,10 +263,13 @@ def _judge(baseline, nodes, state, timed_out, output, deadline, nccl_tests=True)
     if state is None or state.state == sj.GONE:
         return False, "the job's record was gone before gpugate read it", ""
     try:
-        text = _read_bounded(output)
+        text = output.read()
     except OSError as exc:
+        if exc.errno == errno.EPERM:  # not the job's proof (safeio.refused): no node is judged on it
+            problem = "smoke_output_dir: the job's output %s %s" % (output.path, exc.strerror)
+            return False, problem, problem
         problem = "cannot read the job's output %s (%s): smoke_output_dir must be shared" % (
-            output, exc.strerror or exc)
+            output.path, exc.strerror or exc)
         # No output from a job that ran to its end: it never started (a wrong
         # smoke_output_dir); a node that failed the job (NODE_FAIL) is the node's.
         return False, problem, problem if state.state in ("COMPLETED", "FAILED") else ""
@@ -230,11 +321,13 @@ class SmokeStep:
                 group.remove(name)
         if not group:
             return
+        refused = ""
         try:
             # One left by an interrupted sweeper would hold the node.
             sj.cancel_named(self.slurm, JOB_NAME, reservation)
             if reservation not in self.slurm.reservations():
                 raise SlurmError("reservation %s is missing: no smoke job outside it" % reservation)
+            Outputs(str(self.cfg["smoke_output_dir"])).close()  # refused before any drain is lifted
             self.slurm.undrain(hostlist(group))
             results = run_smoke(self.slurm, self.cfg, self.baseline, group, reservation, self.sleep, self.say)
             if self.cfg["pairs"] and self.cfg["smoke_pair"] and not any(r.site for r in results.values()):
@@ -250,6 +343,10 @@ class SmokeStep:
         except SlurmError as exc:
             results = {n: SmokeResult(n, problem="not run: %s" % exc) for n in group}
             runs, pair_verdicts = [], {}
+        except ConfigError as exc:  # smoke_output_dir untrusted (trust.Untrusted names the fix) or unusable
+            refused = str(exc)
+            results = {n: SmokeResult(n, problem="not run: " + refused) for n in group}
+            runs, pair_verdicts = [], {}
         finally:
             # Out of service again with the work reason, unless someone set a
             # reason of their own meanwhile: theirs wins, as everywhere.
@@ -261,6 +358,8 @@ class SmokeStep:
                 self.slurm.drain(hostlist(names), reason_text)
         for name, reason_text in sorted(theirs.items()):
             self._leave(name, "reason changed during the smoke job: %r" % reason_text)
+        if refused:
+            return self._smoke_cannot_run(ours, "smoke_output_dir refused: " + refused)
         site = self._journal_smoke(ours, results, runs, pair_verdicts)
         if site:
             return self._smoke_cannot_run(ours, site)
@@ -313,6 +412,10 @@ class SmokeStep:
         work reason (the next run takes them up again) and the sweep stops."""
         for name in nodes:
             self.journal.record(name, "smoke", jr.STARTED, detail="cannot run: " + site)
+        if "smoke_output_dir" in site:  # no proof root can trust: none is judged, none resumed
+            self.report.stopped = ("no smoke proof can be trusted (%s): not the nodes' fault, none was failed or "
+                                   "resumed; the nodes stay drained for the next gpugate sweep" % site)
+            return
         self.report.stopped = ("the smoke command cannot run (%s): not the nodes' fault, none was failed. Set "
                                "[sweep] smoke (or smoke_pair) in gpugate.toml to the right path, or smoke = [] to "
                                "turn the stage off; the nodes stay drained for the next gpugate sweep" % site)
