@@ -119,6 +119,10 @@ def main() -> int:
     try:
         venv = args.venv or _venv.create(work, ROOT, args.python)
         bindir = os.path.join(venv, "bin")
+        if not args.venv:  # README's install step: pip drops the entry points' "#!... -I"
+            subprocess.run(["sed", "-i", r"1s|^#!\([^ ]*\)$|#!\1 -I|"] + [
+                os.path.join(bindir, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")],
+                check=True, timeout=60)
         prolog, healthcheck = os.path.join(bindir, "gpugate-prolog"), os.path.join(bindir, "gpugate-healthcheck")
         python = _venv.interpreter(prolog)
         foreign = _venv.foreign_site_packages(python, {"SLURMD_NODENAME": HOT})

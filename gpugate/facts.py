@@ -155,6 +155,8 @@ class NodeFacts:
     nvml: Any = None  # NvmlFacts | ProbeFailure
     hcas: Any = None  # tuple of Hca (/sys/class/infiniband); None when not read (the prolog)
     imex: Any = None  # ImexStatus; None unless the nodeset is an IMEX domain member
+    # The code run as root (gpugate.install_trust): "trusted" | ProbeFailure; None when not read (the prolog)
+    install: Any = None
     durations: Dict[str, float] = field(default_factory=dict)
 
     @property

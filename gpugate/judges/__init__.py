@@ -31,6 +31,7 @@ def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
         findings += hca.judge(baseline, expect, facts)
         findings += imex.judge(baseline, expect, facts)
     findings += _uncovered(baseline, facts.node)
+    findings += _install(facts)
     return sort_findings(_fold_gpus(_dedupe(findings), _gpu_count(facts)))
 
 
@@ -43,6 +44,16 @@ def _uncovered(baseline: Baseline, node: str) -> List[Finding]:
     where = baseline.source or "the baseline"
     return [Finding(PROBE, "uncovered", node, "a [nodes] section in %s" % where, INVESTIGATE,
                     detail="no [nodes.\"...\"] section of %s names %s" % (where, node))]
+
+
+def _install(facts: NodeFacts) -> List[Finding]:
+    """Others could change the code this node runs as root (its interpreter,
+    site-packages, gpugate's package: gpugate.install_trust).  A probe
+    finding, budgeted: gpugate cannot vouch for its own answers there."""
+    install = facts.install
+    if not failed(install):
+        return []
+    return [Finding(PROBE, "install", install.kind, "root-only", INVESTIGATE, detail=install.detail)]
 
 
 def _dedupe(findings: List[Finding]) -> List[Finding]:

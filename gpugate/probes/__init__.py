@@ -100,6 +100,11 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         t0 = time.monotonic()
         values["hcas"] = read_hcas(root)
         durations["hca"] = time.monotonic() - t0
+        from ..install_trust import fact  # the code this runs as root (~3 ms); not the prolog's
+
+        t0 = time.monotonic()
+        values["install"] = fact()
+        durations["install"] = time.monotonic() - t0
     return NodeFacts(node=node, mode=mode, collected_at=time.time(), nvml=nvml, durations=durations,
                      **values)
 

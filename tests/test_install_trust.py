@@ -1,0 +1,228 @@
+"""The code gpugate runs as root is walked too, and its entry points run
+Python isolated (issue 24, item 5).
+
+The installation walked here is a copy of gpugate's package in a temporary
+tree (the real install is never chmod'ed); the entry points run as pip
+installs them, in a venv, with a hostile PYTHONPATH and current directory."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import gpugate
+from gpugate import install_trust, trust
+from gpugate.errors import ConfigError
+from gpugate.facts import ProbeFailure
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the rules under test are root's")
+
+
+def _refused_with_fix(message, culprit):
+    assert culprit in message and "chown root %s; chmod go-w %s" % (culprit, culprit) in message, message
+
+
+@pytest.fixture
+def site(tmp_path):
+    """site-packages with a copy of gpugate's package (its __pycache__ too)
+    and a .pth file whose import line loads a module at every start."""
+    path = tmp_path / "site-packages"
+    shutil.copytree(os.path.dirname(gpugate.__file__), str(path / "gpugate"))
+    (path / "hook.pth").write_text("import starthook; starthook.install()\n")
+    (path / "starthook.py").write_text("def install():\n    pass\n")
+    os.makedirs(str(path / "gpugate" / "__pycache__"), exist_ok=True)
+    (path / "gpugate" / "__pycache__" / "verdict.cpython-311.pyc").write_bytes(b"\0")
+    return path
+
+
+def _check(site, extra=()):
+    return install_trust.check_install(path=[str(site)] + list(extra), packages=("gpugate",))
+
+
+def test_a_root_only_install_passes_and_every_file_of_the_package_is_walked(site):
+    files = sum(len(dirs) + len(names) for _, dirs, names in os.walk(str(site / "gpugate")))
+    assert _check(site) >= files + 4  # the interpreter, the entry, the .pth, the package and all below
+
+
+@pytest.mark.parametrize("where, mode", [
+    ("gpugate/judges", 0o777),  # a directory of the package: a new module there is imported as root
+    ("gpugate/verdict.py", 0o664),  # a module
+    ("gpugate/__pycache__", 0o775),  # compiled modules are code too
+    ("gpugate/__pycache__/verdict.cpython-311.pyc", 0o666),
+    ("hook.pth", 0o664),  # the interpreter runs its import line at every start
+    ("starthook.py", 0o646),  # and the module that line imports
+    (".", 0o777),  # site-packages itself
+])
+def test_a_path_of_the_install_others_can_write_is_refused_naming_it_and_the_fix(site, where, mode):
+    culprit = os.path.normpath(str(site / where))
+    os.chmod(culprit, mode)
+    with pytest.raises(trust.Untrusted) as info:
+        _check(site)
+    _refused_with_fix(str(info.value), culprit)
+
+
+def test_a_module_owned_by_someone_else_is_refused(site):
+    module = str(site / "gpugate" / "names.py")
+    os.chown(module, 65534, 65534)
+    with pytest.raises(trust.Untrusted) as info:
+        _check(site)
+    assert "is owned by uid 65534" in str(info.value)
+    _refused_with_fix(str(info.value), module)
+
+
+def test_a_missing_sys_path_entry_others_could_create_is_refused(site, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(str(shared), 0o777)  # not sticky: anyone could create the zip the interpreter would import from
+    with pytest.raises(trust.Untrusted) as info:
+        _check(site, [str(shared / "python311.zip")])
+    assert str(shared) in str(info.value)
+    os.chmod(str(shared), 0o755)
+    _check(site, [str(shared / "python311.zip")])  # only root could create it: fine
+
+
+def test_the_untrusted_install_is_a_fact_a_probe_finding_and_a_refused_fragment(site, monkeypatch, fleet,
+                                                                               settings_for):
+    """`gpugate facts` / the health check report it (probe install=untrusted,
+    budgeted like every probe); `gpugate slurm-conf` refuses, exit 2."""
+    from gpugate.baseline import load_baseline
+    from gpugate.cli.main import main
+    from gpugate.node.check import run_check
+
+    from conftest import DEMO_BASELINE
+
+    os.chmod(str(site / "gpugate" / "judges"), 0o777)
+    monkeypatch.setattr(install_trust, "isolated_path", lambda: [str(site)])
+    found = install_trust.fact()
+    assert isinstance(found, ProbeFailure) and found.kind == install_trust.UNTRUSTED
+    assert "Nothing was read" not in found.detail
+    _refused_with_fix(found.detail, str(site / "gpugate" / "judges"))
+
+    result = run_check(settings_for(fleet), load_baseline(DEMO_BASELINE), "gpu01", "healthcheck")
+    assert result.facts.install == found
+    assert not result.verdict.fit and "probe install=untrusted" in result.verdict.reason
+    assert "install" in result.facts.durations
+
+    with pytest.raises(ConfigError) as info:
+        install_trust.vouch_install()
+    _refused_with_fix(str(info.value), str(site / "gpugate" / "judges"))
+    out = CliRunner().invoke(main, ["slurm-conf"])
+    assert out.exit_code == 2 and "HealthCheckProgram=" not in out.output
+    assert "chown root %s" % (site / "gpugate" / "judges") in out.output
+
+    os.chmod(str(site / "gpugate" / "judges"), 0o755)
+    assert install_trust.fact() == install_trust.TRUSTED
+
+
+def test_the_real_install_is_walked_within_a_few_milliseconds():
+    """Cheap enough for every health check (the prolog never walks it)."""
+    import time
+
+    path = install_trust.isolated_path()
+    assert install_trust.check_install(path=path) > 100
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        install_trust.check_install(path=path)
+        best = min(best, time.perf_counter() - started)
+    assert best < 0.05, best  # ~3 ms on 2 busy cores
+
+
+# --------------------------------------------------- the entry points' -I
+EVIL_MODULE = "open(%r, 'a').write(%r)\n"
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """The three entry points as pip installs them in a venv: pip's own
+    fix_script turns the wheel's "#!python -I" (setuptools keeps the flag)
+    into the bare interpreter."""
+    from pip._internal.operations.install.wheel import fix_script
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    scripts = {}
+    for mode, source in (("healthcheck", "healthcheck"), ("prolog", "prolog"), ("epilog", "epilog")):
+        with open(os.path.join(ROOT, source, "gpugate-" + mode)) as handle:
+            first, rest = handle.read().split("\n", 1)
+        assert first.startswith("#!") and first.split()[-1] == "-I"  # setuptools: "#!python -I"
+        path = str(venv / "bin" / ("gpugate-" + mode))
+        with open(path, "w") as handle:
+            handle.write("#!python -I\n" + rest)
+        os.chmod(path, 0o755)
+        fix_script(path)
+        with open(path) as handle:
+            first, rest = handle.read().split("\n", 1)
+        assert first == "#!" + sys.executable  # pip's own interpreter, and the -I is gone
+        with open(path, "w") as handle:  # in the venv, pip runs from the venv's
+            handle.write("#!%s\n%s" % (python, rest))
+        scripts[mode] = path
+    return scripts
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """A world-writable directory with a gpugate package and a
+    sitecustomize that each leave a marker when imported."""
+    evil = tmp_path / "evil"
+    (evil / "gpugate").mkdir(parents=True)
+    markers = {"gpugate": str(tmp_path / "evil-gpugate-ran"), "site": str(tmp_path / "evil-sitecustomize-ran")}
+    (evil / "gpugate" / "__init__.py").write_text(EVIL_MODULE % (markers["gpugate"], "ran"))
+    (evil / "sitecustomize.py").write_text(EVIL_MODULE % (markers["site"], "ran"))
+    (evil / "usercustomize.py").write_text(EVIL_MODULE % (markers["site"], "ran"))
+    os.chmod(str(evil), 0o777)
+    return str(evil), markers
+
+
+def _run(script, evil, extra_env=None):
+    env = {"SLURMD_NODENAME": "gpu01", "PYTHONPATH": evil, "PYTHONSTARTUP": evil + "/sitecustomize.py"}
+    env.update(extra_env or {})
+    return subprocess.run([script, "--help"], cwd=evil, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_as_pip_installs_them_the_entry_points_import_nothing_from_pythonpath_or_the_cwd(installed, hostile):
+    """pip drops "-I": the script starts again isolated before anything of
+    gpugate loads, so a gpugate package in PYTHONPATH or the current
+    directory never runs.  (A sitecustomize on slurmd's own PYTHONPATH
+    would still run in that first interpreter: `gpugate slurm-conf` warns
+    and names the fix, tested below.)"""
+    evil, markers = hostile
+    for mode, script in installed.items():
+        assert not install_trust.isolated_shebang(script)
+        done = _run(script, evil)
+        assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
+        assert not os.path.exists(markers["gpugate"]), mode
+
+
+def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(installed, hostile):
+    """The one-line fix `gpugate slurm-conf` prints puts -I back: the first
+    interpreter is isolated, no sitecustomize or usercustomize runs, no
+    restart."""
+    evil, markers = hostile
+    notes = install_trust.shebang_notes(list(installed.values()))
+    fix = notes.splitlines()[-1].lstrip("# ").strip()
+    assert fix.startswith("sed -i ") and all(s in fix for s in installed.values())
+    subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)
+    subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)  # idempotent
+    assert install_trust.shebang_notes(list(installed.values())) == ""
+    for mode, script in installed.items():
+        assert open(script).readline().rstrip("\n").endswith(" -I")
+        done = _run(script, evil, {"PYTHONINSPECT": "", "PYTHONHOME": evil})
+        assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
+        assert not os.path.exists(markers["gpugate"]) and not os.path.exists(markers["site"]), mode
+
+
+def test_slurm_conf_warns_when_an_entry_point_starts_python_without_isolation(installed):
+    notes = install_trust.shebang_notes(list(installed.values()) + ["/nonexistent/gpugate-prolog"])
+    assert notes.startswith("# WARNING: these entry points start Python without -I")
+    assert "/nonexistent" not in notes
+    assert install_trust.isolated_shebang(os.path.join(ROOT, "prolog", "gpugate-prolog"))
+    assert stat.S_IMODE(os.stat(installed["prolog"]).st_mode) == 0o755
