@@ -61,6 +61,10 @@ def node_textfiles(tmp_path) -> dict:
     for node in ("gpu01", "gpu02"):
         _healthcheck(str(config), node)
         out[node] = open(prom).read()
+    from gpugate.node.metrics import write_lock_stuck
+
+    assert write_lock_stuck(prom, "healthcheck", 1000) == ""  # gpu05: gpu02's textfile, its lock stuck since
+    out["gpu05"] = open(prom).read()
     baseline.write_text("[pin\n")  # a broken push: gpu02 judges with its last good copy
     _healthcheck(str(config), "gpu02")
     out["gpu02"] = open(prom).read()
@@ -127,7 +131,8 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
     node = node_textfiles(tmp_path)
     quiet = series(node["gpu01"], "gpu01", False) + series(controller_textfile(False), "ctl", False)
     alarm = (series(node["gpu02"], "gpu02", False) + series(node["gpu03"], "gpu03", False)
-             + series(node["gpu01"], "gpu04", True) + series(controller_textfile(True), "ctl", True))
+             + series(node["gpu01"], "gpu04", True) + series(node["gpu05"], "gpu05", False)
+             + series(controller_textfile(True), "ctl", True))
     fire = {
         "GpugateDrainHeld": [{"instance": "gpu03"}],
         "GpugateDrainBudgetSpent": [{"instance": "ctl", "partition": "gpu"}],
@@ -137,6 +142,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         "GpugateSweepStopped": [{"instance": "ctl"}],
         "GpugateHealthCheckStale": [{"instance": "gpu04"}],
         "GpugateControllerMetricsStale": [{"instance": "ctl"}],
+        "GpugateLockStuck": [{"instance": "gpu05", "lock": "healthcheck"}],
     }
     assert set(fire) == set(rules)  # every rule is tested
     tests = [

@@ -333,4 +333,4 @@ def test_one_run_acts_on_a_node_at_a_time(tmp_path):
             with _act_lock(where, 0.1):
                 pass
     with _act_lock(where, 0.1):  # released on the way out, the failed attempt's file closed too
-        assert os.path.exists(os.path.join(where, "act.lock"))
+        assert os.path.exists(os.path.join(where, "locks", "act.lock"))

@@ -194,7 +194,7 @@ def test_second_sweeper_refuses_to_run(new_cluster):
     from gpugate.node.lock import RunLock
 
     cluster = new_cluster(nodes=2)
-    lock = RunLock(cluster.path("state", "sweep.lock"))
+    lock = RunLock(cluster.path("state", "locks", "sweep.lock"))
     assert lock.acquire()
     try:
         code, report, err = run_sweep(cluster)

@@ -87,10 +87,13 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     fleet = {n: (a["facts"] if isinstance(a, dict) and isinstance(a.get("facts"), dict) else str(a))
              for n, a in answers.items()}
     errors = {n: a["config_error"] for n, a in answers.items() if isinstance(a, dict) and a.get("config_error")}
+    # Nodes whose health check lock is held past a check's budget (gpugate.node.lock): `gpugate status` says so.
+    stuck = {n: a["lock_stuck"] for n, a in answers.items()
+             if isinstance(a, dict) and isinstance(a.get("lock_stuck"), dict)}
     result = fold(fleet, baseline, errors)
     try:
         write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet,
-                                          "partitions": member_of, "config_errors": errors})
+                                          "partitions": member_of, "config_errors": errors, "locks_stuck": stuck})
     except OSError as exc:
         click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
     if as_json:

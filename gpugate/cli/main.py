@@ -24,6 +24,9 @@ Exit codes:
 
 class Cli(click.Group):
     def invoke(self, ctx):
+        # As the node entry points: what gpugate creates (the sweep's lock,
+        # journal, audit) is root's alone unless it says otherwise.
+        os.umask(0o077)
         try:
             return super().invoke(ctx)
         except GpugateError as exc:
@@ -174,6 +177,10 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         result = run_check(settings, baseline, node, "healthcheck")
         out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts),
                "config_error": record.get("config_error")}
+    from ..node.lock import healthcheck_stuck
+
+    # null, or the health check lock held past a check's whole budget: no check runs on the node.
+    out["lock_stuck"] = healthcheck_stuck(settings, node, time.time())
     click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
 
 

@@ -63,7 +63,7 @@ def status(config, as_json, partition, nodes):
     """
     from ..budget import fleet_usage
     from ..config import load_settings
-    from ..fleet.status import config_errors, render_text, repeat_offenders, summarize
+    from ..fleet.status import config_errors, locks_stuck, render_text, repeat_offenders, summarize
     from ..slurm import connect
     from ..sweep.snapshot import take
 
@@ -82,7 +82,9 @@ def status(config, as_json, partition, nodes):
     summary = summarize(take(states, settings.reason_tag, now), journal_nodes, now, states=states, budget=budget)
     if partition:
         summary["partitions"] = {p: f for p, f in summary["partitions"].items() if p in partition}
-    summary["config_errors"] = config_errors(_last_audit(settings), now)
+    last_audit = _last_audit(settings)
+    summary["config_errors"] = config_errors(last_audit, now)
+    summary["locks_stuck"] = locks_stuck(last_audit, now)
     summary["repeat_offenders"] = repeat_offenders(
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))

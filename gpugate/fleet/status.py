@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional
 
 from ..findings import CLASSES, ROLLOUT
 
-__all__ = ["summarize", "render_text", "format_age", "state_text", "repeat_offenders"]
+__all__ = ["summarize", "render_text", "format_age", "state_text", "repeat_offenders", "locks_stuck"]
 
 # Journal steps that end a node's stay in the sweep; their detail says why.
 _EXPLAINED_STEPS = ("left", "deferred", "halted", "escalate")
@@ -235,6 +235,12 @@ def render_text(summary: dict) -> str:
                      "baseline; fix the pushed file. First: %s" % (
                          len(errors["nodes"]), format_age(errors.get("age")), errors["hostlist"],
                          errors["first"][:200]))
+    stuck = summary.get("locks_stuck")
+    if stuck and stuck.get("nodes"):
+        lines.append("")
+        lines.append("HEALTH CHECK LOCK STUCK on %d nodes (audit of %s ago): %s run no health check until its "
+                     "holder ends (log line lock_stuck=...). First: %s" % (
+                         len(stuck["nodes"]), format_age(stuck.get("age")), stuck["hostlist"], stuck["first"]))
     backend = summary.get("slurm_backend")
     if backend:
         lines.append("")
@@ -252,12 +258,34 @@ def config_errors(last_audit: Optional[Mapping[str, object]], now: float) -> Opt
         return None
     errors = last_audit.get("config_errors")
     errors = {str(n): str(e) for n, e in errors.items()} if isinstance(errors, Mapping) else {}
-    try:
-        age = max(now - float(last_audit.get("at", 0)), 0.0)
-    except (TypeError, ValueError):
-        age = None
     first = "%s: %s" % sorted(errors.items())[0] if errors else ""
-    return {"nodes": sorted(errors), "hostlist": hostlist(errors), "first": first, "age": age}
+    return {"nodes": sorted(errors), "hostlist": hostlist(errors), "first": first, "age": _audit_age(last_audit, now)}
+
+
+def _audit_age(last_audit: Mapping[str, object], now: float) -> Optional[float]:
+    try:
+        return max(now - float(last_audit.get("at", 0)), 0.0)
+    except (TypeError, ValueError):
+        return None
+
+
+def locks_stuck(last_audit: Optional[Mapping[str, object]], now: float) -> Optional[dict]:
+    """What the latest audit says of nodes whose health check lock is held
+    past a check's whole budget (gpugate.node.lock), for the summary:
+    {"nodes", "hostlist", "first", "age"}; None without an audit."""
+    from .audit import hostlist
+
+    if not isinstance(last_audit, Mapping):
+        return None
+    stuck = last_audit.get("locks_stuck")
+    stuck = {str(n): s for n, s in stuck.items() if isinstance(s, Mapping)} if isinstance(stuck, Mapping) else {}
+    first = ""
+    if stuck:
+        node, held = sorted(stuck.items())[0]
+        pid, seconds = held.get("pid"), held.get("seconds")
+        first = "%s: pid %s, for %s" % (node, pid if isinstance(pid, int) else "?",
+                                        format_age(seconds if isinstance(seconds, (int, float)) else None))
+    return {"nodes": sorted(stuck), "hostlist": hostlist(stuck), "first": first, "age": _audit_age(last_audit, now)}
 
 
 def repeat_offenders(history: Mapping[str, object], now: float, limit: int, window: float) -> dict:

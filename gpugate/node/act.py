@@ -7,7 +7,6 @@ did): only then may a fit verdict have a drain to clear."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 
@@ -123,33 +122,30 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
 
 
 class _act_lock:
-    """One run acts on a node at a time (flock on state_dir/act.lock).  A
-    class, not contextlib.contextmanager: contextlib is half a millisecond
-    of every prolog, which never acts when the node is fit."""
+    """One run acts on a node at a time (state_dir/locks/act.lock, a lock
+    only root can take: gpugate.node.lock).  A class, not
+    contextlib.contextmanager: contextlib is half a millisecond of every
+    prolog, which never acts when the node is fit."""
 
     def __init__(self, state_dir: str, timeout: float):
-        self.path = os.path.join(state_dir, "act.lock")
-        self.state_dir, self.timeout, self.fd = state_dir, timeout, None
+        from .lock import RunLock, lock_path  # here: a fit prolog never acts
+
+        self.path = lock_path(state_dir, "act")
+        self.lock, self.timeout = RunLock(self.path), timeout
 
     def __enter__(self):
-        os.makedirs(self.state_dir, mode=0o755, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        from .lock import describe
+
         deadline = time.monotonic() + max(self.timeout, 0.5)
-        try:
-            while True:
-                try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return self
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise GpugateError("another gpugate run is acting on this node (%s)" % self.path) from None
-                    time.sleep(0.05)
-        except BaseException:
-            os.close(self.fd)
-            raise
+        while not self.lock.acquire():
+            if time.monotonic() >= deadline:
+                raise GpugateError("another gpugate run is acting on this node (%s, held by %s)"
+                                   % (self.path, describe(self.lock.holder, time.time())))
+            time.sleep(0.05)
+        return self
 
     def __exit__(self, *exc):
-        os.close(self.fd)
+        self.lock.release()
         return False
 
 

@@ -26,6 +26,9 @@ def main(mode, argv, reader=None):
     """reader: the prolog's NVML reader, when its entry script forked it
     already (gpugate.node.prolog_reader)."""
     started = time.monotonic()
+    # slurmd's umask is not ours to trust: nothing gpugate creates is
+    # writable, or readable, by others unless it says so (a textfile 0644).
+    os.umask(0o077)
     config = None
     args = list(argv)
     while args:

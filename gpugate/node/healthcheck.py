@@ -8,6 +8,7 @@ site's NHC runs between judging and acting, in its share of the budget
 
 import os
 import time
+from ..errors import GpugateError
 from ..facts import to_jsonable
 from ..findings import PROBE
 from ..judges import hca, lost
@@ -18,7 +19,7 @@ from .act import act
 from .hold import HELD
 from .check import ACT_RESERVE, run_check
 from .lastgood import load_baseline
-from .lock import RunLock
+from .lock import RunLock, lock_path
 from .slurmd_limits import slurm_node_is_healthy
 
 # Transient right after boot: services still starting, DCGM not yet up.
@@ -27,10 +28,9 @@ _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
 
 def run(settings, node: str, record: dict) -> int:
     started = time.monotonic()
-    lock = _take_lock(settings.state_dir(node), record)
+    lock, holder = _take_lock(settings.state_dir(node), record)
     if lock is None:
-        record.update(verdict="skipped", why="previous health check still running")
-        return 0
+        return _busy(settings, holder, record)
     with lock:
         settings = _within_slurmd_timeout(settings, record)
         # Every Slurm call below ends by this deadline (slurmd kills the run soon after).
@@ -53,15 +53,46 @@ def run(settings, node: str, record: dict) -> int:
 
 
 def _take_lock(state_dir: str, record: dict):
-    """The run lock, or None when another run holds it."""
-    lock = RunLock(os.path.join(state_dir, "healthcheck.lock"))
+    """(the run lock, None), or (None, its holder) when another run holds
+    it.  Only root can take it (gpugate.node.lock)."""
+    lock = RunLock(lock_path(state_dir, "healthcheck"))
     try:
-        held = lock.acquire()
-    except OSError as exc:
-        # A full or read-only state directory must not switch the check off.
-        record["state_error"] = "no lock: %s" % exc
-        held = True
-    return lock if held else None
+        if not lock.acquire():
+            return None, lock.holder
+    except (OSError, GpugateError) as exc:
+        # A full or read-only state directory, or a lock directory someone
+        # else owns (the error names the fix), must not switch the check off.
+        record["state_error"] = ("no lock: %s" % exc)[:600]
+    return lock, None
+
+
+def _busy(settings, holder, record: dict) -> int:
+    """Another health check holds the lock.  Within its whole budget (and
+    the margin slurmd leaves after it): skipped, exit 0.  Longer: stuck (a
+    run, or a child it forked, hangs; only root can take the lock), and
+    every check skipped meanwhile is a node nobody gates: said in the log
+    line with the holder's pid and age, in the metric
+    gpugate_lock_stuck_seconds, and by exit 2 (could not judge)."""
+    from .lock import describe, healthcheck_bound, held_for
+
+    now = time.time()
+    age, bound = held_for(holder, now), healthcheck_bound(settings)
+    if age <= bound:
+        record.update(verdict="skipped", why="previous health check still running")
+        if holder:
+            record["lock_holder"] = holder[0]
+        return 0
+    record.update(verdict="error", lock_stuck={"lock": "healthcheck", "pid": holder[0], "seconds": round(age)},
+                  error="health check lock held by %s, longer than a health check's whole budget (%ds): no "
+                        "health check runs on this node until it ends; look at that process (kill it if it "
+                        "hangs)" % (describe(holder, now), bound))
+    if settings.prometheus_textfile:
+        from .metrics import write_lock_stuck
+
+        not_written = write_lock_stuck(settings.prometheus_textfile, "healthcheck", age)
+        if not_written:
+            record["metrics_error"] = not_written[:600]
+    return 2
 
 
 class _Judged:

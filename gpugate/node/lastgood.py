@@ -35,6 +35,7 @@ import time
 from .. import jsontext
 from ..errors import ConfigError
 from ..record import replace
+from .state import makedirs
 from ..safeio import STATE_CAP, read_capped
 
 TYPE_CHECKING = False
@@ -155,7 +156,7 @@ def _keep_resolved(where: str, data: bytes, node: str, baseline) -> None:
     try:
         text = jsontext.dumps({"text": data.decode("utf-8"), "version": __version__, "node": node,
                            "view": baseline.resolved_for(node)}, sort_keys=True)
-        os.makedirs(where, mode=0o700, exist_ok=True)
+        makedirs(where, 0o700)  # 0755 above it, whatever the umask
         _write(os.path.join(where, BASELINE + RESOLVED), text.encode())
     except (TypeError, ValueError):
         return  # a value JSON cannot hold: the baseline is parsed every run
@@ -238,7 +239,7 @@ def _keep(where: str, name: str, path: str, data: bytes, parsed, cached: bool) -
     if same and cached:
         return
     try:
-        os.makedirs(where, mode=0o700, exist_ok=True)
+        makedirs(where, 0o700)  # 0755 above it, whatever the umask
         if not same:
             _write(copy, data)
             meta = kept(where)

@@ -41,7 +41,9 @@ def _syslog(line: str, verdict: Any) -> None:
 
 def _append(path: str, line: str) -> bool:
     try:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        from .state import makedirs
+
+        makedirs(os.path.dirname(path))
         try:
             if os.path.getsize(path) > _ROTATE_BYTES:
                 os.replace(path, path + ".1")

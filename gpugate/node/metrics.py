@@ -115,12 +115,57 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "Xids, SXids and fallen-off-the-bus reports in the kernel log within xid_window_seconds, by code: "
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
+        lock_stuck_family("healthcheck", 0.0),
     ] + hca_families(facts)
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
         families.append(("gpugate_nhc_result", "gauge",
                          "1 for the last result of the site's NHC run by the health check.",
                          [("gpugate_nhc_result", {"result": r}, 1 if r == nhc else 0) for r in NHC_RESULTS]))
     return families
+
+
+LOCK_STUCK = "gpugate_lock_stuck_seconds"
+
+
+def lock_stuck_family(lock: str, seconds: float) -> tuple:
+    return (LOCK_STUCK, "gauge",
+            "How long a run has held gpugate's lock when that is longer than the run's whole budget, else 0. "
+            "While the health check's is stuck, no health check runs on the node.",
+            [(LOCK_STUCK, {"lock": lock}, round(seconds))])
+
+
+def write_lock_stuck(path: str, lock: str, seconds: float) -> str:
+    """The textfile with gpugate_lock_stuck_seconds set and the rest as the
+    last check wrote it (a stuck lock means no check ran to rewrite it);
+    "" when written, else why not (as write_node_textfile)."""
+    from ..safeio import SYSTEM_CAP, read_capped
+
+    try:
+        old = read_capped(path, SYSTEM_CAP, follow=False).decode("utf-8", "replace").splitlines()
+    except OSError:
+        old = []  # none yet, or unreadable: the stuck lock alone
+    kept = [line for line in old if line.split(" ", 3)[2:3] != [LOCK_STUCK]
+            and not line.startswith((LOCK_STUCK + "{", LOCK_STUCK + " "))]
+    return _write_textfile(path, "".join(line + "\n" for line in kept) + render([lock_stuck_family(lock, seconds)]))
+
+
+SERVICE_STATES = ("running", "stopped", "unreadable", "unchecked")
+
+
+def service_families(facts) -> list:
+    """Per daemon gpugate reads ([services]): running, stopped, unreadable, or
+    unchecked ([services] ROLE = "none"), never taken for running."""
+    services = getattr(facts, "services", None)
+    if services is None:  # not read in this mode
+        return []
+    samples = []
+    for role in sorted(services) if isinstance(services, dict) else ("fabricmanager", "persistenced"):
+        value = services.get(role) if isinstance(services, dict) else services
+        state = (("unchecked" if unchecked(value) else "unreadable") if failed(value)
+                 else "running" if value == "active" else "stopped")
+        samples += [("gpugate_service", {"service": role, "state": s}, 1 if s == state else 0) for s in SERVICE_STATES]
+    return [("gpugate_service", "gauge", "1 for the state of each NVIDIA daemon gpugate reads: running, stopped, "
+             'unreadable, or unchecked ([services] ROLE = "none" in gpugate.toml).', samples)]
 
 
 def kernel_log_samples(events) -> list:
@@ -160,10 +205,13 @@ def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bo
     caller: a metrics write never changes the verdict or the drain).  Its
     directory (node_exporter's, often not root's) must pass the trust walk:
     root writes nothing where someone else could plant a symlink."""
+    return _write_textfile(path, render(node_families(node, verdict, facts, baseline, held, config_error, nhc)))
+
+
+def _write_textfile(path: str, text: str) -> str:
     from ..errors import ConfigError
     from ..safeio import write_in_checked_dir
 
-    text = render(node_families(node, verdict, facts, baseline, held, config_error, nhc))
     try:
         # Atomic (node_exporter must never read half a file) and 0644 whatever the umask.
         write_in_checked_dir(path, text.encode(), "[healthcheck] prometheus_textfile's directory")

@@ -63,7 +63,9 @@ class Journal:
 
         # The sweep resumes nodes on what this says: root's alone, like gpugate.toml.
         check_state(os.path.dirname(os.path.abspath(path)), files=(os.path.abspath(path),))
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+        from ..node.state import makedirs
+
+        makedirs(os.path.dirname(os.path.abspath(path)))  # 0755 whatever the umask
         self.path = path
         self.db = sqlite3.connect(path, timeout=10, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")

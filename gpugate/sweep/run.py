@@ -56,16 +56,35 @@ def lock(settings):
     from ..node.lock import RunLock
 
     _check_journal(settings)  # before the lock file is created in its directory
-    path = os.path.join(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "sweep.lock")
+    path = lock_path(settings)
     held = RunLock(path)
     if not held.acquire():
-        try:
-            with open(path) as handle:
-                holder = handle.read().strip()
-        except OSError:
-            holder = "?"
-        raise SweepBusy("another gpugate sweep (pid %s) holds %s; it must finish first" % (holder, path))
+        from ..node.lock import describe, held_for
+
+        now = time.time()
+        message = "another gpugate sweep (%s) holds %s; it must finish first" % (describe(held.holder, now), path)
+        bound = batch_bound(settings)
+        if held_for(held.holder, now) > bound:
+            message += (". That is longer than one batch's time limits (%ds): if that sweep is stuck, stop it "
+                        "(`gpugate sweep status` shows its last step; the next run continues from the journal)"
+                        % bound)
+        raise SweepBusy(message)
     return held
+
+
+def lock_path(settings) -> str:
+    """The sweep's lock: in a 0700 directory next to the journal (gpugate.node.lock)."""
+    from ..node.lock import lock_path as in_dir
+
+    return in_dir(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "sweep")
+
+
+def batch_bound(settings) -> float:
+    """The longest one batch may take by its own time limits: drain,
+    converge, reboot, verify and the smoke job, with a retry of the last two."""
+    cfg = settings.sweep
+    return float(cfg["drain_timeout"]) + float(cfg["converge_timeout"]) + float(cfg["reboot_timeout"]) + 2 * (
+        float(cfg["verify_timeout"]) + float(cfg["smoke_deadline"]))
 
 
 def with_rollout(settings, baseline, slurm, transport, opts: Options) -> Options:
