@@ -152,6 +152,9 @@ class NodeFacts:
     dcgm_diag: Any = None  # DcgmDiag; None when the mode does not run it
     xids: Any = ()  # tuple of XidEvent (fresh ones only)
     kernel_log_seq: int = -1  # newest kernel log record seen: the next run's cursor
+    # {"records", "first", "last"}: records overwritten before they were read
+    # (gpugate.probes.kernlog.lost_records); None when none are known lost.
+    kernel_log_lost: Any = None
     nvml: Any = None  # NvmlFacts | ProbeFailure
     hcas: Any = None  # tuple of Hca (/sys/class/infiniband); None when not read (the prolog)
     imex: Any = None  # ImexStatus; None unless the nodeset is an IMEX domain member

@@ -4,7 +4,7 @@ where they were published; properties check that no line of one form is
 read as another."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpugate.parsers import kernlog
@@ -14,8 +14,8 @@ PROPS = settings(max_examples=150, deadline=None)
 
 
 def scan(lines):
-    scanner = kernlog.Scanner()
-    return [e for e in (scanner.feed(line) for line in lines) if e is not None]
+    """Plain dmesg/journal lines, read as parse_dmesg reads them (their prefix off)."""
+    return list(kernlog.parse_dmesg("\n".join(lines)))
 
 
 # (line, (kind, code, bus, where, text starts with)).
@@ -176,3 +176,53 @@ def test_old_events_are_kept_only_for_rates_and_capped():
     assert [e.xid for e in events] == [145] * probe.MAX_OLD_EVENTS + [13]
     assert events[-1].fresh and not any(e.fresh for e in events[:-1])
     assert events[0].seq == len(lines) - 1 - probe.MAX_OLD_EVENTS  # the newest old ones are kept
+
+
+# --------------------------------------------------------------------------
+# Issue 24: events come only from the kernel, read from the start of its message.
+
+MESSAGES = [kernlog.kernel_message(line)[1] for line, _ in FORMS] + [
+    " ".join(line[len("NVRM: "):] for line in SPLIT).join(["NVRM: ", ""])]  # the split form, one record
+
+
+def _driver_start(text):
+    return text.lower().startswith(("nvrm:", "nvidia-nvswitch"))
+
+
+user_text = st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=60)
+subsystem = st.from_regex(r"[a-z][a-z0-9_.-]{0,15}", fullmatch=True).filter(
+    lambda name: name != "kernel" and not _driver_start(name))
+line_text = st.text(st.characters(min_codepoint=32, max_codepoint=0x7e), max_size=60)  # dmesg escapes the rest
+
+
+@given(st.sampled_from(MESSAGES), user_text.filter(bool), st.integers(0, 7), st.integers(0, 2 ** 32))
+@PROPS
+def test_a_driver_message_inside_another_kernel_message_is_no_event(message, prefix, level, seq):
+    """Any text before it (a refused mount option, an exec'd path, ...): not the driver's record."""
+    assume(not _driver_start(prefix + message))
+    assert kernlog.parse_kmsg("%d,%d,1,-;%s%s\n" % (level, seq, prefix, message), 1.7e9) == ()
+
+
+@given(st.sampled_from(MESSAGES), subsystem, line_text, st.sampled_from(
+    ["", "[ 8123.123456] ", "kernel: ", "Mar 02 10:15:03 gpu01 kernel: ", "2025-01-21T04:41:44,283302+00:00 ",
+     "kern  :err   : [   12.5] ", "<3>[    1.000000] "]))
+@PROPS
+def test_a_driver_message_inside_another_subsystems_line_is_no_event(message, name, text, tool):
+    assert kernlog.parse_dmesg("%s%s: %s%s" % (tool, name, text, message)) == ()
+
+
+@given(st.sampled_from(MESSAGES), st.integers(1, 2 ** 28), st.integers(0, 7))
+@PROPS
+def test_a_record_of_another_facility_is_no_event(message, facility, level):
+    pri = facility << 3 | level
+    assert kernlog.parse_kmsg("%d,7,1,-;%s\n" % (pri, message), 1.7e9) == ()
+    assert kernlog.parse_dmesg("<%d>[    1.000000] %s" % (pri, message)) == ()
+
+
+@given(st.sampled_from(list(zip(MESSAGES, [f[1] for f in FORMS] + [("fallen_off_bus", 79, "0000:18:00")]))),
+       st.integers(0, 7))
+@PROPS
+def test_every_real_form_at_kernel_facility_is_still_an_event(case, level):
+    message, expected = case
+    (event,) = kernlog.parse_kmsg("%d,7,1,-;%s\n" % (level, message), 1.7e9)
+    assert (event.kind, event.xid, event.pci_bus_id) == expected[:3]

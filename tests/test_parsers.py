@@ -346,7 +346,9 @@ def test_diag_bad(text, message):
     ("", None),
 ])
 def test_xid_message(line, expected):
-    assert kernlog.parse_xid_message(line) == expected
+    prefix, message = kernlog.kernel_message(line)  # what dmesg or the journal printed before it
+    assert kernlog.parse_xid_message(message) == expected
+    assert kernlog.parse_xid_message(line) == (expected if not prefix else None)  # a kernel message: anchored
 
 
 KMSG = (
@@ -684,8 +686,10 @@ def test_kmsg_round_trip(records, boot_time):
 @given(xid=st.integers(0, 999), bus=hexbyte, dev=hexbyte, legacy=st.booleans(), prefix=noise, text=noise)
 def test_xid_line_round_trip(xid, bus, dev, legacy, prefix, text):
     bus_text = ("0000:%s:%s" if legacy else "PCI:0000:%s:%s") % (bus, dev)
-    event = kernlog.parse_xid_message("%sNVRM: Xid (%s): %d, %s" % (prefix, bus_text, xid, text))
-    assert event == XidEvent(xid, "0000:%s:%s" % (bus, dev), text.strip())
+    line = "NVRM: Xid (%s): %d, %s" % (bus_text, xid, text)
+    assert kernlog.parse_xid_message(line) == XidEvent(xid, "0000:%s:%s" % (bus, dev), text.strip())
+    # Anchored: the same text inside another message (issue 24) is not an Xid.
+    assert kernlog.parse_xid_message("x" + prefix + line) is None
 
 
 version_part = st.integers(0, 999).map(str)

@@ -78,7 +78,8 @@ def sim_set(fleet, nodes, assignments):
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
       dcgm.health dcgm.diag_fail=GPU[:msg] gpus pci.gpus nvml.init_error nvml.hang
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
-      sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE
+      sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE kmsg.user=MESSAGE (user space's)
+      kmsg.flood=N (N records overwrite the oldest of the ring's 1000)
       compute_mode power_limit (every GPU; watts)
       smoke=healthy|pcie-degraded|hang|nccl-abort|pair-slow|pair-abort (what all_reduce_perf
       replays; pair-*: only the 2-node pair job, whose first node plays the worse of the two)

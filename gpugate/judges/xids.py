@@ -10,7 +10,7 @@ resume sticks until a new one arrives)."""
 from __future__ import annotations
 
 from ..facts import ProbeFailure
-from ..findings import HEALTH, REBOOT, Finding
+from ..findings import HEALTH, INVESTIGATE, PROBE, REBOOT, Finding
 from ..lazyre import IGNORECASE, Lazy
 from .common import probe_finding
 
@@ -21,11 +21,11 @@ _DETAIL = 120
 
 
 def judge(policy, facts):
-    events = facts.xids
+    events, lost = facts.xids, lost_finding(facts.kernel_log_lost)
     if isinstance(events, ProbeFailure):
-        return [probe_finding("xid", events)]
+        return [probe_finding("xid", events)] + lost
     if not events:
-        return []  # the healthy path: gpugate.xidcatalog stays unloaded
+        return lost  # the healthy path: gpugate.xidcatalog stays unloaded
     from ..xidcatalog import NVLINK_XIDS
 
     out, counted = [], {}
@@ -47,7 +47,23 @@ def judge(policy, facts):
     for (_, kind), group in sorted(counted.items(), key=lambda kv: str(kv[0])):
         if len(group) >= policy.xid_nonfatal_max and any(e.fresh for e in group):
             out.append(_rate(policy, kind, group))
-    return out
+    return out + lost
+
+
+def lost_finding(lost) -> list:
+    """Kernel-log records overwritten before gpugate read them (a flood can push
+    an Xid out of the ring): a probe finding, within the drain budget (a user's
+    flood on many nodes must not drain beyond it).  It clears on the next run
+    that loses nothing: the run that reports it moves the cursor on."""
+    if not isinstance(lost, dict):
+        return []
+    count = lost.get("records")
+    if isinstance(count, int):
+        observed = "lost %d records seq %s-%s" % (count, lost.get("first"), lost.get("last"))
+    else:
+        observed = "lost records while reading"  # EPIPE at the start of a boot's first read: no count
+    return [Finding(PROBE, "kernel_log", observed, "none lost", INVESTIGATE,
+                    detail="kernel log records overwritten before gpugate read them: an Xid among them went unseen")]
 
 
 def fatal(text: str) -> bool:

@@ -4,6 +4,18 @@ bus" in its one-line and its split form.
 
 The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
 so one odd record cannot hide the event after it.
+
+Only the kernel's own records are events, read as the drivers print them: a
+/dev/kmsg record of facility 0 (the kernel gives every record written to
+/dev/kmsg from user space a user-space facility, LOG_USER when none is named:
+devkmsg_write), whose message *starts* with "NVRM: " or "nvidia-nvswitchN: ".
+Other subsystems log text a job's user chooses at kernel facility ("tmpfs:
+Unknown parameter 'NVRM: Xid (...): 79'", "process '/tmp/NVRM: Xid ...'
+launched ... with NULL argv"): matched anywhere in the message, that drained
+healthy nodes (issue 24).  Plain dmesg/journal lines lose only the prefixes
+those tools print (time, "host kernel: ", dmesg -x's facility) before the same
+anchored match; a line they name a user-space facility or identifier for is
+not the kernel's.
 """
 
 from __future__ import annotations
@@ -50,6 +62,20 @@ _ISO = Lazy(
     ASCII,
 )
 _LEADING_COMMA = Lazy(r"^[ \t]*,")
+# What dmesg and journalctl print before a kernel message (parse_dmesg): the
+# message after it is matched from its start, as a /dev/kmsg message is.
+_PLAIN_PREFIX = Lazy(
+    r"(?:<(?P<pri>[0-9]{1,10})>)?"  # dmesg --raw: "<4>"
+    r"(?:(?P<facility>[a-z][a-z0-9]{1,8}) *:[a-z]{1,8} *: )?"  # dmesg --decode: "kern  :warn  : "
+    r"(?:(?P<time>\[[^\]\n]{0,64}\]"  # dmesg "[  123.456789]", -T, --reltime, -d; journal short-monotonic
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.,]{8,20}(?:Z|[+-][0-9]{2}:?[0-9]{2})?"  # dmesg iso, journal short-iso
+    r"|(?:[A-Z][a-z]{2} )?[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]{8,20}(?: [A-Za-z0-9+-]{1,8})?"  # journal short-full
+    r"|[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"  # journal short(-precise), syslog
+    r"|[0-9]{1,12}\.[0-9]{1,9}"  # journal short-unix
+    r") {1,2})?"
+    r"(?:(?:[^\s]{1,253} )?kernel: )?"  # journal and syslog: "HOST kernel: " (another identifier is user space)
+    r"(?:\[[ 0-9.]{1,32}\] )?",  # syslog's copy of the kernel's time: "kernel: [  123.456] "
+)
 
 
 def _bus_id(match) -> str:
@@ -61,11 +87,16 @@ def _rest(match) -> str:
     return _LEADING_COMMA.sub("", match.group("rest")).strip()  # drop the ", " after the number
 
 
+def _nvrm(message: str) -> bool:
+    return message[:5].lower() == "nvrm:"  # most messages: no pattern to run (or compile)
+
+
 def parse_xid_message(message: str) -> Optional[XidEvent]:
-    """The Xid in one log line, or None when the line is not an Xid report."""
-    if "nvrm" not in message.lower():  # most lines: no pattern to run (or compile)
+    """The Xid a kernel message (a /dev/kmsg record's, or kernel_message's) starts
+    with, or None when it is not an Xid report."""
+    if not _nvrm(message):
         return None
-    match = _XID.search(message)
+    match = _XID.match(message)
     if not match:
         return None
     mig = " ".join((match.group("mig") or "").split())
@@ -73,11 +104,11 @@ def parse_xid_message(message: str) -> Optional[XidEvent]:
 
 
 def parse_sxid_message(message: str) -> Optional[XidEvent]:
-    """The NVSwitch SXid in one log line; None for other lines and for the
-    "Severity"/"Data" lines that continue an SXid already reported."""
+    """The NVSwitch SXid a kernel message starts with; None for other messages and
+    for the "Severity"/"Data" lines that continue an SXid already reported."""
     if "SXid" not in message:
         return None
-    match = _SXID.search(message)
+    match = _SXID.match(message)
     if not match or _SXID_MORE.search(_rest(match)):
         return None
     return XidEvent(xid=int(match.group("xid")), pci_bus_id=_bus_id(match), text=_rest(match), kind="sxid",
@@ -85,27 +116,30 @@ def parse_sxid_message(message: str) -> Optional[XidEvent]:
 
 
 class Scanner:
-    """Reads messages in log order; joins the split "fallen off the bus" records."""
+    """Reads kernel messages in log order (of facility 0 only, without a tool's
+    prefix: kernel_message); joins the split "fallen off the bus" records."""
 
     def __init__(self) -> None:
         self._head = None  # (bus id, records since)
 
     def feed(self, message: str) -> Optional[XidEvent]:
         event = parse_xid_message(message) or parse_sxid_message(message)
-        if event is not None or "NVRM" not in message:
+        if event is not None or not _nvrm(message):
             return event
-        match = _OFF_BUS.search(message)
+        match = _OFF_BUS.match(message)
         if match:
             return XidEvent(xid=79, pci_bus_id=_bus_id(match), text="GPU has fallen off the bus.",
                             kind="fallen_off_bus")
-        match = _OFF_BUS_HEAD.search(message)
+        match = _OFF_BUS_HEAD.match(message)
         if match:
             self._head = (_bus_id(match), 0)
-            message = match.group("rest")  # dmesg may print the three parts as one line
+            tail = _OFF_BUS_TAIL in match.group("rest")  # dmesg may print the three parts as one line
+        else:
+            tail = message[6:].startswith(_OFF_BUS_TAIL)  # a record of its own: "NVRM: fallen off ..."
         if self._head is None:
             return None
         bus, since = self._head
-        if _OFF_BUS_TAIL in message:
+        if tail:
             self._head = None
             return XidEvent(xid=79, pci_bus_id=bus, text="fallen off the bus and is not responding to commands.",
                             kind="fallen_off_bus")
@@ -114,11 +148,12 @@ class Scanner:
 
 
 def parse_kmsg(text: str, boot_time: Optional[float]) -> Tuple[XidEvent, ...]:
-    """Events in /dev/kmsg records; timestamp = boot_time + TS_USEC when boot_time is known."""
+    """Events in /dev/kmsg records of the kernel's facility; timestamp =
+    boot_time + TS_USEC when boot_time is known."""
     events, scanner = [], Scanner()
-    for line in text.splitlines():
+    for line in text.split("\n"):  # records end at "\n" only: not at a user's U+2028 in a file's text
         record = kmsg_record(line)  # continuation lines (" KEY=value") are none
-        event = scanner.feed(record[3]) if record else None
+        event = scanner.feed(record[3]) if record and kernel_facility(record[0]) else None
         if event is None:
             continue
         timestamp = None if boot_time is None else boot_time + int(record[2]) / 1e6
@@ -142,6 +177,22 @@ def kmsg_record(line: str) -> Optional[Tuple[str, str, str, str]]:
         if not 0 < len(value) <= most or not _DIGITS.issuperset(value):
             return None
     return pri, seq, usec, message
+
+
+def kernel_facility(pri: str) -> bool:
+    """Is a record's PRI (facility << 3 | level) the kernel's, facility 0?"""
+    return int(pri) >> 3 == 0
+
+
+def kernel_message(line: str) -> Optional[Tuple[str, str]]:
+    """(the prefix dmesg or journalctl printed, the kernel's message) of a plain
+    text line, or None when the prefix names a user-space facility or identifier."""
+    match = _PLAIN_PREFIX.match(line)
+    if match.group("pri") is not None and not kernel_facility(match.group("pri")):
+        return None
+    if match.group("facility") not in (None, "kern"):
+        return None
+    return line[:match.end()], line[match.end():]
 
 
 def _iso_epoch(line: str) -> Optional[float]:
@@ -169,7 +220,8 @@ def parse_dmesg(text: str) -> Tuple[XidEvent, ...]:
     """Events in plain dmesg/journal lines; timestamp only from an ISO time with a zone."""
     events, scanner = [], Scanner()
     for line in text.splitlines():
-        event = scanner.feed(line)
+        parts = kernel_message(line) if "NVRM" in line.upper() or "SXid" in line else None
+        event = scanner.feed(parts[1]) if parts else None
         if event is not None:
-            events.append(replace(event, timestamp=_iso_epoch(line)))
+            events.append(replace(event, timestamp=_iso_epoch(parts[0])))
     return tuple(events)

@@ -60,7 +60,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         "boot_id": files.boot_id(root),
         "boot_time": files.boot_time(root),
     }
-    kmsg_text = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
+    kmsg_text, kmsg_overwritten = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
     durations["files"] = time.monotonic() - started
 
     jobs = _command_jobs(settings, baseline, node, mode, budget, gpus)
@@ -92,6 +92,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml)
     if isinstance(kmsg_text, str):
         values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)
+        values["kernel_log_lost"] = kernlog.lost_records(kmsg_text, xid_after, kmsg_overwritten)
     if mode in ("healthcheck", "verify"):
         values["module_resident"] = files.module_resident(root)
         values["image"] = files.image(root)

@@ -2,7 +2,16 @@
 simulated sysroot).  Only events inside the policy's window count, and only
 those newer than a cursor drain on their own (``fresh``): a stale log line
 must not hold a node drained forever.  Older ones in the window are kept for
-the judge's rate of non-fatal events."""
+the judge's rate of non-fatal events.
+
+Records lost before gpugate read them are said, never silent (issue 24: a
+user's flood of 3,000 records in 4 s pushed a real Xid out of the ring): the
+oldest record read is past the cursor (the newest record the last run saw, of
+this boot), or read() failed with EPIPE (records overwritten while reading).
+Without a cursor (the first run of a boot) the records before the oldest one
+read are not counted: the ring of a large node often wraps with its own boot
+messages, which would be a finding on every node after every reboot; the
+GPUs' state then is NVML's and DCGM's to tell."""
 
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ import os
 import stat
 
 from ..facts import ProbeFailure, XidEvent
-from ..parsers.kernlog import parse_kmsg
+from ..parsers.kernlog import kmsg_record, parse_kmsg
 from ..record import replace
 
 TYPE_CHECKING = False
@@ -27,20 +36,22 @@ COUNTED_XIDS = frozenset(range(144, 151))
 MAX_OLD_EVENTS = 500
 
 
-def read_kmsg(path: str) -> Any:
-    """The whole ring buffer as text, or a ProbeFailure."""
+def read_kmsg(path: str) -> Tuple[Any, bool]:
+    """(the whole ring buffer as text, or a ProbeFailure; whether records were
+    overwritten while it was read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return ProbeFailure("kernel_log", "missing", path)
+        return ProbeFailure("kernel_log", "missing", path), False
     except OSError as exc:
-        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
+        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc)), False
+    overwritten = False
     try:
         if not stat.S_ISCHR(os.fstat(fd).st_mode):
             size = os.fstat(fd).st_size
             if size > _MAX_BYTES:  # keep the newest part: fresh Xids are at the end
                 os.lseek(fd, size - _MAX_BYTES, os.SEEK_SET)
-            return _read_all(fd).decode("utf-8", "replace")
+            return _read_all(fd).decode("utf-8", "replace"), False
         # /dev/kmsg: one record per read(), EAGAIN at the end of the buffer.
         chunks, size = collections.deque(), 0
         while True:
@@ -49,7 +60,8 @@ def read_kmsg(path: str) -> Any:
             except BlockingIOError:
                 break
             except OSError as exc:
-                if exc.errno == errno.EPIPE:  # records overwritten while reading: go on
+                if exc.errno == errno.EPIPE:  # records overwritten while reading: go on, say so
+                    overwritten = True
                     continue
                 raise
             if not record:
@@ -58,9 +70,9 @@ def read_kmsg(path: str) -> Any:
             size += len(record)
             while size > _MAX_BYTES:  # keep the newest records
                 size -= len(chunks.popleft())
-        return b"".join(chunks).decode("utf-8", "replace")
+        return b"".join(chunks).decode("utf-8", "replace"), overwritten
     except OSError as exc:
-        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc))
+        return ProbeFailure("kernel_log", "error", "%s: %s" % (path, exc.strerror or exc)), overwritten
     finally:
         os.close(fd)
 
@@ -104,10 +116,38 @@ def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: fl
     return tuple(reversed(out))
 
 
+def lost_records(text: str, after_seq: int, overwritten: bool) -> Optional[dict]:
+    """Records lost before this read: {"records": N, "first": SEQ, "last": SEQ}
+    (None where only EPIPE tells, with no seq around the loss), or None when
+    nothing is known lost.  ``after_seq``: the cursor, -1 for none."""
+    lost = []
+    previous = after_seq if after_seq >= 0 else None
+    for seq in _seqs(text, whole=overwritten):  # without EPIPE, the ring holds no gap: the first record tells
+        if previous is not None and seq > previous + 1:
+            lost.append((previous + 1, seq - 1))
+        previous = seq if previous is None else max(previous, seq)
+    if lost:
+        return {"records": sum(last - first + 1 for first, last in lost), "first": lost[0][0], "last": lost[-1][1]}
+    return {"records": None, "first": None, "last": None} if overwritten else None
+
+
+def _seqs(text: str, whole: bool):
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        record = kmsg_record(text[start:end])
+        start = end + 1
+        if record is not None:
+            yield int(record[1])
+            if not whole:
+                return
+
+
 def last_seq(text: str) -> int:
     """The newest record's sequence number (the cursor to store)."""
-    for line in reversed(text.splitlines()):
-        head = line.split(";", 1)[0].split(",")
-        if len(head) >= 3 and head[1].isdigit():
-            return int(head[1])
+    for line in reversed(text.split("\n")):  # as parse_kmsg frames records
+        record = kmsg_record(line)
+        if record is not None:
+            return int(record[1])
     return -1

@@ -169,7 +169,8 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         "proc/sys/kernel/random/boot_id": model["boot_id"] + "\n",
         "proc/stat": "cpu  0 0 0 0\nbtime %d\n" % model["boot_time"],
         "etc/cluster-image.json": json.dumps(model["image"]) + "\n",
-        "dev/kmsg": "".join("%d,%d,%d,-;%s\n" % (6, r["seq"], r["ts_us"], r["msg"]) for r in model["kmsg"]),
+        # PRI 6: the kernel's facility (0), level info; "pri": a record from user space (sim key kmsg.user)
+        "dev/kmsg": "".join("%d,%d,%d,-;%s\n" % (r.get("pri", 6), r["seq"], r["ts_us"], r["msg"]) for r in model["kmsg"]),
     }
     if model["module"]["resident"]:
         files["proc/driver/nvidia/version"] = outputs.proc_driver_version(model["module"]["resident"])

@@ -61,10 +61,24 @@ def _set_package(role: str) -> Callable[[Dict[str, Any], str], None]:
     return setter
 
 
-def _append_kmsg(m: Dict[str, Any], message: str) -> None:
+KMSG_RING = 1000  # records the simulated ring holds: older ones are overwritten, as the kernel's are
+
+
+def _append_kmsg(m: Dict[str, Any], message: str, pri: int = 6) -> None:
     seq = (m["kmsg"][-1]["seq"] + 1) if m["kmsg"] else 1000
     ts_us = int((time.time() - m["boot_time"]) * 1e6)
-    m["kmsg"].append({"seq": seq, "ts_us": ts_us, "msg": message})
+    record = {"seq": seq, "ts_us": ts_us, "msg": message}
+    if pri != 6:
+        record["pri"] = pri
+    m["kmsg"].append(record)
+    del m["kmsg"][:-KMSG_RING]
+
+
+def _kmsg_flood(m: Dict[str, Any], value: str) -> None:
+    """kmsg.flood=N: N records a job's user made the kernel log (a mount option
+    tmpfs refuses, at kernel facility), overwriting the oldest of the ring."""
+    for i in range(_int(value)):
+        _append_kmsg(m, "tmpfs: Unknown parameter 'flood-%d'" % i, pri=3)
 
 
 def _append_xid(m: Dict[str, Any], index: int, xid: int) -> None:
@@ -256,6 +270,8 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "reboot": lambda m, v: reboot(m) if _flag(v) else None,
     "sxid": _append_sxid,
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
+    "kmsg.user": lambda m, v: _append_kmsg(m, v, pri=14),  # written to /dev/kmsg from user space: LOG_USER
+    "kmsg.flood": _kmsg_flood,
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
