@@ -56,6 +56,15 @@ def _tag(value: str) -> Optional[str]:
     return None
 
 
+def _unit(value: str) -> Optional[str]:
+    import re
+
+    if value == "none" or re.fullmatch(r"[A-Za-z0-9:_.@\\-]{1,255}", value) and not value.startswith("-"):
+        return None
+    return ('expected a systemd unit name (letters, digits and ":_.@\\-", e.g. "nvidia-persistenced") or "none" '
+            "(not read on this node: shown as unchecked), got %r" % value)
+
+
 _PATH = Str("/var/lib/gpugate", _abs_path)
 _OPT_PATH = AnyOf(Choice(""), _PATH)
 
@@ -168,9 +177,11 @@ _CONFIG = Table({
         "container_toolkit": (ListOf(Str("nvidia-container-toolkit")), DEFAULT_PACKAGES["container_toolkit"]),
         "fabricmanager": (ListOf(Str("nvidia-fabricmanager-*")), DEFAULT_PACKAGES["fabricmanager"]),
     }), lambda: {"manager": "dpkg", **DEFAULT_PACKAGES}),
+    # role -> systemd unit, asked only where systemd is the init and /proc shows no daemon
+    # (gpugate.probes.services); "none": not read here (shown as unchecked, never as running).
     "services": (Table({
-        "fabricmanager": (Str("nvidia-fabricmanager"), "nvidia-fabricmanager"),
-        "persistenced": (Str("nvidia-persistenced"), "nvidia-persistenced"),
+        "fabricmanager": (Str("nvidia-fabricmanager", _unit), "nvidia-fabricmanager"),
+        "persistenced": (Str("nvidia-persistenced", _unit), "nvidia-persistenced"),
     }), lambda: {"fabricmanager": "nvidia-fabricmanager", "persistenced": "nvidia-persistenced"}),
     "kernel_log": (Table({"path": (_PATH, "/dev/kmsg")}), lambda: {"path": "/dev/kmsg"}),
     "sim": (Table({"fleet": (_OPT_PATH, "")}), lambda: {"fleet": ""}),

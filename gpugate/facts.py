@@ -41,6 +41,9 @@ class ProbeFailure:
 
 
 UNCHECKED = "unchecked"
+# Service role -> its daemon's program (gpugate.probes.services finds it in /proc).
+DAEMONS = {"persistenced": "nvidia-persistenced", "fabricmanager": "nv-fabricmanager"}
+NOT_RUNNING = "not running"  # a service's state: no such process, and no systemd to ask
 NOT_READ = ProbeFailure("nvml", UNCHECKED, "not read by this gpugate version")
 
 
@@ -50,6 +53,21 @@ def failed(value: Any) -> bool:
 
 def unchecked(value: Any) -> bool:
     return isinstance(value, ProbeFailure) and value.kind == UNCHECKED
+
+
+def unchecked_facts(facts: Any) -> Tuple[Tuple[str, str], ...]:
+    """(what, why) for each fact left unread on purpose (gpugate.toml says
+    "none", or a tool needed for nothing pinned is not installed): shown by
+    `gpugate check` and the audit, never taken for a good value."""
+    out = []
+    if unchecked(facts.module_on_disk):
+        out.append(("module_on_disk", facts.module_on_disk.detail))
+    for kind in ("service", "package"):
+        values = getattr(facts, kind + "s")
+        for role, value in sorted(values.items()) if isinstance(values, dict) else ():
+            if unchecked(value):
+                out.append(("%s:%s" % (kind, role), value.detail))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from gpugate.facts import UNCHECKED, ProbeFailure, to_jsonable
 from gpugate.findings import CHECK_CLASSES
 from gpugate.fleet.audit import DRIFT, STATUSES, UNCHECKED as AUDIT_UNCHECKED, UNREADABLE, fold
 from gpugate.fleet.metrics import fleet_families
-from gpugate.node.metrics import MATCHES, UNREADABLE as NODE_UNREADABLE, component_states, node_families
+from gpugate.node.metrics import MATCHES, SERVICE_STATES, UNREADABLE as NODE_UNREADABLE, component_states, node_families
 from gpugate.promtext import render
 from gpugate.node.check import run_check
 
@@ -43,6 +43,10 @@ def textfile(result, node="gpu01"):
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = dict(sample.labels)
+            if sample.name == "gpugate_service":  # per daemon, in fixed states: (service, state) -> 0/1
+                assert labels["service"] in ("fabricmanager", "persistenced") and labels["state"] in SERVICE_STATES
+                out.setdefault(sample.name, {})[(labels["service"], labels["state"])] = sample.value
+                continue
             assert set(labels) <= {"component", "class"}
             assert labels.get("component", "vbios") in COMPONENTS  # a fixed set
             assert labels.get("class", "drift") in CHECK_CLASSES

@@ -34,9 +34,7 @@ def baseline():
 
 def _node_facts(config, sim, node):
     """The node's facts, as `gpugate facts` collects them (DCGM always asked)."""
-    from ..record import replace
-
-    from ..baseline import parse_baseline
+    from ..fleet.capture import probe_baseline
     from ..config import load_checked_baseline
     from ..facts import to_jsonable
     from ..node.check import run_check
@@ -46,10 +44,8 @@ def _node_facts(config, sim, node):
     try:
         current = load_checked_baseline(settings)  # only to run the probes
     except ConfigError:
-        current = parse_baseline({"pin": {"driver": "0"}}, "(capture)")
-    if current.pin.dcgm is None:  # the probes ask DCGM only when it is pinned: capture wants its version
-        current = current.with_pin(replace(current.pin, dcgm="0"))
-    result = run_check(settings, current, node, "healthcheck")
+        current = None
+    result = run_check(settings, probe_baseline(current), node, "healthcheck")
     return result, to_jsonable(result.facts)
 
 

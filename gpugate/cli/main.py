@@ -8,7 +8,7 @@ import sys
 import click
 
 from .. import __version__
-from ..errors import GpugateError
+from ..errors import ConfigError, GpugateError
 from . import baseline_cmd, demo as demo_cmd, fleet as fleet_cmd, sim as sim_cmd, smoke as smoke_cmd, status_cmd
 from . import sweep as sweep_cmd
 from .context import default_node, in_context, load_context
@@ -154,18 +154,29 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
     from ..node.lastgood import for_admin
     from ..node.reuse import last_state
 
+    from ..fleet.capture import probe_baseline
+
     node = node or default_node()
     record = {}  # config_error: the files did not load; the node's last good copies did
+    baseline_error = None  # no baseline (yet): every fact is still read and printed, none judged
     if sim or baseline_path:
         from ..config import load_checked_baseline
 
         settings = load_context(config, sim, baseline_path, node)
-        baseline = load_checked_baseline(settings)
+        try:
+            baseline = load_checked_baseline(settings)
+        except ConfigError as exc:
+            baseline, baseline_error = probe_baseline(), str(exc)
     else:
         from ..config import load_settings
 
-        settings, baseline = for_admin(lambda: load_settings(config, missing_ok=config is None),
-                                       config_path(config), node, record)
+        try:
+            settings, baseline = for_admin(lambda: load_settings(config, missing_ok=config is None),
+                                           config_path(config), node, record)
+        except ConfigError as exc:
+            # gpugate.toml is needed (where to read, which tools); the baseline is not.
+            settings = _settings_alone(config, node, record)
+            baseline, baseline_error = probe_baseline(), str(exc)
         settings = in_context(settings, node_required=node)
     last = last_state(settings, node) if max_age else None
     if last and last.get("facts") and time.time() - float(last.get("at", 0)) <= max_age:
@@ -177,11 +188,25 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         result = run_check(settings, baseline, node, "healthcheck")
         out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts),
                "config_error": record.get("config_error")}
+    # null, or why no baseline loaded: the facts are printed, none judged (those
+    # only a baseline asks for, e.g. an IMEX member's nvidia-imex-ctl, are not read).
+    out["baseline_error"] = baseline_error
     from ..node.lock import healthcheck_stuck
 
     # null, or the health check lock held past a check's whole budget: no check runs on the node.
     out["lock_stuck"] = healthcheck_stuck(settings, node, time.time())
     click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
+
+
+def _settings_alone(config, node, record):
+    """gpugate.toml (or its last good copy) when the baseline is what failed."""
+    from ..config import config_path, load_settings
+    from ..node import lastgood
+
+    try:
+        return load_settings(config, missing_ok=config is None)
+    except ConfigError:
+        return lastgood.load_settings(config_path(config), node, record)
 
 
 @main.command("slurm-conf")

@@ -21,6 +21,7 @@ def verdict_text(result) -> str:
         lines.append("  pending %-18s on %s, rollout to %s in progress" % (f.component, f.observed, f.expected))
     for f in v.not_verified:
         lines.append(_not_run_line(f))
+    lines += _unchecked_lines(facts)
     lines.append("probes: " + ", ".join("%s %.2fs" % (k, t) for k, t in sorted(facts.durations.items()))
                  + " (sum %.2fs)" % took)
     return "\n".join(lines)
@@ -30,13 +31,19 @@ def _not_run_line(f) -> str:
     return "  NOT VERIFIED %s %s (want %s): %s" % (f.component, f.observed, f.expected, f.detail)
 
 
+def _unchecked_lines(facts) -> list:
+    from ..facts import unchecked_facts
+
+    return ["  unchecked %s: %s" % item for item in unchecked_facts(facts)]
+
+
 def explain_text(result) -> str:
     v = result.verdict
     if v.fit and v.not_verified:
         return "\n".join(["%s: fit on everything checked; not verified:" % result.facts.node]
-                         + [_not_run_line(f) for f in v.not_verified])
+                         + [_not_run_line(f) for f in v.not_verified] + _unchecked_lines(result.facts))
     if v.fit:
-        return "%s: fit; nothing to do." % result.facts.node
+        return "\n".join(["%s: fit; nothing to do." % result.facts.node] + _unchecked_lines(result.facts))
     lines = ["%s is unfit (%s)." % (result.facts.node, v.cls), "reason: %s" % v.reason, ""]
     for n, f in enumerate(v.findings, 1):
         lines.append("%d. %s" % (n, _finding_line(f).strip()))
@@ -45,4 +52,4 @@ def explain_text(result) -> str:
         for step in runbook.steps(f):
             lines.append("   - %s" % step)
     lines += ["not verified:"] + [_not_run_line(f) for f in v.not_verified] if v.not_verified else []
-    return "\n".join(lines)
+    return "\n".join(lines + _unchecked_lines(result.facts))

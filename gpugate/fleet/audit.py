@@ -6,8 +6,11 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from ..record import dataclass, field
 
 # Node-wide components: how to read each from a node's facts (JSON form).
+# The daemons: "active", "inactive", "not running" (no process, no systemd), "(unchecked)" where gpugate.toml
+# says [services] ROLE = "none".  Not versions: never pinned (the check judges them).
+SERVICE_COMPONENTS = ("service:persistenced", "service:fabricmanager")
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
-                   "image")
+                   "image") + SERVICE_COMPONENTS
 GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware")  # hca_firmware: per HCA type, like VBIOS
 PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
 UNCHECKED = "unchecked"  # configured not to be read (packages.manager = "none")
@@ -62,7 +65,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
     if isinstance(packages, dict) and "error" in packages:  # the whole probe failed
         packages = {role: packages for role in ("fabricmanager", "container_toolkit")}
     image = facts.get("image")
-    return {
+    out = {
         "kernel": _value(facts.get("kernel_release")),
         "driver": _value(nvml.get("driver_version")) if nvml_ok else _value(nvml),
         "cuda_driver": _value(nvml.get("cuda_driver_version")) if nvml_ok else _value(nvml),
@@ -72,6 +75,12 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "dcgm": _value(facts.get("dcgm_version")),
         "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
     }
+    services = facts.get("services")
+    for component in SERVICE_COMPONENTS:
+        role = component[len("service:"):]
+        out[component] = _value(services if not isinstance(services, dict) or "error" in services
+                                else services.get(role))
+    return out
 
 
 def _package(pkg) -> Optional[str]:
@@ -117,7 +126,7 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return UNREADABLE  # the node answered, this fact did not: not drift, not fine
     if value == "(unchecked)":
         return UNCHECKED
-    if baseline is None:
+    if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
     if component in ("vbios", "hca_firmware"):

@@ -248,6 +248,19 @@ def _capture_settings(gpus, shape, skipped) -> None:
             shape[key] = values[0]
 
 
+def probe_baseline(current=None):
+    """A baseline that only decides what the probes read, for reading a
+    node's facts (capture; `gpugate facts` before any baseline exists): the
+    site's when it loaded, else an empty one; DCGM asked either way (its
+    version is a fact, and the probes ask it only when pinned).  Never for
+    judging."""
+    from ..baseline import parse_baseline
+    from ..record import replace
+
+    current = current or parse_baseline({"pin": {"driver": "0"}}, "(facts only: no baseline)")
+    return current if current.pin.dcgm is not None else current.with_pin(replace(current.pin, dcgm="0"))
+
+
 def _stamp(at) -> str:
     try:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(at)))

@@ -4,7 +4,7 @@ GPUs on the bus that the driver does not see, Fabric Manager down)."""
 from __future__ import annotations
 
 
-from ..facts import ProbeFailure, failed
+from ..facts import DAEMONS, NOT_RUNNING, ProbeFailure, failed, unchecked
 from ..findings import BROKEN, HEALTH, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
 from .common import nvswitch, probe_finding
 
@@ -46,7 +46,7 @@ def _module(facts):
     resident, on_disk = facts.module_resident, facts.module_on_disk
     if isinstance(resident, ProbeFailure) and resident.kind != "missing":
         out.append(probe_finding("module", resident))
-    if isinstance(on_disk, ProbeFailure):
+    if isinstance(on_disk, ProbeFailure) and not unchecked(on_disk):  # unchecked: no modinfo, nothing pinned unread
         if on_disk.kind == "absent":  # modinfo ran and found no nvidia module for this kernel
             out.append(Finding(BROKEN, "module", "none for %s" % _kernel(facts), "nvidia module",
                                RECONVERGE, detail=on_disk.describe()))
@@ -101,7 +101,12 @@ def _services(expect, facts):
         services = facts.services
         state = services if failed(services) else (services or {}).get(role)
         if isinstance(state, ProbeFailure):
-            out.append(probe_finding(role, state))
+            if not unchecked(state):  # [services] ROLE = "none": the site's word, shown as unchecked
+                out.append(probe_finding(role, state))
+        elif state == NOT_RUNNING:  # no process, no systemd
+            out.append(Finding(BROKEN, role, state, "active", RELOAD_OR_REBOOT, detail=(
+                "no %s process in /proc and no systemd to ask; where it runs outside this PID namespace (slurmd "
+                'in a container), set [services] %s = "none" in gpugate.toml' % (DAEMONS.get(role, role), role))))
         elif state is not None and state != "active":
             out.append(Finding(BROKEN, role, state, "active", RELOAD_OR_REBOOT))
     return out

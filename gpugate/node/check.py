@@ -69,6 +69,8 @@ def result_json(result: CheckResult, baseline=None, baseline_path: str = "") -> 
         # What this check could not verify (DCGM refuses its diagnostic on MIG):
         # the verdict covers everything else, never these.
         "not_verified": [x.to_json() for x in v.not_verified],
+        # Facts left unread on purpose ([services] ROLE = "none", no modinfo): no finding, never good.
+        "unchecked": [{"fact": what, "why": why} for what, why in unchecked_facts(f)],
         "facts": to_jsonable(f),
         "durations": {k: round(t, 4) for k, t in f.durations.items()},
         "baseline": dict(baseline_id(baseline_path), name=getattr(baseline, "name", None)) if baseline_path else None,

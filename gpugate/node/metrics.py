@@ -116,7 +116,7 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
         lock_stuck_family("healthcheck", 0.0),
-    ] + hca_families(facts)
+    ] + hca_families(facts) + service_families(facts)
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
         families.append(("gpugate_nhc_result", "gauge",
                          "1 for the last result of the site's NHC run by the health check.",

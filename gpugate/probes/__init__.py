@@ -129,10 +129,13 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
     if mode in ("healthcheck", "verify"):
         jobs["module_on_disk"] = lambda: commands.module_on_disk(cmd("modinfo"), cap())
         jobs["dkms"] = lambda: commands.dkms_status(cmd("dkms"), cap())
-        jobs["pci"] = lambda: commands.lspci(cmd("lspci"), cap())
+        root = settings.node_root(node)
+        jobs["pci"] = lambda: _pci(root, lambda: commands.lspci(cmd("lspci"), cap()))
         jobs["packages"] = lambda: commands.packages(settings.packages, cmd("dpkg-query"), cmd("rpm"), cap())
-        jobs["services"] = lambda: {role: commands.service_state(cmd("systemctl"), unit, cap())
-                                    for role, unit in settings.services.items()}
+        from . import services
+
+        jobs["services"] = lambda: services.read(settings.services, root,
+                                                 lambda unit: commands.service_state(cmd("systemctl"), unit, cap()))
         if baseline.expect_for(node).imex:  # IMEX domain members only
             jobs["imex"] = lambda: commands.imex_status(cmd("nvidia-imex-ctl"), cap())
         if uses_dcgm:
@@ -144,6 +147,15 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         jobs["dcgm_diag"] = lambda: commands.dcgm_diag_staged(cmd("dcgmi"), levels,
                                                               lambda: max(budget.left() - 2.0, 0.1), gpus)
     return jobs
+
+
+def _pci(root, lspci):
+    """The kernel's sysfs; lspci (which reads the same files) only where
+    /sys/bus/pci/devices is absent."""
+    from .files import pci_counts
+
+    counts = pci_counts(root)
+    return lspci() if counts is None else counts
 
 
 def _xids(kmsg_text, boot_time, after, baseline, nvml):

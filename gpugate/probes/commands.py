@@ -35,9 +35,17 @@ def _run(source: str, argv: Sequence[str], timeout: float, parse: Callable[[Any]
 
 
 def module_on_disk(modinfo: str, timeout: float) -> Any:
+    """The module a reboot would load.  A tool here: no kernel file says it
+    (/sys/module/nvidia/version is the loaded one); modinfo finds the .ko for
+    the running kernel and reads its version.  Without modinfo (no kmod, as
+    in many containers) nothing pinned goes unread: unchecked, not a finding."""
     # modinfo exits 1 when there is no nvidia module for the running kernel.
-    return _run("modinfo", [modinfo, "-F", "version", "nvidia"], timeout,
-                _stdout(system.parse_modinfo_version), absent_codes=(1,))
+    value = _run("modinfo", [modinfo, "-F", "version", "nvidia"], timeout,
+                 _stdout(system.parse_modinfo_version), absent_codes=(1,))
+    if isinstance(value, ProbeFailure) and value.kind == "missing":
+        return ProbeFailure("modinfo", UNCHECKED, "%s not installed (kmod): the module on disk is not compared "
+                            "with the loaded one" % modinfo)
+    return value
 
 
 def dkms_status(dkms: str, timeout: float) -> Any:

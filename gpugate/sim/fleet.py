@@ -2,7 +2,8 @@
 
     FLEET/NODE/node.json   the model: NVML state ("nvml") and everything else
     FLEET/NODE/root/       sysroot rendered from the model (/proc, /etc, /dev/kmsg)
-    FLEET/NODE/bin/        replaying executables (dcgmi, modinfo, lspci, ...)
+    FLEET/NODE/bin/        replaying executables (dcgmi, modinfo, lspci, ...); the model's
+                           "absent" list names those not installed (`sim set absent=lspci,systemctl`)
     FLEET/NODE/replay.json what each executable prints for which argv
 
 Only NVML, the file-system root and the external executables are simulated:
@@ -20,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
 from . import ib as sim_ib
-from . import outputs, quiet
+from . import outputs, quiet, sysroot
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
@@ -168,10 +169,13 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         "proc/sys/kernel/osrelease": model["kernel"] + "\n",
         "proc/sys/kernel/random/boot_id": model["boot_id"] + "\n",
         "proc/stat": "cpu  0 0 0 0\nbtime %d\n" % model["boot_time"],
-        "etc/cluster-image.json": json.dumps(model["image"]) + "\n",
         # PRI 6: the kernel's facility (0), level info; "pri": a record from user space (sim key kmsg.user)
         "dev/kmsg": "".join("%d,%d,%d,-;%s\n" % (r.get("pri", 6), r["seq"], r["ts_us"], r["msg"]) for r in model["kmsg"]),
     }
+    if model["image"] is not None:  # None: no golden-image record on this node
+        files["etc/cluster-image.json"] = json.dumps(model["image"]) + "\n"
+    else:
+        _remove(os.path.join(root, "etc/cluster-image.json"))
     if model["module"]["resident"]:
         files["proc/driver/nvidia/version"] = outputs.proc_driver_version(model["module"]["resident"])
     else:
@@ -179,12 +183,14 @@ def render(directory: str, model: Dict[str, Any]) -> None:
     for rel, text in files.items():
         _write(os.path.join(root, rel), text)
     sim_ib.render_sysfs(root, model.get("ib"), _write)
+    sysroot.render(root, model, _write)
     table = outputs.replays(model)
     table.update(sim_ib.imex_replays(model.get("imex")))
     table.update(model.get("replays", {}))
     _write(os.path.join(directory, "replay.json"), json.dumps(table, indent=1, sort_keys=True))
     imex = model.get("imex")
-    _install_executables(os.path.join(directory, "bin"), absent=() if imex and imex["installed"] else ("nvidia-imex-ctl",))
+    absent = tuple(model.get("absent", ())) + (() if imex and imex["installed"] else ("nvidia-imex-ctl",))
+    _install_executables(os.path.join(directory, "bin"), absent=absent)
 
 
 def _install_executables(bindir: str, absent=()) -> None:

@@ -275,7 +275,19 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
+    "absent": _node_path("absent", convert=lambda v: _absent(v)),  # tools not installed: absent=lspci,systemctl
+    "systemd": _node_path("systemd", convert=lambda v: bool(_flag(v))),  # 0: systemd is not the init (a container)
 }
+
+
+def _absent(value: str) -> List[str]:
+    from .fleet import EXECUTABLES
+
+    names = sorted({n for n in value.split(",") if n})
+    unknown = [n for n in names if n not in EXECUTABLES]
+    if unknown:
+        raise ConfigError("absent: unknown tool %s; tools: %s" % (", ".join(unknown), ", ".join(EXECUTABLES)))
+    return names
 
 
 _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")

@@ -1,0 +1,84 @@
+"""The kernel's own files a simulated node lays out under its sysroot, with
+the real names and formats: the PCI devices in sysfs, the loaded module's
+/sys/module/nvidia/version, the daemons' /proc/PID/{comm,cmdline}, and
+/run/systemd/system where systemd is the init.  Written from the model by
+gpugate.sim.fleet.render; what a change removes is removed here."""
+
+import os
+import shutil
+from typing import Any, Callable, Dict, List, Tuple
+
+from ..facts import DAEMONS
+
+# PCI ids: NVIDIA's vendor, an H100 SXM and an H100-era NVSwitch (lspci -n: "10de:2330", "10de:22a3"),
+# and a host bridge that is not NVIDIA's (skipped by vendor).
+_GPU = ("0x10de", "0x2330", "0x030200")  # 3D controller
+_NVSWITCH = ("0x10de", "0x22a3", "0x068000")  # bridge, other
+_HOST_BRIDGE = ("0x8086", "0x09a2", "0x060000")
+_PCI_ROOT = "sys/devices/pci0000:00"
+_PCI_BUS = "sys/bus/pci/devices"
+# The unit names of gpugate.toml's defaults ([services]) -> the program their daemon runs.
+UNIT_PROCESS = {"nvidia-%s" % role: program for role, program in DAEMONS.items()}
+
+
+def pci_devices(model: Dict[str, Any]) -> List[Tuple[str, Tuple[str, str, str]]]:
+    """(sysfs address, (vendor, device, class)) for the node's PCI bus: its
+    GPUs where NVML has their bus ids ("00000000:18:00.0" -> "0000:18:00.0"),
+    then the rest of model["pci"]["gpus"] and the NVSwitches."""
+    gpus = [g for g in model["nvml"]["gpus"] if isinstance(g.get("pci_bus_id"), str)]
+    ident = lambda g: ("0x10de", "0x%04x" % (g["pci_device_id"] >> 16) if g.get("pci_device_id")  # noqa: E731
+                       else _GPU[1], _GPU[2])
+    out = [("0000:00:00.0", _HOST_BRIDGE)]
+    for i in range(model["pci"]["gpus"]):
+        if i < len(gpus):
+            out.append((gpus[i]["pci_bus_id"][-12:].lower(), ident(gpus[i])))
+        else:
+            out.append(("0000:%02x:00.0" % (0xe0 + i), _GPU))
+    out += [("0000:%02x:00.0" % (0xc0 + i), _NVSWITCH) for i in range(model["pci"]["nvswitches"])]
+    return out
+
+
+def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) -> None:
+    _render_pci(root, pci_devices(model), write)
+    module = os.path.join(root, "sys/module/nvidia/version")
+    if model["module"]["resident"]:
+        write(module, model["module"]["resident"] + "\n")
+    elif os.path.lexists(module):
+        os.unlink(module)
+    _render_processes(root, model, write)
+    systemd = os.path.join(root, "run/systemd/system")
+    if model.get("systemd", True):
+        os.makedirs(systemd, mode=0o755, exist_ok=True)
+    elif os.path.isdir(systemd):
+        shutil.rmtree(systemd)
+
+
+def _render_pci(root: str, devices, write) -> None:
+    bus = os.path.join(root, _PCI_BUS)
+    os.makedirs(bus, mode=0o755, exist_ok=True)
+    wanted = {address for address, _ in devices}
+    for gone in set(os.listdir(bus)) - wanted:  # a GPU that fell off the bus
+        os.unlink(os.path.join(bus, gone))
+        shutil.rmtree(os.path.join(root, _PCI_ROOT, gone), ignore_errors=True)
+    for address, (vendor, device, cls) in devices:
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+            write(os.path.join(root, _PCI_ROOT, address, name), value + "\n")
+        link = os.path.join(bus, address)
+        if not os.path.islink(link):  # as in sysfs: the bus lists links to the device tree
+            os.symlink(os.path.join("../../..", _PCI_ROOT[len("sys/"):], address), link)
+
+
+def _render_processes(root: str, model: Dict[str, Any], write) -> None:
+    """PID 1 and one process per active daemon; the stopped ones have none."""
+    procs = {1: ("systemd" if model.get("systemd", True) else "tini", "/sbin/init")}
+    for i, (unit, state) in enumerate(sorted(model["services"].items())):
+        program = UNIT_PROCESS.get(unit)
+        if program and state == "active":
+            procs[4100 + i] = (program[:15], "/usr/bin/%s\0--verbose\0" % program)
+    proc = os.path.join(root, "proc")
+    if os.path.isdir(proc):
+        for gone in {p for p in os.listdir(proc) if p.isdigit()} - {str(p) for p in procs}:
+            shutil.rmtree(os.path.join(proc, gone), ignore_errors=True)
+    for pid, (comm, cmdline) in procs.items():
+        write(os.path.join(proc, str(pid), "comm"), comm + "\n")
+        write(os.path.join(proc, str(pid), "cmdline"), cmdline)
