@@ -49,6 +49,23 @@ def refused(path: str, why: str) -> OSError:
 
 
 # ------------------------------------------------------------ directories
+def makedirs(path: str, mode: int = 0o755, parents: int = 0o755) -> None:
+    """os.makedirs, but what it creates gets exactly ``mode`` (the leaf) and
+    ``parents`` (those above it), whatever the umask: every entry point sets
+    0o077, and under a umask of 000 os.makedirs made parents 0777.  What
+    exists already is left as it is (check_state judges it)."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent and parent != path and not os.path.isdir(parent):
+        makedirs(parent, parents, parents)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return  # made meanwhile by another run: its mode is that run's (the same)
+    os.chmod(path, mode)
+
+
 def open_dir(path: str, create_mode: int = 0) -> int:
     """An fd on a directory gpugate chose itself or already checked (the
     state directory); created (with its parents) at create_mode when not 0."""
@@ -57,7 +74,7 @@ def open_dir(path: str, create_mode: int = 0) -> int:
     except FileNotFoundError:
         if not create_mode:
             raise
-    os.makedirs(path, mode=create_mode, exist_ok=True)
+    makedirs(path, create_mode)
     return os.open(path, _DIR)
 
 
@@ -70,7 +87,7 @@ def open_checked_dir(path: str, what: str, create_mode: int = 0o755) -> int:
 
     checked = trust.open_dir(path, what)
     if checked is None:
-        os.makedirs(path, mode=create_mode, exist_ok=True)
+        makedirs(path, create_mode)
         checked = trust.open_dir(path, what, missing_ok=False)
     try:
         return os.open(".", _DIR, dir_fd=checked)  # the very directory walked

@@ -221,8 +221,7 @@ def test_entry_points_under_umask_000_create_nothing_others_can_write(fleet, tmp
 
     top = str(tmp_path / "fresh")  # nothing exists yet: the state directory's parents are made too
     os.mkdir(top, 0o755)
-    prom = os.path.join(top, "prom")
-    os.mkdir(prom, 0o755)
+    prom = os.path.join(top, "prom")  # made by gpugate too: node_exporter must reach it
     config = tmp_path / "gpugate.toml"
     config.write_text('baseline = "%s"\nstate_dir = "%s/var/lib/gpugate/{node}"\nlog = "file"\n'
                       '[healthcheck]\nboot_grace_seconds = 0\nprometheus_textfile = "%s/gpugate.prom"\n'
@@ -245,6 +244,7 @@ def test_entry_points_under_umask_000_create_nothing_others_can_write(fleet, tmp
         assert created[os.path.join(state, "locks")] == 0o700
         assert {created[os.path.join(state, "locks", n)] for n in os.listdir(os.path.join(state, "locks"))} == {0o600}
         assert created[os.path.join(prom, "gpugate.prom")] == 0o644  # node_exporter (not root) reads it
+        assert created[prom] == 0o755  # not the umask's 0700
         assert mode_of(kept) == 0o700 and {mode_of(os.path.join(kept, n)) for n in os.listdir(kept)} == {0o600}
         assert not mode_of(os.path.dirname(kept)) & 0o022
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from .. import jsontext
-from ..safeio import STATE_CAP, read_capped, write_atomic
+from ..safeio import STATE_CAP, makedirs, read_capped, write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -20,23 +20,6 @@ JOBS = "jobs"
 
 def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
     write_bytes(path, jsontext.dumps(data, sort_keys=True, separators=(",", ":")).encode(), durable)
-
-
-def makedirs(path: str, mode: int = 0o755, parents: int = 0o755) -> None:
-    """os.makedirs, but what it creates gets exactly ``mode`` (the leaf) and
-    ``parents`` (those above it), whatever the umask: every entry point sets
-    0o077, and under a umask of 000 os.makedirs made parents 0777.  What
-    exists already is left as it is (check_state judges it)."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path.rstrip("/"))
-    if parent and parent != path and not os.path.isdir(parent):
-        makedirs(parent, parents, parents)
-    try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        return  # made meanwhile by another run: its mode is that run's (the same)
-    os.chmod(path, mode)
 
 
 def write_bytes(path: str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
