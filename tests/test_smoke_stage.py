@@ -95,15 +95,15 @@ def test_show_job_states_and_exit_codes():
 
 
 def test_a_huge_output_is_read_by_its_head_and_tail(tmp_path, monkeypatch):
-    from gpugate.sweep import smoke
+    from gpugate.sweep import smoke_output
 
-    monkeypatch.setattr(smoke, "MAX_OUTPUT", 4096)
-    monkeypatch.setattr(smoke, "HEAD", 1024)
+    monkeypatch.setattr(smoke_output, "MAX_OUTPUT", 4096)
+    monkeypatch.setattr(smoke_output, "HEAD", 1024)
     with open(os.path.join(DATA, "healthy.txt")) as handle:
         result = handle.read()
     path = tmp_path / "out"
     path.write_text("# nThread 1 nGpus 4\n" + "gpu01:1:1 [0] NCCL INFO chatter\n" * 5000 + result)
-    text = smoke._read_bounded(str(path))
+    text = smoke_output._read_bounded(str(path))
     assert text.startswith("# nThread 1") and text.endswith(result) and len(text) < 6000
     assert judge_smoke(parse_nccl_tests(text), 0, False, 350.0).passed
 
