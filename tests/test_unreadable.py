@@ -47,6 +47,9 @@ def textfile(result, node="gpu01"):
                 assert labels["service"] in ("fabricmanager", "persistenced") and labels["state"] in SERVICE_STATES
                 out.setdefault(sample.name, {})[(labels["service"], labels["state"])] = sample.value
                 continue
+            if sample.name == "gpugate_lock_stuck_seconds":  # per lock, not per component (gpugate.node.lock)
+                assert set(labels) == {"lock"}
+                continue
             assert set(labels) <= {"component", "class"}
             assert labels.get("component", "vbios") in COMPONENTS  # a fixed set
             assert labels.get("class", "drift") in CHECK_CLASSES
