@@ -14,9 +14,15 @@ directory above it):
   - every .pth file in those directories (the interpreter runs their
     ``import`` lines at every start);
   - gpugate's package and the packages it imports (click, ClusterShell,
-    pynvml, tomli), every file and directory in them, __pycache__ included.
-Other packages' files are not walked one by one (a venv holds thousands):
-their directories are, and only root can change those.
+    pynvml, tomli, pyslurm where installed), every file and directory in
+    them, __pycache__ included;
+  - then every module this process has imported (sys.modules, those with a
+    __file__: the standard library's packages such as json/ and concurrent/,
+    other packages' subpackages): its file, its compiled file, and its
+    directory with every directory above it up to "/" (each directory walked
+    once per check, cached).  Packages installed but never imported are not
+    walked file by file (a venv holds thousands): their directories below
+    site-packages are not walked either, only what is imported matters.
 
 Checked by `gpugate slurm-conf` (it refuses) and by the health check and
 verify (NodeFacts.install, ~3 ms: a probe finding, and `gpugate facts`);
@@ -33,10 +39,10 @@ from . import trust
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
-    from typing import FrozenSet, Iterator, List, Optional, Sequence
+    from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 # What gpugate imports, by top-level name (setup.cfg install_requires).
-PACKAGES = ("gpugate", "click", "ClusterShell", "pynvml", "tomli")
+PACKAGES = ("gpugate", "click", "ClusterShell", "pynvml", "tomli", "pyslurm")  # pyslurm: slurm/pyslurm_worker.py
 _WHAT = "installed code gpugate runs as root"
 TRUSTED, UNTRUSTED = "trusted", "untrusted"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,15 +67,16 @@ def isolated_path() -> List[str]:
 
 
 def check_install(owners: Optional[FrozenSet[int]] = None, path: Optional[Sequence[str]] = None,
-                  packages: Sequence[str] = PACKAGES) -> int:
-    """Walk the installation; the number of paths checked.  Raises
+                  packages: Sequence[str] = PACKAGES, modules: Optional[Dict[str, object]] = None) -> int:
+    """Walk the installation, then every module imported (modules: by
+    default sys.modules); the number of paths checked.  Raises
     trust.Untrusted naming the first path others could change and the fix,
     or OSError when one cannot be read."""
     owners = trust.trusted_owners() if owners is None else owners
     checked = 0
     for kind, where in _targets(path if path is not None else isolated_path(), packages):
         checked += _check(kind, where, owners)
-    return checked
+    return checked + _check_imported(owners, sys.modules if modules is None else modules)
 
 
 def fact(owners: Optional[FrozenSet[int]] = None, path: Optional[Sequence[str]] = None):
@@ -191,6 +198,44 @@ def _check(kind: str, where: str, owners: FrozenSet[int]) -> int:
         return 1 + _check_below(fd, where, what, owners)
     finally:
         os.close(fd)
+
+
+def _check_imported(owners: FrozenSet[int], modules: Dict[str, object]) -> int:
+    """Every imported module's file (and compiled file) and its directory
+    with all above it: what the packages walk does not cover (pyslurm's or
+    ClusterShell's subpackages, the standard library's json/ or
+    concurrent/).  A directory is walked from "/" once (trust.check_dir);
+    files are lstat'ed below it.  Modules in a zip file are covered by the
+    sys.path entry naming the zip."""
+    what = "%s (an imported module)" % _WHAT
+    dirs: Dict[str, bool] = {}
+    checked = 0
+    for module in list(modules.values()):
+        for attr in ("__file__", "__cached__"):
+            name = getattr(module, attr, None)
+            if not isinstance(name, str) or not name:
+                continue
+            name = os.path.abspath(name)
+            directory = os.path.dirname(name)
+            if directory not in dirs:
+                dirs[directory] = os.path.isdir(directory)  # not one: a zip entry, or no __pycache__ yet
+                if dirs[directory]:
+                    trust.check_dir(directory, what, missing_ok=False, owners=owners)
+                    checked += 1
+            if not dirs[directory]:
+                continue
+            try:
+                st = os.lstat(name)
+            except FileNotFoundError:
+                continue  # not compiled (yet), or removed since: nothing to import
+            checked += 1
+            if stat.S_ISLNK(st.st_mode):
+                trust.check_file(name, what, missing_ok=True, owners=owners)
+                continue
+            problem = trust.object_problem(st, trust.FILE, owners)
+            if problem:
+                raise trust._refuse(name, what, name, problem, owners)
+    return checked
 
 
 def _check_below(parent_fd: int, where: str, what: str, owners: FrozenSet[int]) -> int:

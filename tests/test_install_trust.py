@@ -67,6 +67,39 @@ def test_a_path_of_the_install_others_can_write_is_refused_naming_it_and_the_fix
     _refused_with_fix(str(info.value), culprit)
 
 
+@pytest.mark.parametrize("where, mode", [
+    ("otherpkg/sub", 0o777),  # a subpackage of a package not in PACKAGES (pyslurm's, the stdlib's json/)
+    ("otherpkg/sub/__init__.py", 0o666),
+    ("otherpkg/sub/leaf.py", 0o646),
+])
+def test_a_subpackage_of_any_imported_package_others_can_write_is_refused(site, monkeypatch, where, mode):
+    """Not only the packages named in PACKAGES: every module the process
+    has imported, its file and every directory above it."""
+    import importlib
+
+    sub = site / "otherpkg" / "sub"
+    sub.mkdir(parents=True)
+    (site / "otherpkg" / "__init__.py").write_text("")
+    (sub / "__init__.py").write_text("")
+    (sub / "leaf.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        importlib.import_module("otherpkg.sub.leaf")
+        _check(site)  # root's alone: passes
+        culprit = str(site / where)
+        os.chmod(culprit, mode)
+        with pytest.raises(trust.Untrusted) as info:
+            _check(site)
+        _refused_with_fix(str(info.value), culprit)
+    finally:
+        for name in ("otherpkg.sub.leaf", "otherpkg.sub", "otherpkg"):
+            sys.modules.pop(name, None)
+
+
+def test_pyslurm_is_walked_like_gpugate_s_other_imports():
+    assert "pyslurm" in install_trust.PACKAGES  # imported as root by gpugate/slurm/pyslurm_worker.py
+
+
 def test_a_module_owned_by_someone_else_is_refused(site):
     module = str(site / "gpugate" / "names.py")
     os.chown(module, 65534, 65534)
