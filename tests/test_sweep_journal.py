@@ -91,3 +91,97 @@ def test_metrics_say_when_the_circuit_breaker_stopped_the_latest_sweep(tmp_path)
     assert samples(j.runs(1)[0])["gpugate_sweep_stopped"] == 0
     assert samples(None)["gpugate_metrics_timestamp_seconds"] == 5.0
     j.close()
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# A user's read locks: one byte of sweep.db's SHARED range (0x40000002: root's
+# last close cannot take EXCLUSIVE, so SQLite leaves the -shm in place) and
+# byte 120 of the -shm (WAL_WRITE_LOCK), held open until killed.
+_LOCK_SHM = ("import fcntl, os, sys, time\n"
+             "db = os.open(sys.argv[1][:-len('-shm')], os.O_RDONLY)\n"
+             "fcntl.lockf(db, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0x40000002)\n"
+             "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+             "fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 120)\n"
+             "print('held', flush=True)\n"
+             "time.sleep(60)\n")
+
+
+def _nobody_python():
+    """An interpreter uid 65534 can run (this one may live under /root)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv (util-linux)")
+    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(python) and subprocess.run(NOBODY + [python, "-c", "pass"],
+                                                     capture_output=True, timeout=30).returncode == 0:
+            return python
+    pytest.skip("no interpreter uid 65534 can run")
+
+
+def test_a_user_cannot_lock_the_journal_so_every_sweep_stops(tmp_path):
+    """Issue 24 review: a WAL journal left 0644 (an older gpugate, umask 022)
+    let uid 65534 open sweep.db-shm and hold a read lock on byte 120: root's
+    insert failed "database is locked", every sweep stopped.  On open the
+    files become 0600 and, since chmod revokes no descriptor a user already
+    holds, the -wal and -shm are made anew; the directory gpugate creates is
+    0700."""
+    import os
+    import shutil
+    import tempfile
+
+    python = _nobody_python()
+    top = tempfile.mkdtemp(prefix="gpugate-journal-", dir="/tmp")  # reachable by any user, as /var/lib is
+    os.chmod(top, 0o755)
+    try:
+        _lock_the_journal_as_a_user(python, os.path.join(top, "sweep.db"))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _lock_the_journal_as_a_user(python, path):
+    import os
+    import stat
+    import subprocess
+
+    first = jr.Journal(path)  # a sweep running, its files as an older gpugate under umask 022 left them
+    first.start_run(["before"])
+    first.db.execute("CREATE TABLE t (x)")
+    first.db.execute("INSERT INTO t VALUES (1)")
+    for suffix in ("", "-wal", "-shm"):
+        os.chmod(path + suffix, 0o644)
+    user = subprocess.Popen(NOBODY + [python, "-c", _LOCK_SHM, path + "-shm"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert user.stdout.readline().strip() == "held", user.stderr.read()
+        first.close()
+        assert os.path.exists(path + "-shm")  # the user's lock on sweep.db kept it
+        j = jr.Journal(path)
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                assert stat.S_IMODE(os.stat(path + suffix).st_mode) == 0o600, suffix
+        j.db.execute("PRAGMA busy_timeout = 500")
+        j.start_run(["test"])  # before: sqlite3.OperationalError: locking protocol (or database is locked)
+        j.enrol("gpu01", "reboot", 1, "gpugate: health xid:gpu3=79 (want none)")
+        assert set(j.in_flight()) == {"gpu01"}
+        assert j.db.execute("SELECT x FROM t").fetchall() == [(1,)]  # nothing lost
+        j.close()
+    finally:
+        user.kill()
+        user.wait(timeout=10)
+    again = subprocess.run(NOBODY + [python, "-c", _LOCK_SHM, path + "-shm"], capture_output=True,
+                           text=True, timeout=30)
+    assert again.returncode != 0 and "held" not in again.stdout
+
+
+def test_the_journal_directory_gpugate_creates_is_root_s_alone(tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "new" / "sweep.db"
+    jr.Journal(str(path)).close()
+    assert stat.S_IMODE(os.stat(str(path.parent)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(str(path)).st_mode) & 0o077 == 0

@@ -10,6 +10,7 @@ for what (sweep/history.py: repeat offenders).
 import json
 import os
 import sqlite3
+import stat
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -57,15 +58,54 @@ class NodeRecord:
         return (self.step, self.status) in TERMINAL
 
 
+def _private(path: str) -> None:
+    """sweep.db, -wal and -shm root's to read too (0600): check_state
+    refuses what others can write, but a user who can read them can open the
+    -shm and hold a read lock on byte 120 (WAL_WRITE_LOCK), and every insert
+    of root's fails "database is locked".  chmod revokes no descriptor a
+    user already holds, so when any of them was open to others the -shm is
+    made anew: unlinked before the first connection, SQLite rebuilds it from
+    the -wal (kept: it holds committed steps; SQLite takes no lock in it).
+    A user's old descriptor then names a file nobody uses.  (A connection of
+    an older gpugate still open at that moment would keep the old -shm: the
+    first open of this version is the time to have no sweep running.)"""
+    try:  # made 0600 whatever the umask: SQLite gives the -wal and -shm the mode of the database
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        os.fchmod(fd, 0o600)
+        os.close(fd)
+    exposed = False
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            st = os.lstat(path + suffix)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            fd = os.open(path + suffix, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            exposed = True
+    if exposed:
+        try:
+            os.unlink(path + "-shm")
+        except FileNotFoundError:
+            pass
+
+
 class Journal:
     def __init__(self, path: str):
         from ..config import check_state
 
         # The sweep resumes nodes on what this says: root's alone, like gpugate.toml.
         check_state(os.path.dirname(os.path.abspath(path)), files=(os.path.abspath(path),))
-        from ..node.state import makedirs
+        from ..safeio import makedirs
 
-        makedirs(os.path.dirname(os.path.abspath(path)))  # 0755 whatever the umask
+        makedirs(os.path.dirname(os.path.abspath(path)), 0o700)  # root's alone, whatever the umask
+        _private(path)
         self.path = path
         self.db = sqlite3.connect(path, timeout=10, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
