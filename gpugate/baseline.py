@@ -135,6 +135,9 @@ _HEALTH = Table({
     "pcie_min_gen": (AnyOf(Int(0, 10), Choice("max")), 0),
     "pcie_min_width": (AnyOf(Int(0, 32), Choice("max")), "max"),
     "clock_event_reasons": (ListOf(Choice(*sorted(CLOCK_REASONS))), ("hw_slowdown", "hw_thermal", "power_brake")),
+    # Judged by time (gpugate.judges.throttle): the share of at least min_seconds a GPU spent slowed.
+    "clock_event_share_max": (Number(0.0, 1.0), 0.10),
+    "clock_event_min_seconds": (Number(1.0, 86400.0), 300.0),
     "nvlink_down_max": (AnyOf(Int(0), Choice("ignore")), 0),
     "fabric_completed": (Bool(), True),
     "recovery_action": (Bool(), True),
@@ -257,6 +260,8 @@ class HealthPolicy:
     dcgm_diag_mig: str = "skip"
     xid_nonfatal_max: int = 10
     ib_counter_max: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_IB_COUNTER_MAX))
+    clock_event_share_max: float = 0.10
+    clock_event_min_seconds: float = 300.0
 
     @property
     def clock_mask(self) -> int:

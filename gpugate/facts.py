@@ -120,6 +120,10 @@ class GpuFacts:
     power_limit_mw: Any = field(default_factory=lambda: NOT_READ)  # int, None unsupported
     ecc_pending: Any = field(default_factory=lambda: NOT_READ)  # bool (mode after the next reset), None
     mig_pending: Any = field(default_factory=lambda: NOT_READ)  # bool, None
+    # Cumulative time slowed per clock-event reason (NVML's counters, ns) and
+    # when NVML read them ("t", us since 1970): {"t": .., "hw_thermal": ..}.
+    # None: this GPU or an older NVML has none (gpugate.judges.throttle).
+    clock_event_ns: Any = None
 
 
 @dataclass(frozen=True)

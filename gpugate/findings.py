@@ -53,11 +53,13 @@ def class_rank(name: str) -> int:
 # gpugate.toml could raise those on every node at once, so they drain only
 # within the partition's drain budget (gpugate.budget).  Keyed by (class,
 # component): the component alone decides, so a reason read back from Slurm
-# is classified the same way.
+# is classified the same way.  "clocks" (time spent slowed, judges.throttle)
+# is budgeted although the GPU reports it: a power brake or a row's cooling
+# slows every node of the room at once, and only the budget bounds that.
 ACUTE = {
     HEALTH: frozenset({
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
-        "row_remap", "nvlink", "pcie_gen", "pcie_width", "clocks", "recovery", "dcgm_health",
+        "row_remap", "nvlink", "pcie_gen", "pcie_width", "recovery", "dcgm_health",
         "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
         "ib_port", "ib_errors"}),  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
     BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes"}),

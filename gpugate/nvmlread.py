@@ -75,7 +75,7 @@ def _gpu(nvml, index, processes):
     except nvml.NVMLError as exc:
         fail = _failure("handle", nvml, exc)
         return GpuFacts(index, *([fail] * 18), processes=fail, compute_mode=fail, power_limit_mw=fail,
-                        ecc_pending=fail, mig_pending=fail)
+                        ecc_pending=fail, mig_pending=fail, clock_event_ns=fail)
 
     def get(name, fn, unsupported=None):
         return _call(nvml, name, fn, unsupported)
@@ -115,6 +115,7 @@ def _gpu(nvml, index, processes):
         power_limit_mw=get("power_limit", lambda: int(nvml.nvmlDeviceGetPowerManagementLimit(h))),
         ecc_pending=_mode(ecc, 1),
         mig_pending=_mode(mig, 1),
+        clock_event_ns=get("clock_event_ns", lambda: _clock_event_ns(nvml, h)),
     )
 
 
@@ -174,6 +175,33 @@ def _fabric_state(nvml, h) -> int:
     info.version = nvml.nvmlGpuFabricInfo_v2
     nvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
     return int(info.state)
+
+
+# NVML's cumulative clock-event counters (ns), as `nvidia-smi -q` shows them
+# under "Clocks Event Reasons Counters" (a real H200 on 580 answers all five).
+CLOCK_EVENT_FIELDS = (("sw_power_cap", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
+                      ("sync_boost", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST"),
+                      ("sw_thermal", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
+                      ("hw_thermal", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+                      ("power_brake", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"))
+
+
+def _clock_event_ns(nvml, h):
+    """{"t": NVML's timestamp (us), reason: ns, ...}, one call; None when
+    the binding or the GPU knows none of the counters."""
+    known = [(name, getattr(nvml, const, None)) for name, const in CLOCK_EVENT_FIELDS]
+    known = [(name, fid) for name, fid in known if isinstance(fid, int)]
+    if not known:
+        return None
+    values = nvml.nvmlDeviceGetFieldValues(h, [fid for _, fid in known])
+    out = {}
+    for (name, _), value in zip(known, values):
+        if value.nvmlReturn == 0:
+            out[name] = int(value.value.ullVal)
+            out["t"] = max(out.get("t", 0), int(value.timestamp))
+        elif value.nvmlReturn != _NOT_SUPPORTED:
+            raise nvml.NVMLError(value.nvmlReturn)
+    return out if "t" in out else None
 
 
 def _recovery(nvml, h):

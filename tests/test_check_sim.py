@@ -57,7 +57,6 @@ CASES = [
     (["gpu.0.pcie.width=8"], "health", "pcie_width", "x8", "x16", 0),
     (["gpu.0.recovery_action=1"], "health", "recovery", "reset", "none", 0),
     (["gpu.4.nvlink.down=2"], "health", "nvlink", "2 of 18", "0", 4),
-    (["gpu.5.clocks=hw_thermal"], "health", "clocks", "hw_thermal", "none", 5),
     (["gpu.6.lost=1"], "health", "gpu", "lost", "present", 6),
     (["dcgm.health=Failure"], "health", "dcgm_health", "failure", "healthy", None),
 ]

@@ -56,6 +56,7 @@ def arguments(fn, handle):
         "link": lambda: 0,
         "fieldIds": lambda: [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION],
         "gpuFabricInfo": lambda: ctypes.byref(pynvml.c_nvmlGpuFabricInfoV_t()),
+        "perfPolicyType": lambda: pynvml.NVML_PERF_POLICY_POWER,
     }
     return [values[p.name]() for p in required_params(fn)]
 
@@ -75,6 +76,7 @@ def gpu_state(index=0, **changes):
         "nvlink": [1] * 18,
         "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
         "clock_event_reasons": 0,
+        "clock_event_ns": {"sw_power_cap": 0, "sync_boost": 0, "sw_thermal": 0, "hw_thermal": 0, "power_brake": 0},
         "persistence": 1,
         "compute_mode": 0,
         "power_limit_mw": 700000,

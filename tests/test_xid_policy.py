@@ -1,6 +1,6 @@
 """The default Xid policy (gpugate.xidcatalog) and how the judge applies it:
 catalog parity, Xid 154 by its target, counted non-fatal NVLink Xids and
-SXids, MIG attribution, "fallen off the bus", and the prolog's clock events."""
+SXids, MIG attribution, "fallen off the bus", and momentary clock events."""
 
 import json
 import os
@@ -162,11 +162,11 @@ def test_sim_fallen_off_bus_split_records(fleet):
     assert data["reason"].startswith("gpugate: health fallen_off_bus:gpu3=%s (want on the bus)" % short)
 
 
-def test_prolog_does_not_drain_on_a_momentary_thermal_clock_event(fleet):
+def test_no_check_drains_on_a_momentary_clock_event(fleet):
+    # One sample is a moment: clock events are judged by time (test_throttle.py).
     _set(fleet, "gpu.5.clocks=hw_thermal")
-    assert _check(fleet, "prolog")["fit"] is True
-    data = _check(fleet, "healthcheck")
-    assert data["fit"] is False and data["findings"][0]["component"] == "clocks"
+    for mode in ("prolog", "healthcheck", "epilog"):
+        assert _check(fleet, mode)["fit"] is True
 
 
 def test_metrics_count_kernel_log_events_by_kind_and_code():

@@ -4,7 +4,6 @@ NVLink, fabric, recovery action), plus per-GPU settings the nodeset expects."""
 from __future__ import annotations
 
 
-from ..baseline import CLOCK_REASONS
 from ..facts import ProbeFailure, failed
 from ..findings import (BROKEN, HEALTH, INVESTIGATE, REBOOT,
                         RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
@@ -72,13 +71,9 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
         elif rows.pending and policy.row_remap_pending:
             out.append(Finding(HEALTH, "row_remap", "pending", "none", RESET_GPU, gpu=i))
     out += _pcie(policy, gpu)
-    reasons = gpu.clock_event_reasons
-    # One sample at job start is momentary (a burst of heat, a power brake):
-    # only the periodic health check and the epilog judge clock events.
-    mask = policy.clock_mask if facts.mode != "prolog" else 0
-    if isinstance(reasons, int) and reasons & mask:
-        names = [n for n, bit in sorted(CLOCK_REASONS.items()) if reasons & bit & mask]
-        out.append(Finding(HEALTH, "clocks", "+".join(names), "none", INVESTIGATE, gpu=i))
+    # Clock events are judged by time, between two health checks, from
+    # NVML's counters (judges.throttle): one sample of the reasons is a
+    # moment (a burst of heat, a power brake) and never drains.
     links = gpu.nvlink_up
     if isinstance(links, tuple) and links and policy.nvlink_down_max != "ignore":
         down = sum(1 for up in links if not up)

@@ -11,7 +11,7 @@ import time
 from ..errors import GpugateError
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import hca, lost
+from ..judges import hca, lost, throttle
 from ..probes import files
 from ..verdict import decide
 from . import nhc, state as st
@@ -45,7 +45,8 @@ def run(settings, node: str, record: dict) -> int:
             not_written = write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts,
                                               judged.baseline, held=outcome["action"] == HELD,
                                               config_error=bool(record.get("config_error")),
-                                              nhc=(nhc_outcome or {}).get("result", ""))
+                                              nhc=(nhc_outcome or {}).get("result", ""),
+                                              clocks=throttle.shares_over(judged.clocks))
             if not_written:  # logged; the verdict and the drain stand
                 record["metrics_error"] = not_written[:600]
         _log_fields(record, judged, outcome)
@@ -99,7 +100,7 @@ class _Judged:
     """What one run found, and what it read to find it."""
 
     __slots__ = ("baseline", "last", "last_path", "boot_id", "cursor", "in_service", "facts", "verdict",
-                 "in_grace", "expected_gpus")
+                 "in_grace", "expected_gpus", "clocks")
 
 
 def _judge(settings, node: str, record: dict) -> _Judged:
@@ -114,9 +115,14 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     j.cursor = j.last.get("kmsg_cursor", -1) if j.last.get("boot_id") == j.boot_id else -1
     j.expected_gpus = j.baseline.expect_for(node).gpus
     last_high = j.last.get("gpus_high")
-    result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor,
-                       extra=lambda facts: lost.judge(last_high, j.expected_gpus, facts)
-                       + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
+    j.clocks = j.last.get("clocks")
+
+    def history(facts):  # what this node showed before: GPUs, HCA ports and counters, clock-event time
+        found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
+        return (lost.judge(last_high, j.expected_gpus, facts) + found
+                + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
+
+    result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)
     j.facts = result.facts
     j.verdict, j.in_grace = _boot_grace(settings, result)
     return j
@@ -158,6 +164,7 @@ def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) ->
         "resolved": j.baseline.resolved_for(node),
         "gpus_high": lost.next_high(j.last.get("gpus_high"), j.expected_gpus, facts),
         "ib": hca.next_state(j.last.get("ib"), facts),  # ports seen ACTIVE, error counters
+        "clocks": j.clocks,  # clock-event counters and the last judged interval per GPU (judges.throttle)
         "facts": to_jsonable(facts),
         "config_error": record.get("config_error"),
     }

@@ -200,12 +200,33 @@ def hca_families(facts) -> list:
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
-                        config_error: bool = False, nhc: str = "") -> str:
+                        config_error: bool = False, nhc: str = "", clocks=None) -> str:
     """Write the textfile; "" when written, else why not (logged by the
     caller: a metrics write never changes the verdict or the drain).  Its
     directory (node_exporter's, often not root's) must pass the trust walk:
-    root writes nothing where someone else could plant a symlink."""
-    return _write_textfile(path, render(node_families(node, verdict, facts, baseline, held, config_error, nhc)))
+    root writes nothing where someone else could plant a symlink.
+    ``clocks``: reason -> the highest share of an interval a GPU spent
+    slowed, over the limit (judges.throttle.shares_over); None: not judged."""
+    families = node_families(node, verdict, facts, baseline, held, config_error, nhc)
+    return _write_textfile(path, render(families + clock_families(clocks)))
+
+
+def clock_families(over) -> list:
+    """Per clock-event reason: 1 when a GPU of this node spent more of the
+    last judged interval slowed than [health] clock_event_share_max allows.
+    Counted across nodes it tells the room (a power brake, a row's
+    cooling) from one node (GpugateClockEventsRoomWide)."""
+    if over is None:
+        return []
+    from ..judges.throttle import COUNTERS
+
+    return [("gpugate_clock_event_over", "gauge",
+             "1 when a GPU spent more of the last judged interval slowed for this reason than "
+             "[health] clock_event_share_max allows (NVML's clock-event counters).",
+             [("gpugate_clock_event_over", {"reason": r}, 1 if r in over else 0) for r in sorted(COUNTERS)]),
+            ("gpugate_clock_event_share", "gauge",
+             "The highest share of the last judged interval a GPU spent slowed for this reason, when over the limit.",
+             [("gpugate_clock_event_share", {"reason": r}, round(over.get(r, 0.0), 4)) for r in sorted(COUNTERS)])]
 
 
 def _write_textfile(path: str, text: str) -> str:

@@ -131,6 +131,8 @@ def _gpu(node: str, i: int, product: str, vbios: str, gsp: str, nvswitch: bool, 
         "nvlink": [1] * 18 if nvswitch else [],
         "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
         "clock_event_reasons": 0, "persistence": 1, "mig": [0, 0],
+        # NVML's cumulative counters (ns) a real H200 answers (`nvidia-smi -q`: Clocks Event Reasons Counters).
+        "clock_event_ns": {"sw_power_cap": 0, "sync_boost": 0, "sw_thermal": 0, "hw_thermal": 0, "power_brake": 0},
         "compute_mode": 0, "power_limit_mw": 700000, "power_limits_mw": [200000, 700000, 700000],
         "fabric_state": 3 if nvswitch else None, "recovery_action": 0, "processes": [],
         "lost": False, "errors": {},

@@ -115,6 +115,8 @@ def reboot(m: Dict[str, Any]) -> None:
     m["nvml"]["hang"] = None
     for gpu in m["nvml"]["gpus"]:
         gpu["ecc_uncorrected"]["volatile"] = 0
+        if gpu.get("clock_event_ns"):  # NVML counts from the driver's load
+            gpu["clock_event_ns"] = {name: 0 for name in gpu["clock_event_ns"]}
         if gpu.get("remapped_rows"):
             gpu["remapped_rows"][2] = 0
         gpu["recovery_action"] = 0
@@ -153,6 +155,40 @@ def _gpu_clocks(gpu, value, model, index):
             raise ConfigError("clock reasons: %s (join with +)" % ", ".join(sorted(_CLOCKS)))
         mask |= _CLOCKS[name]
     gpu["clock_event_reasons"] = mask
+
+
+THROTTLE_REASONS = ("sw_power_cap", "sync_boost", "sw_thermal", "hw_thermal", "power_brake")
+
+
+def _throttle(reason):
+    """throttle.REASON=+S adds S seconds slowed to NVML's cumulative counter
+    (the GPU spent them throttled); =S sets it (0: as after a driver reload)."""
+    def setter(gpu, value, model=None, index=None):
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ConfigError("throttle.%s: seconds, or +seconds to add, got %r" % (reason, value)) from None
+        counters = gpu.get("clock_event_ns")
+        if counters is None:
+            counters = gpu["clock_event_ns"] = {name: 0 for name in THROTTLE_REASONS}
+        counters[reason] = int(seconds * 1e9) + (int(counters.get(reason) or 0) if value.startswith("+") else 0)
+    return setter
+
+
+def _throttle_all(reason):
+    def setter(m, value):
+        for gpu in m["nvml"]["gpus"]:
+            _throttle(reason)(gpu, value)
+    return setter
+
+
+def _clock_advance(m, value):
+    """clock.advance=S: the node's NVML clock moves S seconds on (the
+    counters' timestamps), as if the next check ran that much later."""
+    try:
+        m["nvml"]["clock_offset_s"] = float(m["nvml"].get("clock_offset_s") or 0) + float(value)
+    except ValueError:
+        raise ConfigError("clock.advance: seconds, got %r" % value) from None
 
 
 def _gpu_processes(gpu, value, model, index):
@@ -216,6 +252,7 @@ GPU_KEYS: Dict[str, Callable] = {
     "fabric_state": _gpu_path("fabric_state"),
     "nvlink.down": _gpu_nvlink_down,
     "clocks": _gpu_clocks,
+    **{"throttle." + r: _throttle(r) for r in THROTTLE_REASONS},
     "processes": _gpu_processes,
     "persistence": _gpu_persistence,
     "mig": _gpu_mode_pair("mig", 0),
@@ -277,6 +314,8 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
     "absent": _node_path("absent", convert=lambda v: _absent(v)),  # tools not installed: absent=lspci,systemctl
     "systemd": _node_path("systemd", convert=lambda v: bool(_flag(v))),  # 0: systemd is not the init (a container)
+    "clock.advance": _clock_advance,
+    **{"throttle." + r: _throttle_all(r) for r in THROTTLE_REASONS},  # every GPU: the room's power brake
 }
 
 

@@ -284,9 +284,10 @@ class SimNvml(StateAccess):
     def nvmlDeviceGetFieldValues(self, handle, fieldIds):
         gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
         known = {_real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: gpu.get("recovery_action")}
+        counters = {_CLOCK_FIELDS[k]: v for k, v in (gpu.get("clock_event_ns") or {}).items() if k in _CLOCK_FIELDS}
         # The real call succeeds as a whole and reports each field's own status.
         values = (_real.c_nvmlFieldValue_t * len(fieldIds))()
-        now_us = int(time.time() * 1e6)
+        now_us = self._now_us()
         for slot, field_id in zip(values, fieldIds):
             if isinstance(field_id, (tuple, list)):
                 slot.fieldId, slot.scopeId = field_id
@@ -294,13 +295,33 @@ class SimNvml(StateAccess):
                 slot.fieldId = field_id
             slot.timestamp = now_us
             value = known.get(slot.fieldId)
-            if value is None:
+            if slot.fieldId in counters:  # cumulative ns, as NVML keeps them
+                slot.nvmlReturn = _real.NVML_SUCCESS
+                slot.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                slot.value.ullVal = int(counters[slot.fieldId])
+            elif value is None:
                 slot.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
             else:
                 slot.nvmlReturn = _real.NVML_SUCCESS
                 slot.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
                 slot.value.uiVal = int(value)
         return values
+
+    def _now_us(self):
+        # "clock_offset_s" moves the simulated node's clock on (gpu.N.throttle tests).
+        return int((time.time() + float(self._state.get("clock_offset_s") or 0)) * 1e6)
+
+    def nvmlDeviceGetViolationStatus(self, device, perfPolicyType):
+        """The older per-policy form of the same counters (c_nvmlViolationTime_t, ns)."""
+        gpu = self._gpu("nvmlDeviceGetViolationStatus", device)
+        name = {_real.NVML_PERF_POLICY_POWER: "sw_power_cap", _real.NVML_PERF_POLICY_SYNC_BOOST: "sync_boost",
+                _real.NVML_PERF_POLICY_THERMAL: "sw_thermal"}.get(int(perfPolicyType))
+        value = (gpu.get("clock_event_ns") or {}).get(name)
+        if value is None:
+            raise _not_supported()
+        out = _real.c_nvmlViolationTime_t()
+        out.referenceTime, out.violationTime = self._now_us() * 1000, int(value)
+        return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         gpu = self._gpu("nvmlDeviceGetComputeRunningProcesses", handle)
@@ -318,6 +339,12 @@ class SimNvml(StateAccess):
         return procs
 
 
+# gpu["clock_event_ns"] keys -> the field ids NVML answers them under.
+_CLOCK_FIELDS = {"sw_power_cap": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
+                 "sync_boost": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST,
+                 "sw_thermal": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+                 "hw_thermal": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+                 "power_brake": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN}
 _CONSTANT_TYPES = (int, float, str, bytes, tuple, type, ctypes._SimpleCData)
 
 

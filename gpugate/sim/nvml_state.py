@@ -24,6 +24,8 @@ State (the "nvml" part of a node's model; JSON types only)::
           "nvlink": [1, 1, ...],              # per link: 1 up, 0 down; [] means no NVLink
           "pcie": {"gen": 5, "width": 16, "max_gen": 5, "max_width": 16},
           "clock_event_reasons": 0,           # bitmask, e.g. 0x8 HW slowdown
+          "clock_event_ns": {"hw_thermal": 0, "power_brake": 0, ...} | null,  # cumulative ns per
+                                              #   reason (field values 74, 76, 269-271; absent: NotSupported)
           "persistence": 1,
           "compute_mode": 0 | null,           # NVML_COMPUTEMODE_* (0 default, 2 prohibited, 3 exclusive process)
           "power_limit_mw": 700000 | null,    # nvmlDeviceGetPowerManagementLimit (what `nvidia-smi -pl` set)
@@ -37,7 +39,8 @@ State (the "nvml" part of a node's model; JSON types only)::
           "hang": null | "<function name>",   # optional: only this GPU's call hangs
           "errors": {"nvmlDeviceGetVbiosVersion": 3, ...}   # injected error codes
       }, ... ],
-      "errors": {"nvmlSystemGetDriverVersion": 999, ...}    # injected; also apply to every GPU
+      "errors": {"nvmlSystemGetDriverVersion": 999, ...},   # injected; also apply to every GPU
+      "clock_offset_s": 0                   # optional: the node's clock moved on (field value timestamps)
     }
 
 Rules that hold for every call, in this order (the real library's order):
