@@ -107,6 +107,33 @@ def test_the_ssh_config_is_trust_checked(rig, tmp_path):
     assert HANG_SECONDS > TIMEOUT  # the hanging node really outlives the timeout
 
 
+@pytest.mark.ssh
+def test_a_node_printing_without_bound_is_killed_at_the_cap_and_answers_nothing(rig):
+    """Issue 24 review: ClusterShell kept each node's whole output in the
+    sweeper (root, holding its lock and reservation).  Each node's stream
+    is counted as it is read, lines or not (/dev/zero has no newline), and
+    over the cap (16 MiB, like runner.py's) that node's ssh is killed; the
+    other nodes answer as ever.  Before: 40 MiB read and kept per node, the
+    answer "no JSON answer"."""
+    import resource
+
+    from gpugate.sweep.transport import SshTransport
+
+    transport = _transport(rig)
+    script = ('for a; do node=$a; done; case "$node" in gpu01) exec head -c 40M /dev/zero;; '
+              'gpu02) yes 0123456789abcdef | exec head -c 40M;; esac; exec "$@"')
+    flood = SshTransport(["/bin/sh", "-c", script, "sh"] + transport.gpugate, transport.config,
+                         ssh_config=rig.ssh_conf)
+    started = time.monotonic()
+    answers = flood.check(["gpu01", "gpu02", "gpu03"], [], 60)
+    assert time.monotonic() - started < 30
+    for node in ("gpu01", "gpu02"):
+        assert isinstance(answers[node], str) and "printed more than 16 MiB on stdout; killed" in answers[node], \
+            (node, str(answers[node])[:300])
+    assert isinstance(answers["gpu03"], dict) and answers["gpu03"]["node"] == "gpu03", str(answers["gpu03"])[:300]
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1 << 20  # KiB: under 1 GiB in all
+
+
 # ------------------------------------------------ pure: what ssh's exit says
 
 def test_ssh_failures_are_named():

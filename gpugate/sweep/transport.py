@@ -10,7 +10,7 @@ from typing import Dict, List, Sequence, Union
 
 from .. import trust
 from ..errors import CommandError, ConfigError
-from ..runner import run
+from ..runner import MAX_STDERR, MAX_STDOUT, _size, run
 
 SSH = "/usr/bin/ssh"  # ClusterShell runs it itself (not through runner): checked here
 
@@ -87,7 +87,13 @@ class SshTransport(_Transport):
             for fd in fds:
                 os.close(fd)
 
-    def _run(self, nodes: Sequence[str], argv: List[str], timeout: float, fds: List[int]) -> Dict[str, Answer]:
+    def _run(self, nodes: Sequence[str], argv: List[str], timeout: float, fds: List[int],
+             max_stdout: int = 0) -> Dict[str, Answer]:
+        """max_stdout: each node's output cap (0: runner's 16 MiB).  ssh's own
+        stderr goes to the same stream (ssh_failure reads it), so one cap
+        holds both; a node over it is killed and its answer says so, as
+        runner.py's overflow does: the sweeper (root, holding its lock and
+        reservation) keeps no more than the cap of any node's answer."""
         from ClusterShell.NodeSet import NodeSet
         from ClusterShell.Task import task_self
 
@@ -103,24 +109,79 @@ class SshTransport(_Transport):
         # file by its resolved path: every directory on it is root's alone.
         config = os.readlink("/proc/self/fd/%d" % fds[1]) if len(fds) > 1 else ""
         task.set_info("ssh_options", "-F %s" % shlex.quote(config) if config else "")
+        workers = []
         for node in nodes:
             check_node_name(node, "Slurm node name")  # an ssh target: never an option
             # --node: judge the Slurm node name, whatever the host calls itself.
             # The remote side is a command line for ssh: every word is quoted.
             words = argv + ["--node", node]
-            task.shell(" ".join(shlex.quote(a) for a in words), nodes=str(NodeSet(node)), timeout=timeout)
+            worker = capped_ssh_worker()(NodeSet(node), handler=None, timeout=timeout, stderr=False,
+                                         command=" ".join(shlex.quote(a) for a in words))
+            worker.caps = {worker.SNAME_STDOUT: max_stdout or MAX_STDOUT, worker.SNAME_STDERR: MAX_STDERR}
+            worker.set_write_eof()  # nothing for its stdin
+            task.schedule(worker)
+            workers.append(worker)
         task.resume()
         out: Dict[str, Answer] = {}
+        for worker in workers:
+            for name, (sname, cap) in worker.overflow.items():
+                out[name] = ("%s: printed more than %s on %s; killed (no answer kept)"
+                             % (argv[0], _size(cap), sname))
         codes = {name: rc for rc, names in task.iter_retcodes() for name in names}
         for buf, names in task.iter_buffers():
             for name in names:
-                out[name] = answer(name, buf.message().decode("utf-8", "replace"), codes.get(name))
+                if name not in out:  # not killed for its size
+                    out[name] = answer(name, buf.message().decode("utf-8", "replace"), codes.get(name))
         for name in task.iter_keys_timeout():
             out[name] = "timed out after %.0fs (ssh connected or not, no answer in time)" % timeout
         for node in nodes:
             out.setdefault(node, ssh_failure(node, "", codes.get(node)) or
                            "no answer (ssh exited %s and printed nothing)" % codes.get(node))
         return out
+
+
+_CAPPED = []  # the worker class, made once ClusterShell is imported
+
+
+def capped_ssh_worker():
+    """ClusterShell's ssh worker whose clients count every byte read from a
+    node, per stream (partial lines too: ClusterShell buffers a line until
+    its newline), and kill that node's ssh once over worker.caps[stream],
+    naming it in worker.overflow {node: (stream, cap)}."""
+    if _CAPPED:
+        return _CAPPED[0]
+    from ClusterShell.Worker.Ssh import SshClient, WorkerSsh
+
+    class _Overflow(Exception):
+        pass
+
+    class CappedSshClient(SshClient):
+        def _read(self, sname, size=65536):
+            data = SshClient._read(self, sname, size)
+            seen = self.__dict__.setdefault("_gpugate_seen", {})
+            seen[sname] = seen.get(sname, 0) + len(data)
+            cap = self.worker.caps.get(sname, MAX_STDOUT)
+            if seen[sname] > cap:
+                self.worker.overflow[str(self.key)] = (sname, cap)
+                raise _Overflow()
+            return data
+
+        def _handle_read(self, sname):
+            try:
+                SshClient._handle_read(self, sname)
+            except _Overflow:
+                self.abort()  # kills ssh; as safe here as Worker.abort() from ev_read
+
+    class CappedWorkerSsh(WorkerSsh):
+        SHELL_CLASS = CappedSshClient
+
+        def __init__(self, *args, **kwargs):
+            self.caps: Dict[str, int] = {}
+            self.overflow: Dict[str, tuple] = {}
+            WorkerSsh.__init__(self, *args, **kwargs)
+
+    _CAPPED.append(CappedWorkerSsh)
+    return CappedWorkerSsh
 
 
 # What ssh (OpenSSH) prints when it cannot run the command on the node.
