@@ -114,17 +114,28 @@ def isolated_shebang(script: str) -> bool:
     return any(w.startswith(b"-") and not w.startswith(b"--") and b"I" in w for w in words[1:])
 
 
-def shebang_notes(scripts: Sequence[str]) -> str:
-    """Fragment comments for the entry points whose "#!" line lacks -I:
-    pip drops it when it installs a script (it rewrites "#!python -I" to the
-    bare interpreter), so each run starts a second, isolated interpreter."""
+def shebang_fix(scripts: Sequence[str]) -> str:
+    """The command that gives the entry points whose "#!" line lacks -I
+    their -I back ("" when none lacks it).  pip drops it when it installs a
+    script (it rewrites "#!python -I" to the bare interpreter)."""
     late = [s for s in scripts if os.path.exists(s) and not isolated_shebang(s)]
     if not late:
         return ""
-    return ("# WARNING: these entry points start Python without -I (pip drops it when it\n"
-            "# installs a script), so each run starts its interpreter twice to run\n"
-            "# isolated (~10 ms more per job). Add it, as root, after every pip install:\n"
-            "#   sed -i '1s|^#!\\([^ ]*\\)$|#!\\1 -I|' %s\n" % " ".join(late))
+    return "sed -i '1s|^#!\\([^ ]*\\)$|#!\\1 -I|' %s" % " ".join(late)
+
+
+def vouch_shebangs(scripts: Sequence[str]) -> None:
+    """`gpugate slurm-conf`: ConfigError (exit 2) while an entry point's "#!"
+    lacks -I.  The re-exec guard makes the second interpreter isolated, but
+    the first one has already run site: a sitecustomize.py on slurmd's
+    PYTHONPATH (or a PYTHON* variable) ran as root before it."""
+    from .errors import ConfigError
+
+    fix = shebang_fix(scripts)
+    if fix:
+        raise ConfigError("these entry points start Python without -I (pip drops it when it installs a script), "
+                          "so slurmd's PYTHONPATH and PYTHON* variables reach the interpreter that runs as root "
+                          "before it isolates itself. Fix it, as root, after every pip install:\n  %s" % fix)
 
 
 def _targets(path: Sequence[str], packages: Sequence[str]) -> Iterator[tuple]:

@@ -224,15 +224,16 @@ def _run(script, evil, extra_env=None):
 def test_as_pip_installs_them_the_entry_points_import_nothing_from_pythonpath_or_the_cwd(installed, hostile):
     """pip drops "-I": the script starts again isolated before anything of
     gpugate loads, so a gpugate package in PYTHONPATH or the current
-    directory never runs.  (A sitecustomize on slurmd's own PYTHONPATH
-    would still run in that first interpreter: `gpugate slurm-conf` warns
-    and names the fix, tested below.)"""
+    directory never runs.  A sitecustomize on slurmd's own PYTHONPATH
+    still runs in that first interpreter, as root: so `gpugate slurm-conf`
+    refuses such an install (tested below)."""
     evil, markers = hostile
     for mode, script in installed.items():
         assert not install_trust.isolated_shebang(script)
         done = _run(script, evil)
         assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
         assert not os.path.exists(markers["gpugate"]), mode
+    assert os.path.exists(markers["site"])  # why slurm-conf refuses it
 
 
 def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(installed, hostile):
@@ -240,12 +241,11 @@ def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(insta
     interpreter is isolated, no sitecustomize or usercustomize runs, no
     restart."""
     evil, markers = hostile
-    notes = install_trust.shebang_notes(list(installed.values()))
-    fix = notes.splitlines()[-1].lstrip("# ").strip()
+    fix = install_trust.shebang_fix(list(installed.values()))
     assert fix.startswith("sed -i ") and all(s in fix for s in installed.values())
     subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)
     subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)  # idempotent
-    assert install_trust.shebang_notes(list(installed.values())) == ""
+    assert install_trust.shebang_fix(list(installed.values())) == ""
     for mode, script in installed.items():
         assert open(script).readline().rstrip("\n").endswith(" -I")
         done = _run(script, evil, {"PYTHONINSPECT": "", "PYTHONHOME": evil})
@@ -253,9 +253,24 @@ def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(insta
         assert not os.path.exists(markers["gpugate"]) and not os.path.exists(markers["site"]), mode
 
 
-def test_slurm_conf_warns_when_an_entry_point_starts_python_without_isolation(installed):
-    notes = install_trust.shebang_notes(list(installed.values()) + ["/nonexistent/gpugate-prolog"])
-    assert notes.startswith("# WARNING: these entry points start Python without -I")
-    assert "/nonexistent" not in notes
+def test_slurm_conf_refuses_while_an_entry_point_starts_python_without_isolation(installed, monkeypatch):
+    """Issue 24 review: a warning was not enough, the sitecustomize above
+    ran as root.  Exit 2 with the sed line that fixes it; then the fragment."""
+    import sysconfig
+
+    from gpugate.cli.main import main
+
+    fix = install_trust.shebang_fix(list(installed.values()) + ["/nonexistent/gpugate-prolog"])
+    assert "/nonexistent" not in fix
     assert install_trust.isolated_shebang(os.path.join(ROOT, "prolog", "gpugate-prolog"))
     assert stat.S_IMODE(os.stat(installed["prolog"]).st_mode) == 0o755
+    real = sysconfig.get_path
+    bin_dir = os.path.dirname(installed["prolog"])
+    monkeypatch.setattr(sysconfig, "get_path",
+                        lambda name, *a, **k: bin_dir if name == "scripts" else real(name, *a, **k))
+    out = CliRunner().invoke(main, ["slurm-conf"])
+    assert out.exit_code == 2 and "HealthCheckProgram=" not in out.output, out.output
+    assert "start Python without -I" in out.output and fix in out.output
+    subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)
+    out = CliRunner().invoke(main, ["slurm-conf"])
+    assert out.exit_code == 0 and "HealthCheckProgram=%s" % installed["healthcheck"] in out.output, out.output

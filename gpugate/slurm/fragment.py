@@ -59,10 +59,10 @@ def fragment(config: Optional[str], release_text: str = "22.05") -> str:
     entry = {m: os.path.join(scripts, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")}
     missing = vouch([("HealthCheckProgram", entry["healthcheck"]), ("Prolog", entry["prolog"]),
                      ("Epilog", entry["epilog"]), ("RebootProgram", REBOOT_PROGRAM)])
-    from ..install_trust import shebang_notes, vouch_install
+    from ..install_trust import vouch_install, vouch_shebangs
 
     vouch_install()  # the code those entry points import, and its interpreter
-    missing += shebang_notes([entry[m] for m in ("healthcheck", "prolog", "epilog")])
+    vouch_shebangs([entry[m] for m in ("healthcheck", "prolog", "epilog")])  # and -I on their #! lines
     note = ""
     if config and os.path.abspath(config) != DEFAULT_CONFIG:
         note = ("# gpugate reads %s by default; slurmd passes no arguments, so install\n"
