@@ -13,6 +13,14 @@ gpugate deviates; empty when it follows the catalog).  gpugate actions:
 (drains at once, the remedy the sweep takes), "nvlink" (144-150: the
 sub-event's Fatal/Nonfatal word decides: fatal drains, non-fatal ones are
 counted), "recovery" (154: judged by the recovery action it changed *to*).
+
+Decided for issue 27 (the catalog's actions gpugate has no remedy of its
+own for): 54 CHECK_MECHANICALS and 78 UPDATE_SWFW drain for a human
+("investigate": the sweep escalates, no reboot fixes a cable or chooses a
+driver); 109 follows the catalog's RESET_GPU; 151 RESTART_VM is a reboot
+on bare metal.  The why column says where an action is not the catalog's
+own word.  Not yet compared code by code: NVSentinel's recommended actions
+and gpud's NVLink5 event types (their tables were not at hand).
 """
 
 CATALOG = {
@@ -22,15 +30,20 @@ CATALOG = {
     45: ("ignore", "IGNORE", ""),
     46: ("reset_gpu", "RESET_GPU", ""),
     48: ("reset_gpu", "RESET_GPU", ""),
+    # Auxiliary power not connected: no reset or reboot fixes a cable, so a human looks.
+    54: ("investigate", "CHECK_MECHANICALS", "no mechanical check in gpugate: drains for a human (no auto-repair)"),
     62: ("reset_gpu", "RESET_GPU", ""),
     63: ("ignore", "RESET_GPU", "NVML's row_remap_pending drains until a reset applies the remap"),
     64: ("reset_gpu", "RESET_GPU", ""),
     74: ("reset_gpu", "RESET_GPU", ""),
+    # The driver/firmware the GPU runs must change: a pin change is a human's (baseline review).
+    78: ("investigate", "UPDATE_SWFW", "drains for a human: versions change through the baseline"),
     79: ("reboot", "RESTART_BM", ""),
     92: ("ignore", "IGNORE", ""),
     94: ("ignore", "RESTART_APP", ""),
     95: ("reset_gpu", "RESET_GPU", ""),
-    109: ("ignore", "RESTART_APP", ""),
+    # Context-switch timeout: the catalog resets the GPU (an earlier copy said RESTART_APP).
+    109: ("reset_gpu", "RESET_GPU", ""),
     110: ("reset_gpu", "RESET_GPU", ""),
     119: ("reboot", "RESET_GPU", "GSP timeout: a GPU reset often hangs; reboot"),
     120: ("reboot", "RESET_GPU", "GSP error: as 119"),
@@ -44,6 +57,8 @@ CATALOG = {
     148: ("nvlink", "RESET_GPU Fatal/IGNORE Nonfatal", "as 144"),
     149: ("nvlink", "RESET_GPU Fatal/IGNORE Nonfatal", "as 144"),
     150: ("nvlink", "RESET_GPU Fatal/IGNORE Nonfatal", "as 144"),
+    # Confidential-computing key rotation failed: the catalog restarts the VM, on bare metal the node.
+    151: ("reboot", "RESTART_VM", "bare metal: the VM is the node, so reboot"),
     154: ("recovery", "per the action named", ""),
     155: ("reset_gpu", "RESET_GPU", ""),
     156: ("reset_gpu", "RESET_GPU", ""),

@@ -39,6 +39,7 @@ def test_example_baselines_carry_the_catalog_table_verbatim(path):
         text = handle.read()
     assert xidcatalog.baseline_block() in text
     assert tuple(load_baseline(path).health.drain_xids) == xidcatalog.default_drain_xids()
+    assert load_baseline(path).health.xid_actions == xidcatalog.default_xid_actions()
 
 
 def test_defaults_follow_the_catalog_and_every_deviation_says_why():
@@ -49,6 +50,15 @@ def test_defaults_follow_the_catalog_and_every_deviation_says_why():
         follows = (ours == "ignore") == (theirs in ("IGNORE", "RESTART_APP")) and ours != "nvlink"
         assert follows or ours == "recovery" or why, code
     assert POLICY.xid_action(79) == "reboot" and POLICY.xid_action(46) == "reset_gpu"
+
+
+@pytest.mark.parametrize("code,action", [(54, "investigate"), (78, "investigate"), (109, "reset_gpu"),
+                                         (151, "reboot")])
+def test_catalog_actions_gpugate_had_no_word_for_are_decided(code, action):
+    # 54 CHECK_MECHANICALS, 78 UPDATE_SWFW: a human; 109 RESET_GPU; 151 RESTART_VM: the node's reboot.
+    assert code in xidcatalog.default_drain_xids() and POLICY.xid_action(code) == action
+    (finding,) = judge(["NVRM: Xid (PCI:0000:9a:00): %d, pid=1, name=x, something" % code])
+    assert (finding.component, finding.observed, finding.action, finding.acute) == ("xid", str(code), action, True)
 
 
 @pytest.mark.parametrize("target,action", [
