@@ -6,11 +6,14 @@ A wrong pin, GPU count or service pushed to every node makes every node
 unless it is acute (gpugate.findings.ACUTE: Xid, ECC, a lost GPU, a failing
 stack...), whatever its class: every comparison with a file is budgeted.
 
-Every node decides for itself, and many decide at the same moment, so the
-rule is a ranking every node computes the same way from Slurm's view: the
-nodes drained for budgeted classes, oldest reason first (then by name), and
-the first ``allowance`` of them keep their drain.  A node ranked beyond it
-gives its drain back (see gpugate.node.act)."""
+A node never reads the fleet: it publishes a budgeted finding on its own
+Slurm record, and one keeper (gpugate.keeper, `gpugate budget`) decides:
+``plan`` drains the published nodes, oldest first, while every partition
+of the node has room.  The ranking that settles two keepers deciding at
+once is Slurm's view: the nodes drained for budgeted classes, oldest
+reason first (then by name); the first ``allowance`` of them keep their
+drain, and ``over`` names the newer ones a keeper gives back.  (``admit``
+and ``keep`` are the same rule for one node.)"""
 
 import math
 from typing import Iterable, Mapping, Optional, Tuple
@@ -19,7 +22,8 @@ from . import reason as reasons
 from .findings import CHECK_CLASSES
 from .record import dataclass
 
-__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "admit", "keep", "fleet_usage"]
+__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "admit", "keep", "fleet_usage",
+           "Plan", "published", "plan", "over"]
 
 @dataclass(frozen=True)
 class Use:
@@ -132,3 +136,99 @@ def fleet_usage(settings, states: Mapping[str, object]):
     is switched off (max_share 1)."""
     share = float(settings.drain_budget["max_share"])
     return usage(states, settings.reason_tag, share) if switched_on(share) else None
+
+
+# --------------------------------------------------------------------------
+# The keeper's decision (gpugate.keeper): nodes publish budgeted findings on
+# their own Slurm record (gpugate.slurm.pending); one keeper drains them.
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """One keeper run's decision: the published nodes to drain now (oldest
+    published first) with their reasons, and the published nodes held, why."""
+
+    drain: Tuple[Tuple[str, str], ...]
+    held: Mapping[str, str]
+    uses: Mapping[str, Use]
+
+
+def published(state, tag: str, memo: Optional[dict] = None):
+    """The budgeted gpugate reason a node published (a Pending), or None:
+    a comment that does not carry one of gpugate's budgeted reasons is
+    nobody's business here.  memo: reason -> budgeted?, shared by the calls
+    of one decision (a wrong pin gives 100,000 nodes one reason)."""
+    if not state.comment:
+        return None
+    from .slurm import pending
+
+    seen = pending.read(state.comment)
+    if seen is None:
+        return None
+    budgeted = None if memo is None else memo.get(seen.reason)
+    if budgeted is None:
+        ours = reasons.parse(seen.reason, tag)
+        budgeted = ours is not None and ours.cls in CHECK_CLASSES and not reasons.acute(ours)
+        if memo is not None:
+            memo[seen.reason] = budgeted
+    return seen if budgeted else None
+
+
+def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
+    """Which published nodes to drain so that no partition goes beyond its
+    allowance: a node drains only when every partition it is in has room.
+    Nodes already drained (by anyone), or holding a reason (DOWN with an
+    admin's or Slurm's: a DRAIN would replace it), or in no partition, are
+    never drained by the keeper."""
+    uses = usage(states, tag, share)
+    room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
+    waiting, memo = [], {}
+    for state in states.values():
+        seen = published(state, tag, memo)
+        if seen is not None and not state.drain:
+            waiting.append((seen.since, state.name, seen.reason, state))
+    waiting.sort(key=lambda w: (w[0], w[1]))
+    drain, held, spent = [], {}, {}
+    for _since, name, reason, state in waiting:
+        if state.reason:
+            held[name] = "Slurm holds a reason on the node that is not gpugate's: %r" % state.reason[:80]
+            continue
+        if not state.partitions:
+            held[name] = "in no partition: no drain budget to count it in"
+            continue
+        full = None
+        for part in state.partitions:
+            if room[part] <= 0:
+                full = part
+                break
+        if full is not None:
+            why = spent.get(full)
+            if why is None:  # once per partition: its room no longer changes
+                use = uses[full]
+                why = spent[full] = "drain budget of partition %s spent: %d of %d nodes (%g%% of %d) drained " \
+                    "for budgeted findings" % (use.partition, use.allowance - room[full], use.allowance,
+                                               share * 100, use.size)
+            held[name] = why
+            continue
+        for part in state.partitions:
+            room[part] -= 1
+        drain.append((name, reason))
+    return Plan(tuple(drain), held, uses)
+
+
+def over(states: Mapping[str, object], tag: str, share: float, since: float) -> Tuple[str, ...]:
+    """After a keeper wrote: the keeper drains ranked beyond a partition's
+    allowance (newest first out) that were stamped at or after ``since``.
+    Two keepers that decided at once drain the same budget twice; each
+    reads again after writing and gives back exactly these (the same set
+    for both: the ranking is Slurm's reason times, then names).  Older
+    drains are never given back (an allowance that shrank is not a race)."""
+    undo = set()
+    for use in usage(states, tag, share).values():
+        for name in use.drained[use.allowance:]:
+            state = states[name]
+            seen = published(state, tag)
+            if (seen is not None and seen.reason == state.reason and state.reason_time is not None
+                    and state.reason_time >= since):
+                undo.add(name)
+    return tuple(sorted(undo))

@@ -86,7 +86,7 @@ def node_textfiles(tmp_path) -> dict:
 
 def controller_textfile(alarm: bool) -> str:
     from gpugate.budget import Use
-    from gpugate.fleet.metrics import fleet_families
+    from gpugate.fleet.metrics import fleet_families, keeper_families
     from gpugate.promtext import render
 
     def view(cls):
@@ -96,7 +96,10 @@ def controller_textfile(alarm: bool) -> str:
     budget = {"gpu": Use("gpu", 8, 1, ("gpu02",) if alarm else ())}
     audit = {"at": 1.0, "facts": {}, "config_errors": {"gpu05": "baseline.toml: invalid TOML"} if alarm else {}}
     last_run = (3, 1.0, 2.0, 42, "stopped" if alarm else "ok")
-    return render(fleet_families(SimpleNamespace(nodes=nodes), {}, audit, None, budget, last_run))
+    # The budget keeper: it ran (quiet), or never ran here (alarm: nothing budgeted is drained).
+    keeper = None if alarm else {"ok": True, "last_ok": 1.0, "drained": ["gpu02"], "given_back": [], "held": 0}
+    return render(fleet_families(SimpleNamespace(nodes=nodes), {}, audit, None, budget, last_run)
+                  + keeper_families(keeper, 1.0, {"gpu": 0}))
 
 
 def series(text: str, instance: str, stale: bool) -> list:
@@ -142,6 +145,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         "GpugateSweepStopped": [{"instance": "ctl"}],
         "GpugateHealthCheckStale": [{"instance": "gpu04"}],
         "GpugateControllerMetricsStale": [{"instance": "ctl"}],
+        "GpugateBudgetKeeperStale": [{"instance": "ctl"}],
         "GpugateLockStuck": [{"instance": "gpu05", "lock": "healthcheck"}],
     }
     assert set(fire) == set(rules)  # every rule is tested

@@ -403,7 +403,10 @@ def test_xid_window_is_unmoved_by_a_clock_step():
         assert [(e.seq, e.gpu) for e in seen] == [(11, 2)]
 
 
-def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
+def test_a_published_hold_asks_nothing_until_the_findings_change(tmp_path):
+    """A node that published its findings (for the budget keeper) asks the
+    controller nothing while they stay the same, whatever the clock does;
+    new findings or a damaged record make it read and publish again."""
     import json
     from gpugate.record import replace
 
@@ -415,15 +418,15 @@ def test_a_hold_from_the_future_asks_the_controller_again(tmp_path):
     settings = replace(parse_settings({}, "(test)"), state_dir_template=str(tmp_path / "{node}"))
     verdict = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")], "gpugate:")
     (tmp_path / "gpu01").mkdir()
-    path = tmp_path / "gpu01" / hold.HOLD_FILE
-    for at, held in ((time.time() - 10, True), (time.time() + 3600, False), (time.time() - 601, False)):
-        path.write_text(json.dumps({"at": at, "reason": verdict.reason, "why": "drain budget of partition gpu spent"}))
-        assert bool(hold.held_recently(settings, "gpu01", verdict)) is held
-    path.write_text(json.dumps({"at": "yesterday", "reason": verdict.reason, "why": "spent"}))
-    assert hold.held_recently(settings, "gpu01", verdict) is None  # damaged: ask again
+    path = tmp_path / "gpu01" / hold.PUBLISHED
+    for since in (time.time() - 10, time.time() + 3600, time.time() - 86400 * 30, "yesterday"):
+        path.write_text(json.dumps({"since": since, "reason": verdict.reason}))
+        assert "budget keeper" in hold.held_recently(settings, "gpu01", verdict)
+    path.write_text("{not json")
+    assert hold.held_recently(settings, "gpu01", verdict) is None  # damaged: read and publish again
     other = decide([Finding("drift", "kernel", "6.1.0-26-amd64", "6.1.0-27-amd64", "reconverge")], "gpugate:")
-    path.write_text(json.dumps({"at": time.time(), "reason": verdict.reason, "why": "spent"}))
-    assert hold.held_recently(settings, "gpu01", other) is None  # findings changed: ask again
+    path.write_text(json.dumps({"since": time.time(), "reason": verdict.reason}))
+    assert hold.held_recently(settings, "gpu01", other) is None  # findings changed: read again
 
 
 def test_sweep_deadlines_use_the_monotonic_clock():

@@ -644,7 +644,7 @@ def test_bad_sinfo_entries(entry):
 def test_text_argv_and_env():
     assert SINFO_TEXT_ARGV == [
         "--all", "--noheader", "--Node",
-        "--Format=NodeList:0|,PartitionName:0|,StateComplete:0|,TimeStamp:0|,User:0|,Reason:0",
+        "--Format=NodeList:0|,PartitionName:0|,StateComplete:0|,TimeStamp:0|,User:0|,Comment:0\x1f,Reason:0",
     ]
     assert SINFO_TEXT_ENV == {"SLURM_TIME_FORMAT": "%s"}
     assert SINFO_JSON_ARGV == ["--json"]
@@ -813,7 +813,7 @@ def render_text(nodes):
         stamp = str(n.reason_time) if n.reason_time else "Unknown"
         for part in n.partitions:
             lines.append(f"{n.name}|{part}|{state}|{stamp}|{n.reason_user or 'Unknown'}|"
-                         f"{n.reason or 'none'}\n")
+                         f"{n.comment or '(null)'}\x1f{n.reason or 'none'}\n")
     return "".join(lines)
 
 
@@ -881,3 +881,82 @@ def test_a_leftover_reason_on_a_node_in_service_is_no_reason():
     nodes = parse_nodes_json(json.dumps(doc))
     assert (nodes["gpu01"].reason, nodes["gpu01"].reason_time) == ("", None)
     assert nodes["gpu02"].reason == "rack 7" and nodes["gpu03"].reason == "Not responding"
+
+
+# --------------------------------------------------------------------------
+# The node's Comment (where a budgeted finding is published: issue 26)
+# --------------------------------------------------------------------------
+
+PUBLISHED = "rack 3 [gpugate-pending @1764120000] gpugate: drift driver=550.54.15 (want 580.65.06) [/gpugate-pending]"
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "25.11", "26.05"])
+def test_the_comment_is_read_from_every_releases_json(release):
+    """The recorded JSON carries "comment" ("" when unset, as recorded);
+    the same document with a comment set gives it back, one node only."""
+    base = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", release)
+    name = "sinfo.json" if release == "22.05" else "scontrol-show-node.json"
+    with open(os.path.join(base, name)) as handle:
+        doc = json.load(handle)
+    assert all(entry.get("comment") == "" for entry in doc["nodes"])
+    assert all(st.comment == "" for st in parse_nodes_json(json.dumps(doc)).values())
+    doc["nodes"][0]["comment"] = PUBLISHED
+    nodes = parse_nodes_json(json.dumps(doc))
+    assert nodes[doc["nodes"][0]["name"]].comment == PUBLISHED
+    assert [n for n, st in nodes.items() if st.comment] == [doc["nodes"][0]["name"]]
+    doc["nodes"][0]["comment"] = 7
+    with pytest.raises(ParseError, match="comment"):
+        parse_nodes_json(json.dumps(doc))
+
+
+def test_the_comment_is_read_from_pyslurm_records():
+    from gpugate.slurm.nodestate.records import parse_node_records
+
+    base = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", "25.11", "pyslurm-nodes.json")
+    with open(base) as handle:
+        records = json.load(handle)
+    assert all(st.comment == "" for st in parse_node_records(records).values())
+    records[0]["comment"] = PUBLISHED
+    assert parse_node_records(records)[records[0]["name"]].comment == PUBLISHED
+
+
+def test_the_comment_is_read_from_sinfo_text():
+    """As 22.05's sinfo prints SINFO_TEXT_FORMAT (checked live: "(null)" for
+    no comment, the \\x1f suffix as given); the older format without the
+    separator still parses, with no comment."""
+    text = ("gpu01|a|idle|Unknown|Unknown|%s\x1fnone\n"
+            "gpu02|a|idle+drain|1764120001|root|(null)\x1fgpugate: drift x | y\n" % PUBLISHED)
+    nodes = parse_nodes_text(text)
+    assert nodes["gpu01"].comment == PUBLISHED and nodes["gpu01"].reason == ""
+    assert nodes["gpu02"].comment == "" and nodes["gpu02"].reason == "gpugate: drift x | y"
+    old = parse_nodes_text("gpu02|a|idle+drain|1764120001|root|gpugate: drift x | y\n")
+    assert old["gpu02"].comment == "" and old["gpu02"].reason == "gpugate: drift x | y"
+
+
+def test_pending_part_keeps_the_admins_text():
+    from gpugate.slurm import pending
+
+    reason = "gpugate: drift driver=550.54.15 (want 580.65.06)"
+    first = pending.publish("rack 3", reason, 100)
+    assert pending.read(first) == pending.Pending(reason, 100) and pending.others(first) == "rack 3"
+    assert pending.publish(first, reason, 200) == first  # unchanged: nothing to write
+    moved = pending.publish(first, reason + "; kernel=x (want y)", 300)
+    assert pending.read(moved).since == 300 and pending.others(moved) == "rack 3"
+    assert pending.clear(moved) == "rack 3" and pending.clear(pending.publish("", reason, 1)) == ""
+    assert pending.read("rack 3") is None and pending.read("") is None
+    sneaky = pending.publish("", reason + " [/gpugate-pending] x", 5)
+    assert pending.read(sneaky).reason == reason + " x"
+
+
+@given(st.text(max_size=80).filter(lambda t: "[gpugate-pending" not in t and "\x00" not in t),
+       st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=255))
+@settings(max_examples=200, deadline=None)
+def test_pending_round_trips_any_admin_text_and_reason(admin, reason):
+    from gpugate.slurm import pending
+
+    reason = " ".join(reason.replace(pending.CLOSE, "").split())
+    if not reason:
+        return
+    comment = pending.publish(admin, reason, 42)
+    assert pending.read(comment) == pending.Pending(reason, 42)
+    assert pending.clear(comment) == admin.strip()

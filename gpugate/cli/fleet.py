@@ -145,8 +145,20 @@ def metrics(config, output):
         finally:
             journal.close()
     last_audit = read_json(audit_path(settings), AUDIT_CAP)
-    text = render(fleet_families(snap, journal_nodes, last_audit, baseline, fleet_usage(settings, states),
-                                 last_run))
+    usage = fleet_usage(settings, states)
+    families = fleet_families(snap, journal_nodes, last_audit, baseline, usage, last_run)
+    if usage is not None:  # the budget is on: its keeper must run (gpugate.keeper)
+        from ..budget import published
+        from ..fleet.metrics import keeper_families
+        from ..keeper import read_status
+
+        held = {p: 0 for p in usage}
+        for state in states.values():
+            if not state.drain and published(state, settings.reason_tag) is not None:
+                for part in state.partitions:
+                    held[part] = held.get(part, 0) + 1
+        families += keeper_families(read_status(settings), time.time(), held)
+    text = render(families)
     if output:
         from ..safeio import write_in_checked_dir
 

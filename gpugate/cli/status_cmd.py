@@ -89,6 +89,12 @@ def status(config, as_json, partition, nodes):
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))
     summary["slurm_backend"] = {"name": slurm.name, "why": slurm.why}
+    if budget is not None:  # the budget is on: published nodes and its keeper (gpugate.keeper)
+        from ..fleet.status import budget_held
+        from ..keeper import read_status
+
+        summary["held"] = budget_held(states, settings.reason_tag)
+        summary["budget_keeper"] = read_status(settings) or {}
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:

@@ -96,3 +96,39 @@ def _sweep_run(last_run: Optional[Sequence]) -> list:
         ("gpugate_sweep_last_run_timestamp_seconds", "gauge", "When the latest sweep run started.",
          [("gpugate_sweep_last_run_timestamp_seconds", {}, float(started or 0))]),
     ]
+
+
+def keeper_families(status: Optional[Mapping], now: float, held: Optional[Mapping[str, int]] = None) -> list:
+    """The drain-budget keeper (gpugate.keeper): when its last good run was
+    (0: it never ran here, which the GpugateBudgetKeeperStale alert catches
+    like a stale one: without it nothing budgeted is ever drained), whether
+    its latest try failed, and what that run did.  held: partition ->
+    nodes that published a budgeted finding and are not drained (from the
+    fleet read `gpugate metrics` makes anyway)."""
+    status = status or {}
+    try:
+        last_ok = float(status.get("last_ok") or 0)
+    except (TypeError, ValueError):
+        last_ok = 0.0
+    families = [
+        ("gpugate_budget_keeper_last_run_timestamp_seconds", "gauge",
+         "When the drain-budget keeper (gpugate budget) last ran to the end; 0: never here.",
+         [("gpugate_budget_keeper_last_run_timestamp_seconds", {}, last_ok)]),
+        ("gpugate_budget_keeper_last_error", "gauge", "1 when the keeper's latest run failed (Slurm did not answer).",
+         [("gpugate_budget_keeper_last_error", {}, 0 if status.get("ok", True) else 1)]),
+    ]
+    if status.get("ok"):
+        families += [
+            ("gpugate_budget_keeper_drained_nodes", "gauge", "Nodes the keeper's latest run drained.",
+             [("gpugate_budget_keeper_drained_nodes", {}, len(status.get("drained") or ()))]),
+            ("gpugate_budget_keeper_given_back_nodes", "gauge",
+             "Drains the keeper's latest run gave back (over the budget: two keepers at once).",
+             [("gpugate_budget_keeper_given_back_nodes", {}, len(status.get("given_back") or ()))]),
+            ("gpugate_budget_keeper_held_nodes", "gauge", "Published nodes the keeper's latest run held.",
+             [("gpugate_budget_keeper_held_nodes", {}, int(status.get("held") or 0))]),
+        ]
+    if held is not None:
+        families.append(("gpugate_drain_budget_held_nodes", "gauge",
+                         "Nodes of the partition that published a budgeted finding and are not drained (held).",
+                         [("gpugate_drain_budget_held_nodes", {"partition": p}, n) for p, n in sorted(held.items())]))
+    return families

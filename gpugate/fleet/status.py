@@ -227,6 +227,7 @@ def render_text(summary: dict) -> str:
             lines.append("drain budget spent in %s: nodes found unfit for a budgeted class stay in service "
                          "(their log says action=held; metric gpugate_drain_held); `gpugate audit` lists "
                          "the drifted nodes" % ", ".join(spent))
+    lines += _held_lines(summary)
     lines += _repeat_lines(summary.get("repeat_offenders"))
     errors = summary.get("config_errors")
     if errors and errors.get("nodes"):
@@ -318,4 +319,48 @@ def _repeat_lines(repeats: Optional[Mapping[str, object]]) -> List[str]:
         lines.append(("  %-*s  %-12s %3dx  last %s ago  %s" % (
             width, name, e["component"], e["count"], ", ".join(format_age(a) for a in e["ago"]), state)).rstrip())
     lines.append("  `gpugate sweep forgive NODE` clears a node's record (after a part was replaced)")
+    return lines
+
+
+def budget_held(states: Mapping[str, object], tag: str) -> dict:
+    """Nodes that published a budgeted finding (gpugate.slurm.pending) and
+    are not drained: held by the drain budget, or waiting for the keeper.
+    node -> {reason, since, partitions}, oldest first."""
+    from ..budget import published
+
+    held = []
+    for name, state in states.items():
+        seen = published(state, tag)
+        if seen is not None and not state.drain:
+            held.append((seen.since, name, {"reason": seen.reason, "since": seen.since,
+                                            "partitions": list(state.partitions)}))
+    return {name: info for _since, name, info in sorted(held)}
+
+
+def _held_lines(summary: Mapping) -> list:
+    """The published nodes the budget holds, and the keeper's last run."""
+    if "budget_keeper" not in summary:
+        return []
+    import time as _time
+
+    from ..keeper import hostlist
+
+    lines = [""]
+    held = summary.get("held") or {}
+    if held:
+        first = next(iter(held.values()))
+        lines.append("HELD %d nodes (budgeted findings published, not drained; they run jobs): %s; oldest: %s" % (
+            len(held), hostlist(held), first["reason"][:160]))
+    keeper = summary.get("budget_keeper") or {}
+    last = keeper.get("last_ok")
+    if not last:
+        lines.append("budget keeper: NEVER RAN here: budgeted findings are held and never drained "
+                     "(install slurm_conf/gpugate-budget.timer, or run `gpugate budget --watch 30`)")
+    else:
+        line = "budget keeper: last good run %s ago (drained %d, gave back %d, held %d)" % (
+            format_age(_time.time() - float(last)), len(keeper.get("drained") or ()),
+            len(keeper.get("given_back") or ()), int(keeper.get("held") or 0))
+        if not keeper.get("ok", True):
+            line += "; LATEST RUN FAILED: %s" % str(keeper.get("error"))[:200]
+        lines.append(line)
     return lines

@@ -3,7 +3,9 @@ rules, then drain / update / undrain.
 
 No controller RPC on the healthy path unless a marker in the state directory
 says gpugate drained this node (whichever of health check, prolog or epilog
-did): only then may a fit verdict have a drain to clear."""
+did) or published a budgeted finding on it: only then may a fit verdict have
+a drain or a comment to clear.  The node never reads the fleet: a budgeted
+finding is published for the budget keeper (gpugate.node.hold)."""
 
 from __future__ import annotations
 
@@ -36,9 +38,9 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
-    if verdict.fit and not check_fit and not os.path.exists(marker):
+    if verdict.fit and not check_fit and not os.path.exists(marker) and not hold.published(settings, node):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
-    if verdict.fit and in_service:
+    if verdict.fit and in_service and not hold.published(settings, node):
         # slurmctld says the node is in service: no drain of ours to clear.
         # The marker stays: it only costs a read once Slurm says "no" (and
         # never delays a new drain: see the jitter below).
@@ -50,16 +52,10 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     limit = float(settings.slurm["timeout_seconds"])
     if deadline is not None:
         limit = min(limit, max(deadline - time.monotonic(), 0.0))
-    # A drain of ours in place (the marker) is only updated: no need to spread
-    # it out, unless slurmd says the node is in service (a stale marker).
-    waited = None
-    if spread and not (os.path.exists(marker) and not in_service):
-        left = deadline - time.monotonic() if deadline is not None else 4 * limit
-        waited = hold.spread(settings, verdict, left)
-    outcome = _apply(settings, node, verdict, marker, limit, deadline)
-    if waited is not None:
-        outcome["jitter"] = round(waited, 3)
-    return outcome
+    # spread: kept for the callers; a node no longer reads the fleet, so a
+    # fleet-wide finding costs slurmctld one single-node read and one comment
+    # update per node, with nothing to spread out.
+    return _apply(settings, node, verdict, marker, limit, deadline)
 
 
 def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float]) -> Dict[str, Any]:
@@ -86,28 +82,24 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             slurm = connect(settings, deadline=deadline)
             used.append(slurm)
             budgeted = hold.applies(settings, verdict)
-            # A budgeted drain needs the fleet's states anyway: one read
-            # gives this node's own state and the budget (a node already
-            # drained by us only needs its own).
-            fleet = slurm.nodes() if budgeted and not os.path.exists(marker) else None
-            state = (fleet if fleet is not None else slurm.nodes(node)).get(node)
+            # The node's own record only (the single-node RPC): never the fleet.
+            state = slurm.nodes(node).get(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
             why_held = None
+            if budgeted and decision.kind != ownership.UNKNOWN:
+                # Published for the keeper, whatever else holds the node.
+                why_held = hold.publish(settings, slurm, node, state, verdict.reason)
+            elif decision.kind != ownership.UNKNOWN:
+                hold.unpublish(settings, slurm, node, state)
             if decision.kind == ownership.DRAIN and budgeted:
-                why_held = hold.drain_within_budget(settings, slurm, node, decision.reason, fleet)
-            elif decision.kind in (ownership.NONE, ownership.UPDATE) and budgeted and hold.unsettled(settings, node):
-                # An earlier run drained but ended before checking the ranking.
-                if decision.kind == ownership.UPDATE:
-                    slurm.drain(node, decision.reason)
-                why_held = hold.settle_drain(settings, slurm, node, decision.reason or state.reason)
+                pass  # the keeper drains it, within the budget
             elif decision.kind in (ownership.DRAIN, ownership.UPDATE):
                 slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
                 slurm.undrain(node)
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
-    hold.remember(settings, node, verdict, why_held)
-    if why_held:
+    if why_held and decision.kind == ownership.DRAIN:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": True, "applied": True}
     if decision.kind == ownership.UNKNOWN:
         return {"action": decision.kind, "why": decision.why, "ok": verdict.fit, "rpc": True,

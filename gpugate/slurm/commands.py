@@ -70,9 +70,17 @@ class CommandSlurm(NodeUpdates):
             self._version = (int(m.group(1)), int(m.group(2)))
         return self._version
 
-    def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
+    def nodes(self, names: Optional[str] = None, lean: bool = False) -> Dict[str, NodeState]:
         """Node states (all nodes, or a hostlist).  JSON first; the text
-        format when JSON is unavailable or unreadable."""
+        format when JSON is unavailable or unreadable.  lean: the whole
+        fleet in the text format, which prints only the fields gpugate
+        reads (about 1/10 of 23.02+'s JSON; the budget keeper parses
+        100,000 nodes of it in about a second); the same one full read."""
+        if lean and not names:
+            try:
+                return parse_nodes_text(self._run("sinfo", list(SINFO_TEXT_ARGV), SINFO_TEXT_ENV))
+            except ParseError as exc:
+                raise SlurmError("cannot read node states: %s" % exc) from None
         # One node: `sinfo -n NODE` is the only read slurmctld answers with
         # that node alone (REQUEST_NODE_INFO_SINGLE); `scontrol show node`
         # and `sinfo --json` load every node and filter here (Slurm's
@@ -99,6 +107,10 @@ class CommandSlurm(NodeUpdates):
         if reason is not None:
             args.append("Reason=" + reason)
         self._run("scontrol", args + list(extra))
+
+    def set_comment(self, name: str, comment: str) -> None:
+        """The node's whole Comment (gpugate.slurm.pending builds it)."""
+        self._run("scontrol", ["update", "NodeName=" + name, "Comment=" + comment])
 
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""

@@ -253,7 +253,8 @@ class PyslurmSlurm(NodeUpdates):
     def version(self) -> Tuple[int, int]:
         return self.tools.version()
 
-    def nodes(self, names: Optional[str] = None) -> Dict[str, NodeState]:
+    def nodes(self, names: Optional[str] = None, lean: bool = False) -> Dict[str, NodeState]:
+        """lean: accepted for the commands' sake; the worker's records are lean already."""
         single = bool(names) and not any(c in names for c in "[],")
         records = self._call("nodes", names if single else None)
         try:
@@ -263,6 +264,10 @@ class PyslurmSlurm(NodeUpdates):
 
     def update(self, names: str, state: str, reason: Optional[str] = None) -> None:
         self._call("update_nodes", names, state, reason)
+
+    def set_comment(self, name: str, comment: str) -> None:
+        """The node's whole Comment (gpugate.slurm.pending builds it)."""
+        self._call("set_comment", name, comment)
 
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""

@@ -60,6 +60,10 @@ class Api:
         changes = ps.Node(state=state) if reason is None else ps.Node(state=state, reason=reason)
         ps.Node(names).modify(changes)
 
+    def op_set_comment(self, name, comment):
+        ps = self.pyslurm
+        ps.Node(name).modify(ps.Node(comment=comment))
+
     def op_reservations(self):
         return {r.name: r.nodes or "" for r in self.pyslurm.Reservations.load().values()}
 
@@ -134,7 +138,7 @@ class Api:
 def _node_record(node) -> dict:
     return {"name": node.name, "state": node.state or "", "reason": node.reason or "",
             "reason_time": node.reason_time, "reason_user": node.reason_user or "",
-            "partitions": list(node.partitions or [])}
+            "partitions": list(node.partitions or []), "comment": getattr(node, "comment", None) or ""}
 
 
 def _sbatch_options(argv):

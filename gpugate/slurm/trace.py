@@ -14,6 +14,8 @@ def in_scontrol_words(op: str, args: tuple) -> List[str]:
         names, state, reason = args
         return ["scontrol update NodeName=%s State=%s%s" % (names, state, "" if reason is None else
                                                              " Reason=" + reason)]
+    if op == "set_comment":
+        return ["scontrol update NodeName=%s Comment=%s" % args]
     if op == "reservations":
         return ["scontrol show reservation --oneliner"]
     if op == "reserve":

@@ -70,7 +70,9 @@ SCONTROL_JSON_ARGV: List[str] = ["--all", "--json", "show", "node"]
 # IDLE or DOWN. The reason goes last so it may contain "|". -N prints one line
 # per (node, partition); --all includes hidden partitions. Nodes that belong to
 # no partition are not printed by sinfo at all.
-SINFO_TEXT_FORMAT = "NodeList:0|,PartitionName:0|,StateComplete:0|,TimeStamp:0|,User:0|,Reason:0"
+# The node's Comment comes before the reason, ended by the unit separator
+# (\x1f, which no one types into a comment; gpugate.slurm.pending never writes it).
+SINFO_TEXT_FORMAT = "NodeList:0|,PartitionName:0|,StateComplete:0|,TimeStamp:0|,User:0|,Comment:0\x1f,Reason:0"
 SINFO_TEXT_ARGV: List[str] = ["--all", "--noheader", "--Node", "--Format=" + SINFO_TEXT_FORMAT]
 # Timestamps as epoch seconds instead of local ISO time. Also run without
 # SINFO_* and SLURM_CLUSTERS in the environment: they filter or reshape output.

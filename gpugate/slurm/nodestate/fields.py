@@ -1,5 +1,6 @@
 """Validators shared by the JSON and text readers: names, strings, times."""
 
+import re
 from typing import Optional, Tuple
 
 from gpugate.errors import ParseError
@@ -21,11 +22,14 @@ def _expect_str(value: object, where: str) -> str:
     return value
 
 
+_NOT_IN_NAMES = re.compile(r"[\s|,\[\]]")
+
+
 def _name(value: object, where: str, what: str = "node name") -> str:
     """Node and partition names: one printable word, no hostlist syntax."""
     if not isinstance(value, str) or not value:
         raise ParseError(f"{where}: {what} must be a non-empty string, got {_show(value)}")
-    if not value.isprintable() or any(c.isspace() or c in "|,[]" for c in value):
+    if not value.isprintable() or _NOT_IN_NAMES.search(value):
         raise ParseError(f"{where}: bad {what} {_show(value)}")
     return value
 

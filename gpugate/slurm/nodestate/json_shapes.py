@@ -77,6 +77,7 @@ def _node_entry(entry: object, where: str) -> NodeState:
         reason_time=_epoch(entry.get("reason_changed_at"), where),
         reason_user=_opt_str(entry, "reason_set_by_user", where),
         partitions=_partitions(entry.get("partitions"), where),
+        comment=_opt_str(entry, "comment", where),
     )
 
 

@@ -50,6 +50,7 @@ class NodeState:
     reason_time: Optional[int]  # epoch seconds the reason was set; None unknown
     reason_user: str            # "" when unknown
     partitions: Tuple[str, ...]  # sorted, no duplicates
+    comment: str = ""           # the node's Comment (root/SlurmUser only): gpugate.slurm.pending
 
     @property
     def drain(self) -> bool:
@@ -185,9 +186,29 @@ def _resolve_state(tokens: Iterable[str], flags: set, raw: object, where: str) -
     return "IDLE", frozenset(flags)
 
 
+_STATE_MEMO: Dict[object, Tuple[str, FrozenSet[str]]] = {}
+
+
 def _parse_state(value: object, extra_flags: object, where: str) -> Tuple[str, FrozenSet[str]]:
     """State as a string ("idle", "idle+drain", "mixed*") or a list
-    (["IDLE", "DRAIN"]), plus 22.05's separate state_flags list."""
+    (["IDLE", "DRAIN"]), plus 22.05's separate state_flags list.  A fleet
+    has few distinct states: each is parsed once (errors are not kept)."""
+    try:
+        key = (value if isinstance(value, str) else tuple(value),
+               None if extra_flags is None else tuple(extra_flags))
+        return _STATE_MEMO[key]
+    except (KeyError, TypeError):
+        pass
+    parsed = _parse_state_words(value, extra_flags, where)
+    if len(_STATE_MEMO) < 4096:
+        try:
+            _STATE_MEMO[key] = parsed
+        except (TypeError, UnboundLocalError):
+            pass
+    return parsed
+
+
+def _parse_state_words(value: object, extra_flags: object, where: str) -> Tuple[str, FrozenSet[str]]:
     items: List[str] = []
     if isinstance(value, str):
         items.append(value)
@@ -220,10 +241,13 @@ def _merge(records: Iterable[NodeState]) -> Dict[str, NodeState]:
         if seen is None:
             merged[rec.name] = rec
             continue
-        if replace(seen, partitions=()) != replace(rec, partitions=()):
+        # Field by field, not through replace(): the keeper merges 100,000 nodes.
+        if (seen.state, seen.flags, seen.reason, seen.reason_time, seen.reason_user, seen.comment) != (
+                rec.state, rec.flags, rec.reason, rec.reason_time, rec.reason_user, rec.comment):
             raise ParseError(f"node {rec.name} is reported twice with different states or reasons")
         parts = tuple(sorted(set(seen.partitions) | set(rec.partitions)))
-        merged[rec.name] = replace(seen, partitions=parts)
+        merged[rec.name] = NodeState(seen.name, seen.state, seen.flags, seen.reason, seen.reason_time,
+                                     seen.reason_user, parts, seen.comment)
     return merged
 
 

@@ -47,4 +47,5 @@ def _record(entry: object, where: str) -> NodeState:
         reason=_opt_str(entry, "reason", where),
         reason_time=_epoch(entry.get("reason_time"), where + ".reason_time"),
         reason_user=_opt_str(entry, "reason_user", where),
-        partitions=tuple(sorted({_name(p, where, "partition name") for p in parts})))
+        partitions=tuple(sorted({_name(p, where, "partition name") for p in parts})),
+        comment=_opt_str(entry, "comment", where))

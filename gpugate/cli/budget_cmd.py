@@ -1,0 +1,69 @@
+"""`gpugate budget`: the drain-budget keeper (gpugate.keeper), on the controller."""
+
+import json
+import time
+
+import click
+
+
+def _render(status: dict) -> str:
+    if not status.get("ok"):
+        return "budget keeper: FAILED: %s (last good run: %s)\n" % (status.get("error"), _when(status.get("last_ok")))
+    if status.get("why"):
+        return "budget keeper: %s\n" % status["why"]
+    lines = ["budget keeper: %d fleet read(s), %d single-node read(s) in %.2f s" % (
+        status.get("fleet_reads", 0), status.get("single_reads", 0), status.get("took", 0.0))]
+    for part, fig in sorted(status.get("partitions", {}).items()):
+        lines.append("  partition %-12s drain budget %d/%d%s  held %d" % (
+            part, fig["drained"], fig["allowance"], " SPENT" if fig["drained"] >= fig["allowance"] else "",
+            fig["held"]))
+    from ..keeper import hostlist
+
+    if status.get("drained"):
+        lines.append("  drained now: %s" % hostlist(status["drained"]))
+    if status.get("given_back"):
+        lines.append("  given back (over the budget: another keeper drained at the same time): %s"
+                     % hostlist(status["given_back"]))
+    for node, why in sorted(status.get("held_nodes", {}).items()):
+        lines.append("  held %s: %s" % (node, why))
+    return "\n".join(lines) + "\n"
+
+
+def _when(epoch) -> str:
+    if not epoch:
+        return "never"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(epoch)))
+
+
+@click.command()
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
+@click.option("--watch", type=click.FloatRange(5, 3600), default=None, metavar="SECONDS",
+              help="Run again every SECONDS, until stopped (sites without systemd; the timer runs it every 30 s).")
+@click.option("--json", "as_json", is_flag=True, help="The run's figures as one JSON object.")
+def budget(config, watch, as_json):
+    """Drain published nodes within the drain budget (controller side).
+
+    Nodes never read the fleet: one with a budgeted finding (a wrong pin,
+    GPU count, service...) publishes it in its Slurm node Comment and keeps
+    running jobs.  This command reads the fleet once, drains the published
+    nodes of each partition, oldest first, up to the partition's budget
+    (`[drain_budget] max_share`), and holds the rest.  Acute findings never
+    wait for it.  Without it nothing budgeted is drained (the
+    GpugateBudgetKeeperStale alert says so).  Exit 1 when Slurm failed.
+
+    \b
+    Examples:
+      gpugate budget
+      gpugate budget --watch 30
+    """
+    from ..config import load_settings
+    from ..keeper import run
+
+    settings = load_settings(config, missing_ok=config is None)
+    while True:
+        began = time.monotonic()
+        status = run(settings)
+        click.echo(json.dumps(status, sort_keys=True) if as_json else _render(status), nl=as_json)
+        if watch is None:
+            raise SystemExit(0 if status.get("ok") else 1)
+        time.sleep(max(0.0, watch - (time.monotonic() - began)))

@@ -1,0 +1,243 @@
+"""The drain-budget keeper (`gpugate budget`): the one place that drains
+nodes for budgeted findings.
+
+Nodes never read the fleet: a node with a budgeted finding publishes it on
+its own Slurm record (gpugate.slurm.pending) and keeps running jobs.  The
+keeper runs on the controller (a systemd timer every 30 s, or `--watch`):
+
+1. one fleet read (``REQUEST_NODE_INFO``);
+2. gpugate.budget.plan: per partition, the published nodes to drain, oldest
+   published first, up to the allowance; every other published node held;
+3. a single-node read of each node it is about to drain (still published
+   with the same reason, not drained, no reason of anyone else's), then one
+   ``scontrol update NodeName=<hostlist> State=DRAIN`` per distinct reason
+   (a wrong pin gives every node the same one);
+4. only when it drained something: after Slurm's clock has passed the
+   second of its drains, one more fleet read, and the drains ranked beyond
+   an allowance that are this run's or a concurrent keeper's (stamped since
+   this run's read began) are given back (gpugate.budget.over).  Two
+   keepers (two controller hosts) that decide at once may both drain; the
+   later one's re-read sees both and gives back the excess, the ranking
+   being the same for both.
+
+That re-read is kept (budget-keeper-view.json, root's) and the next run on
+this host decides on it instead of reading the fleet again, once, when it
+is under CACHE_SECONDS old: a run that drains costs two full reads and the
+one after it none, so a fleet-wide event costs slurmctld at most one full
+read per run on average, two in the first minute.  Deciding on a view a
+run old is safe: every node is re-read before it is drained, and a run
+that drains reads the fleet after writing, counting every drain stamped
+since that view was read.
+
+No keeper, no harm: without it budgeted findings are never drained; they
+stay published and visible (`gpugate status`, the node log's
+``action=held``, ``gpugate_drain_held``), and `gpugate metrics` exports the
+keeper's last run (``gpugate_budget_keeper_last_run_timestamp_seconds``)
+for the alert that fires when it is stale.  Acute findings never wait
+for it: the node drains them at once."""
+
+import os
+import socket
+import time
+
+from . import budget
+from .errors import GpugateError
+
+STATUS_FILE = "budget-keeper.json"
+VIEW_FILE = "budget-keeper-view.json"
+LOCK_FILE = "budget-keeper.lock"
+# The last run's re-read stands in for the next run's read only this fresh
+# (the timer runs every 30 s), and only once.
+CACHE_SECONDS = 40.0
+_VIEW_CAP = 512 << 20
+# Slurm stamps reasons in whole seconds: past this, every drain stamped at
+# or before ours is visible to the re-read.
+SETTLE_SECONDS = 1.1
+# One run ends well before the timer's next (30 s).
+RUN_SECONDS = 25.0
+
+
+def status_path(settings) -> str:
+    """Beside the sweep journal and the latest audit (controller state)."""
+    return os.path.join(os.path.dirname(os.path.abspath(settings.sweep["journal"])), STATUS_FILE)
+
+
+def hostlist(nodes) -> str:
+    from ClusterShell.NodeSet import NodeSet
+
+    return str(NodeSet.fromlist(sorted(nodes)))
+
+
+def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> dict:
+    """One keeper run against ``slurm`` (a connected backend).  Returns its
+    figures; raises GpugateError when Slurm fails (nothing half-decided is
+    left: drains already sent are within the budget, or given back by the
+    next run's or another keeper's re-read).  view: (read_at, states), the
+    previous run's re-read, to decide on instead of reading the fleet; the
+    figures carry this run's re-read as "_view" when it made one."""
+    tag, share = settings.reason_tag, float(settings.drain_budget["max_share"])
+    started = clock()
+    read_at = started
+    figures = {"started": round(started, 3), "host": socket.gethostname(), "pid": os.getpid(),
+               "fleet_reads": 0, "single_reads": 0, "drained": [], "given_back": [], "skipped": {}}
+    if not budget.switched_on(share):
+        figures.update(ok=True, why="max_share = 1: the drain budget is off (nodes drain themselves)",
+                       held=0, published=0, partitions={})
+        return figures
+    if view is not None:
+        read_at, states = view
+        figures["view"] = "the last run's re-read, %.1f s old" % (started - read_at)
+    else:
+        states = slurm.nodes(lean=True)
+        figures["fleet_reads"] += 1
+    decided = budget.plan(states, tag, share)
+    # Re-read each node before writing: the single-node RPC (read locks only).
+    groups = {}
+    for name, reason in decided.drain:
+        now = slurm.nodes(name).get(name)
+        figures["single_reads"] += 1
+        seen = budget.published(now, tag) if now is not None else None
+        if now is None or now.drain or now.reason or seen is None or seen.reason != reason:
+            figures["skipped"][name] = "changed since the fleet read"
+            continue
+        groups.setdefault(reason, []).append(name)
+    for reason, names in sorted(groups.items()):
+        slurm.drain(hostlist(names), reason)
+        figures["drained"] += sorted(names)
+    final = states
+    if figures["drained"]:
+        sleep(SETTLE_SECONDS)
+        reread_at = clock()
+        final = slurm.nodes(lean=True)
+        figures["fleet_reads"] += 1
+        # Stamped since the view decided on was read: ours, or a concurrent keeper's.
+        back = budget.over(final, tag, share, int(read_at) - 1)
+        if back:
+            slurm.undrain(hostlist(back))
+            figures["given_back"] = list(back)
+        else:
+            figures["_view"] = (reread_at, final)
+    # Held: published and not drained after this run (given back included).
+    kept = set(figures["drained"]) - set(figures["given_back"])
+    held = {}
+    for name, state in final.items():
+        if name in kept or budget.published(state, tag) is None:
+            continue
+        if not state.drain or name in figures["given_back"]:
+            held[name] = decided.held.get(name) or figures["skipped"].get(name) or "given back: over the budget"
+    from .record import replace
+
+    uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in figures["given_back"] else s
+                         for n, s in final.items()}, tag, share)
+    figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
+                   partitions={p: {"size": u.size, "allowance": u.allowance, "drained": len(u.drained),
+                                   "held": sum(1 for n in held if p in final[n].partitions)}
+                               for p, u in sorted(uses.items())},
+                   took=round(clock() - started, 3))
+    return figures
+
+
+def record(settings, figures: dict, error: str = "") -> dict:
+    """Write the run's status (what `gpugate metrics` and `gpugate status`
+    read): the last successful run's time survives a failed one."""
+    from .node.state import read_json, write_json
+
+    path = status_path(settings)
+    last = read_json(path) or {}
+    status = dict(figures)
+    status["at"] = round(time.time(), 3)
+    if error:
+        status.update(ok=False, error=error[:500], last_ok=last.get("last_ok"))
+    else:
+        status["last_ok"] = status["at"]
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_json(path, status, durable=False)
+    return status
+
+
+def save_view(settings, read_at: float, states) -> None:
+    """The run's re-read, for the next run (see the module doc)."""
+    from .node.state import write_json
+
+    rows = [[s.name, s.state, sorted(s.flags), s.reason, s.reason_time, s.reason_user, list(s.partitions), s.comment]
+            for s in states.values()]
+    write_json(os.path.join(os.path.dirname(status_path(settings)), VIEW_FILE), {"at": read_at, "nodes": rows},
+               durable=False)
+
+
+def take_view(settings, now: float):
+    """(read_at, states) of the last run's re-read when fresh; removed
+    either way, so that it serves one run at most."""
+    from .node.state import read_json
+    from .slurm.nodestate import NodeState
+
+    path = os.path.join(os.path.dirname(status_path(settings)), VIEW_FILE)
+    data = read_json(path, _VIEW_CAP)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    try:
+        at = float(data["at"])
+        if not 0 <= now - at <= CACHE_SECONDS:
+            return None
+        states = {}
+        for name, state, flags, reason, when, user, parts, comment in data["nodes"]:
+            states[name] = NodeState(str(name), str(state), frozenset(flags), str(reason),
+                                     None if when is None else int(when), str(user), tuple(parts), str(comment))
+        return at, states
+    except (TypeError, KeyError, ValueError):
+        return None  # absent or damaged: read the fleet
+
+
+def read_status(settings):
+    """The keeper's latest status, or None (never ran here)."""
+    from .node.state import read_json
+
+    return read_json(status_path(settings))
+
+
+class _host_lock:
+    """One keeper run at a time on this host (the timer and a --watch loop
+    alike); other hosts are settled through Slurm (see the module doc)."""
+
+    def __init__(self, settings):
+        self.path = os.path.join(os.path.dirname(status_path(settings)), LOCK_FILE)
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise GpugateError("another gpugate budget run holds %s" % self.path) from None
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        return False
+
+
+def run(settings, connect=None) -> dict:
+    """One run as `gpugate budget` makes it: connect with a deadline, run,
+    record the outcome (failures too: the metric says how long since the
+    last good run)."""
+    if connect is None:
+        from .slurm import connect
+    try:
+        with _host_lock(settings):
+            slurm = connect(settings, deadline=time.monotonic() + RUN_SECONDS)
+            try:
+                figures = run_once(settings, slurm, view=take_view(settings, time.time()))
+            finally:
+                slurm.close()
+            view = figures.pop("_view", None)
+            if view is not None:
+                save_view(settings, *view)
+    except GpugateError as exc:
+        return record(settings, {"fleet_reads": 0, "drained": [], "given_back": []}, str(exc) or type(exc).__name__)
+    return record(settings, figures)
