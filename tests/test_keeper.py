@@ -294,3 +294,18 @@ def test_no_node_side_path_reads_the_fleet():
                 assert call.func.attr not in ("admit", "keep", "plan", "fleet_usage"), (
                     "%s:%d decides the fleet's budget on a node" % (path, call.lineno))
     assert checked >= 1  # act.py reads its own node
+
+
+def test_pyslurm_clears_a_comment_through_scontrol():
+    """pyslurm sends an empty comment as NULL ("no change" to slurmctld):
+    clearing gpugate's part goes through scontrol instead; a comment with
+    text goes through the worker."""
+    from gpugate.slurm.pyslurm_backend import PyslurmSlurm
+
+    backend = PyslurmSlurm("/usr/bin", {"PATH": "/usr/bin"}, 5.0)
+    sent = []
+    backend._call = lambda op, *args, **kw: sent.append(("worker", op) + args)
+    backend.tools.set_comment = lambda name, comment: sent.append(("scontrol", name, comment))
+    backend.set_comment("gpu01", "rack 3")
+    backend.set_comment("gpu01", "")
+    assert sent == [("worker", "set_comment", "gpu01", "rack 3"), ("scontrol", "gpu01", "")]

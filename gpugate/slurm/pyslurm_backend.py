@@ -266,8 +266,15 @@ class PyslurmSlurm(NodeUpdates):
         self._call("update_nodes", names, state, reason)
 
     def set_comment(self, name: str, comment: str) -> None:
-        """The node's whole Comment (gpugate.slurm.pending builds it)."""
-        self._call("set_comment", name, comment)
+        """The node's whole Comment (gpugate.slurm.pending builds it).  An
+        empty one goes through scontrol: pyslurm sends "" as NULL, which
+        slurmctld reads as "no change" (pyslurm's cstr.fmalloc), so it could
+        never clear a comment."""
+        if comment:
+            self._call("set_comment", name, comment)
+            return
+        self.tools.deadline = self.deadline
+        self.tools.set_comment(name, comment)
 
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
