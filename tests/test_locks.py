@@ -206,6 +206,35 @@ def test_a_sweep_finding_an_old_holder_names_its_pid_and_age(fleet, tmp_path):
     assert not user_held
 
 
+def test_a_stuck_sweep_lock_is_shown_by_sweep_status(fleet, tmp_path):
+    """Issue 24 review: a sweeper holding its lock past one batch's time
+    limits was said only to the next sweeper (SweepBusy); `gpugate sweep
+    status` says it too (text and --json), and nothing while within bound."""
+    from gpugate.config import load_settings
+    from gpugate.sweep import run
+    from gpugate.sweep.journal import Journal
+
+    config = sim_config(tmp_path, fleet)
+    settings = load_settings(config)
+    Journal(settings.sweep["journal"]).close()
+    held = run.lock(settings)
+    try:
+        out = gpugate_cmd("sweep", "status", "--config", config, check=True).stdout
+        assert "STUCK" not in out
+        assert json.loads(gpugate_cmd("sweep", "status", "--json", "--config", config, check=True).stdout)[
+            "lock_stuck"] is None
+        os.pwrite(held.fd, b"%d %.3f\n" % (os.getpid(), time.time() - 86400), 0)
+        out = gpugate_cmd("sweep", "status", "--config", config, check=True).stdout
+        assert re.search(r"SWEEP LOCK STUCK: pid %d has held .*sweep\.lock for 86\d\d\ds" % os.getpid(), out), out
+        stuck = json.loads(gpugate_cmd("sweep", "status", "--json", "--config", config, check=True).stdout)[
+            "lock_stuck"]
+        assert stuck["pid"] == os.getpid() and stuck["seconds"] >= 86390 and stuck["lock"] == "sweep"
+        assert stuck["bound"] == round(run.batch_bound(settings))
+    finally:
+        held.release()
+    assert "STUCK" not in gpugate_cmd("sweep", "status", "--config", config, check=True).stdout
+
+
 def _created(top):
     """Every directory and file below top, with its mode."""
     out = {}
@@ -314,3 +343,40 @@ def test_a_stuck_health_check_lock_reaches_facts_the_audit_and_status(fleet, tmp
     # Released (the holder ended): facts say nothing, although the record is old.
     out = json.loads(gpugate_cmd("facts", "--json", "--config", path, "--node", "gpu02", check=True).stdout)
     assert out["lock_stuck"] is None
+
+
+def test_an_act_lock_held_past_its_bound_is_reported_by_the_health_check(open_node):
+    """Issue 24 review: not only the health check's lock.  The act lock
+    (health check, prolog and epilog drain and resume under it) held past
+    the longest of their budgets plus slurmd's margin: no run can drain or
+    resume the node.  The health check still judges, and says so in its log
+    line (lock_stuck) and gpugate_lock_stuck_seconds{lock="act"}; `gpugate
+    facts` too (the audit and `gpugate status` read it)."""
+    from gpugate.config import load_settings
+    from gpugate.node.lock import RunLock, act_bound, lock_path
+
+    assert run_entry("healthcheck", open_node).returncode == 0
+    assert metrics(open_node["prom"])[("gpugate_lock_stuck_seconds", (("lock", "act"),))] == 0
+    lock = RunLock(lock_path(open_node["state"], "act"))
+    assert lock.acquire()
+    try:
+        assert run_entry("healthcheck", open_node).returncode == 0
+        assert "lock_stuck" not in last_log(open_node)  # held just now: within its bound
+        assert act_bound(load_settings(open_node["config"])) < 1000
+        os.pwrite(lock.fd, b"%d %.3f\n" % (os.getpid(), time.time() - 1000), 0)
+        result = run_entry("healthcheck", open_node)
+        record = last_log(open_node)
+        assert result.returncode == 0 and record["verdict"] == "fit"  # judged all the same
+        assert record["lock_stuck"]["lock"] == "act" and record["lock_stuck"]["pid"] == os.getpid()
+        assert 990 <= record["lock_stuck"]["seconds"] < 1100
+        m = metrics(open_node["prom"])
+        assert 990 <= m[("gpugate_lock_stuck_seconds", (("lock", "act"),))] < 1100
+        assert m[("gpugate_lock_stuck_seconds", (("lock", "healthcheck"),))] == 0
+        out = json.loads(gpugate_cmd("facts", "--json", "--config", open_node["config"], "--node", "gpu01",
+                                     "--max-age", "0", check=True).stdout)
+        assert out["lock_stuck"]["lock"] == "act"
+    finally:
+        lock.release()
+    assert run_entry("healthcheck", open_node).returncode == 0
+    assert "lock_stuck" not in last_log(open_node)
+    assert metrics(open_node["prom"])[("gpugate_lock_stuck_seconds", (("lock", "act"),))] == 0

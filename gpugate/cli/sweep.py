@@ -109,9 +109,31 @@ def sweep_status(ctx, config, as_json):
         return
     journal = Journal(settings.sweep["journal"])
     try:
-        click.echo(json.dumps(status_json(journal), sort_keys=True) if as_json else status_text(journal))
+        stuck = _sweep_lock_stuck(settings)
+        if as_json:
+            click.echo(json.dumps(dict(status_json(journal), lock_stuck=stuck), sort_keys=True))
+        else:
+            click.echo(status_text(journal))
+            if stuck:
+                click.echo("\nSWEEP LOCK STUCK: pid %d has held %s for %ds, longer than one batch's time limits "
+                           "(%ds): if that sweep is stuck, stop it (the next run continues from the journal)"
+                           % (stuck["pid"], stuck["path"], stuck["seconds"], stuck["bound"]))
     finally:
         journal.close()
+
+
+def _sweep_lock_stuck(settings):
+    """{"lock", "pid", "seconds", "path", "bound"} when a sweeper holds the
+    sweep's lock longer than one batch's time limits (sweep.run.batch_bound),
+    else None.  Takes no lock."""
+    import time
+
+    from ..node.lock import lock_stuck
+    from ..sweep.run import batch_bound, lock_path
+
+    path, bound = lock_path(settings), batch_bound(settings)
+    stuck = lock_stuck(path, "sweep", bound, time.time())
+    return dict(stuck, path=path, bound=round(bound)) if stuck else None
 
 
 @sweep.command("forgive")

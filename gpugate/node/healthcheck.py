@@ -30,8 +30,14 @@ def run(settings, node: str, record: dict) -> int:
     started = time.monotonic()
     lock, holder = _take_lock(settings.state_dir(node), record)
     if lock is None:
-        return _busy(settings, holder, record)
+        return _busy(settings, node, holder, record)
     with lock:
+        from .lock import node_locks_stuck
+
+        # The other locks (act): held past their bound, no run drains or resumes the node.
+        stuck = node_locks_stuck(settings, node, time.time(), skip=("healthcheck",))
+        if stuck:
+            record["lock_stuck"] = stuck[0]
         settings = _within_slurmd_timeout(settings, record)
         # Every Slurm call below ends by this deadline (slurmd kills the run soon after).
         deadline = started + float(settings.budgets["healthcheck"])
@@ -46,7 +52,8 @@ def run(settings, node: str, record: dict) -> int:
                                               judged.baseline, held=outcome["action"] == HELD,
                                               config_error=bool(record.get("config_error")),
                                               nhc=(nhc_outcome or {}).get("result", ""),
-                                              clocks=throttle.shares_over(judged.clocks))
+                                              clocks=throttle.shares_over(judged.clocks),
+                                              stuck={s["lock"]: s["seconds"] for s in stuck})
             if not_written:  # logged; the verdict and the drain stand
                 record["metrics_error"] = not_written[:600]
         _log_fields(record, judged, outcome)
@@ -67,14 +74,14 @@ def _take_lock(state_dir: str, record: dict):
     return lock, None
 
 
-def _busy(settings, holder, record: dict) -> int:
+def _busy(settings, node: str, holder, record: dict) -> int:
     """Another health check holds the lock.  Within its whole budget (and
     the margin slurmd leaves after it): skipped, exit 0.  Longer: stuck (a
     run, or a child it forked, hangs; only root can take the lock), and
     every check skipped meanwhile is a node nobody gates: said in the log
     line with the holder's pid and age, in the metric
     gpugate_lock_stuck_seconds, and by exit 2 (could not judge)."""
-    from .lock import describe, healthcheck_bound, held_for
+    from .lock import describe, healthcheck_bound, held_for, node_locks_stuck
 
     now = time.time()
     age, bound = held_for(holder, now), healthcheck_bound(settings)
@@ -90,7 +97,9 @@ def _busy(settings, holder, record: dict) -> int:
     if settings.prometheus_textfile:
         from .metrics import write_lock_stuck
 
-        not_written = write_lock_stuck(settings.prometheus_textfile, "healthcheck", age)
+        others = node_locks_stuck(settings, node, now, skip=("healthcheck",))
+        not_written = write_lock_stuck(settings.prometheus_textfile,
+                                       dict({s["lock"]: s["seconds"] for s in others}, healthcheck=age))
         if not_written:
             record["metrics_error"] = not_written[:600]
     return 2

@@ -121,12 +121,39 @@ def healthcheck_bound(settings) -> float:
     return float(settings.budgets["healthcheck"]) + MARGIN
 
 
+def act_bound(settings) -> float:
+    """The longest a run holds the act lock: only a health check, prolog or
+    epilog takes it, each within its budget (the longest of them), and the
+    margin slurmd's kill leaves after it."""
+    from .slurmd_limits import MARGIN
+
+    return max(float(settings.budgets[m]) for m in ("healthcheck", "prolog", "epilog")
+               if m in settings.budgets) + MARGIN
+
+
+def node_locks_stuck(settings, node: str, now: float, skip=()) -> list:
+    """[{"lock", "pid", "seconds"}] for each lock of the node's locks/ held
+    past its own bound (healthcheck_bound, act_bound), health check first."""
+    stuck = []
+    for name, bound in (("healthcheck", healthcheck_bound), ("act", act_bound)):
+        if name not in skip:
+            found = lock_stuck(lock_path(settings.state_dir(node), name), name, bound(settings), now)
+            if found:
+                stuck.append(found)
+    return stuck
+
+
 def healthcheck_stuck(settings, node: str, now: float):
-    """{"lock", "pid", "seconds"} when the node's health check lock is held
-    past healthcheck_bound, else None (`gpugate facts`, so the audit and
-    `gpugate status` see it).  Takes no lock: a check starting meanwhile is
-    not skipped."""
-    path = lock_path(settings.state_dir(node), "healthcheck")
+    """The first of node_locks_stuck (the health check's, else the act
+    lock's), else None (`gpugate facts`, so the audit and `gpugate status`
+    see it).  Takes no lock: a check starting meanwhile is not skipped."""
+    stuck = node_locks_stuck(settings, node, now)
+    return stuck[0] if stuck else None
+
+
+def lock_stuck(path: str, name: str, bound: float, now: float):
+    """{"lock", "pid", "seconds"} when the lock at path is flocked by a
+    holder whose record says it took it more than bound seconds ago."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -139,9 +166,9 @@ def healthcheck_stuck(settings, node: str, now: float):
     finally:
         os.close(fd)
     age = held_for(holder, now)
-    if age <= healthcheck_bound(settings):
+    if age <= bound:
         return None
-    return {"lock": "healthcheck", "pid": holder[0], "seconds": round(age)}
+    return {"lock": name, "pid": holder[0], "seconds": round(age)}
 
 
 def _flocked(st) -> bool:

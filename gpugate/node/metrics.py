@@ -79,7 +79,7 @@ NHC_RESULTS = ("passed", "failed", "timed out", "not run")  # gpugate.node.nhc
 
 
 def node_families(node: str, verdict, facts, baseline, held: bool = False, config_error: bool = False,
-                  nhc: str = "") -> list:
+                  nhc: str = "", stuck=None) -> list:
     states = component_states(verdict, facts, baseline, baseline.expect_for(node))
     classes = {f.cls for f in verdict.findings}
 
@@ -115,7 +115,7 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "Xids, SXids and fallen-off-the-bus reports in the kernel log within xid_window_seconds, by code: "
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
-        lock_stuck_family("healthcheck", 0.0),
+        lock_stuck_family(stuck or {}),
     ] + hca_families(facts) + service_families(facts)
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
         families.append(("gpugate_nhc_result", "gauge",
@@ -127,26 +127,33 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
 LOCK_STUCK = "gpugate_lock_stuck_seconds"
 
 
-def lock_stuck_family(lock: str, seconds: float) -> tuple:
+NODE_LOCKS = ("healthcheck", "act")  # gpugate.node.lock.node_locks_stuck
+
+
+def lock_stuck_family(stuck) -> tuple:
+    """stuck: lock -> seconds held past its bound (a lock not named: 0)."""
     return (LOCK_STUCK, "gauge",
             "How long a run has held gpugate's lock when that is longer than the run's whole budget, else 0. "
-            "While the health check's is stuck, no health check runs on the node.",
-            [(LOCK_STUCK, {"lock": lock}, round(seconds))])
+            "While the health check's is stuck, no health check runs on the node; while the act lock is, "
+            "no run drains or resumes it.",
+            [(LOCK_STUCK, {"lock": lock}, round(stuck.get(lock, 0.0))) for lock in NODE_LOCKS])
 
 
-def write_lock_stuck(path: str, lock: str, seconds: float) -> str:
+def write_lock_stuck(path: str, stuck, seconds: float = 0.0) -> str:
     """The textfile with gpugate_lock_stuck_seconds set and the rest as the
     last check wrote it (a stuck lock means no check ran to rewrite it);
     "" when written, else why not (as write_node_textfile)."""
     from ..safeio import SYSTEM_CAP, read_capped
 
+    if isinstance(stuck, str):  # one lock: (path, "healthcheck", seconds)
+        stuck = {stuck: seconds}
     try:
         old = read_capped(path, SYSTEM_CAP, follow=False).decode("utf-8", "replace").splitlines()
     except OSError:
         old = []  # none yet, or unreadable: the stuck lock alone
     kept = [line for line in old if line.split(" ", 3)[2:3] != [LOCK_STUCK]
             and not line.startswith((LOCK_STUCK + "{", LOCK_STUCK + " "))]
-    return _write_textfile(path, "".join(line + "\n" for line in kept) + render([lock_stuck_family(lock, seconds)]))
+    return _write_textfile(path, "".join(line + "\n" for line in kept) + render([lock_stuck_family(stuck)]))
 
 
 SERVICE_STATES = ("running", "stopped", "unreadable", "unchecked")
@@ -200,14 +207,14 @@ def hca_families(facts) -> list:
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
-                        config_error: bool = False, nhc: str = "", clocks=None) -> str:
+                        config_error: bool = False, nhc: str = "", clocks=None, stuck=None) -> str:
     """Write the textfile; "" when written, else why not (logged by the
     caller: a metrics write never changes the verdict or the drain).  Its
     directory (node_exporter's, often not root's) must pass the trust walk:
     root writes nothing where someone else could plant a symlink.
     ``clocks``: reason -> the highest share of an interval a GPU spent
     slowed, over the limit (judges.throttle.shares_over); None: not judged."""
-    families = node_families(node, verdict, facts, baseline, held, config_error, nhc)
+    families = node_families(node, verdict, facts, baseline, held, config_error, nhc, stuck)
     return _write_textfile(path, render(families + clock_families(clocks)))
 
 
