@@ -28,6 +28,8 @@ DEFAULT_COMMANDS = {
     "dcgmi": "/usr/bin/dcgmi",
     "nvidia-smi": "/usr/bin/nvidia-smi",
     "nvidia-imex-ctl": "/usr/bin/nvidia-imex-ctl",
+    # The sweep's evidence bundle (gpugate.node.evidence): run where installed, never required.
+    "nvidia-bug-report.sh": "/usr/bin/nvidia-bug-report.sh",
 }
 DEFAULT_BUDGETS = {"healthcheck": 40.0, "prolog": 8.0, "epilog": 50.0, "verify": 1200.0}
 # Globs (dpkg-query -W and rpm -qa both take them); the first that matches wins.
@@ -131,6 +133,19 @@ _SWEEP = Table({
     "smoke_pair": (_ARGV, ("/usr/bin/srun", "--mpi=pmix", "/opt/nccl-tests/build/all_reduce_perf", "-b", "1G",
                            "-e", "8G", "-f", "2", "-g", "1")),  # one task per GPU, one GPU each
     "smoke_pair_sbatch": (ListOf(Str("--gres=gpu:{gpus}")), ("--gres=gpu:{gpus}", "--ntasks-per-node={gpus}")),
+    # Evidence before loss (gpugate/sweep/evidence.py): before a reset or a
+    # reboot, a bundle from the node, kept here (root's, 0700; "": evidence/
+    # next to the journal), at most evidence_max_bytes each, the newest
+    # evidence_keep per node (0: no bundles).
+    "evidence_dir": (_OPT_PATH, ""),
+    "evidence_max_bytes": (Int(1 << 16, 1 << 34), 64 << 20),
+    "evidence_keep": (Int(0, 10000), 10),
+    "evidence_timeout": (Number(10, 86400), 600.0),  # the whole collection, per batch
+    "bug_report_timeout": (Number(1, 86400), 300.0),  # nvidia-bug-report.sh's own limit on the node
+    # The reset rung (gpugate/node/gpureset.py): findings a GPU reset clears
+    # are reset (`gpugate reset-gpus` on the node) before any reboot.
+    "reset": (Bool(), True),
+    "reset_timeout": (Number(10, 86400), 600.0),
 })
 
 # Drains for anything but an acute finding stop at a share of each

@@ -249,7 +249,7 @@ def test_sim_lays_out_sysfs_as_the_kernel_does(h200):
     assert open(os.path.join(root, "sys/module/nvidia/version")).read() == "580.159.04\n"
     assert not os.path.exists(os.path.join(root, "run/systemd/system"))
     assert sorted(os.listdir(os.path.join(h200, "gpu001", "bin"))) == \
-        sorted(set(sim_fleet.EXECUTABLES) - set(H200_MISSING) - {"nvidia-imex-ctl"})
+        sorted(set(sim_fleet.EXECUTABLES) - set(H200_MISSING) - {"nvidia-imex-ctl", "nvidia-bug-report.sh"})
 
 
 def test_a_gpu_gone_from_the_bus_is_seen_in_sysfs_without_lspci(fleet, settings_for):

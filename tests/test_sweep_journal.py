@@ -45,7 +45,9 @@ def rec(step, status, attempt=1, remedy="reconverge"):
 
 @pytest.mark.parametrize("record,expected", [
     (rec("planned", jr.DONE), "wait_drained"),
-    (rec("wait_drained", jr.DONE), "converge"),
+    (rec("wait_drained", jr.DONE), "evidence"),  # a bundle before anything is lost
+    (rec("evidence", jr.STARTED), "evidence"),  # interrupted: collect again
+    (rec("evidence", jr.DONE), "converge"),
     (rec("converge", jr.STARTED), "converge"),  # interrupted: redo it
     (rec("converge", jr.DONE), "reboot"),
     (rec("reboot", jr.DONE), "wait_up"),
@@ -62,7 +64,13 @@ def rec(step, status, attempt=1, remedy="reconverge"):
     (rec("rollback", jr.STARTED, attempt=3), "rollback"),
     (rec("rollback", jr.DONE, attempt=3), "reboot"),
     (rec("planned", jr.DONE, remedy="reboot"), "wait_drained"),
-    (rec("wait_drained", jr.DONE, remedy="reboot"), "reboot"),
+    (rec("wait_drained", jr.DONE, remedy="reboot"), "evidence"),
+    (rec("evidence", jr.DONE, remedy="reboot"), "reboot"),
+    (rec("evidence", jr.DONE, remedy="reset"), "reset"),  # the reset rung: no reboot, no wait_up
+    (rec("reset", jr.STARTED, remedy="reset"), "reset"),  # a kill -9 during the reset: reset again
+    (rec("reset", jr.DONE, remedy="reset"), "verify"),
+    (rec("reset", jr.FAILED, remedy="reset"), "failed"),  # the reboot rung next (engine._attempt_failed)
+    (rec("evidence", jr.STARTED, attempt=2, remedy="reboot"), "evidence"),  # after a failed reset
     (rec("planned", jr.DONE, remedy="rollout"), "drain"),
 ])
 def test_next_step(record, expected):

@@ -10,7 +10,7 @@ import click
 from .. import __version__
 from ..errors import ConfigError, GpugateError
 from . import baseline_cmd, demo as demo_cmd, fleet as fleet_cmd, sim as sim_cmd, smoke as smoke_cmd, status_cmd
-from . import budget_cmd, sweep as sweep_cmd
+from . import budget_cmd, repair_cmd, sweep as sweep_cmd
 from .context import default_node, in_context, load_context
 
 EXIT_CODES = """\b
@@ -100,7 +100,12 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
     baseline = load_checked_baseline(settings)
     if pin == "previous":
         baseline = baseline.as_previous()
-    result = run_check(settings, baseline, node, mode)
+    xid_after = -1
+    if mode == "verify":
+        from ..node.gpureset import verify_cursor
+
+        xid_after = verify_cursor(settings, node)  # after the sweep's GPU reset: only Xids since
+    result = run_check(settings, baseline, node, mode, xid_after=xid_after)
     if as_json:
         click.echo(json.dumps(result_json(result, baseline, settings.baseline), sort_keys=True))
     else:
@@ -230,5 +235,6 @@ def slurm_conf(config, release):
 # The subcommand modules define their commands; the group gathers them here
 # (they do not import this module, so there is no cycle).
 for _command in (sim_cmd.sim, demo_cmd.demo, sweep_cmd.sweep, fleet_cmd.audit, fleet_cmd.metrics, smoke_cmd.smoke,
-                 status_cmd.status, baseline_cmd.baseline, budget_cmd.budget):
+                 status_cmd.status, baseline_cmd.baseline, budget_cmd.budget, repair_cmd.evidence,
+                 repair_cmd.reset_gpus):
     main.add_command(_command)

@@ -104,12 +104,21 @@ def status_text(journal) -> str:
             for step, status, at, detail in rows:
                 lines.append("  %-10s %-13s %-6s %s  %s" % (name, step, "pass" if status == "done" else "FAIL",
                                                            time.strftime("%H:%M:%S", time.localtime(at)), detail[:70]))
+    bundles = {name: journal.evidence(name) for name in sorted(nodes)}
+    if any(bundles.values()):
+        lines.append("\nEvidence kept before a reset or reboot (gpugate/sweep/evidence.py; one per attempt):")
+        for name, rows in bundles.items():
+            for attempt, at, detail in rows:
+                lines.append("  %-10s attempt %d  %s  %s" % (name, attempt, time.strftime("%H:%M:%S",
+                                                                                      time.localtime(at)), detail[:100]))
     return "\n".join(lines)
 
 
 def status_json(journal) -> dict:
     return {"runs": [dict(zip(("id", "started", "ended", "pid", "outcome"), r)) for r in journal.runs(20)],
             "nodes": {n: dict(r.__dict__, proofs=[dict(zip(("step", "status", "at", "detail"), p))
-                                                  for p in journal.proofs(n)])
+                                                  for p in journal.proofs(n)],
+                              evidence=[dict(zip(("attempt", "at", "detail"), e)) for e in journal.evidence(n)],
+                              evidence_id=journal.evidence_id(n) or None)
                       for n, r in journal.nodes().items()},
             "in_flight": sorted(journal.in_flight())}

@@ -26,7 +26,7 @@ from . import outputs, quiet, sysroot
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
 EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl",
-               "all_reduce_perf")
+               "all_reduce_perf", "nvidia-bug-report.sh")
 _BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
 
 
@@ -192,6 +192,8 @@ def render(directory: str, model: Dict[str, Any]) -> None:
     _write(os.path.join(directory, "replay.json"), json.dumps(table, indent=1, sort_keys=True))
     imex = model.get("imex")
     absent = tuple(model.get("absent", ())) + (() if imex and imex["installed"] else ("nvidia-imex-ctl",))
+    if not model.get("bug_report"):  # not installed unless asked for (sim set ... bug_report=1), as on most nodes
+        absent += ("nvidia-bug-report.sh",)
     _install_executables(os.path.join(directory, "bin"), absent=absent)
 
 

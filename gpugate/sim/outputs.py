@@ -3,6 +3,8 @@ are those of the real tools (see the parsers and their tests)."""
 
 import json
 import os
+import sys
+import time
 from typing import Any, Dict
 
 DIAG_TESTS = {1: ["software"], 2: ["software", "pcie", "memory"],
@@ -49,9 +51,52 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         table["dcgmi diag -r %d -j" % level] = entry
         table["dcgmi diag -r %d -i *" % level] = entry  # on some GPUs only (the epilog's)
     table["nvidia-smi *"] = _ok("")
+    table["nvidia-smi -q"] = _ok(smi_query(model))
+    table["nvidia-smi --query-compute-apps=pid,process_name,gpu_bus_id --format=csv,noheader"] = _ok("".join(
+        "%d, python3, %s\n" % (pid, g["pci_bus_id"]) for g in model["nvml"]["gpus"] for pid in g.get("processes") or ()))
+    # What changes the node (gpugate.sim.gpureset): a GPU reset, services stopped and started, the bug report.
+    for key in ("nvidia-smi -r", "nvidia-smi -r *", "systemctl stop *", "systemctl start *",
+                "nvidia-bug-report.sh", "nvidia-bug-report.sh *"):
+        table[key] = {"exec": _SIM_EXEC}
     kind = model.get("smoke", "healthy")
     table["all_reduce_perf *"] = dict(smoke_replay(kind), multinode=pair_replay(kind))
     return table
+
+
+_SIM_EXEC = [sys.executable, "-I", "-c", "import sys; sys.path.insert(0, %r); from gpugate.sim.gpureset import main; "
+             "sys.exit(main(sys.argv[1:]))" % os.path.dirname(os.path.dirname(os.path.dirname(
+                 os.path.abspath(__file__))))]
+
+
+def smi_query(model: Dict[str, Any]) -> str:
+    """`nvidia-smi -q`, the fields a vendor reads first, in its layout."""
+    nvml = model["nvml"]
+    cuda = nvml.get("cuda") or 0
+    lines = ["", "==============NVSMI LOG==============", "",
+             "Timestamp                                 : %s" % time.strftime("%a %b %d %H:%M:%S %Y"),
+             "Driver Version                            : %s" % nvml.get("driver"),
+             "CUDA Version                              : %d.%d" % (cuda // 1000, cuda % 1000 // 10), "",
+             "Attached GPUs                             : %d" % len(nvml["gpus"])]
+    for gpu in nvml["gpus"]:
+        rows = gpu.get("remapped_rows") or [0, 0, 0, 0]
+        lines += ["GPU %s" % gpu["pci_bus_id"],
+                  "    Product Name                          : %s" % gpu["name"],
+                  "    Persistence Mode                      : %s" % ("Enabled" if gpu.get("persistence") else "Disabled"),
+                  "    Serial Number                         : %s" % gpu["serial"],
+                  "    GPU UUID                              : %s" % gpu["uuid"],
+                  "    VBIOS Version                         : %s" % gpu["vbios"],
+                  "    GSP Firmware Version                  : %s" % (gpu.get("gsp") or "N/A"),
+                  "    ECC Errors",
+                  "        Volatile",
+                  "            DRAM Uncorrectable            : %d" % gpu["ecc_uncorrected"]["volatile"],
+                  "        Aggregate",
+                  "            DRAM Uncorrectable            : %d" % gpu["ecc_uncorrected"]["aggregate"],
+                  "    Remapped Rows",
+                  "        Correctable Error                 : %d" % rows[0],
+                  "        Uncorrectable Error               : %d" % rows[1],
+                  "        Pending                           : %s" % ("Yes" if rows[2] else "No"),
+                  "        Remapping Failure Occurred        : %s" % ("Yes" if rows[3] else "No"), ""]
+    return "\n".join(lines) + "\n"
 
 
 SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort", "pair-slow", "pair-abort")

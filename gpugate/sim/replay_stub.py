@@ -31,6 +31,10 @@ def main():
     if entry is None:
         sys.stderr.write("sim: no recording for: %s\n" % key)
         return 127
+    if entry.get("exec"):
+        # A tool that changes the node (gpugate.sim.gpureset): its name, the node's directory, its arguments.
+        argv = list(entry["exec"]) + [os.path.basename(me), os.path.dirname(here)] + sys.argv[1:]
+        os.execv(argv[0], argv)
     if entry.get("multinode") and _job_nodes():
         entry = _worst(entry["multinode"], key, here)
     if entry.get("hang"):

@@ -16,24 +16,31 @@ from ..errors import SlurmError
 from ..findings import RMA, ROLLOUT, Finding
 from . import history as hist
 from . import journal as jr
-from .plan import ESCALATE, REBOOT, RECONVERGE, Options, Plan, plan
+from . import evidence
+from .plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
 from ..record import dataclass, field, replace
 from .snapshot import take
+from .reset_step import ResetStep
 from .smoke import SmokeStep
 from .steps import Steps
 from .steps import hostlist as _hostlist
 
 # The steps of one attempt, in order, per remedy.  Attempt 3 is the rollback.
+# "evidence" (a bundle from the node) comes before anything that loses it:
+# a converge can reload the driver, a reset or a reboot clears the GPUs'
+# state and the kernel log.  A planned rollout keeps none (not a fault).
 PIPELINES = {
-    RECONVERGE: ("wait_drained", "converge", "reboot", "wait_up", "verify", "smoke", "resume"),
-    REBOOT: ("wait_drained", "reboot", "wait_up", "verify", "smoke", "resume"),
+    RECONVERGE: ("wait_drained", "evidence", "converge", "reboot", "wait_up", "verify", "smoke", "resume"),
+    RESET: ("wait_drained", "evidence", "reset", "verify", "smoke", "resume"),
+    REBOOT: ("wait_drained", "evidence", "reboot", "wait_up", "verify", "smoke", "resume"),
     "rollout": ("drain", "wait_drained", "converge", "reboot", "wait_up", "verify", "smoke", "resume"),
     "rollback": ("rollback", "reboot", "wait_up", "verify", "smoke", "resume"),
 }
-RETRY_FROM = {RECONVERGE: "converge", REBOOT: "reboot", "rollout": "converge"}
+# A retry keeps a bundle of its own (one per node per attempt) before it repeats the remedy.
+RETRY_FROM = {RECONVERGE: "evidence", REBOOT: "evidence", "rollout": "converge"}
 # Failures and escalations are handled first, then the pipeline in order.
-STEP_ORDER = ("failed", "escalate", "drain", "wait_drained", "rollback", "converge", "reboot", "wait_up",
-              "verify", "smoke", "resume")
+STEP_ORDER = ("failed", "escalate", "drain", "wait_drained", "evidence", "rollback", "converge", "reset", "reboot",
+              "wait_up", "verify", "smoke", "resume")
 
 
 @dataclass
@@ -53,7 +60,7 @@ class SweepReport:
     max_out: Dict[str, int] = field(default_factory=dict)  # most nodes in our hands per partition
 
 
-class Sweeper(Steps, SmokeStep):
+class Sweeper(Steps, ResetStep, SmokeStep):
     def __init__(self, settings, baseline, slurm, transport, journal: jr.Journal, options: Options,
                  force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep,
                  clock=time.time):
@@ -73,6 +80,7 @@ class Sweeper(Steps, SmokeStep):
         self.handled: set = set()
         self.batch_count = 0
         self.last_findings: Dict[str, List[Finding]] = {}  # what the last failed verification found
+        self.last_answers: Dict[str, dict] = {}  # its whole answer (the DCGM run), for the evidence bundle
         self.failures: set = set()  # nodes of the current batch whose attempt failed
 
     # ------------------------------------------------------------ the loop
@@ -225,6 +233,12 @@ class Sweeper(Steps, SmokeStep):
     def _attempt_failed(self, name, rec, why) -> None:
         rec = self.journal.nodes()[name]
         outcome = self.report.outcomes.setdefault(name, Outcome(name, rec.remedy))
+        if rec.remedy == RESET:
+            # The reset rung did not hold: the reboot rung, as the retry (a bundle first).
+            outcome.attempts, outcome.remedy = rec.attempt + 1, REBOOT
+            self.journal.rerung(name, REBOOT, "evidence", rec.attempt + 1, "reboot: " + why)
+            self.say("  %s: %s; falling to the reboot rung" % (name, why))
+            return
         if rec.attempt == 1:
             outcome.attempts = 2
             self.journal.record(name, RETRY_FROM[rec.remedy], jr.STARTED, attempt=2, detail="retry: " + why)
@@ -259,7 +273,7 @@ class Sweeper(Steps, SmokeStep):
                 observed, expected = hist.finding_text(repeat, self._window(), self._limit())
                 findings.insert(0, Finding(RMA, "repeat", observed, expected, "rma"))
                 node_why = self._repeat_why(name, repeat)
-            text = reasons.render(self.tag, RMA, findings)
+            text = evidence.with_id(reasons.render(self.tag, RMA, findings), self.journal.evidence_id(name))
             self.slurm.drain(name, text)
             self.journal.note(name, hist.ESCALATED, hist.components(original), at=now, detail=node_why)
             self.journal.record(name, "escalate", jr.DONE, detail=node_why)
@@ -284,7 +298,8 @@ class Sweeper(Steps, SmokeStep):
     def _resumed(self, rec, detail="") -> None:
         """RESUME done, and the history row the repeat rule counts."""
         comps = hist.components(reasons.parse(rec.reason, self.tag)) if rec.remedy != "rollout" else ()
-        self.journal.resumed(rec.node, comps, detail, at=self.clock())
+        rung = {RESET: hist.RUNG_RESET, REBOOT: hist.RUNG_REBOOT}.get(rec.remedy, "")
+        self.journal.resumed(rec.node, comps, detail, at=self.clock(), rung=rung)
         self._finish(rec.node, "resumed", "verified and returned to service")
 
     def _leave(self, name, why) -> None:

@@ -74,6 +74,26 @@ def repeat_of(current: Iterable[str], events: Sequence[Event], now: float, limit
     return max(hits, key=lambda r: (r.count, r.times[0]), default=None)
 
 
+RUNG_RESET, RUNG_REBOOT = "reset", "reboot"
+
+
+def rung_of(event: Event) -> str:
+    """How a ``resumed`` event's repair was done ("rung=reset" in its detail), "" when not said."""
+    for word in event.detail.split():
+        if word.startswith("rung="):
+            return word[5:]
+    return ""
+
+
+def rungs_within(current: Iterable[str], events: Sequence[Event], now: float, window: float) -> Tuple[str, ...]:
+    """The rungs (oldest first) of the returns to service within the window,
+    since last forgiven, for a component the node is drained for now: the
+    ladder (plan._ladder) climbs past a rung that did not hold."""
+    current = set(current)
+    return tuple(rung_of(e) for e in since_forgiven(events)
+                 if e.kind == RESUMED and now - window <= e.at <= now and e.components & current)
+
+
 def escalated(events: Sequence[Event]) -> bool:
     """Escalated since last forgiven (and not returned to service since)."""
     kinds = [e.kind for e in since_forgiven(events) if e.kind in (ESCALATED, RESUMED)]

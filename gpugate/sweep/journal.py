@@ -170,7 +170,7 @@ class Journal:
         self.db.execute("INSERT INTO events (run, node, step, status, attempt, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (self.run_id, node, step, status, attempt, time.time(), detail[:500]))
 
-    def resumed(self, node: str, components, detail: str = "", at: Optional[float] = None) -> None:
+    def resumed(self, node: str, components, detail: str = "", at: Optional[float] = None, rung: str = "") -> None:
         """RESUME done and, in the same transaction, the history row (a crash
         cannot leave one without the other)."""
         with self.db:
@@ -179,7 +179,31 @@ class Journal:
             row = self.db.execute("SELECT attempt FROM nodes WHERE node = ?", (node,)).fetchone()
             self._event(node, "resume", DONE, row[0] if row else 1, detail)
             if components:
-                self._history(node, RESUMED, time.time() if at is None else at, components, "")
+                self._history(node, RESUMED, time.time() if at is None else at, components,
+                              "rung=%s" % rung if rung else "")
+
+    def rerung(self, node: str, remedy: str, step: str, attempt: int, detail: str) -> None:
+        """The ladder's next rung (a failed GPU reset falls to the reboot):
+        the node's remedy changes with the step it restarts from."""
+        with self.db:
+            self.db.execute("UPDATE nodes SET remedy = ?, step = ?, status = ?, attempt = ?, updated = ?, detail = ?, "
+                            "run = ? WHERE node = ?", (remedy, step, STARTED, attempt, time.time(), detail[:500],
+                                                       self.run_id, node))
+            self._event(node, step, STARTED, attempt, detail)
+
+    def evidence(self, node: str) -> List[tuple]:
+        """(attempt, at, detail) of the evidence bundles of the node's current enrolment, newest last."""
+        return self.db.execute("SELECT attempt, at, detail FROM events WHERE node = ? AND step = 'evidence' AND "
+                               "status = 'done' AND id > (SELECT coalesce(max(id), 0) FROM events WHERE node = ? "
+                               "AND step = 'planned') ORDER BY id", (node, node)).fetchall()
+
+    def evidence_id(self, node: str) -> str:
+        """The newest bundle kept for the node's current enrolment, or ""."""
+        for _, _, detail in reversed(self.evidence(node)):
+            for word in detail.replace(";", " ").split():
+                if word.startswith("id="):
+                    return word[3:]
+        return ""
 
     def note(self, node: str, kind: str, components=(), at: Optional[float] = None, detail: str = "") -> None:
         """A history row: redrained, escalated or forgiven."""

@@ -22,18 +22,27 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
 from ..names import is_node_name
 from . import history as hist
-from ..record import dataclass, field
+from ..record import dataclass, field, replace
 
 RECONVERGE = "reconverge"
+RESET = "reset"
 REBOOT = "reboot"
 ESCALATE = "escalate"
-REMEDIES = (RECONVERGE, REBOOT, ESCALATE)
+REMEDIES = (RECONVERGE, RESET, REBOOT, ESCALATE)
 
 # health components a reboot (which resets every GPU) can fix; the rest escalate.
 _REBOOT_FIXES = {"xid", "sxid", "fallen_off_bus", "gpu", "gpu_count", "gpus_lost", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
                  "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus",
                  "pcie_gen", "pcie_width", "row_remap"}  # a reboot retrains links, applies remaps
 _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) fixes it
+# The reset rung (issue 28): what a GPU reset clears, per finding.  Volatile
+# ECC counts, pending row remaps and page retirements (applied at the reset),
+# a recovery action asking for a reset, and the Xids whose policy action is
+# reset_gpu (NVIDIA's catalog: RESET_GPU).  Not: a GPU off the bus (Xid 79)
+# or lost, a GPU missing, drift, anything else: those reboot or reconverge.
+_RESET_FIXES = {"ecc": None, "row_remap": ("pending",), "retired_pages": ("pending",),
+                "recovery": ("gpu reset", "drain and reset")}
+_NOT_RESET_XIDS = frozenset((79, 154))  # off the bus; 154 names its own recovery
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,8 @@ class Options:
     history: Mapping[str, Tuple[hist.Event, ...]] = field(default_factory=dict)  # the journal's, per node
     repeat_limit: int = 0  # 0: repeat offenders are not escalated
     repeat_window: float = 7 * 86400.0
+    reset: bool = False  # the reset rung ([sweep] reset)
+    reboot_xids: FrozenSet[int] = frozenset()  # Xids whose policy action is not reset_gpu
 
 
 @dataclass(frozen=True)
@@ -123,9 +134,31 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
         if component == "row_remap" and first.observed == "failure":
             return ESCALATE, "row remap failure: out of spare rows"
         if component in _REBOOT_FIXES:
+            if resettable(ours, options):
+                return RESET, "health %s: a GPU reset clears it (reboot if it does not)" % component
             return REBOOT, "health %s: reset by reboot" % component
         return ESCALATE, "health %s: no automatic remedy" % (component or "?")
     return None, "unknown class %r" % cls
+
+
+def resettable(ours, options: Options) -> bool:
+    """Whether a GPU reset can clear every finding of this reason (all
+    shown: a reason cut at ``+N more`` hides some, so it is rebooted)."""
+    if not options.reset or ours.cls != HEALTH or ours.more or not ours.findings:
+        return False
+    for f in ours.findings:
+        if f.component == "xid":
+            try:
+                xid = int(f.observed)
+            except ValueError:
+                return False
+            if xid in _NOT_RESET_XIDS or xid in options.reboot_xids or xid in options.escalate_xids:
+                return False
+        elif f.component not in _RESET_FIXES:
+            return False
+        elif _RESET_FIXES[f.component] is not None and f.observed not in _RESET_FIXES[f.component]:
+            return False
+    return True
 
 
 def floor_count(members: int, floor: float) -> int:
@@ -185,8 +218,9 @@ def plan(snapshot, options: Options) -> Plan:
                                                 "drained by someone else (%r): not gpugate's" % view.reason[:60])
             continue
         remedy, why = remedy_for(view.ours, options)
+        remedy, why = _ladder(view, options, snapshot.taken_at, remedy, why)
         repeat = None
-        if remedy in (RECONVERGE, REBOOT):
+        if remedy in (RECONVERGE, RESET, REBOOT):
             repeat = hist.repeat_of(hist.components(view.ours), options.history.get(view.name, ()),
                                     snapshot.taken_at, options.repeat_limit, options.repeat_window)
         if repeat is not None:
@@ -209,6 +243,24 @@ def plan(snapshot, options: Options) -> Plan:
         batches.append(Batch(1, ESCALATE, tuple(escalations)))
     batches += _batches(snapshot, options, figures, candidates, decisions, start=len(batches) + 1)
     return Plan(tuple(batches), decisions, figures)
+
+
+def _ladder(view, options: Options, now: float, remedy, why):
+    """Fewer good nodes to RMA, no bad node back (issue 28): a fault that
+    came back within the repeat window after a GPU reset is rebooted, not
+    reset again; one that came back after a reset and then a reboot is
+    escalated."""
+    if remedy not in (RESET, REBOOT) or not (remedy == RESET or resettable(view.ours, replace(options, reset=True))):
+        return remedy, why
+    rungs = hist.rungs_within(hist.components(view.ours), options.history.get(view.name, ()), now,
+                              options.repeat_window)
+    span = hist.span(options.repeat_window)
+    if hist.RUNG_RESET in rungs and hist.RUNG_REBOOT in rungs[rungs.index(hist.RUNG_RESET):]:
+        return ESCALATE, ("came back within %s after a GPU reset and then a reboot: the ladder's last rung "
+                          "failed, rma" % span)
+    if remedy == RESET and hist.RUNG_RESET in rungs:
+        return REBOOT, "came back within %s after a GPU reset: reboot, not another reset" % span
+    return remedy, why
 
 
 def _batches(snapshot, options, figures, candidates, decisions, start) -> List[Batch]:

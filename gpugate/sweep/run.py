@@ -34,7 +34,9 @@ def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[s
         partitions=frozenset(partition) if partition else None,
         canary=int(cfg["canary"]),
         escalate_xids=frozenset(x for x, a in actions.items() if a in ("rma", "investigate")),
-        repeat_limit=int(cfg["repeat_limit"]), repeat_window=float(cfg["repeat_window"]))
+        repeat_limit=int(cfg["repeat_limit"]), repeat_window=float(cfg["repeat_window"]),
+        reset=bool(cfg.get("reset", False)),
+        reboot_xids=frozenset(x for x, a in actions.items() if a != "reset_gpu"))
 
 
 def _check_journal(settings) -> None:

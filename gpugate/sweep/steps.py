@@ -143,18 +143,22 @@ class Steps:
         # A maintenance reservation keeps jobs off the nodes until they are
         # verified, whatever state the reboot leaves them in (22.05-23.11 clear
         # the drain after a reboot; ReturnToService=2 revives DOWN nodes).
-        existing = self.slurm.reservations() if ready else {}
-        by_reservation: Dict[str, List[str]] = {}
-        current = self.journal.nodes()
-        for name in ready:
-            by_reservation.setdefault(current[name].reservation, []).append(name)
-        for reservation, group in sorted(by_reservation.items()):
-            if reservation not in existing:
-                self.slurm.reserve(reservation, hostlist(group))
+        self._reserve(ready)
         for (_, reason_text), group in self._work_groups(ready, records).items():
             self.slurm.reboot(hostlist(group), reason_text, next_state="DOWN")
             for name in group:
                 self._done(name, "reboot")
+
+    def _reserve(self, nodes) -> None:
+        """The batch's maintenance reservation over these nodes (the smoke job runs in it)."""
+        existing = self.slurm.reservations() if nodes else {}
+        by_reservation: Dict[str, List[str]] = {}
+        current = self.journal.nodes()
+        for name in nodes:
+            by_reservation.setdefault(current[name].reservation, []).append(name)
+        for reservation, group in sorted(by_reservation.items()):
+            if reservation not in existing:
+                self.slurm.reserve(reservation, hostlist(group))
 
     def _step_wait_up(self, nodes, records) -> None:
         self._begin(nodes, "wait_up")
@@ -208,6 +212,7 @@ class Steps:
             why = answer.get("reason") if isinstance(answer, dict) else answer
             self.failures.add(name)
             if isinstance(answer, dict):
+                self.last_answers[name] = answer  # its DCGM run, for the evidence bundle
                 self.last_findings[name] = [Finding.from_json(f) for f in answer.get("findings", [])
                                             if isinstance(f, dict) and "class" in f and "component" in f]
             self.journal.record(name, "verify", jr.FAILED, detail=str(why))

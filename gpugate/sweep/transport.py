@@ -48,7 +48,8 @@ class LocalTransport(_Transport):
         self.config = config
         self.fanout = fanout
 
-    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float,
+            max_stdout: int = 0) -> Dict[str, Answer]:
         from concurrent.futures import ThreadPoolExecutor
 
         def one(node: str) -> Answer:
@@ -56,7 +57,8 @@ class LocalTransport(_Transport):
             if self.config:
                 argv += ["--config", self.config]
             try:
-                return _parse(run(argv, timeout, ok_codes=(0, 1)).stdout)
+                caps = {"max_stdout": max_stdout} if max_stdout else {}  # an evidence bundle: its own cap
+                return _parse(run(argv, timeout, ok_codes=(0, 1), **caps).stdout)
             except CommandError as exc:
                 return str(exc)
         with ThreadPoolExecutor(max_workers=max(1, min(self.fanout, len(nodes)))) as pool:
@@ -74,7 +76,8 @@ class SshTransport(_Transport):
         self.ssh_config = ssh_config
         self.connect_timeout = connect_timeout
 
-    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float,
+            max_stdout: int = 0) -> Dict[str, Answer]:
         argv = self.gpugate + list(args) + ["--json"]
         if self.config:
             argv += ["--config", self.config]
@@ -82,7 +85,7 @@ class SshTransport(_Transport):
         try:
             if self.ssh_config:
                 fds.append(open_ssh_config(self.ssh_config))
-            return self._run(nodes, argv, timeout, fds)
+            return self._run(nodes, argv, timeout, fds, max_stdout)
         finally:
             for fd in fds:
                 os.close(fd)
