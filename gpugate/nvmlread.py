@@ -58,6 +58,8 @@ def _read(nvml, gpus, processes):
         count = _call(nvml, "gpu_count", nvml.nvmlDeviceGetCount)
         devices = []
         if isinstance(count, int):
+            if gpus is not None and any(i >= count for i in gpus):
+                gpus = None  # a job GPU this node does not have: check every GPU, never none
             for index in range(count):
                 if gpus is None or index in gpus:
                     devices.append(_gpu(nvml, index, processes))
