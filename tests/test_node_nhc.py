@@ -100,3 +100,36 @@ def test_an_nhc_printing_without_end_is_killed_at_its_cap(tmp_path):
     assert outcome["result"] == nhc.NOT_RUN
     assert outcome["error"].endswith(": printed more than 1 MiB on stdout; killed")
     assert time.monotonic() - started < 10
+
+
+def test_the_file_checked_is_the_file_run_and_nhc_keeps_its_name(tmp_path, monkeypatch):
+    """Issue 24 review (nice-to-have c): NHC was checked by path and then
+    run by path: a swap between the two ran another file.  It runs from the
+    checked fd (/proc/self/fd/N), and gets NAME= its file's name (NHC names
+    its config files by $0)."""
+    import os
+
+    from gpugate import trust
+
+    settings = _settings(tmp_path, 'echo "ERROR: the checked file ran"; exit 1\n')
+    other = tmp_path / "swapped-in"
+    other.write_text("#!/bin/bash\necho swapped\n")
+    other.chmod(0o755)
+    real = trust.open_executable
+    checked = []
+
+    def open_then_swap(path, what="command", owners=None):
+        fd = real(path, what, owners)
+        checked.append(path)
+        os.replace(str(other), path)  # the path now names another file
+        return fd
+
+    monkeypatch.setattr(trust, "open_executable", open_then_swap)
+    outcome = nhc.run(settings, "gpu01", False, time.monotonic() + 30)
+    assert checked and outcome["result"] == nhc.FAILED, outcome  # before: "passed", the swapped-in file ran
+    assert outcome["error"] == "ERROR: the checked file ran"
+    monkeypatch.undo()
+    failed = nhc.run(_settings(tmp_path, 'echo "ERROR: $*"; exit 1\n'), "gpu01", True, time.monotonic() + 30)
+    assert failed["error"] == "ERROR: HOSTNAME=gpu01 ONLINE_NODE=: NAME=fake-nhc", failed
+    assert nhc._named(["/usr/sbin/nhc", "-n", "site"]) == ["/usr/sbin/nhc", "-n", "site"]
+    assert nhc._named(["/usr/sbin/nhc", "NAME=x"]) == ["/usr/sbin/nhc", "NAME=x"]

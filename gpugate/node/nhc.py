@@ -13,6 +13,7 @@ between judging the node and acting on it, so that:
   answer, the health check does not lift gpugate's drain (see healthcheck)."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -45,9 +46,11 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
     command = argv(settings, node, keep_drain)
     # NHC runs as root like every tool gpugate starts: the same trust walk
     # (only root can change the file, its directories and its #! interpreter).
+    # The file checked is the file run (/proc/self/fd/N, as gpugate.runner),
+    # whatever the path names by the time it starts.
     from ..trust import Untrusted, open_executable
     try:
-        os.close(open_executable(command[0], "[nhc] command"))
+        fd = open_executable(command[0], "[nhc] command")
     except (Untrusted, OSError) as exc:
         return {"result": NOT_RUN, "seconds": 0.0, "error": "NHC not run: %s" % exc}
     env = dict(settings.slurm_env)  # slurmd gives none: NHC's scontrol needs SLURM_CONF
@@ -55,11 +58,13 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
     try:
         # Its own session: at the deadline the whole tree goes (NHC's checks,
         # its watchdog, a hung scontrol), never gpugate's own processes.
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True, close_fds=True)
+        child = subprocess.Popen(_named(command), executable="/proc/self/fd/%d" % fd, pass_fds=(fd,),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True, close_fds=True)
     except OSError as exc:
         return {"result": NOT_RUN, "seconds": 0.0, "error": "cannot start NHC: %s" % exc}
+    finally:
+        os.close(fd)
     from ..errors import CommandError
     from ..runner import read_output
 
@@ -81,6 +86,16 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
     if child.returncode and text:
         outcome["error"] = text[-_OUTPUT:]  # NHC's "ERROR: ... Health check failed: ..." line
     return outcome
+
+
+def _named(command: list) -> list:
+    """Run from /proc/self/fd/N, NHC's $0 is "/proc/self/fd/N" and it would
+    name itself "N" (NAME=${0##*/}: /etc/sysconfig/N, /etc/nhc/N.conf):
+    NAME= its file's own name, unless the command names it (NAME=, -n)."""
+    name = os.path.basename(command[0])
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or any(a.startswith(("NAME=", "-n")) for a in command[1:]):
+        return command
+    return command + ["NAME=" + name]
 
 
 def _kill_session(child) -> None:
