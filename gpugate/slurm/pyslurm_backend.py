@@ -15,6 +15,7 @@ Slurm release this host runs (`sinfo --version`), which pyslurm's own
 major.minor must equal."""
 
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,12 +34,23 @@ from .wire import WireClosed, WireTimeout, read_frame, write_frame
 def _trace(path: str, op: str, args: tuple) -> None:
     from .trace import in_scontrol_words
 
+    # A path from the environment, appended to as root: never through a
+    # symlink someone planted there, never into a FIFO or someone else's file.
+    text = "".join("%s %s\n" % (os.environ.get("SLURMD_NODENAME", ""), words)
+                   for words in in_scontrol_words(op, args)).encode("utf-8", "replace")
     try:
-        with open(path, "a") as handle:
-            for words in in_scontrol_words(op, args):
-                handle.write("%s %s\n" % (os.environ.get("SLURMD_NODENAME", ""), words))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o600)
     except OSError:
-        pass  # a trace is for reading along, never a reason to fail a call
+        return  # a trace is for reading along, never a reason to fail a call
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.write(fd, text)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # The worker's own start (interpreter, pyslurm, slurm.conf) gets at least
