@@ -6,6 +6,7 @@ from __future__ import annotations
 from .errors import ConfigError
 from .lazyre import Lazy
 from .record import asdict, dataclass, field, replace
+from .iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX, IB_COUNTERS, HEALTH_KEYS as IB_HEALTH_KEYS
 from .schema import (REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table,
                      load_toml, validate)
 
@@ -151,18 +152,8 @@ _HEALTH = Table({
                   lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": (1, 3)}),
     # DCGM refuses its diagnostic on MIG GPUs: "skip" reports it not run (never a pass).
     "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
-    # Most an IB error counter may grow between two health checks (gpugate.judges.hca).
-    "ib_counter_max": (MapOf(Int(0), lambda k: None if k in IB_COUNTERS else
-                             "unknown IB error counter; known: %s" % ", ".join(IB_COUNTERS)), dict),
+    **IB_HEALTH_KEYS,  # ib_counter_max, ib_error_rate_max, ib_flap_window_seconds (gpugate.iblimits)
 })
-# The IB error counters (ports/N/counters, IBTA PortCounters) gpugate reads.
-IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-               "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
-               "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
-               "excessive_buffer_overrun_errors", "VL15_dropped")
-DEFAULT_IB_COUNTER_MAX = {"symbol_error": 10, "link_error_recovery": 3, "link_downed": 1, "port_rcv_errors": 10,
-                          "port_rcv_remote_physical_errors": 10, "local_link_integrity_errors": 3,
-                          "excessive_buffer_overrun_errors": 10}
 # [nodes."..".hca]: the nodeset's fabric HCAs (types: the hca_type values that
 # count, e.g. ["MT4129"]; all when left out), each port ACTIVE/LinkUp at rate.
 _HCA = Table({"count": (Int(0, 64), None), "types": (ListOf(Str("MT4129")), None),
@@ -260,6 +251,8 @@ class HealthPolicy:
     dcgm_diag_mig: str = "skip"
     xid_nonfatal_max: int = 10
     ib_counter_max: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_IB_COUNTER_MAX))
+    ib_error_rate_max: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_IB_RATE_MAX))
+    ib_flap_window_seconds: float = 3600.0
     clock_event_share_max: float = 0.10
     clock_event_min_seconds: float = 300.0
 
@@ -381,6 +374,7 @@ def parse_baseline(data: object, source: str) -> Baseline:
     health = dict(raw["health"])
     health["xid_actions"] = dict(health["xid_actions"])
     health["ib_counter_max"] = dict(DEFAULT_IB_COUNTER_MAX, **health["ib_counter_max"])  # a key overrides its default
+    health["ib_error_rate_max"] = dict(DEFAULT_IB_RATE_MAX, **health["ib_error_rate_max"])
     verify = health["dcgm_diag"]["verify"]
     health["dcgm_diag"] = dict(health["dcgm_diag"], verify=tuple(verify) if isinstance(verify, (list, tuple))
                                else ((verify,) if verify else ()))

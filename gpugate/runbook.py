@@ -79,9 +79,16 @@ _BY_COMPONENT = {
                 "cat /sys/class/infiniband/<dev>/ports/<n>/{state,phys_state}; check the cable and the "
                 "switch port (its log, ibswitches/ibportstate), reseat or replace the cable/transceiver; "
                 "the drain lifts once the port is ACTIVE/LinkUp again (a reboot forgets it)"],
-    "ib_errors": ["an IB error counter grew faster than [health] ib_counter_max allows: read "
-                  "/sys/class/infiniband/<dev>/ports/<n>/counters (or perfquery); symbol_error, "
-                  "link_error_recovery and link_downed point at the cable or transceiver: replace it"],
+    "ib_errors": ["an IB error counter grew faster than [health] ib_error_rate_max (per hour) or "
+                  "ib_counter_max (per check) allows: read /sys/class/infiniband/<dev>/ports/<n>/counters "
+                  "(or perfquery); symbol_error, link_error_recovery and link_downed point at the cable or "
+                  "transceiver: replace it"],
+    "clocks": ["a GPU spent more than [health] clock_event_share_max of an interval slowed (NVML's clock-event "
+               "counters; nvidia-smi -q -d PERFORMANCE): many nodes at once is the room (power brake, a row's "
+               "cooling: GpugateClockEventsRoomWide); one node is its own airflow, fans or power: look there"],
+    "ib_flap": ["an HCA port went down and came back (link_downed rose) within ib_flap_window_seconds: "
+                "many nodes at once is the switch or the subnet manager (its log); one node is its cable or "
+                "transceiver: reseat or replace it (the sweep's reboot clears the window)"],
     "hca_count": ["fewer (or more) HCAs than the nodeset's [hca] count: lspci | grep Mellanox, "
                   "ibstat; a missing HCA: reseat or RMA; a wrong count: fix the baseline's nodeset"],
     "hca_port": ["a fabric port the nodeset expects ACTIVE/LinkUp is not: ibstat; cable, switch port or "

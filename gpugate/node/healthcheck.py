@@ -11,7 +11,7 @@ import time
 from ..errors import GpugateError
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import hca, lost, throttle
+from ..judges import hca, iblinks, lost, throttle
 from ..probes import files
 from ..verdict import decide
 from . import nhc, state as st
@@ -109,7 +109,7 @@ class _Judged:
     """What one run found, and what it read to find it."""
 
     __slots__ = ("baseline", "last", "last_path", "boot_id", "cursor", "in_service", "facts", "verdict",
-                 "in_grace", "expected_gpus", "clocks")
+                 "in_grace", "expected_gpus", "clocks", "links")
 
 
 def _judge(settings, node: str, record: dict) -> _Judged:
@@ -124,11 +124,12 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     j.cursor = j.last.get("kmsg_cursor", -1) if j.last.get("boot_id") == j.boot_id else -1
     j.expected_gpus = j.baseline.expect_for(node).gpus
     last_high = j.last.get("gpus_high")
-    j.clocks = j.last.get("clocks")
+    j.clocks, j.links = j.last.get("clocks"), j.last.get("ib_links")
 
     def history(facts):  # what this node showed before: GPUs, HCA ports and counters, clock-event time
         found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
-        return (lost.judge(last_high, j.expected_gpus, facts) + found
+        links, j.links = iblinks.step(j.last.get("ib_links"), facts, j.baseline.health, facts.collected_at)
+        return (lost.judge(last_high, j.expected_gpus, facts) + found + links
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
 
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)
@@ -174,6 +175,7 @@ def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) ->
         "gpus_high": lost.next_high(j.last.get("gpus_high"), j.expected_gpus, facts),
         "ib": hca.next_state(j.last.get("ib"), facts),  # ports seen ACTIVE, error counters
         "clocks": j.clocks,  # clock-event counters and the last judged interval per GPU (judges.throttle)
+        "ib_links": j.links,  # flap windows and error-rate intervals per port (judges.iblinks)
         "facts": to_jsonable(facts),
         "config_error": record.get("config_error"),
     }
