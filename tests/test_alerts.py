@@ -133,7 +133,13 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         rules = {r["alert"]: r for g in yaml.safe_load(handle)["groups"] for r in g["rules"]}
     node = node_textfiles(tmp_path)
     quiet = series(node["gpu01"], "gpu01", False) + series(controller_textfile(False), "ctl", False)
+    from gpugate.node.metrics import clock_families
+    from gpugate.promtext import render
+
+    # A power brake on three nodes at once (the room): what each node's health check writes.
+    braked = render(clock_families({"power_brake": 0.3}))
     alarm = (series(node["gpu02"], "gpu02", False) + series(node["gpu03"], "gpu03", False)
+             + [s for n in ("gpu06", "gpu07", "gpu08") for s in series(braked, n, False)]
              + series(node["gpu01"], "gpu04", True) + series(node["gpu05"], "gpu05", False)
              + series(controller_textfile(True), "ctl", True))
     fire = {
@@ -147,6 +153,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         "GpugateControllerMetricsStale": [{"instance": "ctl"}],
         "GpugateBudgetKeeperStale": [{"instance": "ctl"}],
         "GpugateLockStuck": [{"instance": "gpu05", "lock": "healthcheck"}],
+        "GpugateClockEventsRoomWide": [{"reason": "power_brake"}],
     }
     assert set(fire) == set(rules)  # every rule is tested
     tests = [
