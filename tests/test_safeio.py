@@ -356,3 +356,31 @@ def test_state_over_its_cap_is_no_state(tmp_path):
     assert read_json(str(path)) is None
     path.write_text('{"fit": true}')
     assert read_json(str(path)) == {"fit": True}
+
+
+def test_the_log_line_is_appended_below_the_state_directory_never_through_a_link(tmp_path):
+    """Issue 24 review (nice-to-have a): node/logline.py appended with
+    open(path, "a") and rotated with os.replace by path: a symlink named
+    gpugate.log (or .1) had root append to, or rename, whatever it named."""
+    from gpugate.node import logline
+
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "root-only"
+    victim.write_text("precious\n")
+    (state / "gpugate.log").symlink_to(victim)
+    assert not logline._append(str(state / "gpugate.log"), '{"verdict":"fit"}')  # refused: syslog takes it
+    assert victim.read_text() == "precious\n"
+    os.unlink(str(state / "gpugate.log"))
+    os.mkfifo(str(state / "gpugate.log"))
+    assert not logline._append(str(state / "gpugate.log"), '{"verdict":"fit"}')  # no hang, nothing written
+    os.unlink(str(state / "gpugate.log"))
+    assert logline._append(str(state / "gpugate.log"), '{"verdict":"fit"}')
+    assert logline._append(str(state / "gpugate.log"), '{"verdict":"unfit"}')
+    assert (state / "gpugate.log").read_text() == '{"verdict":"fit"}\n{"verdict":"unfit"}\n'
+    assert stat.S_IMODE(os.stat(str(state / "gpugate.log")).st_mode) & 0o077 == 0
+    with open(str(state / "gpugate.log"), "a") as handle:
+        handle.write("x" * (logline._ROTATE_BYTES + 1))
+    assert logline._append(str(state / "gpugate.log"), '{"verdict":"fit"}')  # rotated inside the directory
+    assert (state / "gpugate.log").read_text() == '{"verdict":"fit"}\n'
+    assert (state / "gpugate.log.1").stat().st_size > logline._ROTATE_BYTES

@@ -4,6 +4,7 @@ the state directory (node, mode, verdict, reason, action, durations)."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from .. import jsontext
@@ -39,18 +40,32 @@ def _syslog(line: str, verdict: Any) -> None:
         pass  # no syslog socket: the file still has the line
 
 
-def _append(path: str, line: str) -> bool:
-    try:
-        from .state import makedirs
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
-        makedirs(os.path.dirname(path))
+
+def _append(path: str, line: str) -> bool:
+    """Below the state directory's fd (safeio), by name within it only: no
+    symlink followed, rotated by a rename inside that directory."""
+    try:
+        from ..safeio import open_dir
+
+        dir_fd = open_dir(os.path.dirname(path), 0o755)
+        name = os.path.basename(path)
         try:
-            if os.path.getsize(path) > _ROTATE_BYTES:
-                os.replace(path, path + ".1")
-        except OSError:
-            pass
-        with open(path, "a") as handle:
-            handle.write(line + "\n")
+            try:
+                if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size > _ROTATE_BYTES:
+                    os.replace(name, name + ".1", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError:
+                pass
+            fd = os.open(name, _APPEND, 0o600, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False  # not a log file (a FIFO): the line goes to syslog
+            os.write(fd, (line + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
         return True
     except OSError:
         return False  # a full or read-only state dir must not break the check
