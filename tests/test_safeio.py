@@ -384,3 +384,26 @@ def test_the_log_line_is_appended_below_the_state_directory_never_through_a_link
     assert logline._append(str(state / "gpugate.log"), '{"verdict":"fit"}')  # rotated inside the directory
     assert (state / "gpugate.log").read_text() == '{"verdict":"fit"}\n'
     assert (state / "gpugate.log.1").stat().st_size > logline._ROTATE_BYTES
+
+
+def test_the_drain_marker_is_made_below_the_state_directory_never_through_a_link(tmp_path):
+    """Issue 24 review (nice-to-have a): node/act.py made its marker with
+    os.makedirs and open(path, "w"): through a symlink planted as the
+    marker, root truncated the file it named."""
+    from gpugate.node import act
+
+    state = tmp_path / "state"
+    state.mkdir()
+    victim = tmp_path / "root-only"
+    victim.write_text("precious\n")
+    marker = state / "drained-by-gpugate"
+    marker.symlink_to(victim)
+    act._set_marker(str(marker), True)
+    assert victim.read_text() == "precious\n"  # before: truncated
+    act._set_marker(str(marker), False)  # the name goes, not what it named
+    assert not os.path.lexists(str(marker)) and victim.read_text() == "precious\n"
+    act._set_marker(str(tmp_path / "new" / "m"), True)  # the state directory made on the way
+    assert os.path.isfile(str(tmp_path / "new" / "m"))
+    act._set_marker(str(tmp_path / "new" / "m"), False)
+    act._set_marker(str(tmp_path / "gone" / "m"), False)  # nothing to remove: nothing made
+    assert not os.path.exists(str(tmp_path / "new" / "m")) and not os.path.exists(str(tmp_path / "gone"))

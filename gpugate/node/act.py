@@ -142,15 +142,23 @@ class _act_lock:
 
 
 def _set_marker(path: str, present: bool) -> None:
+    """Made or removed by name below the state directory's fd (safeio):
+    no symlink followed, nothing opened but a new or regular file."""
+    from ..safeio import open_dir
+
     try:
-        if present:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w"):
-                pass
-        elif os.path.exists(path):
-            os.unlink(path)
+        dir_fd = open_dir(os.path.dirname(path), 0o755 if present else 0)
+        try:
+            name = os.path.basename(path)
+            if present:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                 0o600, dir_fd=dir_fd))
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
     except OSError:
-        pass  # worst case: one extra RPC, or a probe drain cleared by the sweep
+        pass  # absent already, or worst case: one extra RPC, or a probe drain cleared by the sweep
 
 
 def settle(settings, node: str, result, record: Dict[str, Any], deadline: Optional[float] = None) -> bool:
