@@ -177,9 +177,10 @@ def published(state, tag: str, memo: Optional[dict] = None):
 def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
     """Which published nodes to drain so that no partition goes beyond its
     allowance: a node drains only when every partition it is in has room.
-    Nodes already drained (by anyone), or holding a reason (DOWN with an
-    admin's or Slurm's: a DRAIN would replace it), or in no partition, are
-    never drained by the keeper."""
+    Nodes already drained (by anyone), or holding a reason that is not
+    gpugate's (DOWN with an admin's or Slurm's: a DRAIN would replace it;
+    gpugate's own, left after a RESUME, may be replaced), or in no
+    partition, are never drained by the keeper."""
     uses = usage(states, tag, share)
     room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
     waiting, memo = [], {}
@@ -190,7 +191,7 @@ def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
     waiting.sort(key=lambda w: (w[0], w[1]))
     drain, held, spent = [], {}, {}
     for _since, name, reason, state in waiting:
-        if state.reason:
+        if state.reason and reasons.parse(state.reason, tag) is None:
             held[name] = "Slurm holds a reason on the node that is not gpugate's: %r" % state.reason[:80]
             continue
         if not state.partitions:

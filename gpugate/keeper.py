@@ -41,6 +41,7 @@ import socket
 import time
 
 from . import budget
+from . import reason as reasons
 from .errors import GpugateError
 
 STATUS_FILE = "budget-keeper.json"
@@ -97,7 +98,8 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         now = slurm.nodes(name).get(name)
         figures["single_reads"] += 1
         seen = budget.published(now, tag) if now is not None else None
-        if now is None or now.drain or now.reason or seen is None or seen.reason != reason:
+        foreign = bool(now is not None and now.reason and reasons.parse(now.reason, tag) is None)
+        if now is None or now.drain or foreign or seen is None or seen.reason != reason:
             figures["skipped"][name] = "changed since the fleet read"
             continue
         groups.setdefault(reason, []).append(name)

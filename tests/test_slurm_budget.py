@@ -123,6 +123,8 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
 
     # Both at once, again and again: a held node is never drained beyond the budget.
     cluster.scontrol("update", "NodeName=gpu[01-02]", "State=RESUME")
+    # (25.11 has a resumed node NOT_RESPONDING until its next ping; 24.11 keeps its reason.)
+    cluster.wait_for(lambda: all(cluster.state(n) == "idle" for n in PARTS["a"]), 30, "gpu01, gpu02 back in service")
     for node, since in (("gpu01", 300), ("gpu02", 301), ("gpu03", 302), ("gpu04", 303)):
         cluster.scontrol("update", "NodeName=" + node, "Comment=" + pending.publish("", reason, since))
     for _ in range(3):
@@ -188,7 +190,8 @@ def test_wrong_pin_everywhere_is_held_without_a_keeper_and_the_keeper_drains_onl
         calls = len(cluster.slurm_calls())
         again = json.loads(_keeper(cluster).stdout)
         assert again["drained"] == [] and again["held"] == 3
-        assert [kind(c) for c in cluster.slurm_calls()[calls:]] == reads
+        # ("other": the pyslurm worker's start asks `sinfo --version`.)
+        assert [kind(c) for c in cluster.slurm_calls()[calls:] if kind(c) != "other"] == reads
     held = [n for n in drifted if n not in drained["a"] + drained["b"]]
     assert len(held) == 3
     for node in held:
