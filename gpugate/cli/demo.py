@@ -60,6 +60,7 @@ def demo(ctx, nodes, keep, directory):
     try:
         _walkthrough(cluster)
     finally:
+        _stop_keeper(cluster)
         if keep:
             click.echo("\nThe cluster keeps running: SLURM_CONF=%s sinfo -R ; gpugate demo down --dir %s"
                        % (cluster.conf, cluster.dir))
@@ -78,6 +79,14 @@ def _walkthrough(cluster) -> None:
     cluster.start()
     click.echo("up in %.1fs. slurm.conf points HealthCheckProgram, Prolog and Epilog at gpugate;"
                " HealthCheckInterval=%ds." % (time.monotonic() - started, DEMO_INTERVAL))
+    import subprocess
+
+    # The controller's drain-budget keeper (a real one: gpugate-budget.timer, every 30 s).
+    cluster.keeper_proc = subprocess.Popen(
+        [sys.executable, "-m", "gpugate", "budget", "--watch", "5", "--config", cluster.gpugate_conf],
+        env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    click.echo("the controller runs the drain-budget keeper every 5 s (`gpugate budget --watch 5`; "
+               "a real one: gpugate-budget.timer, every 30 s)")
     _show(cluster, ["/usr/bin/sinfo", "-N", "-o", "%N %T %E"], "%s sinfo -N" % env)
 
     _say("2. Break four nodes the way fleets break")
@@ -126,8 +135,20 @@ def _walkthrough(cluster) -> None:
                           "--node", "gpu07"], check=False)
     click.echo("\n".join("    " + line for line in result.stdout.rstrip().splitlines()))
     _sweep_step(cluster)
+    _stop_keeper(cluster)  # step 8 runs it by hand, to show what happens before and after
     _budget_step(cluster)
     click.echo("\nDone. Every node-side run left one JSON line in %s/state/<node>/gpugate.log." % cluster.dir)
+
+
+def _stop_keeper(cluster) -> None:
+    proc = getattr(cluster, "keeper_proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a demo's clean-up: kill what did not leave
+            proc.kill()
+            proc.wait()
 
 
 def _budget_step(cluster) -> None:
