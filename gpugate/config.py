@@ -156,10 +156,10 @@ _DRAIN_BUDGET = Table({
     # a file is (gpugate.findings.ACUTE lists the intrinsic events).
     "classes": (Removed("every finding but an acute one (Xid, ECC, a lost GPU, a failing stack) is budgeted, "
                         "whatever its class; delete this key"), None),
-    "recheck_seconds": (Number(0, 86400), 600.0),  # a held node asks the controller again after this
-    # Health check: spread a fleet-wide drift over this many seconds before
-    # reading the budget; "auto": as much of HealthCheckInterval as the run's
-    # time budget leaves (gpugate.node.hold.spread).
+    # Accepted and no longer used (issue 26): a node never reads the fleet,
+    # it publishes a budgeted finding for the keeper (gpugate.keeper), so
+    # there is nothing to ask again or to spread out.
+    "recheck_seconds": (Number(0, 86400), 600.0),
     "jitter_seconds": (AnyOf(Choice("auto"), Number(0, 3600)), "auto"),
 })
 
