@@ -61,3 +61,60 @@ def test_every_subprocess_call_in_the_library_has_a_timeout():
                 if not any(kw.arg == "timeout" for kw in call.keywords):
                     offenders.append("%s:%d %s" % (path, call.lineno, name))
     assert offenders == []
+
+
+# Issue 24 review: the ways root takes a lock, starts a program or makes a
+# directory each have one checked place; the test and demo tools (the
+# simulator, the testbed, `gpugate demo`, the vendored NHC's installer) are
+# not run by slurmd and may use the plain calls.
+def _library(path) -> bool:
+    rel = os.path.relpath(path, ROOT)
+    return rel.startswith("gpugate" + os.sep) and not rel.startswith(
+        tuple(os.path.join("gpugate", d) + os.sep for d in ("sim", "testbed"))) and rel not in (
+        os.path.join("gpugate", "cli", "demo.py"), os.path.join("gpugate", "nhcbuild.py"))
+
+
+def _g(*parts):
+    return os.path.join(ROOT, "gpugate", *parts)
+
+
+GUARDED = {
+    # a lock anyone can open is a lock anyone can hold: 0600 files in a 0700 locks/ (node/lock.py)
+    "flock": ({"fcntl.flock", "fcntl.lockf"}, {
+        _g("node", "lock.py"): "RunLock: the one lock only root can take",
+        # TEMPORARY (issue 26's budget keeper, reported): its host lock is a 0600 O_NOFOLLOW file, but not
+        # in a 0700 locks/ and not reported when stuck; move it to node.lock.RunLock, then drop this line.
+        _g("keeper.py"): "issue 26's keeper host lock, to move to RunLock",
+    }),
+    # programs start from the descriptor the trust walk checked, with a byte cap on their output
+    "subprocess": ({"subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                    "subprocess.check_output", "os.execv", "os.execve", "os.execvp", "os.spawnv", "os.posix_spawn"}, {
+        _g("runner.py"): "every tool: trust walk, /proc/self/fd/N, byte caps, process group killed",
+        _g("node", "nhc.py"): "NHC in its own session (its watchdog), from the checked fd like runner.py",
+        _g("slurm", "pyslurm_backend.py"): "the pyslurm worker: this interpreter, -I -m gpugate.slurm.pyslurm_worker",
+    }),
+    # directories get their mode whatever the umask (safeio.makedirs)
+    "makedirs": ({"os.makedirs"}, {
+        _g("keeper.py"): "issue 26's keeper (mode given, umask 077 at the entry point), to move to safeio.makedirs",
+    }),
+}
+
+
+def test_locks_programs_and_directories_go_through_their_one_checked_place():
+    offenders = []
+    for path in SOURCES:
+        if not _library(path):
+            continue
+        names = {_name(call.func): call.lineno for call in _calls(path)}
+        for what, (calls, allowed) in GUARDED.items():
+            for name in calls & set(names):
+                if path not in allowed:
+                    offenders.append("%s:%d %s (%s)" % (os.path.relpath(path, ROOT), names[name], name, what))
+    assert offenders == []
+
+
+def test_the_guard_s_exceptions_still_exist():
+    for what, (calls, allowed) in GUARDED.items():
+        for path in allowed:
+            assert os.path.exists(path), (what, path)
+            assert calls & {_name(call.func) for call in _calls(path)}, (what, path)
