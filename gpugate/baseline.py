@@ -127,6 +127,8 @@ _HEALTH = Table({
     "xid_window_seconds": (Number(0), 86400.0),
     # Non-fatal NVLink Xid (144-150) sub-events / non-fatal SXids per device in the window.
     "xid_nonfatal_max": (Int(1, 500), 10),  # 500: gpugate.probes.kernlog.MAX_OLD_EVENTS
+    # The application's Xids (13, 31, 43, 94) on one GPU in this many jobs within the window drain (0: off).
+    "xid_app_jobs_max": (Int(0, 50), 3), "xid_app_window_seconds": (Number(60.0, 30 * 86400.0), 86400.0),
     "ecc_uncorrected_volatile_max": (Int(0), 0),
     "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
     "retired_pages_pending": (Bool(), True),
@@ -250,6 +252,8 @@ class HealthPolicy:
     dcgm_diag: Mapping[str, int]
     dcgm_diag_mig: str = "skip"
     xid_nonfatal_max: int = 10
+    xid_app_jobs_max: int = 3
+    xid_app_window_seconds: float = 86400.0
     ib_counter_max: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_IB_COUNTER_MAX))
     ib_error_rate_max: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_IB_RATE_MAX))
     ib_flap_window_seconds: float = 3600.0

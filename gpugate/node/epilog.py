@@ -7,7 +7,7 @@ import time
 
 from ..judges.job import deltas
 from ..probes import files
-from . import state as st
+from . import state as st, xidhistory
 from .act import settle
 from .check import run_check
 from .jobenv import job_gpus
@@ -26,13 +26,21 @@ def run(settings, node: str, record: dict) -> int:
         baseline = load_baseline(settings, record, node)
     job_file = st.job_path(settings.state_dir(node), job_id) if job_id else None
     job = st.read_json(job_file) if job_file else None
-    if job and job.get("boot_id") == boot_id and isinstance(job.get("kmsg_seq"), int):
+    own = bool(job and job.get("boot_id") == boot_id and isinstance(job.get("kmsg_seq"), int))
+    if own:
         cursor = job["kmsg_seq"]  # Xids since this job started
     gpus = job_gpus()
     start = (job or {}).get("counters", {})
+
+    def during_job(facts):
+        # The GPUs' history of application Xids records only this job's own
+        # (since its prolog): Xids since the last health check may be another job's.
+        return deltas(start, facts) + xidhistory.after_job(settings, node, facts, job_id if own else "",
+                                                           baseline.health, record)
+
     result = run_check(settings, baseline, node, "epilog", xid_after=cursor, gpus=gpus,
                        processes=gpus is not None,  # other GPUs may belong to other jobs
-                       extra=lambda facts: deltas(start, facts))
+                       extra=during_job)
     if job_file:
         try:
             os.unlink(job_file)

@@ -14,7 +14,7 @@ from ..findings import PROBE
 from ..judges import hca, iblinks, lost, throttle
 from ..probes import files
 from ..verdict import decide
-from . import nhc, state as st
+from . import nhc, state as st, xidhistory
 from .act import act
 from .hold import HELD
 from .check import ACT_RESERVE, run_check
@@ -130,6 +130,7 @@ def _judge(settings, node: str, record: dict) -> _Judged:
         found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
         links, j.links = iblinks.step(j.last.get("ib_links"), facts, j.baseline.health, facts.collected_at)
         return (lost.judge(last_high, j.expected_gpus, facts) + found + links
+                + xidhistory.judged(settings, node, facts, j.baseline.health)
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
 
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)
