@@ -239,3 +239,19 @@ def test_the_store_caps_keeps_and_names(tmp_path):
     long_reason = "gpugate: rma " + "x" * 230
     assert evidence.with_id(long_reason, "gpu01-19700101T001643Z-a1") == long_reason  # does not fit: left out
     assert evidence.with_id("gpugate: rma ecc:gpu2=3 (want 0)", "b1").endswith("; evidence=b1")
+
+
+def test_the_metrics_name_the_evidence_of_rma_nodes(tmp_path):
+    from types import SimpleNamespace
+
+    from gpugate.fleet.metrics import fleet_families
+    from gpugate.promtext import render
+
+    slurm = FakeSlurm(count=4, drained=("gpu001",), reason=ECC, reboot_polls=1)
+    sweeper, journal = _sweep(tmp_path, slurm, NodeSide(reset_ok=False, fit=False))
+    sweeper.run()
+    nodes = journal.nodes()
+    bundle = journal.evidence_id("gpu001")
+    text = render(fleet_families(SimpleNamespace(nodes={}), nodes, None, None, evidence={"gpu001": bundle}))
+    assert 'gpugate_sweep_rma_evidence{evidence="%s",node="gpu001"} 1' % bundle in text
+    journal.close()

@@ -134,7 +134,7 @@ def metrics(config, output):
     baseline = load_baseline(settings.baseline)
     states = connect(settings).nodes()
     snap = take(states, settings.reason_tag, time.time())
-    journal_nodes, last_run = {}, None
+    journal_nodes, last_run, evidence = {}, None, {}
     if os.path.exists(settings.sweep["journal"]):
         from ..sweep.journal import Journal
 
@@ -142,11 +142,12 @@ def metrics(config, output):
         try:
             journal_nodes = journal.nodes()
             last_run = (journal.runs(1) or [None])[0]
+            evidence = {n: journal.evidence_id(n) for n, r in journal_nodes.items() if r.step == "escalate"}
         finally:
             journal.close()
     last_audit = read_json(audit_path(settings), AUDIT_CAP)
     usage = fleet_usage(settings, states)
-    families = fleet_families(snap, journal_nodes, last_audit, baseline, usage, last_run)
+    families = fleet_families(snap, journal_nodes, last_audit, baseline, usage, last_run, evidence=evidence)
     if usage is not None:  # the budget is on: its keeper must run (gpugate.keeper)
         from ..budget import published
         from ..fleet.metrics import keeper_families

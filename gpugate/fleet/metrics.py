@@ -15,9 +15,12 @@ _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left"
 
 def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline,
                    budget: Optional[Mapping] = None, last_run: Optional[Sequence] = None,
-                   now: Optional[float] = None) -> list:
+                   now: Optional[float] = None, evidence: Optional[Mapping[str, str]] = None) -> list:
     """budget: partition -> gpugate.budget.Use (None: the budget is off).
-    last_run: the journal's latest run (id, started, ended, pid, outcome)."""
+    last_run: the journal's latest run (id, started, ended, pid, outcome).
+    evidence: node -> the evidence bundle kept before its escalation ("" none),
+    for the nodes the sweep escalated (rma): one series each, as many as
+    there are rma nodes."""
     by_class = {c: 0 for c in CLASSES}
     others = in_service = 0
     for view in snapshot.nodes.values():
@@ -53,6 +56,14 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
     families.append(("gpugate_sweep_nodes", "gauge", "Nodes in the sweep journal by their latest outcome.",
                      [("gpugate_sweep_nodes", {"result": r}, n) for r, n in results.items()]))
     families += _sweep_run(last_run)
+    if evidence is not None:
+        escalated = {n: evidence.get(n, "") for n, r in journal_nodes.items()
+                     if r.finished and _TERMINAL_RESULT.get(r.step) == "escalated"}
+        families.append(("gpugate_sweep_rma_evidence", "gauge",
+                         "Nodes the sweep escalated (rma): 1 with the evidence bundle kept before it (the id names "
+                         "the file in [sweep] evidence_dir), 0 when none was kept.",
+                         [("gpugate_sweep_rma_evidence", {"node": n, "evidence": escalated[n]}, 1 if escalated[n] else 0)
+                          for n in sorted(escalated)]))
     # Written with the rest: an alert on its age tells a stopped `gpugate metrics` from a quiet fleet.
     families.append(("gpugate_metrics_timestamp_seconds", "gauge", "When `gpugate metrics` wrote this.",
                      [("gpugate_metrics_timestamp_seconds", {}, round(time.time() if now is None else now, 3))]))
