@@ -38,14 +38,18 @@ class FakeSlurm:
         self.reads, self.rebooting, self.reboot_polls, self.resumed, self.res = [], {}, reboot_polls, [], {}
 
     @staticmethod
-    def _state(name, base, flags, reason):
+    def _state(name, base, flags, reason, comment=""):
         return NodeState(name=name, state=base, flags=frozenset(flags), reason=reason, reason_time=int(10 * DAY - 600),
-                         reason_user="root", partitions=("gpu",))
+                         reason_user="root", partitions=("gpu",), comment=comment)
 
     def _set(self, name, base=None, flags=None, reason=None):
         st = self.states[name]
         self.states[name] = self._state(name, base or st.state, st.flags if flags is None else flags,
-                                        st.reason if reason is None else reason)
+                                        st.reason if reason is None else reason, st.comment)
+
+    def set_comment(self, name, comment):
+        st = self.states[name]
+        self.states[name] = self._state(name, st.state, st.flags, st.reason, comment)
 
     def nodes(self, names=None):
         from ClusterShell.NodeSet import NodeSet
@@ -142,6 +146,23 @@ def test_waits_read_only_the_nodes_in_flight_at_poll_seconds(tmp_path):
     # Every wait sleeps poll_seconds (7), never the old one-second cap.
     assert sleeps and set(sleeps) == {7.0}
     assert len(sleeps) == 3 - 1  # the reboot took three reads: two sleeps
+
+
+def test_a_resumed_node_s_published_finding_is_cleared(tmp_path):
+    """Issue 26: a node published its drift for the budget keeper, which
+    drained it; the sweep verifies and resumes it.  Its published part is
+    cleared at once (the admin's text kept): the keeper must not drain it
+    again for the old finding before its next health check."""
+    from gpugate.slurm import pending
+
+    slurm = FakeSlurm(count=4, drained=("gpu002",))
+    slurm.set_comment("gpu002", pending.publish("rack 3", DRIFT, 100))
+    slurm.set_comment("gpu003", pending.publish("", DRIFT, 100))  # held, not swept: untouched
+    sweeper, journal, sleeps = make(tmp_path, slurm)
+    report = sweeper.run()
+    assert report.outcomes["gpu002"].result == "resumed"
+    assert slurm.states["gpu002"].comment == "rack 3"
+    assert pending.read(slurm.states["gpu003"].comment) is not None
 
 
 def test_a_converge_failing_for_one_host_fails_only_that_host(tmp_path):

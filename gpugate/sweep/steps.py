@@ -263,6 +263,25 @@ class Steps:
             self.slurm.resume(hostlist(ok))
             for name in ok:
                 self._resumed(records[name])
+            self._clear_published(ok, states)
+
+    def _clear_published(self, nodes, states) -> None:
+        """A node the sweep verified and resumed may still carry a budgeted
+        finding it published before (gpugate.slurm.pending) until its next
+        health check clears it: the budget keeper would drain it again for
+        the old finding meanwhile.  Clear gpugate's part now (the admin's
+        text stays); a failure only leaves it to that health check."""
+        from ..errors import GpugateError
+        from ..slurm import pending
+
+        for name in nodes:
+            st = states.get(name)
+            if st is None or pending.read(getattr(st, "comment", "")) is None:
+                continue
+            try:
+                self.slurm.set_comment(name, pending.clear(st.comment))
+            except GpugateError as exc:
+                self.say("  %s: its published finding stays until its next health check (%s)" % (name, exc))
 
     def _wait_in_service(self, nodes) -> None:
         """Resumed nodes count toward the floor only once Slurm has them in
