@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -81,5 +82,36 @@ def test_a_refused_reset_falls_to_the_reboot_rung_with_a_bundle_per_attempt(tmp_
         _, first = contents(os.path.join(directory, names[0]))
         assert first["remedy"] == "reset"
         cluster.wait_for(lambda: cluster.state("gpu03") == "idle", 30, "gpu03 idle")
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow  # a cluster of its own: CI runs it (-m slow, and -m slurm on every release)
+def test_a_sweeper_killed_during_the_reset_is_taken_up_by_the_next_run(tmp_path):
+    import signal
+    import subprocess
+
+    from test_slurm_sweep import journal_rows, sweep_argv
+
+    cluster = boot(tmp_path)
+    try:
+        drift_and_drain(cluster, "gpu02", "gpu.2.ecc.uncorrected.volatile=2")
+        cluster.sim("set", "FLEET", "gpu02", "reset_delay=4")
+        proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=cluster.env)
+        cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
+                         ("gpu02", "reset", "started", 1) in journal_events(cluster, "gpu02"), 120, "reset to start")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        # Out of service with the sweep's reason while the reset is in the air.
+        assert "drain" in cluster.state("gpu02") and cluster.reason("gpu02").startswith("gpugate: ")
+        time.sleep(5)  # the orphaned node side finishes (or not): either way the next run resets again
+        code, report, err = run_sweep(cluster)
+        assert code == 0, err
+        assert report["outcomes"]["gpu02"]["result"] == "resumed", report
+        assert journal_rows(cluster)["gpu02"][:2] == ("resume", "done")
+        model = json.load(open(os.path.join(cluster.fleet, "gpu02", "node.json")))
+        assert model["services"]["nvidia-persistenced"] == "active"  # nothing left stopped
+        assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
     finally:
         cluster.stop()

@@ -255,3 +255,18 @@ def test_the_metrics_name_the_evidence_of_rma_nodes(tmp_path):
     text = render(fleet_families(SimpleNamespace(nodes={}), nodes, None, None, evidence={"gpu001": bundle}))
     assert 'gpugate_sweep_rma_evidence{evidence="%s",node="gpu001"} 1' % bundle in text
     journal.close()
+
+
+def test_the_plan_shows_the_reset_rung_and_the_evidence(tmp_path):
+    import types
+
+    from gpugate.cli.sweep_render import plan_text
+    from gpugate.config import _SWEEP
+
+    settings = types.SimpleNamespace(sweep=dict(_SWEEP.check({}, "sweep"), journal=str(tmp_path / "sweep.db")),
+                                     reason_tag=TAG)
+    snap = _snap(ECC)
+    text = plan_text(plan(snap, Options(reset=True, floor=0)), settings, snap)
+    assert "Batch 1: reset" in text
+    assert "reset-gpus" in text and "scontrol reboot" not in text
+    assert "evidence --json" in text and str(tmp_path / "evidence") in text

@@ -2,6 +2,7 @@
 
 import time
 
+from ..sweep.evidence import directory as evidence_dir
 from ..sweep.transport import expand
 
 
@@ -24,7 +25,14 @@ def _commands(batch, settings):
             out.append("... (%d more, one per node)" % (len(groups) - 3))
     if cfg["preview"] and batch.remedy == "reconverge":
         out.append("preview: " + " ".join(expand(cfg["preview"], nodes)))
-    out.append("scontrol reboot ASAP nextstate=DOWN reason=<gpugate reason> %s" % _hostlist(nodes))
+    if int(cfg["evidence_keep"]):
+        out.insert(0, "%s evidence --json   (on each node, first, not in a rollout: the bundle kept in %s)"
+                   % (" ".join(cfg["gpugate"]), evidence_dir(cfg)))
+    if batch.remedy == "reset":
+        out.append("%s reset-gpus --gpu N ... --json   (on each node; falls to the reboot if it fails)"
+                   % " ".join(cfg["gpugate"]))
+    else:
+        out.append("scontrol reboot ASAP nextstate=DOWN reason=<gpugate reason> %s" % _hostlist(nodes))
     out.append("%s check --mode verify --json   (on each node, %s transport)"
                % (" ".join(cfg["gpugate"]), cfg["transport"]))
     out.append("scontrol update NodeName=<verified nodes> State=RESUME   (only if the reason is still gpugate's)")

@@ -46,6 +46,9 @@ def _off_bus(model: Dict[str, Any], gpu: Dict[str, Any]) -> bool:
 
 
 def _reset(fleet, fleet_dir: str, node: str, model: Dict[str, Any], args: List[str]) -> int:
+    if model.get("reset_delay"):  # a reset takes a while (sim set ... reset_delay=5): a window to kill -9 in
+        time.sleep(float(model["reset_delay"]))
+        model = fleet.load(fleet_dir, node)
     gpus = model["nvml"]["gpus"]
     chosen = list(range(len(gpus)))
     if "-i" in args:

@@ -314,6 +314,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
     "absent": _node_path("absent", convert=lambda v: _absent(v)),  # tools not installed: absent=lspci,systemctl
     "bug_report": _node_path("bug_report", convert=lambda v: bool(_flag(v))),  # nvidia-bug-report.sh installed
+    "reset_delay": _node_path("reset_delay", convert=float),  # seconds nvidia-smi -r takes (a kill -9 in the middle)
     "systemd": _node_path("systemd", convert=lambda v: bool(_flag(v))),  # 0: systemd is not the init (a container)
     "clock.advance": _clock_advance,
     **{"throttle." + r: _throttle_all(r) for r in THROTTLE_REASONS},  # every GPU: the room's power brake
