@@ -46,7 +46,7 @@ from .errors import GpugateError
 
 STATUS_FILE = "budget-keeper.json"
 VIEW_FILE = "budget-keeper-view.json"
-LOCK_FILE = "budget-keeper.lock"
+LOCK_NAME = "budget-keeper"
 # The last run's re-read stands in for the next run's read only this fresh
 # (the timer runs every 30 s), and only once.
 CACHE_SECONDS = 40.0
@@ -152,7 +152,9 @@ def record(settings, figures: dict, error: str = "") -> dict:
         status.update(ok=False, error=error[:500], last_ok=last.get("last_ok"))
     else:
         status["last_ok"] = status["at"]
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    from .safeio import makedirs
+
+    makedirs(os.path.dirname(path), 0o755)
     write_json(path, status, durable=False)
     return status
 
@@ -201,26 +203,25 @@ def read_status(settings):
 
 class _host_lock:
     """One keeper run at a time on this host (the timer and a --watch loop
-    alike); other hosts are settled through Slurm (see the module doc)."""
+    alike): gpugate's lock only root can take (gpugate.node.lock, in the
+    0700 locks/ beside the status file); other hosts are settled through
+    Slurm (see the module doc)."""
 
     def __init__(self, settings):
-        self.path = os.path.join(os.path.dirname(status_path(settings)), LOCK_FILE)
-        self.fd = None
+        from .node.lock import RunLock, lock_path
+
+        self.lock = RunLock(lock_path(os.path.dirname(status_path(settings)), LOCK_NAME))
 
     def __enter__(self):
-        import fcntl
+        from .node.lock import describe
 
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise GpugateError("another gpugate budget run holds %s" % self.path) from None
+        if not self.lock.acquire():
+            raise GpugateError("another gpugate budget run holds %s (%s)" % (
+                self.lock.path, describe(self.lock.holder, time.time())))
         return self
 
     def __exit__(self, *exc):
-        os.close(self.fd)
+        self.lock.release()
         return False
 
 

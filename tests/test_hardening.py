@@ -82,9 +82,6 @@ GUARDED = {
     # a lock anyone can open is a lock anyone can hold: 0600 files in a 0700 locks/ (node/lock.py)
     "flock": ({"fcntl.flock", "fcntl.lockf"}, {
         _g("node", "lock.py"): "RunLock: the one lock only root can take",
-        # TEMPORARY (issue 26's budget keeper, reported): its host lock is a 0600 O_NOFOLLOW file, but not
-        # in a 0700 locks/ and not reported when stuck; move it to node.lock.RunLock, then drop this line.
-        _g("keeper.py"): "issue 26's keeper host lock, to move to RunLock",
     }),
     # programs start from the descriptor the trust walk checked, with a byte cap on their output
     "subprocess": ({"subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
@@ -94,9 +91,7 @@ GUARDED = {
         _g("slurm", "pyslurm_backend.py"): "the pyslurm worker: this interpreter, -I -m gpugate.slurm.pyslurm_worker",
     }),
     # directories get their mode whatever the umask (safeio.makedirs)
-    "makedirs": ({"os.makedirs"}, {
-        _g("keeper.py"): "issue 26's keeper (mode given, umask 077 at the entry point), to move to safeio.makedirs",
-    }),
+    "makedirs": ({"os.makedirs"}, {}),
 }
 
 

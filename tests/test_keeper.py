@@ -246,7 +246,7 @@ def test_record_keeps_the_last_good_run_through_failures_and_metrics_export_it(k
 def test_a_second_run_on_the_same_host_waits_its_turn(keeper_settings):
     with keeper._host_lock(keeper_settings):
         status = keeper.run(keeper_settings, connect=lambda settings, deadline=None: 1 / 0)
-    assert not status["ok"] and "another gpugate budget run" in status["error"]
+    assert not status["ok"] and "another gpugate budget run holds" in status["error"] and "pid %d" % os.getpid() in status["error"]
     assert os.path.exists(keeper.status_path(keeper_settings))
 
 
