@@ -270,3 +270,21 @@ def test_the_plan_shows_the_reset_rung_and_the_evidence(tmp_path):
     assert "Batch 1: reset" in text
     assert "reset-gpus" in text and "scontrol reboot" not in text
     assert "evidence --json" in text and str(tmp_path / "evidence") in text
+
+
+def test_back_after_a_reset_and_a_reboot_is_rma_and_forgive_hands_it_back(tmp_path):
+    from gpugate.sweep import run as sweep_run
+
+    now = 10 * DAY
+    slurm = FakeSlurm(count=4, drained=("gpu001",), reason=ECC, reboot_polls=1)
+    sweeper, journal = _sweep(tmp_path, slurm, NodeSide(), clock=lambda: now)
+    for at, rung in ((now - 3 * DAY, "reset"), (now - DAY, "reboot")):
+        journal.resumed("gpu001", {"ecc", "xid"}, at=at, rung=rung)
+    report = sweeper.run()
+    assert report.outcomes["gpu001"].result == "escalated"
+    assert report.outcomes["gpu001"].detail.startswith("repeat offender: came back within 7d after a GPU reset")
+    text = slurm.states["gpu001"].reason
+    assert text.startswith("gpugate: rma repeat=reset then reboot in 7d (want a rung that holds); ecc:gpu2="), text
+    lines = sweep_run.forgive(sweeper.settings, slurm, journal, ["gpu001"])
+    assert "drained again" in lines[0] and slurm.states["gpu001"].reason == ECC
+    journal.close()

@@ -273,6 +273,11 @@ class Sweeper(Steps, ResetStep, SmokeStep):
                 observed, expected = hist.finding_text(repeat, self._window(), self._limit())
                 findings.insert(0, Finding(RMA, "repeat", observed, expected, "rma"))
                 node_why = self._repeat_why(name, repeat)
+            elif hist.ladder_spent(hist.components(original), history.get(name, ()), now, self._window()):
+                span = hist.span(self._window())
+                findings.insert(0, Finding(RMA, "repeat", "reset then reboot in %s" % span, "a rung that holds", "rma"))
+                node_why = ("repeat offender: came back within %s after a GPU reset and then a reboot; `gpugate "
+                            "sweep forgive %s` clears the record" % (span, name))
             text = evidence.with_id(reasons.render(self.tag, RMA, findings), self.journal.evidence_id(name))
             self.slurm.drain(name, text)
             self.journal.note(name, hist.ESCALATED, hist.components(original), at=now, detail=node_why)

@@ -94,6 +94,12 @@ def rungs_within(current: Iterable[str], events: Sequence[Event], now: float, wi
                  if e.kind == RESUMED and now - window <= e.at <= now and e.components & current)
 
 
+def ladder_spent(current: Iterable[str], events: Sequence[Event], now: float, window: float) -> bool:
+    """Back within the window after a GPU reset and then a reboot: every rung was tried."""
+    rungs = rungs_within(current, events, now, window)
+    return RUNG_RESET in rungs and RUNG_REBOOT in rungs[rungs.index(RUNG_RESET):]
+
+
 def escalated(events: Sequence[Event]) -> bool:
     """Escalated since last forgiven (and not returned to service since)."""
     kinds = [e.kind for e in since_forgiven(events) if e.kind in (ESCALATED, RESUMED)]

@@ -255,7 +255,8 @@ def _ladder(view, options: Options, now: float, remedy, why):
     rungs = hist.rungs_within(hist.components(view.ours), options.history.get(view.name, ()), now,
                               options.repeat_window)
     span = hist.span(options.repeat_window)
-    if hist.RUNG_RESET in rungs and hist.RUNG_REBOOT in rungs[rungs.index(hist.RUNG_RESET):]:
+    if hist.ladder_spent(hist.components(view.ours), options.history.get(view.name, ()), now,
+                         options.repeat_window):
         return ESCALATE, ("came back within %s after a GPU reset and then a reboot: the ladder's last rung "
                           "failed, rma" % span)
     if remedy == RESET and hist.RUNG_RESET in rungs:
