@@ -81,6 +81,9 @@ def sim_set(fleet, nodes, assignments):
       sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE kmsg.user=MESSAGE (user space's)
       kmsg.flood=N (N records overwrite the oldest of the ring's 1000)
       compute_mode power_limit (every GPU; watts)
+      throttle.{sw_power_cap,sync_boost,sw_thermal,hw_thermal,power_brake}=S|+S (NVML's
+      counters of time slowed, every GPU; gpu.N.throttle.REASON for one) clock.advance=S
+      (NVML's clock S seconds on: the next health check's interval)
       smoke=healthy|pcie-degraded|hang|nccl-abort|pair-slow|pair-abort (what all_reduce_perf
       replays; pair-*: only the 2-node pair job, whose first node plays the worse of the two)
       gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
