@@ -91,6 +91,23 @@ def test_the_sweeps_verification_over_ssh(rig):
 
 
 @pytest.mark.ssh
+def test_the_evidence_and_the_reset_over_ssh(rig):
+    """Issue 28: the sweep's evidence step and reset rung run `gpugate
+    evidence` and `gpugate reset-gpus` through the same transport."""
+    import base64
+
+    gpugate_cmd("sim", "set", rig.fleet, "gpu03", "gpu.2.ecc.uncorrected.volatile=2", check=True)
+    transport = _transport(rig)
+    got = transport.run(["gpu03", "gpu04"], ["evidence", "--bug-report-timeout", "5"], TIMEOUT, max_stdout=32 << 20)
+    parts = {p["name"]: p for p in got["gpu03"]["parts"]}
+    assert "DRAM Uncorrectable            : 2" in base64.b64decode(parts["nvidia-smi-q.txt"]["data"]).decode()
+    assert isinstance(got["gpu04"], str)  # unreachable: the collection fails, said
+    done = transport.run(["gpu03"], ["reset-gpus", "--gpu", "2"], TIMEOUT * 3)["gpu03"]
+    assert done["ok"] is True and done["node"] == "gpu03", done
+    assert _transport(rig).check(["gpu03"], ["--mode", "verify"], TIMEOUT)["gpu03"]["fit"] is True
+
+
+@pytest.mark.ssh
 def test_the_ssh_config_is_trust_checked(rig, tmp_path):
     from gpugate.record import replace
 
