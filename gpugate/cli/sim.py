@@ -86,6 +86,8 @@ def sim_set(fleet, nodes, assignments):
       (NVML's clock S seconds on: the next health check's interval)
       smoke=healthy|pcie-degraded|hang|nccl-abort|pair-slow|pair-abort (what all_reduce_perf
       replays; pair-*: only the 2-node pair job, whose first node plays the worse of the two)
+      bug_report=1 (nvidia-bug-report.sh installed; absent by default) reset_delay=S (how long
+      nvidia-smi -r takes: a window for a kill -9 during the sweep's GPU reset)
       gpu.N.{vbios,gsp,name,xid,remapped_rows.pending,remapped_rows.failure,
       ecc.uncorrected.volatile,ecc.uncorrected.aggregate,retired_pages_pending,pcie.width,
       pcie.gen,recovery_action,fabric_state,nvlink.down,clocks,processes,persistence,mig,
