@@ -78,10 +78,11 @@ def test_error_rate_per_hour():
     # A burst that spends the hour's allowance at once is judged at once (acute, the node's own counters).
     (finding,) = _run([(0, {"symbol_error": 5}), (300, {"symbol_error": 505})])[1]
     assert (finding.component, finding.observed, finding.expected, finding.acute) == (
-        "ib_errors", "mlx5_0/1 symbol_error +500 within 1h", "<= 120 per hour", True)
+        "ib_errors", "mlx5_0/1 symbol_error over its rate", "<= 120 per hour", True)
+    assert finding.detail == "symbol_error +500 within 1h"
     # 400 over 3 hours is 133/hour.
     (finding,) = _run([(0, {"symbol_error": 0}), (3 * 3600, {"symbol_error": 400})])[1]
-    assert finding.observed == "mlx5_0/1 symbol_error +400 in 3.0h"
+    assert finding.detail == "symbol_error +400 in 3.0h"
     assert _run([(0, {"symbol_error": 0}), (3 * 3600, {"symbol_error": 350})])[1] == []
 
 

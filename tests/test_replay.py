@@ -28,7 +28,7 @@ SCENARIOS = {
         None),
     "power brake, sustained": (
         [HC, ("sim", "throttle.power_brake=+300"), LATER, HC],
-        "gpugate: health clocks:gpu0=power_brake 50% of 60"),
+        "gpugate: health clocks:gpu0=power_brake>="),
     # A reboot zeroes NVML's and the HCAs' counters: no interval, no rate, no flap from it.
     "counters reset by a reboot": (
         [HC, ("sim", "throttle.hw_thermal=+50", "ib.mlx5_7.counter.symbol_error=+100",
@@ -40,7 +40,7 @@ SCENARIOS = {
         "gpugate: health ib_flap=mlx5_4/1 1 flap (want none within 3600s)"),
     "symbol errors, a burst past the hour's allowance": (
         [HC, ("sim", "ib.mlx5_7.counter.symbol_error=+500"), HC],
-        "gpugate: health ib_errors=mlx5_7/1 symbol_error +500 within 1h (want <= 120 per hour)"),
+        "gpugate: health ib_errors=mlx5_7/1 symbol_error over its rate (want <= 120 per hour)"),
     "symbol errors, a few": (
         [HC, ("sim", "ib.mlx5_7.counter.symbol_error=+20"), HC, ("sim", "ib.mlx5_7.counter.symbol_error=+20"), HC],
         None),

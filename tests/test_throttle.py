@@ -61,8 +61,8 @@ def test_share_of_the_interval_over_the_limit_is_a_budgeted_clocks_finding():
     seen = _run([_sample(0), _sample(600, power_brake=120)])
     (finding,) = seen[1]
     assert (finding.cls, finding.component, finding.gpu) == ("health", "clocks", 0)
-    assert finding.observed == "power_brake 20% of 600s" and finding.expected == "<= 10%"
-    assert "power_brake 120s slowed in 600s" in finding.detail
+    assert finding.observed == "power_brake>=20%" and finding.expected == "<= 10%"
+    assert "power_brake 120s slowed in 600s (20%)" in finding.detail
     assert not finding.acute and not is_acute("health", "clocks")
 
 
@@ -72,9 +72,9 @@ def test_under_the_limit_and_unjudged_reasons_pass():
 
 def test_hw_slowdown_is_the_sum_of_its_causes_and_named_only_when_no_cause_is():
     (finding,) = _run([_sample(0), _sample(1000, hw_thermal=80, power_brake=80)])[1]
-    assert finding.observed == "hw_slowdown 16% of 1000s"
+    assert finding.observed == "hw_slowdown>10%"
     (finding,) = _run([_sample(0), _sample(1000, hw_thermal=200)])[1]
-    assert finding.observed == "hw_thermal 20% of 1000s"
+    assert finding.observed == "hw_thermal>=20%"
 
 
 def test_verdict_stands_until_the_next_interval_is_judged_then_clears():
@@ -154,7 +154,7 @@ def test_health_check_judges_the_time_between_two_checks(node_env):  # noqa: F81
     assert result.returncode == 1, result.stderr
     last = _last(node_env)
     # 600 s of NVML's clock and the wall time between the two runs.
-    assert re.match(r"gpugate: health clocks:gpu3=hw_thermal (50|49)% of 60\ds \(want <= 10%\)", last["reason"])
+    assert re.match(r"gpugate: health clocks:gpu3=hw_thermal>=(50|40)% \(want <= 10%\)", last["reason"])
     assert last["clocks"]["gpus"]
     m = metrics(node_env["prom"])
     assert m[("gpugate_clock_event_over", (("reason", "hw_thermal"),))] == 1

@@ -121,10 +121,21 @@ def _findings(index: int, entry: dict, reasons, limit: float) -> List[Finding]:
         return []
     seconds = entry.get("seconds") or 0
     ranked = sorted(over.items(), key=lambda x: (-x[1], x[0]))
-    return [Finding(HEALTH, "clocks", "+".join("%s %d%%" % (r, round(s * 100)) for r, s in ranked)
-                    + " of %ds" % seconds, "<= %g%%" % round(limit * 100, 2), INVESTIGATE, gpu=index,
+    return [Finding(HEALTH, "clocks", "+".join(_share_text(r, s, limit) for r, s in ranked),
+                    "<= %g%%" % round(limit * 100, 2), INVESTIGATE, gpu=index,
                     detail="NVML clock-event counters: " + ", ".join(
-                        "%s %.0fs slowed in %ds" % (r, s * seconds, seconds) for r, s in ranked))]
+                        "%s %.0fs slowed in %ds (%d%%)" % (r, s * seconds, seconds, round(s * 100))
+                        for r, s in ranked))]
+
+
+def _share_text(reason: str, share: float, limit: float) -> str:
+    """The share in steps of 10 points ("power_brake>=30%"), the exact one in
+    the detail: the reason and the published comment change only when the
+    finding does, not at every check (each change is a write to slurmctld)."""
+    step = int(share * 10) * 10
+    if step > limit * 100:
+        return "%s>=%d%%" % (reason, step)
+    return "%s>%g%%" % (reason, round(limit * 100, 2))
 
 
 def shares_over(record: Optional[dict]) -> Dict[str, float]:
