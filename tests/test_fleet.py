@@ -47,6 +47,17 @@ def test_fold_counts_hostlists_and_status():
     assert not fold({n: facts() for n in ("a1", "a2")}, baseline).drift
 
 
+def test_the_installed_code_has_a_row_and_one_others_could_change_is_not_fine():
+    """Issue 24, item 4: the audit shows which nodes run gpugate from code
+    only root can change (the health check's install fact)."""
+    fleet = {"gpu%02d" % i: dict(facts(), install="trusted") for i in range(1, 5)}
+    fleet["gpu03"]["install"] = {"error": {"kind": "untrusted", "detail": "/opt/gpugate/lib: directory is writable"}}
+    del fleet["gpu04"]["install"]  # a node whose facts predate the fact: no row for it
+    audit = fold(fleet, load_baseline(DEMO_BASELINE))
+    assert rows(audit, "install") == {("trusted", "gpu[01-02]", PINNED),
+                                      ("(unreadable: untrusted)", "gpu03", UNREADABLE)}
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.from_regex(r"n[0-9]{1,3}", fullmatch=True),
                        st.tuples(st.sampled_from(["580.65.06", "550.54.15", "570.133.20"]),

@@ -10,7 +10,10 @@ from ..record import dataclass, field
 # says [services] ROLE = "none".  Not versions: never pinned (the check judges them).
 SERVICE_COMPONENTS = ("service:persistenced", "service:fabricmanager")
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
-                   "image") + SERVICE_COMPONENTS
+                   "image") + SERVICE_COMPONENTS + ("install",)
+# The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
+# must be, never a pin; one others could change reads "(unreadable: untrusted)".
+TRUSTED_INSTALL = "trusted"
 GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware")  # hca_firmware: per HCA type, like VBIOS
 PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
 UNCHECKED = "unchecked"  # configured not to be read (packages.manager = "none")
@@ -74,6 +77,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "container_toolkit": _package(packages.get("container_toolkit")),
         "dcgm": _value(facts.get("dcgm_version")),
         "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
+        "install": _value(facts.get("install")),
     }
     services = facts.get("services")
     for component in SERVICE_COMPONENTS:
@@ -126,6 +130,8 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return UNREADABLE  # the node answered, this fact did not: not drift, not fine
     if value == "(unchecked)":
         return UNCHECKED
+    if component == "install":
+        return PINNED if value == TRUSTED_INSTALL else UNREADABLE
     if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
