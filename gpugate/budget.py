@@ -12,8 +12,7 @@ Slurm record, and one keeper (gpugate.keeper, `gpugate budget`) decides:
 of the node has room.  The ranking that settles two keepers deciding at
 once is Slurm's view: the nodes drained for budgeted classes, oldest
 reason first (then by name); the first ``allowance`` of them keep their
-drain, and ``over`` names the newer ones a keeper gives back.  (``admit``
-and ``keep`` are the same rule for one node.)"""
+drain, and ``over`` names the newer ones a keeper gives back."""
 
 import math
 from typing import Iterable, Mapping, Optional, Tuple
@@ -22,7 +21,7 @@ from . import reason as reasons
 from .findings import CHECK_CLASSES
 from .record import dataclass
 
-__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "admit", "keep", "fleet_usage",
+__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "fleet_usage",
            "Plan", "published", "plan", "over"]
 
 @dataclass(frozen=True)
@@ -88,47 +87,18 @@ def usage(states: Mapping[str, object], tag: str, share: float,
     return result
 
 
-def _describe(use: Use, share: float, node: str) -> str:
-    """Why ``node`` is held: the nodes that hold the budget (oldest drains
-    first), and those drained after them, which give their drains back
-    (``node`` itself when it drained too: gpugate.node.act)."""
-    others = [n for n in use.drained if n != node]
-    holders, beyond = others[:use.allowance], others[use.allowance:]
+def _spent(use: Use, taken, share: float) -> str:
+    """Why a node is held: what was counted, said as it is (never "3 of 2",
+    issue 25): the nodes that hold the budget, and any drained beyond it
+    (a share lowered since, or two keepers' race before it is given back)."""
+    holders, beyond = taken[:use.allowance], taken[use.allowance:]
     why = "drain budget of partition %s spent: %d of %d nodes (%g%% of %d) drained for budgeted findings: %s" % (
         use.partition, len(holders), use.allowance, share * 100, use.size,
         ", ".join(holders[:4]) + (" and %d more" % (len(holders) - 4) if len(holders) > 4 else ""))
-    if node in use.drained:
-        why += "; this node drained after them and gives its drain back"
     if beyond:
-        why += "; %d more drained after them %s back: %s" % (
-            len(beyond), "gives its drain" if len(beyond) == 1 else "give their drains", ", ".join(beyond[:4]))
+        why += "; %d more drained beyond it: %s" % (
+            len(beyond), ", ".join(beyond[:4]) + (" and %d more" % (len(beyond) - 4) if len(beyond) > 4 else ""))
     return why
-
-
-def admit(node: str, states: Mapping[str, object], tag: str, share: float) -> Tuple[bool, str]:
-    """Before draining ``node``: (True, "") when every partition it is in has
-    room for one more; else (False, why).  A node Slurm does not list has no
-    partition to count in: (False, why), never a drain by default."""
-    me = states.get(node)
-    if me is None:
-        return False, "Slurm does not list this node: its partitions' drain budget cannot be read"
-    for use in usage(states, tag, share, me.partitions).values():
-        others = [n for n in use.drained if n != node]
-        if len(others) >= use.allowance:
-            return False, _describe(use, share, node)
-    return True, ""
-
-
-def keep(node: str, states: Mapping[str, object], tag: str, share: float) -> Tuple[bool, str]:
-    """After draining ``node``: may it keep the drain?  False when, in any of
-    its partitions, it ranks beyond the allowance (others drained first)."""
-    me = states.get(node)
-    if me is None:
-        return True, ""
-    for use in usage(states, tag, share, me.partitions).values():
-        if node in use.drained and use.drained.index(node) >= use.allowance:
-            return False, _describe(use, share, node)
-    return True, ""
 
 
 def fleet_usage(settings, states: Mapping[str, object]):
@@ -183,6 +153,7 @@ def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
     partition, are never drained by the keeper."""
     uses = usage(states, tag, share)
     room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
+    taken = {p: list(u.drained) for p, u in uses.items()}  # rank order, then this run's drains
     waiting, memo = [], {}
     for state in states.values():
         seen = published(state, tag, memo)
@@ -204,15 +175,13 @@ def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
                 break
         if full is not None:
             why = spent.get(full)
-            if why is None:  # once per partition: its room no longer changes
-                use = uses[full]
-                why = spent[full] = "drain budget of partition %s spent: %d of %d nodes (%g%% of %d) drained " \
-                    "for budgeted findings" % (use.partition, use.allowance - room[full], use.allowance,
-                                               share * 100, use.size)
+            if why is None:  # once per partition: a full one stays full
+                why = spent[full] = _spent(uses[full], taken[full], share)
             held[name] = why
             continue
         for part in state.partitions:
             room[part] -= 1
+            taken[part].append(name)
         drain.append((name, reason))
     return Plan(tuple(drain), held, uses)
 

@@ -1,6 +1,6 @@
-"""The fleet drain budget (gpugate.budget): the pure rule, and the protocol
-every node follows (admit, drain, re-read, keep or give back) simulated with
-many nodes deciding at once."""
+"""The fleet drain budget (gpugate.budget): the pure rule (allowance, what
+counts, the ranking, the keeper's plan and what it says of a held node).
+The keeper's runs and two keepers racing: test_keeper.py."""
 
 from hypothesis import given, settings, strategies as st
 
@@ -86,147 +86,69 @@ def test_counted_only_our_drains_for_budgeted_findings():
     assert not budget.counted(node("a"), TAG)
 
 
-def test_admit_refuses_once_the_partition_share_is_drained():
+def published_node(name, parts=("gpu",), since=100, reason=DRIFT_REASON):
+    """A node in service that published a budgeted finding for the keeper."""
+    from gpugate.slurm import pending
+
+    return NodeState(name, "IDLE", frozenset(), "", None, "", tuple(sorted(parts)),
+                     pending.publish("", reason, since))
+
+
+def test_a_held_node_is_told_what_was_counted_never_more_than_the_allowance():
+    """Issue 25, item 7: the held node's reason said "3 of 2 nodes drained".
+    It names the nodes that hold the budget, at most the allowance of them,
+    and says apart any drained beyond it (a share lowered since)."""
     states = fleet(*[node("n%02d" % i) for i in range(10)])
-    states["n01"] = node("n01", reason=DRIFT_REASON, when=100)
-    ok, why = budget.admit("n05", states, TAG, 0.2)  # allowance 2, one used
-    assert ok and why == ""
+    states["n07"] = node("n07", reason=DRIFT_REASON, when=100)
     states["n02"] = node("n02", reason=DRIFT_REASON, when=101)
-    ok, why = budget.admit("n05", states, TAG, 0.2)
-    assert not ok
-    assert why == ("drain budget of partition gpu spent: 2 of 2 nodes (20% of 10) drained for budgeted findings: "
-                   "n01, n02")
+    states["n05"] = published_node("n05")
+    plan = budget.plan(states, TAG, 0.2)
+    assert plan.drain == () and plan.held["n05"] == (
+        "drain budget of partition gpu spent: 2 of 2 nodes (20% of 10) drained for budgeted findings: n07, n02")
+    states["n03"] = node("n03", reason=DRIFT_REASON, when=102)
+    plan = budget.plan(states, TAG, 0.2)
+    assert plan.held["n05"].endswith("n07, n02; 1 more drained beyond it: n03")
+
+
+def test_this_runs_own_drains_fill_the_budget_and_are_named():
+    states = fleet(*[node("n%02d" % i) for i in range(9)], published_node("p1", since=10),
+                   published_node("p2", since=20), published_node("p3", since=30))
+    plan = budget.plan(states, TAG, 0.2)  # 12 nodes: allowance 2
+    assert [n for n, _ in plan.drain] == ["p1", "p2"]
+    assert plan.held["p3"] == ("drain budget of partition gpu spent: 2 of 2 nodes (20% of 12) drained for "
+                               "budgeted findings: p1, p2")
 
 
 def test_acute_and_foreign_drains_do_not_use_the_budget():
     states = fleet(*[node("n%02d" % i) for i in range(10)])
     states["n01"] = node("n01", reason="gpugate: health gpu:gpu0=lost (want present)", when=100)
     states["n02"] = node("n02", reason="admin: fan swap", when=100)
-    assert budget.admit("n05", states, TAG, 0.1) == (True, "")
+    assert budget.usage(states, TAG, 0.1)["gpu"].drained == ()
+    states["n05"] = published_node("n05")
+    assert [n for n, _ in budget.plan(states, TAG, 0.1).drain] == ["n05"]
 
 
 def test_every_partition_of_the_node_must_have_room():
     states = fleet(node("a1", ("a",)), node("a2", ("a",), reason=DRIFT_REASON, when=5),
-                   node("x", ("a", "b")), node("b1", ("b",)), node("b2", ("b",)))
-    ok, why = budget.admit("x", states, TAG, 0.1)
-    assert not ok and "partition a " in why
-    assert budget.admit("b1", states, TAG, 0.1) == (True, "")
+                   published_node("x", ("a", "b")), published_node("b1", ("b",), since=200), node("b2", ("b",)))
+    plan = budget.plan(states, TAG, 0.1)
+    assert "partition a " in plan.held["x"]
+    assert [n for n, _ in plan.drain] == ["b1"]
 
 
-def test_keep_ranks_oldest_reason_first_then_name():
+def test_the_ranking_is_oldest_reason_first_then_name_and_an_unknown_time_last():
     states = fleet(*[node("n%02d" % i) for i in range(10)])
     states["n07"] = node("n07", reason=DRIFT_REASON, when=100)
     states["n03"] = node("n03", reason=DRIFT_REASON, when=101)
     states["n02"] = node("n02", reason=DRIFT_REASON, when=101)
-    assert budget.keep("n07", states, TAG, 0.2) == (True, "")
-    assert budget.keep("n02", states, TAG, 0.2) == (True, "")
-    ok, why = budget.keep("n03", states, TAG, 0.2)
-    # What was counted, said as it is: never "3 of 2" (issue 25).
-    assert not ok and why == ("drain budget of partition gpu spent: 2 of 2 nodes (20% of 10) drained for budgeted "
-                              "findings: n07, n02; this node drained after them and gives its drain back")
-    states["n09"] = node("n09", reason=DRIFT_REASON, when=102)
-    ok, why = budget.admit("n05", states, TAG, 0.2)
-    assert not ok and why.endswith("n07, n02; 2 more drained after them give their drains back: n03, n09")
+    states["n09"] = node("n09", reason=DRIFT_REASON, when=None)
+    assert budget.usage(states, TAG, 0.2)["gpu"].drained == ("n07", "n02", "n03", "n09")
 
 
-def test_unknown_reason_time_ranks_last():
-    states = fleet(node("a", reason=DRIFT_REASON, when=None), node("b", reason=DRIFT_REASON, when=500),
-                   *[node("n%d" % i) for i in range(8)])
-    assert budget.keep("b", states, TAG, 0.1)[0]
-    assert not budget.keep("a", states, TAG, 0.1)[0]
-
-
-def test_a_node_slurm_does_not_list_is_never_drained_by_default():
-    ok, why = budget.admit("ghost", {}, TAG, 0.1)
-    assert not ok and "does not list" in why
-    assert budget.keep("ghost", {}, TAG, 0.1) == (True, "")  # nothing of ours to give back
-
-
-# ---------------------------------------------------------------- protocol
-PARTS = ("a", "b", "c")
-
-
-@st.composite
-def fleets(draw, multi=True):
-    size = draw(st.integers(1, 30))
-    nodes, candidates = {}, []
-    for i in range(size):
-        name = "n%02d" % i
-        if multi:
-            parts = draw(st.sets(st.sampled_from(PARTS), min_size=1, max_size=2))
-        else:
-            parts = {"a"}
-        kind = draw(st.sampled_from(["idle", "idle", "candidate", "candidate", "drift", "health", "admin"]))
-        reason = {"drift": DRIFT_REASON, "health": "gpugate: health xid:gpu1=79 (want none)",
-                  "admin": "admin: bad PSU"}.get(kind, "")
-        nodes[name] = node(name, parts, reason, draw(st.integers(0, 50)) if reason else None)
-        if kind == "candidate":
-            candidates.append(name)
-    share = draw(st.floats(0.0, 0.99))
-    return nodes, candidates, share
-
-
-def _drain(states, name, when):
-    old = states[name]
-    states[name] = node(name, old.partitions, DRIFT_REASON, when)
-
-
-def _budgeted_counts(states, share):
-    return {p: len(u.drained) for p, u in budget.usage(states, TAG, share).items()}
-
-
-def _allowances(states, share):
-    return {p: u.allowance for p, u in budget.usage(states, TAG, share).items()}
-
-
-@settings(max_examples=150, deadline=None)
-@given(fleets())
-def test_all_nodes_at_once_never_leave_a_partition_over_its_budget(case):
-    """The worst case: every unfit node reads the same view, all drain in the
-    same second, then each re-reads and keeps or gives back its drain."""
-    states, candidates, share = case
-    before = _budgeted_counts(states, share)
-    admitted = [n for n in candidates if budget.admit(n, states, TAG, share)[0]]
-    for name in admitted:
-        _drain(states, name, 1000)
-    released = [n for n in admitted if not budget.keep(n, states, TAG, share)[0]]
-    for name in released:
-        old = states[name]
-        states[name] = node(name, old.partitions)
-    after = _budgeted_counts(states, share)
-    for part, count in after.items():
-        # Never over budget by gpugate's new drains (drains older than the
-        # budget, e.g. a lowered share, are left to the sweep).
-        assert count <= max(_allowances(states, share)[part], before.get(part, 0))
-    # Whoever kept its drain was admitted and ranked within every partition.
-    for name in admitted:
-        if name not in released:
-            assert budget.keep(name, states, TAG, share)[0]
-
-
-@settings(max_examples=150, deadline=None)
-@given(fleets(multi=False), st.data())
-def test_one_partition_fills_its_budget_exactly(case, data):
-    """Single partition: concurrent or one by one, the partition ends with
-    exactly min(allowance, drained + unfit) budgeted drains."""
-    states, candidates, share = case
-    allowance = budget.allowance(len(states), share)
-    pre = _budgeted_counts(states, share).get("a", 0)
-    concurrent = data.draw(st.booleans())
-    if concurrent:
-        admitted = [n for n in candidates if budget.admit(n, states, TAG, share)[0]]
-        for name in admitted:
-            _drain(states, name, 1000)
-        for name in admitted:
-            if not budget.keep(name, states, TAG, share)[0]:
-                states[name] = node(name, ("a",))
-    else:
-        for when, name in enumerate(candidates, start=1000):
-            if budget.admit(name, states, TAG, share)[0]:
-                _drain(states, name, when)
-                assert budget.keep(name, states, TAG, share)[0]
-    expected = pre if pre >= allowance else min(allowance, pre + len(candidates))
-    assert _budgeted_counts(states, share).get("a", 0) == expected
+def test_a_node_in_no_partition_is_never_drained():
+    states = fleet(published_node("ghost", parts=()), *[node("n%d" % i) for i in range(4)])
+    plan = budget.plan(states, TAG, 0.5)
+    assert plan.drain == () and "in no partition" in plan.held["ghost"]
 
 
 @settings(max_examples=200, deadline=None)

@@ -466,7 +466,7 @@ def test_budgeted_finding_with_slurm_unreachable_lets_the_job_run(fleet, tmp_pat
     assert prolog.returncode == 0, prolog.stderr
     with open(os.path.join(str(tmp_path), "state", "gpu01", "gpugate.log")) as handle:
         line = json.loads(handle.read().splitlines()[-1])
-    assert line["verdict"] == "unfit" and line["action"] == "held" and "unreadable" in line["why"]
+    assert line["verdict"] == "unfit" and line["action"] == "held" and "not published yet" in line["why"]
     assert _entry("epilog", config).returncode == 0
     _sim("set", fleet, "gpu01", "gpu.3.xid=79")
     assert _entry("prolog", config).returncode == 1

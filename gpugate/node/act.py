@@ -183,7 +183,7 @@ def settle(settings, node: str, result, record: Dict[str, Any], deadline: Option
             # error") outside the budget: a bad file could then take out
             # every node whose prolog runs while slurmctld is away.
             record["action"] = hold.HELD
-            record["why"] = "drain budget unreadable (Slurm did not answer): not drained, job not blocked"
+            record["why"] = hold.UNPUBLISHED
             return True
     if outcome["action"] == hold.HELD:
         record["why"] = outcome["why"]

@@ -22,6 +22,10 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Optional
 
 HELD = "held"  # unfit for budgeted findings, published, not drained by the node
+# Why a budgeted finding is held when Slurm did not answer: a non-zero exit
+# would have slurmd drain the node outside the budget.
+UNPUBLISHED = ("Slurm did not answer: the budgeted finding is not published yet (retried next run); "
+               "not drained, job not blocked")
 PUBLISHED = "published.json"
 
 

@@ -81,7 +81,7 @@ def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> i
     from ..findings import Finding
     from ..verdict import decide
     from .act import act
-    from .hold import HELD, applies
+    from .hold import HELD, UNPUBLISHED, applies
 
     findings = [Finding.from_json(f) for f in last.get("findings", [])]
     verdict = decide(findings, settings.reason_tag)
@@ -90,6 +90,6 @@ def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> i
     held = outcome["action"] == HELD or (not outcome["ok"] and applies(settings, verdict))
     record.update(verdict="unfit", cls=verdict.cls, reason=verdict.reason, action=HELD if held else outcome["action"],
                   why=outcome.get("why") if outcome["action"] == HELD
-                  else "drain budget unreadable (Slurm did not answer): not drained, job not blocked" if held
+                  else UNPUBLISHED if held
                   else "the last health check's drain is still pending")
     return 0 if held else 1
