@@ -33,15 +33,15 @@ CATALOG = {
     13: ("ignore", "RESTART_APP", ""),
     31: ("ignore", "RESTART_APP", ""),
     43: ("ignore", "IGNORE", ""),
-    45: ("ignore", "IGNORE", ""),
+    45: ("ignore", "WORKFLOW_XID_45", "cleanup after another Xid, which is judged on its own"),
     46: ("reset_gpu", "RESET_GPU", ""),
-    48: ("reset_gpu", "RESET_GPU", ""),
+    48: ("reset_gpu", "WORKFLOW_XID_48", ""),
     # Auxiliary power not connected: no reset or reboot fixes a cable, so a human looks.
     54: ("investigate", "CHECK_MECHANICALS", "no mechanical check in gpugate: drains for a human (no auto-repair)"),
     62: ("reset_gpu", "RESET_GPU", ""),
-    63: ("ignore", "RESET_GPU", "NVML's row_remap_pending drains until a reset applies the remap"),
+    63: ("ignore", "IGNORE", ""),
     64: ("reset_gpu", "RESET_GPU", ""),
-    74: ("reset_gpu", "RESET_GPU", ""),
+    74: ("reset_gpu", "WORKFLOW_NVLINK_ERR", ""),
     # The driver/firmware the GPU runs must change: a pin change is a human's (baseline review).
     78: ("investigate", "UPDATE_SWFW", "drains for a human: versions change through the baseline"),
     79: ("reboot", "RESTART_BM", ""),
@@ -136,16 +136,15 @@ PEERS.update({code: _WARNING for code in (109, 136, 155, 156, 158)})
 PEERS.update({code: _NVLINK for code in NVLINK_XIDS})
 PEERS.update({
     45: "NVSentinel: CONTACT_SUPPORT (no case for the WORKFLOW_XID_45 bucket in its mapper: the default); gpud: "
-        "Warning, no action (catalog copies: WORKFLOW_XID_45, gpugate's column: IGNORE); gpugate as gpud: 45 "
+        "Warning, no action (catalog: WORKFLOW_XID_45); gpugate as gpud: 45 "
         "cleans up after another Xid, which is judged on its own",
-    48: _NO_RESET + " (the peers' catalog copies say WORKFLOW_XID_48; NVSentinel maps it to COMPONENT_RESET)",
+    48: _NO_RESET + " (catalog: WORKFLOW_XID_48; NVSentinel maps it to COMPONENT_RESET)",
     54: "NVSentinel: CONTACT_SUPPORT; gpud: Warning, no action; gpugate drains for a human as NVSentinel: a GPU "
         "without auxiliary power runs slowed, and no reset or reboot connects a cable",
     63: "NVSentinel: NONE (catalog copies: IGNORE); gpud: Fatal, RebootSystem; gpugate ignores the line as the "
         "copies do and drains on NVML's row_remap_pending until a reset applies the remap (gpud's reboot does too)",
     74: "NVSentinel: CONTACT_SUPPORT (WORKFLOW_NVLINK_ERR: its analyzer rules read the link registers); gpud: "
-        "Fatal, RebootSystem; gpugate: drains at once, remedy a GPU reset (the sweep goes on to reboot, then rma); its "
-        "catalog column says RESET_GPU where the peers' copies say WORKFLOW_NVLINK_ERR",
+        "Fatal, RebootSystem; gpugate: drains at once, remedy a GPU reset (the sweep goes on to reboot, then rma)",
     78: "NVSentinel: CONTACT_SUPPORT; gpud: Fatal, RebootSystem; gpugate drains for a human as NVSentinel: a reboot "
         "brings back the same driver, versions change through the baseline",
     94: _APP % "RESTART_APP" + " (a contained error; the same GPU in xid_app_jobs_max jobs drains, judges.apprepeat)",
