@@ -32,6 +32,18 @@ def sim_config(directory, fleet_dir, extra=""):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _own_umask():
+    """Each test starts with the umask the run began with: gpugate's entry
+    points set 077 for their process, and a test that calls one in process
+    must not leave it to the next (a 0700 directory it makes would lock the
+    unprivileged users of later tests out)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+
+
 @pytest.fixture
 def fleet(tmp_path):
     """A simulated fleet of three healthy nodes matching the demo baseline."""

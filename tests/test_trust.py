@@ -284,8 +284,8 @@ def test_state_and_journal_directories_others_can_write_are_refused(tmp_path):
     _refused_with_fix(str(info.value), str(shared))
     assert not (shared / "sweep.db").exists()
     ok = tmp_path / "state"
-    Journal(str(ok / "sweep.db")).close()  # created by root, 0755
-    assert stat.S_IMODE(os.stat(ok).st_mode) == 0o755
+    Journal(str(ok / "sweep.db")).close()  # created by root, root's alone (issue 24: its locks)
+    assert stat.S_IMODE(os.stat(ok).st_mode) == 0o700
 
 
 # --------------------------------------------------------- the rule, as a property

@@ -25,8 +25,10 @@ Exit codes:
 class Cli(click.Group):
     def invoke(self, ctx):
         # As the node entry points: what gpugate creates (the sweep's lock,
-        # journal, audit) is root's alone unless it says otherwise.
-        os.umask(0o077)
+        # journal, audit) is root's alone unless it says otherwise.  Given
+        # back after the command: a program (or a test) that calls the CLI in
+        # process keeps its own.
+        umask = os.umask(0o077)
         try:
             return super().invoke(ctx)
         except GpugateError as exc:
@@ -40,6 +42,8 @@ class Cli(click.Group):
             click.echo("gpugate: internal error: %s: %s\n(run again with GPUGATE_DEBUG=1 for the traceback, "
                        "and report it)" % (type(exc).__name__, exc), err=True)
             sys.exit(2)
+        finally:
+            os.umask(umask)
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
