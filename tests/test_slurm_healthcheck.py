@@ -34,6 +34,8 @@ def test_drifted_node_drained_within_two_intervals_healthy_untouched(cluster):
     assert acted and acted[-1]["backend"] == rig_backend(), acted[-1:]
 
 
+# long: ~20 s; out of the default run for its ten minutes (CI runs it on every release).
+@pytest.mark.long
 def test_admin_drain_is_never_overwritten_nor_resumed(cluster):
     cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=rack maintenance")
     cluster.sim("set", "FLEET", "gpu03", "gpu.3.xid=79")
@@ -47,6 +49,8 @@ def test_admin_drain_is_never_overwritten_nor_resumed(cluster):
     assert "drain" in cluster.state("gpu03") and cluster.reason("gpu03") == "rack maintenance"
 
 
+# long: ~20 s; out of the default run for its ten minutes (CI runs it on every release).
+@pytest.mark.long
 def test_probe_drain_clears_itself_other_classes_wait(cluster):
     dcgmi = os.path.join(cluster.fleet, "gpu04", "bin", "dcgmi")
     os.rename(dcgmi, dcgmi + ".away")

@@ -91,6 +91,8 @@ def _drained_with(cluster, node, prefix):
     return cluster.reason(node)
 
 
+# long: ~19 s; out of the default run for its ten minutes (CI runs it on every release).
+@pytest.mark.long
 def test_nhc_failing_alone_gpugate_keeps_hands_off(nhc_cluster):
     c = nhc_cluster
     reason = _drained_with(c, "gpu01", "NHC:")
