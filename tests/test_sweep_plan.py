@@ -6,6 +6,7 @@ from gpugate import reason as reasons
 from gpugate.findings import Finding
 from gpugate.slurm.nodestate import NodeState
 from gpugate.sweep.plan import ESCALATE, Options, floor_count, plan, remedy_for
+from gpugate.record import replace
 from gpugate.sweep.snapshot import take
 
 TAG = "gpugate:"
@@ -227,3 +228,42 @@ def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, opti
         elif d.repeat is None:
             # Everything else is decided as without the history (batches may shift: repeats take no capacity).
             assert (d.included, d.remedy) == (without.decisions[name].included, without.decisions[name].remedy)
+
+
+ECC6 = reasons.render(TAG, "health", [Finding("health", "ecc", "4 uncorrected", "<= 0", "", gpu=6)])
+
+
+def _as_applied(snap, options):
+    """What `gpugate sweep --apply` runs (engine.Sweeper.run): the first
+    batch of a fresh plan, then a new plan without the nodes it handled."""
+    out, handled = [], frozenset()
+    while True:
+        batches = plan(snap, replace(options, exclude=handled)).batches
+        if not batches:
+            return out
+        out.append((batches[0].remedy, batches[0].nodes))
+        handled |= frozenset(batches[0].nodes)
+
+
+def test_the_plan_numbers_batches_as_the_apply_runs_them_demo():
+    """The demo: two drifted, two to reboot, drained first; gpu01 drained
+    for ECC last (floor 4 of 8: budget 4).  The plan said batch 2 reboot,
+    batch 3 reset; --apply ran batch 2 reset, batch 3 reboot."""
+    states = {"gpu02": _state("gpu02", reason=REASONS[0], t=1), "gpu03": _state("gpu03", reason=REASONS[0], t=1),
+              "gpu05": _state("gpu05", reason=REASONS[2], t=2), "gpu07": _state("gpu07", reason=REASONS[1], t=2),
+              "gpu01": _state("gpu01", reason=ECC6, t=3)}
+    states.update({n: _state(n, drain=False) for n in ("gpu04", "gpu06", "gpu08")})
+    snap, options = take(states, TAG, 0), Options(max_batch=8, floor=0.5, reset=True)
+    result = plan(snap, options)
+    assert [(b.index, b.remedy, b.nodes) for b in result.batches] == [
+        (1, "reconverge", ("gpu02", "gpu03")), (2, "reset", ("gpu01",)), (3, "reboot", ("gpu05", "gpu07"))]
+    assert [(b.remedy, b.nodes) for b in result.batches] == _as_applied(snap, options)
+    assert result.decisions["gpu01"].batch == 2 and result.decisions["gpu05"].batch == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), options_st)
+def test_the_plan_is_what_the_apply_runs_batch_by_batch(snap, options):
+    result = plan(snap, options)
+    assert [b.index for b in result.batches] == list(range(1, len(result.batches) + 1))
+    assert [(b.remedy, b.nodes) for b in result.batches] == _as_applied(snap, options)

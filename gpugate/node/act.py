@@ -27,14 +27,17 @@ def marker_path(settings, node: str) -> str:
 
 
 def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optional[float] = None,
-        spread: bool = False, in_service: Optional[bool] = None) -> Dict[str, Any]:
+        spread: bool = False, in_service: Optional[bool] = None, read_at: Optional[float] = None) -> Dict[str, Any]:
     """Returns what happened: action, why, ok (False: the verdict could not
     be applied; the caller keeps what it needs to try again next run), and
     applied (the node carries the verdict as far as gpugate may put it).
     Action "held": unfit, but the drain budget keeps the node in service.
     deadline (time.monotonic()): every Slurm call and wait ends by then.
     spread: wait a random moment before a budgeted drain (health check).
-    in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given)."""
+    in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given).
+    read_at (time.time()): when the verdict's facts began to be read; a
+    drain is not applied if the sweep reset the node's GPUs since (see
+    _reset_since)."""
     from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
@@ -55,14 +58,15 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     # spread: kept for the callers; a node no longer reads the fleet, so a
     # fleet-wide finding costs slurmctld one single-node read and one comment
     # update per node, with nothing to spread out.
-    return _apply(settings, node, verdict, marker, limit, deadline)
+    return _apply(settings, node, verdict, marker, limit, deadline, read_at)
 
 
-def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float]) -> Dict[str, Any]:
+def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
+           read_at: Optional[float] = None) -> Dict[str, Any]:
     """Read the node's state, decide by the ownership rules, write; the
     outcome names the Slurm backend that did it (the log line's "backend")."""
     used: list = []
-    outcome = _read_decide_write(settings, node, verdict, marker, limit, deadline, used)
+    outcome = _read_decide_write(settings, node, verdict, marker, limit, deadline, used, read_at)
     if used:
         outcome["backend"] = used[0].name
         if used[0].why != "configured":
@@ -72,7 +76,7 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 
 
 def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
-                       used: list) -> Dict[str, Any]:
+                       used: list, read_at: Optional[float] = None) -> Dict[str, Any]:
     from ..slurm import connect, ownership
 
     try:
@@ -85,6 +89,10 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             # The node's own record only (the single-node RPC): never the fleet.
             state = slurm.nodes(node).get(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
+            stale = (decision.kind in (ownership.DRAIN, ownership.UPDATE)
+                     and _reset_since(settings, node, read_at))
+            if stale:
+                return {"action": ownership.NONE, "ok": True, "rpc": True, "applied": False, "why": stale}
             why_held = None
             if budgeted and decision.kind != ownership.UNKNOWN:
                 # Published for the keeper, whatever else holds the node.
@@ -111,6 +119,28 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
     # Someone else holds the node: our findings are not applied (yet).
     applied = decision.kind != ownership.KEEP_ADMIN or verdict.fit
     return {"action": decision.kind, "why": decision.why, "ok": True, "rpc": True, "applied": applied}
+
+
+def _reset_since(settings, node: str, read_at: Optional[float]) -> str:
+    """Why a verdict is stale: the sweep reset the node's GPUs (`gpugate
+    reset-gpus` ends by writing gpureset.MARKER) after this run began to
+    read them.  A health check that read ECC counts before the reset and
+    came to act after the sweep verified the node and lifted its drain for
+    the smoke job would drain it again for what the reset cleared: the
+    smoke job then waits on a drained node until its deadline, and a node
+    the reset repaired is rebooted.  The next check judges the node as it
+    is now."""
+    if read_at is None:
+        return ""
+    from .gpureset import MARKER
+    from .state import read_json
+
+    mark = read_json(os.path.join(settings.state_dir(node), MARKER)) or {}
+    at = mark.get("at")
+    if isinstance(at, (int, float)) and at >= read_at:
+        return ("stale: the GPUs were reset after this run read them (%.1fs later); the next check judges "
+                "them as they are now" % (at - read_at))
+    return ""
 
 
 class _act_lock:

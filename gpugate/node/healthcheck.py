@@ -109,7 +109,7 @@ class _Judged:
     """What one run found, and what it read to find it."""
 
     __slots__ = ("baseline", "last", "last_path", "boot_id", "cursor", "in_service", "facts", "verdict",
-                 "in_grace", "expected_gpus", "clocks", "links")
+                 "in_grace", "expected_gpus", "clocks", "links", "read_at")
 
 
 def _judge(settings, node: str, record: dict) -> _Judged:
@@ -133,6 +133,7 @@ def _judge(settings, node: str, record: dict) -> _Judged:
                 + xidhistory.judged(settings, node, facts, j.baseline.health)
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
 
+    j.read_at = time.time()  # before the first read: a GPU reset after it makes the verdict stale (act)
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)
     j.facts = result.facts
     j.verdict, j.in_grace = _boot_grace(settings, result)
@@ -152,7 +153,7 @@ def _act(settings, node: str, j: _Judged, deadline: float, nhc_outcome) -> dict:
     # Without a record (first run, wiped state dir) ask Slurm once,
     # unless slurmd already says the node is in service.
     return act(settings, node, j.verdict, check_fit=not j.last, deadline=deadline, spread=True,
-               in_service=j.in_service)
+               in_service=j.in_service, read_at=j.read_at)
 
 
 def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) -> None:

@@ -283,28 +283,30 @@ def _batches(snapshot, options, figures, candidates, decisions, start) -> List[B
         limit = max(1, min(options.max_batch, options.canary if canary else options.max_batch))
         budget = {p: f.budget for p, f in figures.items()}
         taken: Dict[str, List[str]] = {}
-        size, left = 0, []
-        for position, (name, remedy) in enumerate(remaining):
+        size = 0
+        for name, remedy in remaining:
             if size >= limit:
-                left.extend(remaining[position:])  # full: the rest waits, in age order
-                break
+                break  # full: the rest waits, in age order
             parts = snapshot.nodes[name].partitions
             if all(budget[p] > 0 for p in parts):
                 for p in parts:
                     budget[p] -= 1
                 taken.setdefault(remedy, []).append(name)
                 size += 1
-            else:
-                left.append((name, remedy))
-        for remedy in REMEDIES:
-            if remedy in taken:
-                out.append(Batch(index, remedy, tuple(taken[remedy]), canary=canary))
-                for name in taken[remedy]:
-                    why = decisions[name].why if name in decisions else "still on the previous pin: roll out"
-                    decisions[name] = Decision(name, True, remedy, why, batch=index)
-                index += 1
+        # One remedy per batch, the first of REMEDIES among what fits; the
+        # rest waits for the next batch with its age order and the whole
+        # budget again.  The sweep (engine.Sweeper.run) does exactly this:
+        # it runs the first batch of a fresh plan, then plans again without
+        # the nodes it handled, so the plan numbers batches as --apply runs them.
+        remedy = next(r for r in REMEDIES if r in taken)
+        chosen = set(taken[remedy])
+        out.append(Batch(index, remedy, tuple(taken[remedy]), canary=canary))
+        for name in taken[remedy]:
+            why = decisions[name].why if name in decisions else "still on the previous pin: roll out"
+            decisions[name] = Decision(name, True, remedy, why, batch=index)
+        index += 1
         canary = False
-        remaining = left
+        remaining = [c for c in remaining if c[0] not in chosen]
     return out
 
 
