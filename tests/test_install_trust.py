@@ -182,6 +182,11 @@ def installed(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
                    check=True, timeout=120)
     python = str(venv / "bin" / "python")
+    # gpugate as an install would have it, in the venv's own site-packages
+    # (a .pth, which -I still reads): the tree under test may be installed in
+    # another venv (the chroot runs) that --system-site-packages does not see.
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "gpugate-under-test.pth").write_text(ROOT + "\n")
     scripts = {}
     for mode, source in (("healthcheck", "healthcheck"), ("prolog", "prolog"), ("epilog", "epilog")):
         with open(os.path.join(ROOT, source, "gpugate-" + mode)) as handle:
