@@ -58,7 +58,7 @@ def _setup(tmp_path, monkeypatch):
 
 def test_a_verdict_read_before_a_gpu_reset_does_not_drain_the_node_again(tmp_path, monkeypatch):
     settings, slurm, verdict = _setup(tmp_path, monkeypatch)
-    read_at = time.time()
+    read_at = time.time() - 2
     write_json(os.path.join(settings.state_dir("gpu01"), MARKER), {"boot_id": "b", "kmsg_seq": 7,
                                                                    "at": read_at + 1.5, "gpus": [6]})
     out = act_mod.act(settings, "gpu01", verdict, read_at=read_at)
@@ -71,6 +71,17 @@ def test_a_verdict_read_after_the_reset_still_drains(tmp_path, monkeypatch):
     now = time.time()
     write_json(os.path.join(settings.state_dir("gpu01"), MARKER), {"boot_id": "b", "kmsg_seq": 7,
                                                                    "at": now - 30, "gpus": [6]})
+    out = act_mod.act(settings, "gpu01", verdict, read_at=now)
+    assert ("drain", "gpu01", ECC) in slurm.calls and out["action"] == "drain"
+
+
+def test_a_reset_marker_in_the_future_does_not_hold_drains_off(tmp_path, monkeypatch):
+    """A clock stepped back after a reset: the marker is "later" than every
+    read until the clock catches up; it must not switch drains off."""
+    settings, slurm, verdict = _setup(tmp_path, monkeypatch)
+    now = time.time()
+    write_json(os.path.join(settings.state_dir("gpu01"), MARKER), {"boot_id": "b", "kmsg_seq": 7,
+                                                                   "at": now + 3600, "gpus": [6]})
     out = act_mod.act(settings, "gpu01", verdict, read_at=now)
     assert ("drain", "gpu01", ECC) in slurm.calls and out["action"] == "drain"
 

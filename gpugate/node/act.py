@@ -137,7 +137,9 @@ def _reset_since(settings, node: str, read_at: Optional[float]) -> str:
 
     mark = read_json(os.path.join(settings.state_dir(node), MARKER)) or {}
     at = mark.get("at")
-    if isinstance(at, (int, float)) and at >= read_at:
+    # Only a reset between the read and now: a marker "in the future" (a
+    # clock stepped back) must not hold every drain off until then.
+    if isinstance(at, (int, float)) and read_at <= at <= time.time():
         return ("stale: the GPUs were reset after this run read them (%.1fs later); the next check judges "
                 "them as they are now" % (at - read_at))
     return ""
