@@ -4,11 +4,10 @@ what each nodeset must look like, and the health policy."""
 from __future__ import annotations
 
 from .errors import ConfigError
+from .iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX, IB_COUNTERS  # noqa: F401 - re-exported
 from .lazyre import Lazy
 from .record import asdict, dataclass, field, replace
-from .iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX, IB_COUNTERS, HEALTH_KEYS as IB_HEALTH_KEYS
-from .schema import (REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table,
-                     load_toml, validate)
+from .schema import load_toml, validate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -24,172 +23,30 @@ def _version(value: str) -> Optional[str]:
     return None
 
 
-# Node names are letters, digits, '.', '_' and '-'; brackets, ',' and the
-# ClusterShell operators ! & ^ build sets of them.  '@' (a group) and '*' (all
-# nodes) are refused: ClusterShell resolves them by running the commands of its
-# groups.conf through a shell, on every node, on every check.
-_HOSTLIST_RE = Lazy(r"^[A-Za-z0-9._\-\[\],/!&^]+$")
-_RANGE_RE = Lazy(r"^([0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$")
-_HOSTLIST_SPLIT = Lazy(r"[,!&^](?![^\[]*\])")
-_HOSTLIST_GROUP = Lazy(r"\[([^\[\]]*)\]")
-MAX_NODESET = 100000  # names one expression may expand to (expanding is linear in them)
-
-
-def _hostlist_size(value: str) -> float:
-    """An upper bound of the names ``value`` expands to, found without
-    expanding it (NodeSet builds every name: "gpu[0-99999999]" would take
-    minutes and gigabytes).  Unreadable ranges count 0: NodeSet reports them."""
-    total = 0.0
-    for element in _HOSTLIST_SPLIT.split(value):
-        size = 1.0
-        for group in _HOSTLIST_GROUP.findall(element):
-            count = 0.0
-            for item in group.split(","):
-                match = _RANGE_RE.match(item)
-                if not match:
-                    continue
-                low, high, step = match.groups()
-                if max(len(low), len(high or "")) > 18:
-                    return float("inf")
-                span = int(high) - int(low) if high else 0
-                count += max(span, 0) // max(int(step or 1), 1) + 1
-            size *= count
-        total += size
-    return total
-
-
-def _hostlist(value: str) -> Optional[str]:
-    from ClusterShell.NodeSet import NodeSet, NodeSetException  # only when loading
-
-    if not value:
-        return "empty hostlist expression ''"
-    if not _HOSTLIST_RE.match(value):
-        bad = sorted({c for c in value if not _HOSTLIST_RE.match(c)})
-        return ("not a hostlist expression: %s not allowed (node names are ASCII letters, digits, "
-                "'.', '_' and '-'; groups '@' and '*' are not supported)" % ", ".join(repr(c) for c in bad[:5]))
-    if _hostlist_size(value) > MAX_NODESET:
-        return "hostlist expression names more than %d nodes: %r" % (MAX_NODESET, value[:80])
-    try:
-        if len(NodeSet(value)) == 0:
-            return "empty hostlist expression %r" % value
-    except (NodeSetException, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        return "not a hostlist expression (%s)" % exc
-    return None
-
-
 # Component names as they appear in findings, reasons, the audit and sim keys.
 PIN_COMPONENTS = ("kernel", "driver", "gsp_firmware", "cuda_driver", "fabricmanager",
                   "container_toolkit", "dcgm", "image")
-
-
-def _pins_spec(required: bool) -> Table:
-    ver = Str("580.65.06", _version)
-    fields = {name: (ver, None) for name in PIN_COMPONENTS}
-    fields["vbios"] = (MapOf(Str("96.00.99.00.01", _version)), dict)
-    fields["hca_firmware"] = (MapOf(Str("28.41.1000", _version)), dict)  # per HCA type, e.g. MT4129
-    fields["require_hold"] = (Bool(), False)
-    if required:
-        fields["driver"] = (ver, REQUIRED)
-    return Table(fields)
 
 
 CLOCK_REASONS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80,
                  "sw_thermal": 0x20, "sw_power_cap": 0x4}
 
 
-def _catalog(name: str):
-    # The [health] Xid defaults come from NVIDIA's Xid catalog with gpugate's
-    # deviations (gpugate.xidcatalog); loaded only when a TOML is validated.
-    def default():
-        from . import xidcatalog
-
-        return getattr(xidcatalog, name)()
-    return default
+# The kernel-log events of gpugate.parsers.amdkernlog that drain by default.
+AMDGPU_EVENTS = ("ue", "de", "ue_event", "poison", "reset_failed", "ring_timeout", "ring_reset_failed",
+                 "bad_page_threshold", "init_failed", "gpu_reset")
+AMD_NODESET_KEYS = ("vendor", "device_id", "compute_partition", "memory_partition")
 
 
-XID_ACTIONS = ("reset_gpu", "reboot", "rma", "investigate")
-MODES = ("healthcheck", "prolog", "epilog", "verify")
+@dataclass(frozen=True)
+class AmdExpect:
+    """A node's vendor and the nodeset keys only AMD nodes have (kept apart
+    from NodeExpect, whose shape NVIDIA's tools and caches know)."""
 
-def _diag_mig(value: str) -> Optional[str]:
-    if value == "skip":
-        return None
-    if value == "disable":
-        return ('"disable" (take MIG down for the diagnostic) is not built: gpugate cannot yet restore a '
-                "nodeset's MIG instances afterwards; use \"skip\"")
-    return 'expected "skip", got %r' % value[:40]
-
-
-_HEALTH = Table({
-    "drain_xids": (ListOf(Int(1, 100000)), _catalog("default_drain_xids")),
-    "xid_actions": (MapOf(Choice(*XID_ACTIONS),
-                          lambda k: None if k.isdigit() else "Xid keys are numbers in quotes, e.g. \"79\""),
-                    _catalog("default_xid_actions")),
-    "xid_window_seconds": (Number(0), 86400.0),
-    # Non-fatal NVLink Xid (144-150) sub-events / non-fatal SXids per device in the window.
-    "xid_nonfatal_max": (Int(1, 500), 10),  # 500: gpugate.probes.kernlog.MAX_OLD_EVENTS
-    # The application's Xids (13, 31, 43, 94) on one GPU in this many jobs within the window drain (0: off).
-    "xid_app_jobs_max": (Int(0, 50), 3), "xid_app_window_seconds": (Number(60.0, 30 * 86400.0), 86400.0),
-    "ecc_uncorrected_volatile_max": (Int(0), 0),
-    "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
-    "retired_pages_pending": (Bool(), True),
-    "row_remap_pending": (Bool(), True),
-    "row_remap_failure": (Bool(), True),
-    # Off by default: idle GPUs lower their link generation to save power.
-    "pcie_min_gen": (AnyOf(Int(0, 10), Choice("max")), 0),
-    "pcie_min_width": (AnyOf(Int(0, 32), Choice("max")), "max"),
-    "clock_event_reasons": (ListOf(Choice(*sorted(CLOCK_REASONS))), ("hw_slowdown", "hw_thermal", "power_brake")),
-    # Judged by time (gpugate.judges.throttle): the share of at least min_seconds a GPU spent slowed.
-    "clock_event_share_max": (Number(0.0, 1.0), 0.10),
-    "clock_event_min_seconds": (Number(1.0, 86400.0), 300.0),
-    "nvlink_down_max": (AnyOf(Int(0), Choice("ignore")), 0),
-    "fabric_completed": (Bool(), True),
-    "recovery_action": (Bool(), True),
-    "dcgm_health_warning": (Choice("drain", "ignore"), "ignore"),
-    "dcgm_health_failure": (Choice("drain", "ignore"), "drain"),
-    "leftover_processes": (Choice("drain", "ignore"), "drain"),
-    # The diagnostic needs idle GPUs: only where the node is the sweep's (verify).
-    # verify: the levels in order, cheapest first, stopping at the first that fails (an int n means [n]).
-    "dcgm_diag": (Table(dict({m: (Int(0, 4), 0) for m in MODES},
-                             verify=(AnyOf(Int(0, 4), ListOf(Int(1, 4))), (1, 3)))),
-                  lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0, "verify": (1, 3)}),
-    # DCGM refuses its diagnostic on MIG GPUs: "skip" reports it not run (never a pass).
-    "dcgm_diag_mig": (Str("skip", _diag_mig), "skip"),
-    **IB_HEALTH_KEYS,  # ib_counter_max, ib_error_rate_max, ib_flap_window_seconds (gpugate.iblimits)
-})
-# [nodes."..".hca]: the nodeset's fabric HCAs (types: the hca_type values that
-# count, e.g. ["MT4129"]; all when left out), each port ACTIVE/LinkUp at rate.
-_HCA = Table({"count": (Int(0, 64), None), "types": (ListOf(Str("MT4129")), None),
-              "rate": (Number(0), None), "link_layer": (Choice("InfiniBand", "Ethernet"), None)})
-
-COMPUTE_MODES = ("default", "exclusive_process", "prohibited")  # nvidia-smi -c; EXCLUSIVE_THREAD is gone
-
-_NODESET = Table({
-    "gpus": (Int(0, 64), None),
-    "product": (Str("NVIDIA H100 80GB HBM3"), None),
-    "nvswitch": (Bool(), None),
-    "mig": (Bool(), None),
-    "persistence": (Bool(), None),
-    # Runtime settings a reset loses (gpugate.judges.settings).
-    "compute_mode": (Choice(*COMPUTE_MODES), None),
-    "power_limit_watts": (Int(1, 5000), None),
-    "ecc": (Bool(), None),
-    "hca": (_HCA, None),
-    "imex": (Bool(), None),  # a member of an NVLink (IMEX) domain: check nvidia-imex-ctl
-})
-
-_BASELINE = Table({
-    "name": (Str("h100-r580-2026.11"), "unnamed"),
-    "pin": (_pins_spec(required=True), REQUIRED),
-    "previous": (_pins_spec(required=False), None),
-    "rollout": (Table({"in_progress": (Bool(), False)}), lambda: {"in_progress": False}),
-    "nodes": (MapOf(_NODESET, _hostlist), dict),
-    "health": (_HEALTH, lambda: _HEALTH.check({}, "health")),
-    # The sweep's smoke job passes at or above this average bus bandwidth, per GPU product.
-    # min_pair_busbw_gbps: the 2-node pair run's (inter-node line rate, not NVLink).
-    "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict),
-                     "min_pair_busbw_gbps": (MapOf(Number(0, 100000)), dict)}),
-              lambda: {"min_busbw_gbps": {}, "min_pair_busbw_gbps": {}}),
-})
+    vendor: str = "nvidia"
+    device_id: Optional[str] = None  # PCI device id, "0x74a1"
+    compute_partition: Optional[str] = None
+    memory_partition: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +64,11 @@ class Pins:
     vbios: Mapping[str, str] = field(default_factory=dict)
     hca_firmware: Mapping[str, str] = field(default_factory=dict)
     require_hold: bool = False
+    amdgpu: Optional[str] = None
+    rocm: Optional[str] = None
+    amd_smi: Optional[str] = None
+    ifwi: Mapping[str, str] = field(default_factory=dict)
+    amdgpu_firmware: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def get(self, component: str) -> Optional[str]:
         return getattr(self, component)
@@ -259,6 +121,17 @@ class HealthPolicy:
     ib_flap_window_seconds: float = 3600.0
     clock_event_share_max: float = 0.10
     clock_event_min_seconds: float = 300.0
+    ras_uncorrected_blocks: Tuple[str, ...] = ("umc", "xgmi_wafl", "gfx", "sdma", "mmhub", "hdp", "pcie_bif", "athub")
+    ras_deferred_max: int = 0
+    bad_pages_pending: bool = True
+    bad_pages_unreservable: bool = True
+    bad_pages_retired_max: object = "threshold"  # or an int
+    xgmi_links_down_max: object = 0  # or "ignore"
+    amdgpu_events: Tuple[str, ...] = AMDGPU_EVENTS
+    ring_timeout_max: int = 3
+    gpu_reset_events_max: int = 1
+    rvs: Mapping[str, object] = field(default_factory=lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0,
+                                                                "verify": (1, 2)})
 
     @property
     def clock_mask(self) -> int:
@@ -286,6 +159,7 @@ class Baseline:
     resolved_covered: Optional[bool] = None  # likewise
     smoke_min_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_busbw_gbps
     smoke_min_pair_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_pair_busbw_gbps
+    resolved_amd: Optional[AmdExpect] = None  # set when loaded from a node's cache
 
     def _sections_for(self, node: str):
         if not self.nodesets:
@@ -300,8 +174,21 @@ class Baseline:
             return self.resolved_expect
         merged: Dict[str, object] = {}
         for values in self._sections_for(node):
-            merged.update({k: v for k, v in values.items() if v is not None})
+            merged.update({k: v for k, v in values.items() if v is not None and k not in AMD_NODESET_KEYS})
         return NodeExpect(**merged)
+
+    def amd_expect_for(self, node: str) -> AmdExpect:
+        """The node's vendor and AMD-only keys (device_id, partitions), merged
+        like expect_for; vendor "nvidia" when no section names one."""
+        if self.resolved_amd is not None:
+            return self.resolved_amd
+        merged: Dict[str, object] = {}
+        for values in self._sections_for(node):
+            merged.update({k: v for k, v in values.items() if v is not None and k in AMD_NODESET_KEYS})
+        return AmdExpect(**merged)
+
+    def vendor_for(self, node: str) -> str:
+        return self.amd_expect_for(node).vendor
 
     def covers(self, node: str) -> bool:
         """Does a [nodes."..."] section name this node?  One that none names
@@ -321,7 +208,7 @@ class Baseline:
             raise ConfigError("%s: no [previous] block to verify against" % (self.source or "baseline"))
         merged = asdict(self.pin)
         for key, value in asdict(self.previous).items():
-            if key in ("vbios", "hca_firmware"):
+            if key in ("vbios", "hca_firmware", "ifwi", "amdgpu_firmware"):
                 merged[key] = dict(getattr(self.pin, key), **value)
             elif value:
                 merged[key] = value
@@ -333,7 +220,8 @@ class Baseline:
         return {"name": self.name, "pin": asdict(self.pin),
                 "previous": asdict(self.previous) if self.previous else None,
                 "rollout": self.rollout_in_progress, "expect": asdict(self.expect_for(node)),
-                "covered": self.covers(node), "health": asdict(self.health), "source": self.source}
+                "covered": self.covers(node), "health": asdict(self.health), "source": self.source,
+                "amd": asdict(self.amd_expect_for(node))}
 
 
 def from_resolved(data: Mapping[str, object]) -> Baseline:
@@ -342,11 +230,17 @@ def from_resolved(data: Mapping[str, object]) -> Baseline:
     health = dict(data["health"])
     health["drain_xids"] = tuple(health["drain_xids"])
     health["clock_event_reasons"] = tuple(health["clock_event_reasons"])
+    for key in ("ras_uncorrected_blocks", "amdgpu_events"):
+        if key in health:  # a cache written before AMD keys: the defaults apply
+            health[key] = tuple(health[key])
+    if "rvs" in health:
+        health["rvs"] = dict(health["rvs"], verify=tuple(health["rvs"]["verify"]))
     return Baseline(name=data["name"], pin=Pins(**data["pin"]),
                     previous=Pins(**data["previous"]) if data["previous"] else None,
                     rollout_in_progress=bool(data["rollout"]), nodesets=(),
                     health=HealthPolicy(**health), source=str(data.get("source", "")),
-                    resolved_expect=NodeExpect(**data["expect"]), resolved_covered=bool(data["covered"]))
+                    resolved_expect=NodeExpect(**data["expect"]), resolved_covered=bool(data["covered"]),
+                    resolved_amd=AmdExpect(**data.get("amd") or {}))
 
 
 def _pins(raw: Mapping[str, object], driver_default: Optional[str] = None) -> Pins:
@@ -365,7 +259,11 @@ def _cross_check(pins: Pins, where: str, source: str) -> None:
 
 
 def parse_baseline(data: object, source: str) -> Baseline:
-    raw = validate(data, _BASELINE, source)
+    from . import amdbaseline as amd
+    from .baseline_schema import BASELINE
+
+    raw = validate(data, BASELINE, source)
+    amd.check_vendors(raw, source)
     pin = _pins(raw["pin"])
     _cross_check(pin, "pin", source)
     previous = None
@@ -379,6 +277,7 @@ def parse_baseline(data: object, source: str) -> Baseline:
     health["xid_actions"] = dict(health["xid_actions"])
     health["ib_counter_max"] = dict(DEFAULT_IB_COUNTER_MAX, **health["ib_counter_max"])  # a key overrides its default
     health["ib_error_rate_max"] = dict(DEFAULT_IB_RATE_MAX, **health["ib_error_rate_max"])
+    amd.normalize_health(health)
     verify = health["dcgm_diag"]["verify"]
     health["dcgm_diag"] = dict(health["dcgm_diag"], verify=tuple(verify) if isinstance(verify, (list, tuple))
                                else ((verify,) if verify else ()))
@@ -391,3 +290,16 @@ def parse_baseline(data: object, source: str) -> Baseline:
 
 def load_baseline(path: str) -> Baseline:
     return parse_baseline(load_toml(path, "baseline"), path)
+
+
+def __getattr__(name: str):
+    # The schema (and the hostlist checks) load only where TOML is validated.
+    if name in ("MAX_NODESET", "_hostlist", "_hostlist_size"):
+        from . import hostlists
+
+        return getattr(hostlists, name)
+    if name in ("COMPUTE_MODES", "XID_ACTIONS", "MODES"):
+        from . import baseline_schema
+
+        return getattr(baseline_schema, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

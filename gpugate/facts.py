@@ -182,6 +182,7 @@ class NodeFacts:
     imex: Any = None  # ImexStatus; None unless the nodeset is an IMEX domain member
     # The code run as root (gpugate.install_trust): "trusted" | ProbeFailure; None when not read (the prolog)
     install: Any = None
+    amd: Any = None  # gpugate.amdfacts.AmdFacts | ProbeFailure on an AMD node; None on NVIDIA's
     durations: Dict[str, float] = field(default_factory=dict)
 
     @property
@@ -260,7 +261,7 @@ _NODE = None
 def _node_decoder():
     global _NODE
     if _NODE is None:
-        from . import toolfacts as t
+        from . import amdfacts as a, toolfacts as t
 
         gpu = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
         _NODE = _record(NodeFacts, {
@@ -272,6 +273,7 @@ def _node_decoder():
             "xids": _each(_record(XidEvent)),
             "hcas": _each(_record(t.Hca, {"ports": _each(_record(t.HcaPort, {"counters": _plain}))})),
             "imex": _record(t.ImexStatus),
+            "amd": _record(a.AmdFacts, {"gpus": _each(_record(a.AmdGpu, {"pcie": _record(Pcie)}))}),
             "durations": dict,
         })
     return _NODE
