@@ -123,6 +123,9 @@ def test_static_rocm6_list_shape_and_vbios_key():
         gpu["partition"] = {"compute_partition": "spx", "memory_partition": "NPS1", "partition_id": 0}
     got = amdsmi.parse_static(json.dumps(doc, indent=4))
     assert got[1]["ifwi_version"] == "00159017" and got[1]["power_cap_w"] == 700.0
+    # 6.0 printed the cap as "current_power", the library's microwatts with no unit.
+    doc[0]["limit"] = {"max_power": 750000000, "current_power": 750000000}
+    assert amdsmi.parse_static(json.dumps(doc))[0]["power_cap_w"] == 750.0
     assert (got[0]["compute_partition"], got[0]["memory_partition"]) == ("SPX", "NPS1")
 
 
@@ -342,7 +345,8 @@ def _leaves(value):
 def test_any_json_tree_gives_values_or_failures(tree, banner):
     text = banner + json.dumps(tree)
     for parse in PARSERS:
-        parse(text)
+        for leaf in _leaves(parse(text)):
+            assert leaf is None or isinstance(leaf, (str, int, float, ProbeFailure)), (parse, leaf)
     amdsmi.parse_reset(0, text, "")
     amdsmi.failure(0, text, "")
 

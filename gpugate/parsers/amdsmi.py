@@ -163,9 +163,9 @@ def _ifwi(rec: Dict[str, Any], note: str) -> Dict[str, Any]:
 
 
 def _power_cap(rec: Dict[str, Any], product: Any, note: str) -> Any:
-    limit = F.get(rec, ("limit",), "power_cap_w", note)
+    limit = F.section(rec, "limit", "power_cap_w", note)
     if not isinstance(limit, dict):
-        return F.text(limit, "power_cap_w", note) if not isinstance(limit, ProbeFailure) else limit
+        return limit
     if "ppt0" in limit:  # 7.x: limit.ppt0.socket_power_limit
         raw = F.get(limit, ("ppt0", "socket_power_limit"), "power_cap_w", note)
     else:  # 6.1-6.3 socket_power, 6.0 current_power, 5.7 power
