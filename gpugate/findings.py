@@ -61,8 +61,10 @@ ACUTE = {
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
         "row_remap", "nvlink", "pcie_gen", "pcie_width", "recovery", "dcgm_health",
         "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
-        "ib_port", "ib_errors"}),  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
-    BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes"}),
+        "ib_port", "ib_errors",  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
+        "amdgpu_event"}),  # the amdgpu driver's own kernel-log events (judges.amdevents)
+    BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes",
+                       "amdgpu_event"}),  # init_failed: amdgpu failed at probe
 }
 
 

@@ -39,6 +39,25 @@ _BY_COMPONENT = {
     "fallen_off_bus": ["the GPU no longer answers on PCIe (NVRM: GPU has fallen off the bus): reboot "
                        "(scontrol reboot); check `lspci -d 10de:`, power, thermals and the riser; if it "
                        "falls off again after the reboot, reseat or RMA"],
+    "amdgpu_event": [
+        "an amdgpu kernel-log event (judges.amdevents); the detail names the GPU's PCI address and the "
+        "driver's line: dmesg | grep -e 'amdgpu <address>' shows what came before and after it",
+        "ue/de/ue_event/poison: an uncorrectable RAS error, a deferred one or poison consumed: reset the GPU "
+        "(amd-smi reset -G -g N; on an XGMI hive the driver resets every GPU of the hive, so drain them all), "
+        "then check amd-smi bad-pages and amd-smi metric --ecc --ecc-blocks and verify (rvs -r 2); repeated "
+        "on one GPU after a reset: RMA",
+        "reset_failed/ring_reset_failed: the driver could not recover the GPU (or one ring of it): reboot "
+        "(scontrol reboot), then verify; if it fails again after the reboot: RMA",
+        "init_failed: amdgpu failed at probe ('Fatal error during GPU init', 'probe of ... failed with error "
+        "-22'): check the firmware (amd-smi firmware, the IFWI) and the lines before it ('invalid ip discovery "
+        "binary signature', 'firmware load failed'); reboot, reflash the IFWI if it names firmware; RMA if it "
+        "persists",
+        "bad_page_threshold: the GPU's retired pages reached the driver's threshold (amdgpu_bad_page_threshold; "
+        "amd-smi bad-pages lists them): the board is due for RMA; gpugate never resumes it by itself",
+        "ring_timeout/gpu_reset x N: jobs hung the GPU (ring timeouts the driver did not soft-recover) or the "
+        "driver reset it ring_timeout_max/gpu_reset_events_max times within xid_window_seconds: reset it "
+        "(amd-smi reset -G), run rvs -r 2 and the smoke job; many nodes at once is one user's job (ask them), "
+        "one GPU again and again: RMA"],
     "row_remap": ["a pending row remap is applied by a GPU reset or reboot; a remap failure means the "
                   "GPU is out of spare rows: RMA"],
     "ecc": ["uncorrected ECC errors: reset the GPU or reboot, then run dcgmi diag -r 3; repeated "

@@ -1,5 +1,6 @@
 """`health` from the kernel log: Xids (by gpugate.xidcatalog's policy),
-NVSwitch SXids and GPUs that fell off the bus.
+NVSwitch SXids and GPUs that fell off the bus (amdgpu events are
+gpugate.judges.amdevents').
 
 Fresh events (after the kernel-log cursor) drain on their own.  Non-fatal
 NVLink sub-events (Xid 144-150) and non-fatal SXids are expected now and then
@@ -24,6 +25,8 @@ def judge(policy, facts):
     events, lost = facts.xids, lost_finding(facts.kernel_log_lost)
     if isinstance(events, ProbeFailure):
         return [probe_finding("xid", events)] + lost
+    if events:
+        events = [e for e in events if e.kind != "amdgpu"]  # AMD's: gpugate.judges.amdevents
     if not events:
         return lost  # the healthy path: gpugate.xidcatalog stays unloaded
     from ..xidcatalog import NVLINK_XIDS

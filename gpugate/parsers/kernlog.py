@@ -1,6 +1,8 @@
-"""Find NVIDIA GPU events in kernel log text (/dev/kmsg records, dmesg, journal):
-Xids (MIG-attributed ones too), NVSwitch SXids, and "GPU has fallen off the
-bus" in its one-line and its split form.
+"""Find GPU events in kernel log text (/dev/kmsg records, dmesg, journal):
+NVIDIA's Xids (MIG-attributed ones too), NVSwitch SXids, and "GPU has fallen
+off the bus" in its one-line and its split form; AMD's amdgpu events
+(gpugate.parsers.amdkernlog, loaded on the first amdgpu record) as
+XidEvent(kind="amdgpu").
 
 The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
 so one odd record cannot hide the event after it.
@@ -8,7 +10,8 @@ so one odd record cannot hide the event after it.
 Only the kernel's own records are events, read as the drivers print them: a
 /dev/kmsg record of facility 0 (the kernel gives every record written to
 /dev/kmsg from user space a user-space facility, LOG_USER when none is named:
-devkmsg_write), whose message *starts* with "NVRM: " or "nvidia-nvswitchN: ".
+devkmsg_write), whose message *starts* with "NVRM: ", "nvidia-nvswitchN: " or
+amdgpu's "amdgpu 0000:BB:DD.F: ".
 Other subsystems log text a job's user chooses at kernel facility ("tmpfs:
 Unknown parameter 'NVRM: Xid (...): 79'", "process '/tmp/NVRM: Xid ...'
 launched ... with NULL argv"): matched anywhere in the message, that drained
@@ -91,6 +94,20 @@ def _nvrm(message: str) -> bool:
     return message[:5].lower() == "nvrm:"  # most messages: no pattern to run (or compile)
 
 
+# amdgpu's records start with one of these (gpugate.parsers.amdkernlog.HEADS,
+# kept equal by a test): the AMD patterns load only once one is seen.
+_AMD_HEADS = ("amdgpu ", "amdgpu:", "[drm:amdgpu_", "[drm] VRAM is lost")
+
+
+def parse_amdgpu_message(message: str) -> Optional[XidEvent]:
+    """The amdgpu event (kind "amdgpu") a kernel message starts with, or None."""
+    if not message.startswith(_AMD_HEADS):
+        return None
+    from .amdkernlog import parse_message  # an AMD node's: NVIDIA's prolog never loads it
+
+    return parse_message(message)
+
+
 def parse_xid_message(message: str) -> Optional[XidEvent]:
     """The Xid a kernel message (a /dev/kmsg record's, or kernel_message's) starts
     with, or None when it is not an Xid report."""
@@ -124,8 +141,10 @@ class Scanner:
 
     def feed(self, message: str) -> Optional[XidEvent]:
         event = parse_xid_message(message) or parse_sxid_message(message)
-        if event is not None or not _nvrm(message):
+        if event is not None:
             return event
+        if not _nvrm(message):
+            return parse_amdgpu_message(message)
         match = _OFF_BUS.match(message)
         if match:
             return XidEvent(xid=79, pci_bus_id=_bus_id(match), text="GPU has fallen off the bus.",
@@ -216,11 +235,15 @@ def _iso_epoch(line: str) -> Optional[float]:
     return seconds + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
+def _amd_line(line: str) -> bool:
+    return "amdgpu" in line or "VRAM is lost" in line
+
+
 def parse_dmesg(text: str) -> Tuple[XidEvent, ...]:
     """Events in plain dmesg/journal lines; timestamp only from an ISO time with a zone."""
     events, scanner = [], Scanner()
     for line in text.splitlines():
-        parts = kernel_message(line) if "NVRM" in line.upper() or "SXid" in line else None
+        parts = kernel_message(line) if "NVRM" in line.upper() or "SXid" in line or _amd_line(line) else None
         event = scanner.feed(parts[1]) if parts else None
         if event is not None:
             events.append(replace(event, timestamp=_iso_epoch(parts[0])))

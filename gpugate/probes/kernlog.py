@@ -1,4 +1,4 @@
-"""Xid events from the kernel log (/dev/kmsg, or a regular file in a
+"""Xid and amdgpu events from the kernel log (/dev/kmsg, or a regular file in a
 simulated sysroot).  Only events inside the policy's window count, and only
 those newer than a cursor drain on their own (``fresh``): a stale log line
 must not hold a node drained forever.  Older ones in the window are kept for
@@ -34,6 +34,9 @@ _MAX_BYTES = 16 << 20
 # at most this many (newest first): a flood must not bloat the stored facts.
 COUNTED_XIDS = frozenset(range(144, 151))
 MAX_OLD_EVENTS = 500
+# amdgpu events counted against a per-GPU maximum in the window
+# (gpugate.judges.amdevents: ring_timeout_max, gpu_reset_events_max).
+COUNTED_AMDGPU = ("ring_timeout", "gpu_reset")
 
 
 def read_kmsg(path: str) -> Tuple[Any, bool]:
@@ -87,7 +90,8 @@ def _read_all(fd: int) -> bytes:
 
 
 def bus_key(bus_id: str) -> str:
-    """'00000000:38:00.0' (NVML) and '0000:38:00' (NVRM) -> '0000:38:00'."""
+    """'00000000:38:00.0' (NVML), '0000:38:00' (NVRM) and '0000:38:00.0'
+    (amdgpu, sysfs) -> '0000:38:00'."""
     text = bus_id.lower().split(".")[0]
     parts = text.split(":")
     if len(parts) == 3 and parts[0] and all(c in "0123456789abcdef" for c in parts[0]):
@@ -98,22 +102,39 @@ def bus_key(bus_id: str) -> str:
 
 
 def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: float, now: float,
-               bus_to_gpu: Mapping[str, int]) -> Tuple[XidEvent, ...]:
-    """Events not older than ``window`` seconds; ``fresh`` when after ``after_seq``."""
+               bus_to_gpu: Mapping[str, int], amd_bus_to_gpu: Optional[Mapping[str, int]] = None
+               ) -> Tuple[XidEvent, ...]:
+    """Events not older than ``window`` seconds; ``fresh`` when after ``after_seq``.
+
+    ``bus_to_gpu``: {bus_key(PCI bus id): GPU index} of the node's GPUs, from
+    NVML's pci_bus_id or amd-smi's/sysfs' BDF (gpugate.amdfacts.AmdGpu.bdf):
+    the key drops the function either way.  ``amd_bus_to_gpu``, when given,
+    places the amdgpu events instead (a caller that holds both maps)."""
     out, old = [], 0
+    amd_map = bus_to_gpu if amd_bus_to_gpu is None else amd_bus_to_gpu
     for event in reversed(parse_kmsg(text, boot_time)):
         fresh = event.seq is None or event.seq > after_seq
         if event.timestamp is not None and window and now - event.timestamp > window:
             continue
         if not fresh:
-            if not (event.kind == "sxid" or event.kind == "xid" and event.xid in COUNTED_XIDS):
+            if not _counted(event):
                 continue
             old += 1
             if old > MAX_OLD_EVENTS:
                 continue
-        gpu = bus_to_gpu.get(bus_key(event.pci_bus_id)) if event.kind != "sxid" else None
+        if event.kind == "sxid":
+            gpu = None
+        else:
+            gpu = (amd_map if event.kind == "amdgpu" else bus_to_gpu).get(bus_key(event.pci_bus_id))
         out.append(replace(event, gpu=gpu, fresh=fresh))
     return tuple(reversed(out))
+
+
+def _counted(event) -> bool:
+    """Is an event older than the cursor kept, for a rate the judges count?"""
+    if event.kind == "amdgpu":
+        return event.where.split(":", 1)[0] in COUNTED_AMDGPU
+    return event.kind == "sxid" or event.kind == "xid" and event.xid in COUNTED_XIDS
 
 
 def lost_records(text: str, after_seq: int, overwritten: bool) -> Optional[dict]:
