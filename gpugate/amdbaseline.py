@@ -9,13 +9,13 @@ typo'd vendor must not pass a fleet on nothing.
 
 from __future__ import annotations
 
-from .baseline import AMDGPU_EVENTS
+from .baseline_keys import AMDGPU_EVENTS
 from .errors import ConfigError
 from .schema import AnyOf, Bool, Choice, Int, ListOf, MapOf, Str, Table
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
-    from typing import Any, Dict, Mapping, Optional
+    from typing import Any, Dict, Mapping
 
 # Pinned versions of the AMD stack: the amdgpu module (/sys/module/amdgpu/version
 # of the DKMS driver; "inbox" for the kernel's own, which has no such file),
@@ -99,6 +99,8 @@ def check_vendors(raw: Mapping[str, Any], source: str) -> None:
                                   % (source, pattern, key, vendor.upper() if vendor == "amd" else "NVIDIA", hint))
     if not raw["nodes"]:
         vendors.add("nvidia")  # a baseline of pins alone: NVIDIA's, as it always was
+    if len(vendors) > 1:
+        _no_node_of_two_vendors(raw["nodes"], source)
     for where in ("pin", "previous"):
         pins = raw.get(where)
         if pins is None:
@@ -116,3 +118,19 @@ def check_vendors(raw: Mapping[str, Any], source: str) -> None:
     if "nvidia" in vendors and not raw["pin"].get("driver"):
         raise ConfigError("%s: pin.driver: required key is missing (a version string such as 580.65.06): "
                           "a nodeset is NVIDIA's" % source)
+
+
+def _no_node_of_two_vendors(nodes: Mapping[str, Any], source: str) -> None:
+    """Sections merge per node (a later match overrides): one naming a node
+    NVIDIA's and another naming it AMD's would judge it against a mix of
+    both.  Refused, naming the nodes."""
+    from ClusterShell.NodeSet import NodeSet
+
+    sets = [(pattern, values.get("vendor") or "nvidia", NodeSet(pattern)) for pattern, values in nodes.items()]
+    for i, (pattern, vendor, names) in enumerate(sets):
+        for other, other_vendor, other_names in sets[i + 1:]:
+            both = names & other_names
+            if vendor != other_vendor and len(both):
+                raise ConfigError('%s: nodes."%s" (%s) and nodes."%s" (%s) both name %s: a node has one vendor '
+                                  '(narrow one of the two hostlists)'
+                                  % (source, pattern, vendor, other, other_vendor, both))

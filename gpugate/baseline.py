@@ -5,37 +5,12 @@ from __future__ import annotations
 
 from .errors import ConfigError
 from .iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX, IB_COUNTERS  # noqa: F401 - re-exported
-from .lazyre import Lazy
 from .record import asdict, dataclass, field, replace
 from .schema import load_toml, validate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Dict, Mapping, Optional, Tuple
-
-VERSION_RE = Lazy(r"^[A-Za-z0-9][A-Za-z0-9.+_~:-]{0,63}$")
-
-
-def _version(value: str) -> Optional[str]:
-    if not VERSION_RE.match(value):
-        return ("expected a version string of letters, digits and . + _ ~ : - (at most 64), got %r"
-                % value[:80])
-    return None
-
-
-# Component names as they appear in findings, reasons, the audit and sim keys.
-PIN_COMPONENTS = ("kernel", "driver", "gsp_firmware", "cuda_driver", "fabricmanager",
-                  "container_toolkit", "dcgm", "image")
-
-
-CLOCK_REASONS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80,
-                 "sw_thermal": 0x20, "sw_power_cap": 0x4}
-
-
-# The kernel-log events of gpugate.parsers.amdkernlog that drain by default.
-AMDGPU_EVENTS = ("ue", "de", "ue_event", "poison", "reset_failed", "ring_timeout", "ring_reset_failed",
-                 "bad_page_threshold", "init_failed", "gpu_reset")
-AMD_NODESET_KEYS = ("vendor", "device_id", "compute_partition", "memory_partition")
 
 
 @dataclass(frozen=True)
@@ -127,7 +102,7 @@ class HealthPolicy:
     bad_pages_unreservable: bool = True
     bad_pages_retired_max: object = "threshold"  # or an int
     xgmi_links_down_max: object = 0  # or "ignore"
-    amdgpu_events: Tuple[str, ...] = AMDGPU_EVENTS
+    amdgpu_events: Tuple[str, ...] = field(default_factory=lambda: _keys().AMDGPU_EVENTS)
     ring_timeout_max: int = 3
     gpu_reset_events_max: int = 1
     rvs: Mapping[str, object] = field(default_factory=lambda: {"healthcheck": 0, "prolog": 0, "epilog": 0,
@@ -137,7 +112,7 @@ class HealthPolicy:
     def clock_mask(self) -> int:
         mask = 0
         for name in self.clock_event_reasons:
-            mask |= CLOCK_REASONS[name]
+            mask |= _keys().CLOCK_REASONS[name]
         return mask
 
     def xid_action(self, xid: int) -> str:
@@ -174,7 +149,7 @@ class Baseline:
             return self.resolved_expect
         merged: Dict[str, object] = {}
         for values in self._sections_for(node):
-            merged.update({k: v for k, v in values.items() if v is not None and k not in AMD_NODESET_KEYS})
+            merged.update({k: v for k, v in values.items() if v is not None and k not in _keys().AMD_NODESET_KEYS})
         return NodeExpect(**merged)
 
     def amd_expect_for(self, node: str) -> AmdExpect:
@@ -184,7 +159,7 @@ class Baseline:
             return self.resolved_amd
         merged: Dict[str, object] = {}
         for values in self._sections_for(node):
-            merged.update({k: v for k, v in values.items() if v is not None and k in AMD_NODESET_KEYS})
+            merged.update({k: v for k, v in values.items() if v is not None and k in _keys().AMD_NODESET_KEYS})
         return AmdExpect(**merged)
 
     def vendor_for(self, node: str) -> str:
@@ -292,7 +267,16 @@ def load_baseline(path: str) -> Baseline:
     return parse_baseline(load_toml(path, "baseline"), path)
 
 
+def _keys():
+    # The key names (a leaf module): not loaded by the prolog's reuse of a kept view.
+    from . import baseline_keys
+
+    return baseline_keys
+
+
 def __getattr__(name: str):
+    if name in ("AMD_NODESET_KEYS", "AMDGPU_EVENTS", "CLOCK_REASONS", "PIN_COMPONENTS", "VERSION_RE", "_version"):
+        return getattr(_keys(), name)
     # The schema (and the hostlist checks) load only where TOML is validated.
     if name in ("MAX_NODESET", "_hostlist", "_hostlist_size"):
         from . import hostlists

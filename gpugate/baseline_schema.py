@@ -5,12 +5,10 @@ the prolog reuses the resolved view (gpugate.node.reuse) and never needs it."""
 from __future__ import annotations
 
 from . import amdbaseline as amd
-from .baseline import PIN_COMPONENTS, _version
+from .baseline_keys import CLOCK_REASONS, PIN_COMPONENTS, _version
 from .hostlists import _hostlist
 from .iblimits import HEALTH_KEYS as IB_HEALTH_KEYS
 from .schema import REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table
-
-from .baseline import CLOCK_REASONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only

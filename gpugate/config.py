@@ -30,6 +30,9 @@ DEFAULT_COMMANDS = {
     "nvidia-imex-ctl": "/usr/bin/nvidia-imex-ctl",
     # The sweep's evidence bundle (gpugate.node.evidence): run where installed, never required.
     "nvidia-bug-report.sh": "/usr/bin/nvidia-bug-report.sh",
+    # AMD nodes (vendor = "amd"): Debian's amd-smi; ROCm's is /opt/rocm/bin/amd-smi. RVS ships with ROCm only.
+    "amd-smi": "/usr/bin/amd-smi",
+    "rvs": "/opt/rocm/bin/rvs",
 }
 DEFAULT_BUDGETS = {"healthcheck": 40.0, "prolog": 8.0, "epilog": 50.0, "verify": 1200.0}
 # Globs (dpkg-query -W and rpm -qa both take them); the first that matches wins.
@@ -133,6 +136,11 @@ _SWEEP = Table({
     "smoke_pair": (_ARGV, ("/usr/bin/srun", "--mpi=pmix", "/opt/nccl-tests/build/all_reduce_perf", "-b", "1G",
                            "-e", "8G", "-f", "2", "-g", "1")),  # one task per GPU, one GPU each
     "smoke_pair_sbatch": (ListOf(Str("--gres=gpu:{gpus}")), ("--gres=gpu:{gpus}", "--ntasks-per-node={gpus}")),
+    # The same on AMD nodes (a nodeset with vendor = "amd"): rccl-tests, built from source (no distribution
+    # ships it), one large size: its average is then the size's busbw ([smoke] min_busbw_gbps per product).
+    "smoke_amd": (_ARGV, ("/opt/rccl-tests/build/all_reduce_perf", "-b", "8G", "-e", "8G", "-f", "2", "-g", "{gpus}")),
+    "smoke_pair_amd": (_ARGV, ("/usr/bin/srun", "--mpi=pmix", "/opt/rccl-tests/build/all_reduce_perf", "-b", "8G",
+                               "-e", "8G", "-f", "2", "-g", "1")),
     # Evidence before loss (gpugate/sweep/evidence.py): before a reset or a
     # reboot, a bundle from the node, kept here (root's, 0700; "": evidence/
     # next to the journal), at most evidence_max_bytes each, the newest

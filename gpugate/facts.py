@@ -151,6 +151,61 @@ class XidEvent:
     fresh: bool = True  # after the cursor; older ones in the window only count toward a rate
 
 
+# An AMD fact this gpugate version (or this mode) did not read (gpugate.amdfacts).
+NOT_READ_AMD = ProbeFailure("amd", "unchecked", "not read by this gpugate version")
+
+
+@dataclass(frozen=True)
+class AmdGpu:
+    """One physical AMD GPU (a PCI function of an Instinct device), whatever
+    its compute partition: the index is its place in PCI order on the node,
+    as amd-smi numbers physical GPUs."""
+
+    index: int
+    bdf: str  # "0000:1b:00.0" (sysfs name, lower case)
+    device_id: Any  # "0x74a1" (PCI device id): the silicon, when the FRU is unreadable
+    bound: bool  # amdgpu drives it (a drm card exists for it)
+    product: Any  # str (FRU product_name, e.g. "AMD Instinct MI300X OAM"); None: FRU empty
+    serial: Any  # str | None
+    unique_id: Any  # str | None
+    vbios: Any  # str: sysfs vbios_version (the part number on current kernels, "113-M3000108-103")
+    compute_partition: Any  # "SPX" | "DPX" | "TPX" | "QPX" | "CPX"; None: not partitionable
+    memory_partition: Any  # "NPS1" | "NPS2" | "NPS4" | "NPS8"; None: not partitionable
+    power_cap_w: Any  # float (hwmon power1_cap); None: no power reading (MI250X secondary die)
+    # block -> (ue, ce, de): RAS error counts since the driver loaded; de is
+    # None where the driver prints no "de:" line.  None: RAS not enabled at all.
+    ras: Any
+    # (retired, pending, unreservable) page counts (ras/gpu_vram_bad_pages); None: no RAS.
+    bad_pages: Any
+    pcie: Any  # gpugate.facts.Pcie
+    pcie_replays: Any = None  # int (pcie_replay_count); None: no such file
+    # From amd-smi (the health check and verify only): NOT_READ elsewhere.
+    ifwi: Any = field(default_factory=lambda: NOT_READ_AMD)  # str: amd-smi static ifwi/vbios "version"
+    bad_page_threshold_exceeded: Any = field(default_factory=lambda: NOT_READ_AMD)  # bool
+    xgmi: Any = field(default_factory=lambda: NOT_READ_AMD)  # (up, down, disabled) | None (no links)
+    firmware: Any = None  # dict fw id ("mec", "sos", ...) -> version (sysfs fw_version/*_fw_version)
+    processes: Any = ()  # pids of KFD processes (/sys/class/kfd/kfd/proc/*) on this GPU
+
+
+@dataclass(frozen=True)
+class AmdFacts:
+    """What amdgpu, ROCm and amd-smi say of the node."""
+
+    initstate: Any  # "live" (/sys/module/amdgpu/initstate) | ProbeFailure (driver not loaded)
+    amdgpu_version: Any  # str (/sys/module/amdgpu/version: DKMS) | "inbox" (the kernel's own driver)
+    rocm_version: Any  # str (/opt/rocm/.info/version) | ProbeFailure
+    pci_functions: Any  # int: Instinct GPU functions on the PCI bus (bound or not) | ProbeFailure
+    gpus: Tuple[AmdGpu, ...] = ()
+    amd_smi_version: Any = field(default_factory=lambda: NOT_READ)  # amd-smi version: amdsmi_library_version
+    # amd-smi as a whole: None when it answered (or was not asked), a
+    # ProbeFailure when it could not (driver not loaded, no /dev/kfd access, hung).
+    smi: Any = None
+    kfd_processes: Any = ()  # pids holding /dev/kfd (any GPU)
+    # The ROCm Validation Suite's verdict (gpugate.parsers.rvs), in DCGM's
+    # diagnostic shape (gpugate.toolfacts.DcgmDiag); None when not run.
+    rvs: Any = None
+
+
 @dataclass(frozen=True)
 class NodeFacts:
     """Everything one check read of a node."""
@@ -261,7 +316,7 @@ _NODE = None
 def _node_decoder():
     global _NODE
     if _NODE is None:
-        from . import amdfacts as a, toolfacts as t
+        from . import toolfacts as t
 
         gpu = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
         _NODE = _record(NodeFacts, {
@@ -273,7 +328,8 @@ def _node_decoder():
             "xids": _each(_record(XidEvent)),
             "hcas": _each(_record(t.Hca, {"ports": _each(_record(t.HcaPort, {"counters": _plain}))})),
             "imex": _record(t.ImexStatus),
-            "amd": _record(a.AmdFacts, {"gpus": _each(_record(a.AmdGpu, {"pcie": _record(Pcie)}))}),
+            "amd": _record(AmdFacts, {"gpus": _each(_record(AmdGpu, {"pcie": _record(Pcie)})),
+                                        "rvs": _record(t.DcgmDiag, {"results": _each(_record(t.DcgmTestResult))})}),
             "durations": dict,
         })
     return _NODE

@@ -62,9 +62,11 @@ ACUTE = {
         "row_remap", "nvlink", "pcie_gen", "pcie_width", "recovery", "dcgm_health",
         "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
         "ib_port", "ib_errors",  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
-        "amdgpu_event"}),  # the amdgpu driver's own kernel-log events (judges.amdevents)
+        "amdgpu_event",  # the amdgpu driver's own kernel-log events (judges.amdevents)
+        "ras", "ras_deferred", "bad_pages", "xgmi", "rvs"}),  # AMD GPUs' own faults (judges.amdgpus, amd)
     BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes",
-                       "amdgpu_event"}),  # init_failed: amdgpu failed at probe
+                       "amdgpu_event",  # init_failed: amdgpu failed at probe
+                       "bound_gpus"}),  # AMD functions on the bus that amdgpu does not drive
 }
 
 

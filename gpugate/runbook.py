@@ -146,5 +146,14 @@ _BY_ACTION = {
 }
 
 
+def _amd():
+    from .runbook_amd import AMD_STEPS
+
+    return AMD_STEPS
+
+
 def steps(finding: Finding):
+    amd = _amd().get(finding.component)
+    if amd and finding.component not in _BY_COMPONENT:
+        return amd
     return _BY_COMPONENT.get(finding.component) or _BY_ACTION.get(finding.action, _BY_ACTION["investigate"])

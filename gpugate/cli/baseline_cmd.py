@@ -45,7 +45,7 @@ def _node_facts(config, sim, node):
         current = load_checked_baseline(settings)  # only to run the probes
     except ConfigError:
         current = None
-    result = run_check(settings, probe_baseline(current), node, "healthcheck")
+    result = run_check(settings, probe_baseline(current, node, settings.node_root(node)), node, "healthcheck")
     return result, to_jsonable(result.facts)
 
 

@@ -175,7 +175,7 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         try:
             baseline = load_checked_baseline(settings)
         except ConfigError as exc:
-            baseline, baseline_error = probe_baseline(), str(exc)
+            baseline, baseline_error = probe_baseline(None, node, settings.node_root(node)), str(exc)
     else:
         from ..config import load_settings
 
@@ -185,7 +185,7 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         except ConfigError as exc:
             # gpugate.toml is needed (where to read, which tools); the baseline is not.
             settings = _settings_alone(config, node, record)
-            baseline, baseline_error = probe_baseline(), str(exc)
+            baseline, baseline_error = probe_baseline(None, node, settings.node_root(node)), str(exc)
         settings = in_context(settings, node_required=node)
     last = last_state(settings, node) if max_age else None
     if last and last.get("facts") and time.time() - float(last.get("at", 0)) <= max_age:

@@ -61,15 +61,18 @@ def evidence(config, sim, node, as_json, max_bytes, bug_report_timeout):
 def reset_gpus(config, sim, node, as_json, gpus, timeout):
     """Reset this drained, idle node's GPUs: refuse while a process holds one,
     stop what holds them (nvidia-persistenced, DCGM, Fabric Manager), reset
-    (nvidia-smi -r), start them again.  Exit 0 when the reset was done; the
-    sweep then verifies the node exactly as after a reboot.
+    (nvidia-smi -r), start them again.  On an AMD node (its nodeset says
+    vendor = "amd"): refuse while a process holds /dev/kfd, then reset every
+    GPU of the node as one unit (amd-smi reset -G -g all: an XGMI hive resets
+    together).  Exit 0 when the reset was done; the sweep then verifies the
+    node exactly as after a reboot.
 
     \b
     Examples:
       gpugate reset-gpus --gpu 3
       gpugate reset-gpus --json
     """
-    from ..node.gpureset import reset
+    from ..node.resetgpus import reset
 
     node = node or default_node()
     settings = load_context(config, sim, None, node)

@@ -36,14 +36,20 @@ def sim():
 @click.argument("fleet", type=click.Path(file_okay=False))
 @click.option("--nodes", required=True, help="Hostlist of node names, e.g. 'gpu[01-08]'.")
 @click.option("--baseline", "-b", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False))
-def sim_init(fleet, nodes, baseline_path):
+@click.option("--vendor", type=click.Choice(["nvidia", "amd"]), default=None,
+              help="GPU vendor of these nodes (default: each node's nodeset vendor in the baseline).")
+def sim_init(fleet, nodes, baseline_path, vendor):
     """Create one healthy simulated node per name, matching the baseline.
     The fleet remembers the baseline (FLEET/fleet.json): `gpugate check
     --sim FLEET` and `explain --sim FLEET` judge against it by default.
+    An AMD Instinct node (its nodeset says vendor = "amd", or --vendor amd)
+    has amdgpu's sysfs, amd-smi and rvs instead of NVML and NVIDIA's tools.
 
     \b
     Examples:
       gpugate sim init /tmp/fleet --nodes 'gpu[001-004]' --baseline slurm_conf/baseline.example.toml
+      gpugate sim init /tmp/fleet --nodes 'mi[01-04]' --baseline slurm_conf/baseline.mixed.example.toml
+      gpugate sim init /tmp/fleet --nodes 'mi05' --vendor amd --baseline baseline.toml
     """
     from ..baseline import load_baseline
     from ..sim import fleet as simfleet
@@ -51,7 +57,7 @@ def sim_init(fleet, nodes, baseline_path):
     baseline = load_baseline(baseline_path)
     names = _nodeset(nodes)
     for name in names:
-        simfleet.save(fleet, name, simfleet.new_model(name, baseline))
+        simfleet.save(fleet, name, simfleet.new_model(name, baseline, vendor=vendor))
     simfleet.record_baseline(fleet, baseline_path)  # check/explain/facts --sim default to it
     click.echo("created %d simulated nodes in %s: %s" % (len(names), fleet, names))
 
@@ -73,6 +79,8 @@ def sim_set(fleet, nodes, assignments):
       gpugate sim set /tmp/fleet gpu004 ib.mlx5_4.state=DOWN imex.domain=DEGRADED
       gpugate sim set /tmp/fleet gpu004 smoke=pcie-degraded   # the sweep's smoke job finds NVLink off
       gpugate sim set /tmp/fleet gpu004 smoke=pair-slow       # only its 2-node pair job is slow
+      gpugate sim set /tmp/fleet mi02 amd.gpu3.ras.umc.ue=+2 amd.gpu3.log=ue:umc:2   # an AMD GPU's RAS error
+      gpugate sim set /tmp/fleet mi03 amd.gpu1.bad_pages=pending:1 amd.gpu5.xgmi_down=1
 
     \b
     Keys: driver gsp cuda kernel image_version fabricmanager container_toolkit dcgm
@@ -95,6 +103,10 @@ def sim_set(fleet, nodes, assignments):
       lost,hang,nvml_error.<nvmlFunction>}
       ib.<dev>.{state=ACTIVE|DOWN|POLLING|INIT,rate,link_layer,fw,gone=1,counter.<name>=N|+N}
       (nodesets with an [hca] table) imex.{service,domain,installed,peer.<address>} (imex = true)
+      AMD nodes: amd.{initstate,amdgpu,rocm,gpus,smi,amd_smi,xgmi_status,rvs,rvs.fail.LEVEL}
+      amd.gpuN.{ras.BLOCK.ue|ce|de,ras,bad_pages,compute_partition,memory_partition,pcie_gen,
+      pcie_width,pcie_replays,bound,processes,product,serial,vbios,power_cap_w,firmware.ID,
+      file.PATH,ifwi,xgmi_down,threshold_exceeded,reset_fails,log=EVENT[:COUNT]}
     """
     from ..sim import fleet as simfleet
     from ..sim import keys

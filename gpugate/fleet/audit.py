@@ -11,10 +11,13 @@ from ..record import dataclass, field
 SERVICE_COMPONENTS = ("service:persistenced", "service:fabricmanager")
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
                    "image") + SERVICE_COMPONENTS + ("install",)
+# AMD nodes' stack (gpugate.amdfacts): rows only where a node has them, so an NVIDIA fleet's audit is as before.
+AMD_NODE_COMPONENTS = ("amdgpu", "rocm", "amd_smi")
+NODE_COMPONENTS += AMD_NODE_COMPONENTS
 # The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
 # must be, never a pin; one others could change reads "(unreadable: untrusted)".
 TRUSTED_INSTALL = "trusted"
-GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware")  # hca_firmware: per HCA type, like VBIOS
+GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware", "ifwi")  # hca_firmware: per HCA type, like VBIOS
 PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE = "pinned", "DRIFT", "pending", "unpinned", "unreadable"
 UNCHECKED = "unchecked"  # configured not to be read (packages.manager = "none")
 STATUSES = (PINNED, DRIFT, PENDING, UNPINNED, UNREADABLE, UNCHECKED)
@@ -79,6 +82,11 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
         "install": _value(facts.get("install")),
     }
+    amd = facts.get("amd")
+    if isinstance(amd, dict):  # an AMD node
+        whole = "error" in amd
+        for component, key in zip(AMD_NODE_COMPONENTS, ("amdgpu_version", "rocm_version", "amd_smi_version")):
+            out[component] = _value(amd) if whole else _value(amd.get(key))
     services = facts.get("services")
     for component in SERVICE_COMPONENTS:
         role = component[len("service:"):]
@@ -97,6 +105,8 @@ def _package(pkg) -> Optional[str]:
 
 def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
     """(component, product, value) for every GPU."""
+    if isinstance(facts.get("amd"), dict):
+        return _amd_gpu_values(facts["amd"])
     nvml = facts.get("nvml") or {}
     if not isinstance(nvml, dict) or "error" in nvml:
         # No GPU could be read: say so, rather than leave the node out of the rows.
@@ -110,6 +120,21 @@ def gpu_values(facts: Mapping) -> List[Tuple[str, str, Optional[str]]]:
         vbios = _value(gpu.get("vbios")) if isinstance(name, str) else (_value(name) or "(unreadable: name)")
         out.append(("vbios", product, vbios))
         out.append(("gsp_firmware", product, _value(gpu.get("gsp_firmware"))))
+    return out
+
+
+def _amd_gpu_values(amd: Mapping) -> List[Tuple[str, str, Optional[str]]]:
+    """An AMD node's GPUs: VBIOS (sysfs part number) and IFWI per product."""
+    if "error" in amd:
+        return [(c, None, _value(amd)) for c in ("vbios", "ifwi")]
+    out = []
+    for gpu in amd.get("gpus") or ():
+        if not gpu.get("bound"):
+            continue
+        name = gpu.get("product")
+        product = name if isinstance(name, str) else "(unknown product)"
+        out.append(("vbios", product, _value(gpu.get("vbios")) if isinstance(name, str) else "(unreadable: product)"))
+        out.append(("ifwi", product, _value(gpu.get("ifwi")) if isinstance(name, str) else "(unreadable: product)"))
     return out
 
 
@@ -135,7 +160,7 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
     if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
-    if component in ("vbios", "hca_firmware"):
+    if component in ("vbios", "hca_firmware", "ifwi"):
         want = getattr(pin, component).get(product)
         before = getattr(prev, component).get(product) if prev else None
     elif component == "module":

@@ -5,66 +5,12 @@
 change (``diff``) is in review.py.
 """
 
-import json
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..baseline import PIN_COMPONENTS, VERSION_RE
+from ..baseline import PIN_COMPONENTS
 from ..errors import ConfigError
-
-# ---------------------------------------------------------------------------
-# TOML writing (by hand: the standard library only reads TOML).
-
-
-def _toml_str(value: str) -> str:
-    """A TOML basic string.  JSON's escapes (\\" \\\\ \\b \\f \\n \\r \\t \\uXXXX
-    for the other control characters) are TOML's; DEL is the one character
-    TOML also wants escaped.  Non-ASCII stays literal: JSON would write
-    astral characters as surrogate pairs, which TOML forbids."""
-    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return _toml_str(str(value))
-
-
-def _comment(text: str) -> str:
-    """One comment line: TOML comments take no control characters."""
-    clean = "".join(c if (c == "\t" or (ord(c) >= 32 and c != "\x7f")) else " " for c in str(text))
-    return "# " + clean.strip()
-
-
-# ---------------------------------------------------------------------------
-# Reading the facts (the JSON form of NodeFacts).
-
-
-def _error(value) -> Optional[str]:
-    """Why a fact is unusable: an {"error": ...} record or a missing value."""
-    if value is None:
-        return "not collected"
-    if isinstance(value, Mapping) and "error" in value:
-        err = value["error"] if isinstance(value["error"], Mapping) else {}
-        source, kind = err.get("source") or "probe", err.get("kind") or "error"
-        if kind == "nvml":
-            return "%s: NVML error %s" % (source, err.get("code"))
-        return "%s %s" % (source, kind)
-    return None
-
-
-def _version_or_why(value) -> Tuple[Optional[str], Optional[str]]:
-    why = _error(value)
-    if why:
-        return None, why
-    if not isinstance(value, str):
-        return None, "not a string (%r)" % (value,)
-    if not VERSION_RE.match(value):
-        return None, "%s is not a version string a baseline accepts" % json.dumps(value)[:80]
-    return value, None
-
+from .tomltext import _comment, _error, _stamp, _toml_str, _toml_value, _version_or_why
 
 def _capture_pins(facts: Mapping) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
     """(pins, vbios per product, why each missing component is left out)."""
@@ -248,24 +194,29 @@ def _capture_settings(gpus, shape, skipped) -> None:
             shape[key] = values[0]
 
 
-def probe_baseline(current=None):
+def probe_baseline(current=None, node: Optional[str] = None, root: Optional[str] = None):
     """A baseline that only decides what the probes read, for reading a
     node's facts (capture; `gpugate facts` before any baseline exists): the
-    site's when it loaded, else an empty one; DCGM asked either way (its
-    version is a fact, and the probes ask it only when pinned).  Never for
-    judging."""
+    site's when it loaded and names the node, else an empty one; DCGM asked
+    either way (its version is a fact, and the probes ask it only when
+    pinned).  A node no section names is read as the vendor its PCI bus
+    shows (AMD Instinct functions and no NVIDIA GPU: AMD's probes).  Never
+    for judging."""
     from ..baseline import parse_baseline
     from ..record import replace
 
+    if node and root and (current is None or not current.covers(node)) and _amd_bus(root):
+        return parse_baseline({"pin": {}, "nodes": {node: {"vendor": "amd"}}}, "(facts only: an AMD node)")
     current = current or parse_baseline({"pin": {"driver": "0"}}, "(facts only: no baseline)")
     return current if current.pin.dcgm is not None else current.with_pin(replace(current.pin, dcgm="0"))
 
 
-def _stamp(at) -> str:
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(at)))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "an unknown time"
+def _amd_bus(root: str) -> bool:
+    from ..probes.amdsysfs import pci_functions
+    from ..probes.files import pci_counts
+
+    amd, nvidia = pci_functions(root), pci_counts(root)
+    return isinstance(amd, list) and bool(amd) and not (isinstance(nvidia, tuple) and nvidia[0])
 
 
 def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -> str:
@@ -274,6 +225,12 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -
     Raises ConfigError when the node cannot be a reference (GPUs of one
     product on different VBIOS or GSP firmware, Fabric Manager on another
     version than the driver)."""
+    if isinstance(facts.get("amd"), Mapping):  # an AMD node (gpugate.fleet.capture_amd)
+        from .capture_amd import capture_amd
+
+        text = capture_amd(node, facts, name, now)
+        _self_check(text, node)
+        return text
     pins, vbios, skipped = _capture_pins(facts)
     shape, shape_skipped = _capture_shape(facts)
     if "driver" not in pins:

@@ -20,11 +20,16 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
 def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
     expect = baseline.expect_for(facts.node)
     findings: List[Finding] = []
-    findings += stack.judge(baseline, expect, facts)
-    # A node whose NVML does not answer has no GPU facts to judge.
-    findings += versions.judge(baseline, expect, facts)
-    findings += gpus.judge(baseline, expect, facts)
-    findings += dcgm.judge(baseline, expect, facts)
+    if baseline.vendor_for(facts.node) == "amd":  # the vendor seam: gpugate.judges.amd
+        from . import amd
+
+        findings += amd.judge(baseline, expect, facts)
+    else:
+        findings += stack.judge(baseline, expect, facts)
+        # A node whose NVML does not answer has no GPU facts to judge.
+        findings += versions.judge(baseline, expect, facts)
+        findings += gpus.judge(baseline, expect, facts)
+        findings += dcgm.judge(baseline, expect, facts)
     if facts.hcas is not None or facts.imex is not None:  # read by the health check and verify only
         from . import hca, imex
 
@@ -68,6 +73,10 @@ def _dedupe(findings: List[Finding]) -> List[Finding]:
 
 def _gpu_count(facts: NodeFacts) -> int:
     nvml = facts.nvml
+    if facts.amd is not None:
+        from ..amdfacts import gpu_count
+
+        return gpu_count(facts.amd)
     return len(nvml.gpus) if nvml is not None and not failed(nvml) else 0
 
 

@@ -32,20 +32,31 @@ def judge(baseline, expect, facts) -> List[Finding]:
             out.append(Finding(HEALTH, "dcgm_health", health.overall.lower(), "healthy", INVESTIGATE,
                                detail=first[:160]))
     diag = facts.dcgm_diag
-    if isinstance(diag, ProbeFailure):
-        out.append(probe_finding("dcgm_diag", diag))
-    elif diag is not None and diag.not_run:
+    if diag is not None and not isinstance(diag, ProbeFailure) and diag.not_run:
         out.append(_refused(diag, facts))
-    elif diag is not None:
-        for result in diag.failures:
-            out.append(Finding(HEALTH, "dcgm_diag", "%s %s" % (_short(result.test), result.status.lower()),
-                               "pass (r%d)" % diag.level, _SEVERITY_ACTION.get(result.severity, INVESTIGATE),
-                               gpu=result.gpu, detail=result.message[:160]))
-        if not diag.failures and not any(r.status == "Pass" for r in diag.results):
-            out.append(Finding("probe", "dcgm_diag", "no test ran", "pass (r%d)" % diag.level, INVESTIGATE))
-        if not diag.failures and diag.exit_code not in (0,):
-            out.append(Finding(HEALTH, "dcgm_diag", "exit %d" % diag.exit_code, "pass (r%d)" % diag.level,
-                               INVESTIGATE))
+    else:
+        out += diagnostic("dcgm_diag", diag, "r%d")
+    return out
+
+
+def diagnostic(component: str, diag, level: str) -> List[Finding]:
+    """A diagnostic's verdict (DCGM's, or the ROCm Validation Suite's in the
+    same DcgmDiag shape): each failed test, a run with no test passed, a
+    non-zero exit without a failed test.  level: "r%d", "rvs -r %d"."""
+    if isinstance(diag, ProbeFailure):
+        return [probe_finding(component, diag)]
+    if diag is None:
+        return []
+    out: List[Finding] = []
+    want = "pass (%s)" % (level % diag.level)
+    for result in diag.failures:
+        out.append(Finding(HEALTH, component, "%s %s" % (_short(result.test), result.status.lower()),
+                           want, _SEVERITY_ACTION.get(result.severity, INVESTIGATE),
+                           gpu=result.gpu, detail=result.message[:160]))
+    if not diag.failures and not any(r.status == "Pass" for r in diag.results):
+        out.append(Finding("probe", component, "no test ran", want, INVESTIGATE))
+    if not diag.failures and diag.exit_code not in (0,):
+        out.append(Finding(HEALTH, component, "exit %d" % diag.exit_code, want, INVESTIGATE))
     return out
 
 

@@ -25,6 +25,11 @@ def counts(facts) -> Tuple[Optional[int], Optional[int]]:
     nvml = facts.nvml
     if nvml is not None and not failed(nvml) and isinstance(nvml.gpu_count, int):
         seen.append(nvml.gpu_count)
+    amd = getattr(facts, "amd", None)
+    if amd is not None and not failed(amd) and amd.initstate == "live":  # the GPUs amdgpu drives (none: no driver)
+        from ..amdfacts import gpu_count
+
+        seen.append(gpu_count(amd))
     if isinstance(facts.pci_gpus, int):
         seen.append(facts.pci_gpus)
     return (min(seen), max(seen)) if seen else (None, None)

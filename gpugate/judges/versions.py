@@ -13,12 +13,14 @@ from .common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
-    from typing import List, Optional
+    from typing import Callable, List, Optional
 
 
-def judge(baseline, expect, facts) -> List[Finding]:
+def comparer(baseline, out: List[Finding], gpu_name: Callable[[Optional[int]], Optional[str]]):
+    """compare(component, observed, gpu=None, expected=None): a drift (or,
+    during a rollout, pending) finding into ``out`` when the observed version
+    is not the pin.  gpu_name(index): the product, for per-product pins."""
     pin = baseline.pin
-    out: List[Finding] = []
 
     def compare(component, observed, gpu=None, expected=None):
         expected = pin.get(component) if expected is None else expected
@@ -30,11 +32,18 @@ def judge(baseline, expect, facts) -> List[Finding]:
             return
         if observed == expected:
             return
-        if _on_previous(baseline, component, observed, gpu_name=_gpu_name(facts, gpu)):
+        if _on_previous(baseline, component, observed, gpu_name=gpu_name(gpu)):
             out.append(Finding(PENDING, component, observed, expected, RECONVERGE, gpu=gpu,
                                detail="on the previous baseline; rollout in progress"))
             return
         out.append(Finding(DRIFT, component, str(observed), expected, RECONVERGE, gpu=gpu))
+    return compare
+
+
+def judge(baseline, expect, facts) -> List[Finding]:
+    pin = baseline.pin
+    out: List[Finding] = []
+    compare = comparer(baseline, out, lambda gpu: _gpu_name(facts, gpu))
 
     compare("kernel", facts.kernel_release)
     compare("image", facts.image_version if facts.image is not None else None)
@@ -97,8 +106,8 @@ def _on_previous(baseline, component, observed, gpu_name=None) -> bool:
     prev = baseline.previous
     if not baseline.rollout_in_progress or prev is None:
         return False
-    if component == "vbios":
-        return gpu_name is not None and prev.vbios.get(gpu_name) == observed
+    if component in ("vbios", "ifwi"):  # per product
+        return gpu_name is not None and getattr(prev, component).get(gpu_name) == observed
     return prev.get(component) is not None and prev.get(component) == observed
 
 

@@ -12,6 +12,10 @@ Parts, in the order they are kept when the cap is tight:
   its own time limit (it can take minutes on a large node, or hang on a
   wedged GPU): NVIDIA's RMA process asks for it.
 
+On an AMD node (vendor = "amd"), amd-smi's static, metric (ECC per block,
+PCIe) and bad-pages answers and amdgpu's own RAS counters take the place of
+the last two (gpugate.node.evidence_amd).
+
 A part that cannot be read is said (``error``), never left out silently;
 nothing here changes the node.
 """
@@ -74,6 +78,14 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
     else:
         parts.append(_error("kernel.log", getattr(text, "detail", text)))
     parts_timing["files"] = time.monotonic() - t0
+    from .resetgpus import _vendor
+
+    if _vendor(settings, node) == "amd":  # amd-smi's words and amdgpu's counters instead (gpugate.node.evidence_amd)
+        from .evidence_amd import amd_parts
+
+        amd_parts(settings, node, add, parts, parts_timing)
+        return {"node": node, "at": started, "parts": [p for p in parts if p is not None],
+                "seconds": {k: round(v, 3) for k, v in parts_timing.items()}}
     # nvidia-smi -q: every GPU's state as the driver reports it now.
     t0 = time.monotonic()
     try:

@@ -39,8 +39,7 @@ from typing import List
 
 from ..errors import CommandError
 from ..runner import run
-
-MARKER = "gpu-reset.json"
+from .reuse import RESET_MARKER as MARKER  # the reset marker (reuse: read by every run)
 # The units a run stopped, written before each stop: a run killed before it
 # started them again leaves them here, and the next run starts them too.
 STOPPED = "gpu-reset-stopped.json"
@@ -146,7 +145,7 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
                 os.unlink(stopped_path)
             except OSError:
                 pass
-    _mark(settings, node, out)
+    mark(settings, node, out)
     return out
 
 
@@ -157,7 +156,7 @@ def _nvswitches(settings, node) -> int:
     return counts[1] if isinstance(counts, tuple) else 0
 
 
-def _mark(settings, node, out) -> None:
+def mark(settings, node, out) -> None:
     """5. The kernel log's newest record at the reset, for the verification after it."""
     from ..probes.files import boot_id
     from ..probes.kernlog import last_seq, read_kmsg
@@ -178,10 +177,6 @@ def verify_cursor(settings, node: str) -> int:
     """The kernel-log cursor a verification starts from: the last GPU reset
     of this boot, else -1 (every Xid of the boot)."""
     from ..probes.files import boot_id
-    from .state import read_json
+    from .reuse import reset_cursor
 
-    mark = read_json(os.path.join(settings.state_dir(node), MARKER))
-    if not mark or mark.get("boot_id") != boot_id(settings.node_root(node)):
-        return -1
-    seq = mark.get("kmsg_seq")
-    return seq if isinstance(seq, int) else -1
+    return reset_cursor(settings, node, boot_id(settings.node_root(node)))

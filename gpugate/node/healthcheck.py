@@ -122,6 +122,12 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     j.last = st.read_json(j.last_path) or {}
     j.boot_id = files.boot_id(settings.node_root(node))
     j.cursor = j.last.get("kmsg_cursor", -1) if j.last.get("boot_id") == j.boot_id else -1
+    from .reuse import reset_cursor
+
+    # The sweep's own GPU reset: what the kernel logged up to it (amdgpu's
+    # "GPU reset begin!", the fault that called for it) was judged by the
+    # verification after it, which starts from the same place.
+    j.cursor = max(j.cursor, reset_cursor(settings, node, j.boot_id))
     j.expected_gpus = j.baseline.expect_for(node).gpus
     last_high = j.last.get("gpus_high")
     j.clocks, j.links = j.last.get("clocks"), j.last.get("ib_links")

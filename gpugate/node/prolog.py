@@ -35,7 +35,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     from .act import settle
     from .check import run_check
     from .hold import HELD
-    from .reuse import fresh_baseline, last_state
+    from .reuse import fresh_baseline, last_state, reset_cursor
 
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
@@ -50,6 +50,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
             record["config_error"] = last["config_error"]  # judged with the last good copy
         return _refuse(settings, node, record, last, deadline)
     baseline, cursor = fresh_baseline(settings, node, last, boot_id)
+    cursor = max(cursor, reset_cursor(settings, node, boot_id))  # not the sweep's own GPU reset again
     record["reused"] = baseline is not None
     if baseline is not None and last.get("config_error"):
         record["config_error"] = last["config_error"]  # judged with the last good copy

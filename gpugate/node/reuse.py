@@ -36,5 +36,21 @@ def fresh_baseline(settings, node: str, last: Optional[dict], boot_id) -> Tuple[
         return None, cursor  # a cache written by another version: load the TOML
 
 
+RESET_MARKER = "gpu-reset.json"  # `gpugate reset-gpus` (gpugate.node.gpureset) writes it at the end
+
+
+def reset_cursor(settings, node: str, boot_id) -> int:
+    """The kernel log's newest record when the sweep last reset this node's
+    GPUs in this boot, else -1.  What came before it (the fault that called
+    for the reset, amdgpu's own "GPU reset begin!") was judged by the
+    verification after the reset, which starts there: no later run judges
+    it again."""
+    mark = st.read_json(os.path.join(settings.state_dir(node), RESET_MARKER))
+    if not mark or not isinstance(boot_id, str) or mark.get("boot_id") != boot_id:
+        return -1
+    seq = mark.get("kmsg_seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else -1
+
+
 def last_state(settings, node: str) -> Optional[dict]:
     return st.read_json(os.path.join(settings.state_dir(node), st.LAST))

@@ -47,23 +47,34 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     durations: Dict[str, float] = {}
     root = settings.node_root(node)
     started = time.monotonic()
-    # NVML first, in a forked child that also loads the binding (pynvml, or
-    # a simulated node's): the files below are read meanwhile.  Forked
-    # before any thread starts: a fork inherits no lock another thread holds.
-    try:
-        pending = nvml_probe.Pending(gpus=gpus, processes=processes, started=nvml_started,
-                                     loader=lambda: nvml_module(settings, node))
-    except OSError as exc:  # no fork (out of processes or memory)
-        pending, nvml = None, ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
+    amd = baseline.vendor_for(node) == "amd"  # the vendor seam: AMD nodes have no NVML
+    pending, nvml = None, None
+    if amd:
+        if nvml_started is not None:
+            nvml_started.cancel()  # the prolog forks its reader before it knows the vendor
+    else:
+        # NVML first, in a forked child that also loads the binding (pynvml, or
+        # a simulated node's): the files below are read meanwhile.  Forked
+        # before any thread starts: a fork inherits no lock another thread holds.
+        try:
+            pending = nvml_probe.Pending(gpus=gpus, processes=processes, started=nvml_started,
+                                         loader=lambda: nvml_module(settings, node))
+        except OSError as exc:  # no fork (out of processes or memory)
+            nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
     values: Dict[str, Any] = {
         "kernel_release": files.kernel_release(root),
         "boot_id": files.boot_id(root),
         "boot_time": files.boot_time(root),
     }
     kmsg_text, kmsg_overwritten = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
+    if amd:
+        from . import amdsysfs  # the kernel's files only: the prolog's too
+
+        values["amd"] = amdsysfs.read(root)
+        values["pci_gpus"] = getattr(values["amd"], "pci_functions", values["amd"])
     durations["files"] = time.monotonic() - started
 
-    jobs = _command_jobs(settings, baseline, node, mode, budget, gpus)
+    jobs = (_amd_jobs if amd else _command_jobs)(settings, baseline, node, mode, budget, gpus)
     pool = None
     if jobs:
         from concurrent.futures import ThreadPoolExecutor
@@ -73,7 +84,8 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
 
     if pending is not None:
         nvml = pending.result(budget.left())
-    durations["nvml"] = time.monotonic() - started
+    if not amd:
+        durations["nvml"] = time.monotonic() - started
 
     if pool is not None:
         from concurrent.futures import TimeoutError as FutureTimeout
@@ -89,7 +101,9 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     pci = values.pop("pci", None)
     if pci is not None:
         values["pci_gpus"], values["pci_nvswitches"] = (pci, pci) if isinstance(pci, ProbeFailure) else pci
-    values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml)
+    if amd:
+        values["amd"] = _amd_merge(values)
+    values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml, values.get("amd"))
     if isinstance(kmsg_text, str):
         values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)
         values["kernel_log_lost"] = kernlog.lost_records(kmsg_text, xid_after, kmsg_overwritten)
@@ -158,7 +172,43 @@ def _pci(root, lspci):
     return lspci() if counts is None else counts
 
 
-def _xids(kmsg_text, boot_time, after, baseline, nvml):
+def _amd_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Callable[[], Any]]:
+    """An AMD node's tools: amd-smi (health check, verify) and the ROCm
+    Validation Suite where a level is set for the mode (verify: (1, 2))."""
+    jobs: Dict[str, Callable[[], Any]] = {}
+    cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
+    if mode in ("healthcheck", "verify"):
+        from . import amdsmi
+
+        jobs.update(amdsmi.jobs(cmd("amd-smi"), lambda: budget.left(_COMMAND_CAP)))
+    level = baseline.health.rvs.get(mode, 0)
+    if level:
+        from . import rvs
+
+        levels = tuple(level) if isinstance(level, (list, tuple)) else (level,)
+        jobs["rvs"] = lambda: rvs.staged(cmd("rvs"), levels, lambda: max(budget.left() - 2.0, 0.1))
+    return jobs
+
+
+def _amd_merge(values: Dict[str, Any]) -> Any:
+    """The sysfs facts with what amd-smi and RVS answered."""
+    amd = values["amd"]
+    static, xgmi, version = (values.pop(k, None) for k in ("amd_smi_static", "amd_smi_xgmi", "amd_smi_version"))
+    rvs = values.pop("rvs", None)
+    if failed(amd):
+        return amd
+    if static is not None or xgmi is not None or version is not None:
+        from .amdsmi import merge
+
+        amd = merge(amd, static, xgmi, version)
+    if rvs is not None:
+        from ..record import replace
+
+        amd = replace(amd, rvs=rvs)
+    return amd
+
+
+def _xids(kmsg_text, boot_time, after, baseline, nvml, amd=None):
     from . import kernlog
 
     if isinstance(kmsg_text, ProbeFailure):
@@ -168,6 +218,9 @@ def _xids(kmsg_text, boot_time, after, baseline, nvml):
         for gpu in nvml.gpus:
             if isinstance(gpu.pci_bus_id, str):
                 bus_to_gpu[kernlog.bus_key(gpu.pci_bus_id)] = gpu.index
+    if amd is not None and not failed(amd):
+        for gpu in amd.gpus:
+            bus_to_gpu[kernlog.bus_key(gpu.bdf)] = gpu.index
     bt = boot_time if isinstance(boot_time, float) else None
     return kernlog.fresh_xids(kmsg_text, bt, after, baseline.health.xid_window_seconds, time.time(), bus_to_gpu)
 

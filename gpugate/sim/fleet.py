@@ -27,6 +27,8 @@ DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
 EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl",
                "all_reduce_perf", "nvidia-bug-report.sh")
+NVIDIA_TOOLS = ("dcgmi", "nvidia-smi", "nvidia-imex-ctl", "nvidia-bug-report.sh")
+AMD_TOOLS = ("amd-smi", "rvs")  # an AMD node's instead of NVIDIA_TOOLS (gpugate.sim.amdnode)
 _BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
 
 
@@ -77,8 +79,11 @@ def recorded_baseline(fleet: str) -> Optional[str]:
     return value if isinstance(value, str) and value else None
 
 
-def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
-    """A healthy node matching the baseline: pinned versions, expected GPUs."""
+def new_model(node: str, baseline, seq: int = 0, vendor: Optional[str] = None) -> Dict[str, Any]:
+    """A healthy node matching the baseline: pinned versions, expected GPUs
+    (vendor: "amd" or "nvidia" whatever the baseline says, else the baseline's)."""
+    if (vendor or baseline.vendor_for(node)) == "amd":
+        return _new_amd_model(node, baseline)
     expect = baseline.expect_for(node)
     pin = baseline.pin
     product = expect.product or DEFAULT_PRODUCT
@@ -117,6 +122,39 @@ def new_model(node: str, baseline, seq: int = 0) -> Dict[str, Any]:
         "persistence_required": bool(expect.persistence),
         "ib": sim_ib.new_hcas(expect, pin),  # /sys/class/infiniband; None: no [hca] table
         "imex": sim_ib.new_imex(node, expect),  # nvidia-imex-ctl; None: not an IMEX member
+    }
+
+
+def _new_amd_model(node: str, baseline) -> Dict[str, Any]:
+    """An AMD Instinct node (gpugate.sim.amdnode): no NVML, no NVIDIA tools,
+    amd-smi and rvs instead; the rest (kernel, image, kernel log) as NVIDIA's."""
+    from . import amdnode
+
+    expect, amd_expect, pin = baseline.expect_for(node), baseline.amd_expect_for(node), baseline.pin
+    product = expect.product or amdnode.DEFAULT_PRODUCT
+    gpu_args = {"device_id": amd_expect.device_id or amdnode.DEFAULT_DEVICE}
+    if amd_expect.compute_partition:
+        gpu_args["compute_partition"] = amd_expect.compute_partition
+    if amd_expect.memory_partition:
+        gpu_args["memory_partition"] = amd_expect.memory_partition
+    if expect.power_limit_watts is not None:
+        gpu_args["power_cap_w"] = expect.power_limit_watts
+    amd = amdnode.new_amd(pin, node=node, count=expect.gpus if expect.gpus is not None else 8, product=product,
+                          **gpu_args)
+    for gpu in amd["gpus"]:
+        gpu["ifwi"] = pin.ifwi.get(product) or "00159017"
+    if pin.amd_smi:
+        amd["amd_smi_version"] = pin.amd_smi
+    return {
+        "node": node, "vendor": "amd", "amd": amd,
+        "nvml": {"init_error": None, "hang": None, "driver": None, "cuda": 0, "gpus": [], "errors": {}},
+        "kernel": pin.kernel or "6.8.0-60-generic", "boot_id": str(uuid.uuid4()),
+        "boot_time": int(time.time()) - 3600, "module": {"resident": None, "on_disk": None}, "dkms": True,
+        "image": {"version": pin.image or "gpu-image-1", "built": "2026-11-01"},
+        "packages": {}, "services": {}, "pci": {"gpus": 0, "nvswitches": 0},
+        "dcgm": {"version": "none", "health": "Healthy", "diag_fail": {}},
+        "kmsg": [], "replays": {}, "smoke": "rccl-healthy-mi300x", "converge": "ok",
+        "persistence_required": False, "ib": sim_ib.new_hcas(expect, pin), "imex": None,
     }
 
 
@@ -186,15 +224,37 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         _write(os.path.join(root, rel), text)
     sim_ib.render_sysfs(root, model.get("ib"), _write)
     sysroot.render(root, model, _write)
+    if model.get("amd") is not None:
+        from . import amdnode
+
+        amdnode.render(root, model["amd"], _write)  # after sysroot's PCI bus, which keeps only NVIDIA's
     table = outputs.replays(model)
     table.update(sim_ib.imex_replays(model.get("imex")))
+    table.update(_amd_replays(model))
     table.update(model.get("replays", {}))
     _write(os.path.join(directory, "replay.json"), json.dumps(table, indent=1, sort_keys=True))
     imex = model.get("imex")
     absent = tuple(model.get("absent", ())) + (() if imex and imex["installed"] else ("nvidia-imex-ctl",))
     if not model.get("bug_report"):  # not installed unless asked for (sim set ... bug_report=1), as on most nodes
         absent += ("nvidia-bug-report.sh",)
+    absent += NVIDIA_TOOLS if model.get("amd") is not None else AMD_TOOLS  # a node has its vendor's tools
+    if model.get("amd") is not None and (model["amd"].get("smi") == "absent"):
+        absent += ("amd-smi",)
+    if model.get("amd") is not None and not (model["amd"].get("rvs") or {}).get("installed", True):
+        absent += ("rvs",)
     _install_executables(os.path.join(directory, "bin"), absent=absent)
+
+
+def _amd_replays(model: Dict[str, Any]) -> Dict[str, Any]:
+    if model.get("amd") is None:
+        return {}
+    from .amdsmi_out import replays
+
+    table = replays(model)
+    for key, entry in table.items():
+        if entry.get("exec"):  # the reset changes the node: gpugate.sim.gpureset
+            entry["exec"] = list(outputs._SIM_EXEC)
+    return table
 
 
 def _install_executables(bindir: str, absent=()) -> None:
@@ -203,7 +263,7 @@ def _install_executables(bindir: str, absent=()) -> None:
     with open(stub) as handle:
         body = handle.read()
     # -IS (one word: the kernel passes one argument): start fast and ignore the environment; the stub needs only the stdlib.
-    for name in EXECUTABLES:
+    for name in EXECUTABLES + AMD_TOOLS:
         path = os.path.join(bindir, name)
         if name in absent:  # not installed on this node
             _remove(path)
@@ -238,6 +298,10 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
     baseline (or its [previous] block) says.  Hardware faults stay."""
     target = baseline.as_previous() if previous else baseline
     pin = target.pin
+    if model.get("amd") is not None:
+        from .amdops import converge as amd_converge
+
+        amd_converge(model["amd"], target, model["node"])
     if pin.driver:
         model["nvml"]["driver"] = pin.driver
         model["module"]["on_disk"] = pin.driver  # the resident module changes at the reboot

@@ -32,6 +32,10 @@ def main(argv: List[str]) -> int:
         return _systemctl(fleet, fleet_dir, node, model, args)
     if tool == "nvidia-bug-report.sh":
         return _bug_report(model, args)
+    if tool == "amd-smi":
+        from .amdops import reset
+
+        return reset(fleet, fleet_dir, node, model, args)
     return _reset(fleet, fleet_dir, node, model, args)
 
 

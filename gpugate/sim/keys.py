@@ -6,7 +6,8 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..errors import ConfigError
-from .outputs import SMOKE
+from .kmsg import KMSG_RING, append as _append_kmsg  # noqa: F401 - KMSG_RING: the tests' ring size
+from .outputs import RCCL_SMOKE, SMOKE
 from .values import parse_flag as _flag, parse_int as _int
 
 _CLOCKS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80, "sw_thermal": 0x20, "none": 0}
@@ -59,19 +60,6 @@ def _set_package(role: str) -> Callable[[Dict[str, Any], str], None]:
         else:
             pkg["version"] = v
     return setter
-
-
-KMSG_RING = 1000  # records the simulated ring holds: older ones are overwritten, as the kernel's are
-
-
-def _append_kmsg(m: Dict[str, Any], message: str, pri: int = 6) -> None:
-    seq = (m["kmsg"][-1]["seq"] + 1) if m["kmsg"] else 1000
-    ts_us = int((time.time() - m["boot_time"]) * 1e6)
-    record = {"seq": seq, "ts_us": ts_us, "msg": message}
-    if pri != 6:
-        record["pri"] = pri
-    m["kmsg"].append(record)
-    del m["kmsg"][:-KMSG_RING]
 
 
 def _kmsg_flood(m: Dict[str, Any], value: str) -> None:
@@ -311,7 +299,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "kmsg.flood": _kmsg_flood,
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
-    "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE)),
+    "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE + RCCL_SMOKE)),
     "absent": _node_path("absent", convert=lambda v: _absent(v)),  # tools not installed: absent=lspci,systemctl
     "bug_report": _node_path("bug_report", convert=lambda v: bool(_flag(v))),  # nvidia-bug-report.sh installed
     "reset_delay": _node_path("reset_delay", convert=float),  # seconds nvidia-smi -r takes (a kill -9 in the middle)
@@ -335,10 +323,11 @@ _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 
 def known_keys() -> List[str]:
+    from . import amdkeys, amdnode
     from .ib import KEYS
 
     return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
-        + ["gpu.N.nvml_error.<nvmlFunction>"]
+        + ["gpu.N.nvml_error.<nvmlFunction>"] + list(amdnode.KEYS) + list(amdkeys.KEYS)
 
 
 def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
@@ -355,9 +344,10 @@ def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
 def check_key(key: str) -> None:
     if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
         return
+    from . import amdkeys, amdnode
     from .ib import known
 
-    if known(key):
+    if known(key) or amdnode.known(key) or amdkeys.known(key):
         return
     m = _GPU_KEY.match(key)
     if m and (m.group(2) in GPU_KEYS or m.group(2).startswith("nvml_error.nvml")):
@@ -376,6 +366,11 @@ def apply(model: Dict[str, Any], key: str, value: str) -> None:
         from .ib import set_key
 
         set_key(model, key, value)
+        return
+    if key.startswith("amd."):  # an AMD node's (gpugate.sim.amdnode: sysfs; amdkeys: tools and kernel log)
+        from . import amdkeys, amdnode
+
+        amdkeys.set_key(model, key, value) or amdnode.set_key(model, key, value)
         return
     m = _GPU_KEY.match(key)
     index, sub = int(m.group(1)), m.group(2)

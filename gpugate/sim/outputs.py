@@ -100,10 +100,16 @@ def smi_query(model: Dict[str, Any]) -> str:
 
 
 SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort", "pair-slow", "pair-abort")
+# AMD nodes' rccl-tests runs (gpugate/data/smoke/rccl-SOURCES.txt): a healthy 8 GiB run, a whole
+# 8 B-8 GiB sweep (its average below any large-size minimum) and an MI210 abort.
+RCCL_SMOKE = ("rccl-healthy-mi300x", "rccl-sweep-mi300x", "rccl-abort-mi210")
+_ABORTS = ("nccl-abort", "rccl-abort-mi210")
 # What a node brings to a 2-node run: the recording and how bad it is (the
 # replaying stub of the pair's first node plays the worse of the two).
 _PAIR = {"healthy": ("pair-healthy", 0), "pair-slow": ("pair-slow", 1), "pcie-degraded": ("pair-slow", 1),
-         "pair-abort": ("nccl-abort", 2), "nccl-abort": ("nccl-abort", 2), "hang": ("hang", 3)}
+         "pair-abort": ("nccl-abort", 2), "nccl-abort": ("nccl-abort", 2), "hang": ("hang", 3),
+         "rccl-healthy-mi300x": ("rccl-healthy-mi300x", 0), "rccl-sweep-mi300x": ("rccl-sweep-mi300x", 1),
+         "rccl-abort-mi210": ("rccl-abort-mi210", 2)}
 
 
 def smoke_replay(kind: str) -> Dict[str, Any]:
@@ -112,7 +118,7 @@ def smoke_replay(kind: str) -> Dict[str, Any]:
     if kind == "hang":
         return {"hang": True}
     name = "healthy" if kind.startswith("pair-") else kind
-    return {"stdout": _recording(name), "rc": 1 if kind == "nccl-abort" else 0}
+    return {"stdout": _recording(name), "rc": 1 if kind in _ABORTS else 0}
 
 
 def pair_replay(kind: str) -> Dict[str, Any]:
@@ -120,7 +126,7 @@ def pair_replay(kind: str) -> Dict[str, Any]:
     name, severity = _PAIR[kind]
     if name == "hang":
         return {"hang": True, "severity": severity}
-    return {"stdout": _recording(name), "rc": 1 if name == "nccl-abort" else 0, "severity": severity}
+    return {"stdout": _recording(name), "rc": 1 if name in _ABORTS else 0, "severity": severity}
 
 
 def _recording(name: str) -> str:

@@ -31,16 +31,20 @@ class JobState:
 
 
 def submit(slurm, argv: List[str], node: str, reservation: str, minutes: int, output: str, name: str,
-           extra: List[str] = ()) -> str:
+           extra: List[str] = (), partition: str = "") -> str:
     """Submit the command on whole nodes (``node``: one, or "a,b" for a
-    pair) inside ``reservation``: the job id.  The backend sends it (sbatch,
+    pair) inside ``reservation``, in ``partition`` ("p1,p2": the nodes'
+    own; "": Slurm's default): the job id.  The backend sends it (sbatch,
     or pyslurm's submit)."""
     if not reservation:
         raise SlurmError("refusing to submit %s to %s outside a reservation" % (name, node))
-    # The batch script runs with /bin/sh on the node: quote every word.
-    return slurm.submit_job({"name": name, "reservation": reservation, "node": node, "minutes": max(1, minutes),
-                             "output": output, "extra": list(extra),
-                             "wrap": "exec " + " ".join(shlex.quote(a) for a in argv)})
+    spec = {"name": name, "reservation": reservation, "node": node, "minutes": max(1, minutes),
+            "output": output, "extra": list(extra),
+            # The batch script runs with /bin/sh on the node: quote every word.
+            "wrap": "exec " + " ".join(shlex.quote(a) for a in argv)}
+    if partition:
+        spec["partition"] = partition
+    return slurm.submit_job(spec)
 
 
 def sbatch_argv(spec: dict) -> List[str]:
@@ -49,7 +53,9 @@ def sbatch_argv(spec: dict) -> List[str]:
     return ["--parsable", "--job-name=" + spec["name"], "--reservation=" + spec["reservation"],
             "--nodelist=" + node, "--nodes=%d" % len(node.split(",")), "--exclusive", "--time=%d" % spec["minutes"],
             "--output=" + spec["output"], "--open-mode=truncate", "--no-requeue",
-            "--chdir=" + os.path.dirname(spec["output"])] + list(spec["extra"]) + ["--wrap", spec["wrap"]]
+            "--chdir=" + os.path.dirname(spec["output"])] + (
+                ["--partition=" + spec["partition"]] if spec.get("partition") else []) + list(spec["extra"]) + [
+                "--wrap", spec["wrap"]]
 
 
 def parse_sbatch(out: str) -> str:

@@ -324,7 +324,8 @@ class PyslurmSlurm(NodeUpdates):
         return {"name": spec["name"], "reservation": spec["reservation"], "nodes": spec["node"],
                 "count": len(spec["node"].split(",")), "minutes": spec["minutes"], "output": spec["output"],
                 "chdir": os.path.dirname(spec["output"]), "environment": dict(self.env),
-                "script": "#!/bin/sh\n" + spec["wrap"] + "\n", "extra": list(spec["extra"])}
+                "script": "#!/bin/sh\n" + spec["wrap"] + "\n", "extra": list(spec["extra"]),
+                "partition": spec.get("partition", "")}
 
     def job_states(self, jobs: List[str]) -> Dict[str, JobState]:
         found = self._call("jobs", list(jobs))

@@ -91,6 +91,8 @@ class Api:
             nodes=spec["count"], resource_sharing="exclusive", time_limit=spec["minutes"],
             standard_output=spec["output"], log_files_open_mode="truncate", is_requeueable=False,
             working_directory=spec["chdir"], environment=spec["environment"], script=spec["script"])
+        if spec.get("partition"):
+            desc.partitions = spec["partition"]  # sbatch -p: the nodes' own partitions
         for opt, value in _sbatch_options(spec["extra"]):
             known = _sbatch_option(opt)
             if known is None or known.our_attr_name is None:

@@ -43,6 +43,14 @@ _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) f
 _RESET_FIXES = {"ecc": None, "row_remap": ("pending",), "retired_pages": ("pending",),
                 "recovery": ("gpu reset", "drain and reset")}
 _NOT_RESET_XIDS = frozenset((79, 154))  # off the bus; 154 names its own recovery
+# AMD (judges.amdgpus, amdevents): what a reset clears (RAS counters, pending
+# pages retired, links retrained), what only a reboot does (the driver could
+# not recover), and what no repair does (pages it could not retire, the
+# driver's bad-page threshold reached): by the finding's observed words.
+_AMD_RESET_FIXES = {"ras": None, "ras_deferred": None, "xgmi": None, "bad_pages": ("pending",),
+                    "amdgpu_event": ("ue", "de", "ue_event", "poison", "ring_timeout")}
+_AMD_ESCALATE = {"bad_pages": ("unreservable", "threshold", "retired"), "amdgpu_event": ("bad_page_threshold",)}
+_REBOOT_FIXES |= set(_AMD_RESET_FIXES)
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,8 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
             return REBOOT, "Xid %d: reset by reboot" % xid
         if component == "row_remap" and first.observed == "failure":
             return ESCALATE, "row remap failure: out of spare rows"
+        if _amd_words(first.observed, _AMD_ESCALATE.get(component, ())):
+            return ESCALATE, "health %s %s: no repair brings it back" % (component, first.observed)
         if component in _REBOOT_FIXES:
             if resettable(ours, options):
                 return RESET, "health %s: a GPU reset clears it (reboot if it does not)" % component
@@ -154,11 +164,22 @@ def resettable(ours, options: Options) -> bool:
                 return False
             if xid in _NOT_RESET_XIDS or xid in options.reboot_xids or xid in options.escalate_xids:
                 return False
+        elif f.component in _AMD_RESET_FIXES:
+            words = _AMD_RESET_FIXES[f.component]
+            if words is not None and not _amd_words(f.observed, words):
+                return False
         elif f.component not in _RESET_FIXES:
             return False
         elif _RESET_FIXES[f.component] is not None and f.observed not in _RESET_FIXES[f.component]:
             return False
     return True
+
+
+def _amd_words(observed: str, words) -> bool:
+    """Does an AMD finding's observed value name one of these? ("1 pending",
+    "ue umc x2", "bad_page_threshold x128", "threshold exceeded")."""
+    said = observed.replace(":", " ").split()
+    return any(w in said for w in words)
 
 
 def floor_count(members: int, floor: float) -> int:

@@ -101,13 +101,15 @@ def _submit_and_judge(slurm, cfg, baseline, units, reservation, sleep, say, outp
     results: Dict[str, SmokeResult] = {}
     jobs: Dict[str, str] = {}  # job -> unit label
     started = time.monotonic()
+    partitions = _partitions(slurm, units)
     try:
         for unit in units:
             label, pair = ",".join(unit), len(unit) > 1
             gpus = baseline.expect_for(unit[0]).gpus
-            argv = template(cfg["smoke_pair" if pair else "smoke"], unit[0], gpus, label)
+            argv = template(cfg[_command_key(baseline, unit[0], pair)], unit[0], gpus, label)
             extra = template(cfg["smoke_pair_sbatch" if pair else "smoke_sbatch"], unit[0], gpus, label)
-            job = sj.submit(slurm, argv, label, reservation, minutes, outputs.create(label), JOB_NAME, extra)
+            job = sj.submit(slurm, argv, label, reservation, minutes, outputs.create(label), JOB_NAME, extra,
+                            partitions.get(label, ""))
             results[label] = SmokeResult(label, job)
             jobs[job] = label
             say("  %s: smoke job %s submitted in reservation %s" % (label, job, reservation))
@@ -130,7 +132,7 @@ def _submit_and_judge(slurm, cfg, baseline, units, reservation, sleep, say, outp
     for job, label in jobs.items():
         res = results[label]
         res.seconds = took.get(job, time.monotonic() - started)
-        argv = cfg["smoke_pair" if "," in label else "smoke"]
+        argv = cfg[_command_key(baseline, label.split(",")[0], "," in label)]
         # nccl-tests (all_reduce_perf, all_gather_perf, ...; also behind srun)
         # must print its table and average; a site's own command is judged
         # on its exit code (and any nccl-tests-like error or wrong-value lines).
@@ -139,6 +141,30 @@ def _submit_and_judge(slurm, cfg, baseline, units, reservation, sleep, say, outp
                                                    outputs.reader(label), deadline, nccl_tests)
         outputs.name_after(label, job)
     return results
+
+
+def _partitions(slurm, units) -> Dict[str, str]:
+    """The partitions each job may run in ("a,b": those its nodes share):
+    without one, sbatch picks the default partition, and a node outside it
+    is "Requested node configuration is not available" (an MI300X partition
+    beside the default H100 one).  One call for every node of the batch."""
+    from .steps import hostlist
+
+    states = slurm.nodes(hostlist(sorted({n for unit in units for n in unit})))
+    out = {}
+    for unit in units:
+        shared = None
+        for node in unit:
+            parts = set(getattr(states.get(node), "partitions", ()) or ())
+            shared = parts if shared is None else shared & parts
+        out[",".join(unit)] = ",".join(sorted(shared or ()))
+    return out
+
+
+def _command_key(baseline, node: str, pair: bool) -> str:
+    """[sweep] smoke / smoke_pair, or their _amd twins on an AMD node (rccl-tests)."""
+    key = "smoke_pair" if pair else "smoke"
+    return key + "_amd" if baseline.vendor_for(node) == "amd" else key
 
 
 def _cancel_and_wait(slurm, cfg, jobs, sleep) -> None:
