@@ -47,6 +47,10 @@ def component_states(verdict, facts, baseline, expect) -> dict:
     """component -> matches | differs | unreadable | unchecked, for each
     pinned component.  Pure.  "matches" needs a value that was read: a
     fact that is an error or missing is unreadable, never a match."""
+    if getattr(facts, "amd", None) is not None:  # an AMD node: its own stack (gpugate.node.metrics_amd)
+        from .metrics_amd import amd_component_states
+
+        return amd_component_states(verdict, facts, baseline)
     pin, nvml = baseline.pin, facts.nvml
     nvml_ok = nvml is not None and not failed(nvml)
     readable = {
@@ -178,7 +182,8 @@ def service_families(facts) -> list:
 def kernel_log_samples(events) -> list:
     counts: Dict[Tuple[str, str], int] = {}
     for event in events if isinstance(events, tuple) else ():
-        key = (event.kind, str(event.xid))
+        # amdgpu events: the event's name (its "xid" is the count the line reports, not a code)
+        key = (event.kind, event.where.split(":")[0] if event.kind == "amdgpu" else str(event.xid))
         counts[key] = counts.get(key, 0) + 1
     return [("gpugate_kernel_log_events", {"kind": kind, "code": code}, n) for (kind, code), n in sorted(counts.items())]
 

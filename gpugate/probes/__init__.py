@@ -70,7 +70,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if amd:
         from . import amdsysfs  # the kernel's files only: the prolog's too
 
-        values["amd"] = amdsysfs.read(root)
+        values["amd"] = amdsysfs.read(root, firmware=mode != "prolog")  # the firmware set: not before every job
         values["pci_gpus"] = getattr(values["amd"], "pci_functions", values["amd"])
     durations["files"] = time.monotonic() - started
 
