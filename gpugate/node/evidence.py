@@ -83,7 +83,7 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
     if _vendor(settings, node) == "amd":  # amd-smi's words and amdgpu's counters instead (gpugate.node.evidence_amd)
         from .evidence_amd import amd_parts
 
-        amd_parts(settings, node, add, parts, parts_timing)
+        amd_parts(settings, node, add, parts, parts_timing, _error)
         return {"node": node, "at": started, "parts": [p for p in parts if p is not None],
                 "seconds": {k: round(v, 3) for k, v in parts_timing.items()}}
     # nvidia-smi -q: every GPU's state as the driver reports it now.

@@ -21,9 +21,8 @@ COMMANDS = (("amd-smi-static.json", ("static", "--json")),
 _RAS_CAP = 1 << 20
 
 
-def amd_parts(settings, node: str, add, parts: list, timing: dict) -> None:
-    from .evidence import _error
-
+def amd_parts(settings, node: str, add, parts: list, timing: dict, error) -> None:
+    """add(name, data[, cap]) keeps a part; error(name, why) says one could not be read."""
     t0 = time.monotonic()
     smi = settings.command("amd-smi", node)
     for name, args in COMMANDS:
@@ -32,7 +31,7 @@ def amd_parts(settings, node: str, add, parts: list, timing: dict) -> None:
             add(name, (out.stdout + (("\n# stderr (exit %d):\n" % out.rc) + out.stderr
                                      if out.rc or out.stderr else "")).encode())
         except CommandError as exc:
-            parts.append(_error(name, exc))
+            parts.append(error(name, exc))
     timing["amd-smi"] = time.monotonic() - t0
     t0 = time.monotonic()
     add("amdgpu-ras.txt", _ras_text(settings.node_root(node)).encode(), _RAS_CAP)

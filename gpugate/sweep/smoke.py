@@ -164,7 +164,8 @@ def _partitions(slurm, units) -> Dict[str, str]:
 def _command_key(baseline, node: str, pair: bool) -> str:
     """[sweep] smoke / smoke_pair, or their _amd twins on an AMD node (rccl-tests)."""
     key = "smoke_pair" if pair else "smoke"
-    return key + "_amd" if baseline.vendor_for(node) == "amd" else key
+    vendor_for = getattr(baseline, "vendor_for", None)  # a baseline stand-in without vendors: NVIDIA's
+    return key + "_amd" if vendor_for is not None and vendor_for(node) == "amd" else key
 
 
 def _cancel_and_wait(slurm, cfg, jobs, sleep) -> None:
