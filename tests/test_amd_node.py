@@ -23,6 +23,15 @@ def amd_fleet(tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def case_fleet(tmp_path_factory):
+    """One node per fault case (a fleet made once: each case breaks its own node)."""
+    path = str(tmp_path_factory.mktemp("amd") / "fleet")
+    result = gpugate_cmd("sim", "init", path, "--nodes", "mi[001-%03d]" % (len(CASES) + 1), "--baseline", MIXED)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
 def check(fleet, node="mi001", mode="healthcheck"):
     result = gpugate_cmd("check", "--sim", fleet, "--node", node, "--baseline", MIXED, "--mode", mode, "--json")
     assert result.returncode in (0, 1), result.stderr
@@ -74,15 +83,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("assignments, cls, shown, action", CASES, ids=[c[2].split("=")[0] + c[0][0][-6:] for c in CASES])
-def test_each_amd_fault_gives_its_class_and_exact_reason(amd_fleet, assignments, cls, shown, action):
-    sim_set(amd_fleet, "mi001", *assignments)
-    data = check(amd_fleet)
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[c[2].split("=")[0] + c[0][0][-6:] for c in CASES])
+def test_each_amd_fault_gives_its_class_and_exact_reason(case_fleet, case):
+    assignments, cls, shown, action = CASES[case]
+    node = "mi%03d" % (case + 1)
+    sim_set(case_fleet, node, *assignments)
+    data = check(case_fleet, node)
     assert data["fit"] is False and data["class"] == cls, data["reason"]
     assert shown in data["reason"], data["reason"]
     component = shown.split("=")[0].split(":")[0]
     assert any(f["component"] == component and f["action"] == action for f in data["findings"]), data["findings"]
-    assert check(amd_fleet, "mi002")["fit"] is True  # the node beside it is untouched
+
+
+def test_the_fault_cases_leave_the_node_beside_them_untouched(case_fleet):
+    assert check(case_fleet, "mi%03d" % (len(CASES) + 1))["fit"] is True
 
 
 def test_no_kfd_access_is_a_probe_finding_never_a_pass(amd_fleet):

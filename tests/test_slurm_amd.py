@@ -14,7 +14,9 @@ import pytest
 from conftest import make_cluster
 from test_slurm_sweep import drift_and_drain, journal_events, run_sweep
 
-pytestmark = pytest.mark.slurm
+# Long (about 35 s of clusters): CI runs them (-m "slow or long" on 22.05, and every --release run);
+# the default run stays under ten minutes.  tests/test_amd_node.py covers the same node path without Slurm.
+pytestmark = [pytest.mark.slurm, pytest.mark.long]
 
 MIXED = '''
 name = "mixed-test"
