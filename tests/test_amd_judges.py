@@ -223,3 +223,14 @@ def test_textfile_metrics_name_the_amd_stack_not_nvidias():
     assert component_states(decide(judge(b, na), "gpugate:"), na, b, b.expect_for("mi01"))["ifwi"] == "unreadable"
     event = XidEvent(xid=1533, pci_bus_id="0000:1b:00", text="", kind="amdgpu", where="ce:xgmi_wafl")
     assert kernel_log_samples((event,)) == [("gpugate_kernel_log_events", {"kind": "amdgpu", "code": "ce"}, 1)]
+
+
+def test_baseline_diff_shows_the_amd_pins():
+    from gpugate.fleet.review import diff, diff_text
+
+    old = baseline()
+    data = dict(BASELINE, pin=dict(BASELINE["pin"], rocm="7.2.2", ifwi={PRODUCT: "00160000"}))
+    new = parse_baseline(data, "new.toml")
+    changes = {c["component"]: (c["old"], c["new"]) for c in diff(old, new, None)["pin"]}
+    assert changes == {"rocm": ("7.2.1", "7.2.2"), "ifwi[%s]" % PRODUCT: ("00159017", "00160000")}
+    assert "rocm" in diff_text(diff(old, new, None))

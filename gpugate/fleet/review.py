@@ -5,6 +5,8 @@ import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..baseline import PIN_COMPONENTS
+
+AMD_PIN_COMPONENTS = ("amdgpu", "rocm", "amd_smi")  # gpugate.amdbaseline's (not imported: it loads the schema)
 from ..record import asdict
 
 
@@ -21,10 +23,14 @@ def _pin_changes(old, new) -> List[Dict[str, object]]:
                     and n.get(component) == n.get("driver")):
                 change["note"] = "follows the driver"
             out.append(change)
-    ov, nv = o.get("vbios") or {}, n.get("vbios") or {}
-    for product in sorted(set(ov) | set(nv)):
-        if ov.get(product) != nv.get(product):
-            out.append({"component": "vbios[%s]" % product, "old": ov.get(product), "new": nv.get(product)})
+    for component in AMD_PIN_COMPONENTS:  # only where a side pins it: an NVIDIA baseline's review is as before
+        if o.get(component) != n.get(component):
+            out.append({"component": component, "old": o.get(component), "new": n.get(component)})
+    for table in ("vbios", "ifwi", "amdgpu_firmware"):  # per product
+        ov, nv = o.get(table) or {}, n.get(table) or {}
+        for product in sorted(set(ov) | set(nv)):
+            if ov.get(product) != nv.get(product):
+                out.append({"component": "%s[%s]" % (table, product), "old": ov.get(product), "new": nv.get(product)})
     if bool(o.get("require_hold")) != bool(n.get("require_hold")) and (old is not None or new is not None):
         out.append({"component": "require_hold", "old": o.get("require_hold", None),
                     "new": n.get("require_hold", None)})
