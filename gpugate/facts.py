@@ -67,7 +67,25 @@ def unchecked_facts(facts: Any) -> Tuple[Tuple[str, str], ...]:
         for role, value in sorted(values.items()) if isinstance(values, dict) else ():
             if unchecked(value):
                 out.append(("%s:%s" % (kind, role), value.detail))
+    amd = getattr(facts, "amd", None)
+    if amd is not None and not failed(amd):
+        out += _amd_unchecked(amd)
     return tuple(out)
+
+
+def _amd_unchecked(amd: Any) -> list:
+    """An AMD node's facts nothing judged: XGMI links and the driver's
+    bad-page verdict an older amd-smi does not give, RAS off on a GPU."""
+    out, seen = [], set()
+    for gpu in amd.gpus:
+        for what, value in (("xgmi", gpu.xgmi), ("bad_page_threshold", gpu.bad_page_threshold_exceeded)):
+            if unchecked(value) and value != NOT_READ_AMD and what not in seen:
+                seen.add(what)
+                out.append((what, value.detail))
+        if gpu.bound and gpu.ras is None:
+            out.append(("ras:gpu%d" % gpu.index, "no ras/ directory: amdgpu's RAS is off on this GPU (amdgpu.ras_enable=0?"
+                                                 "), so no RAS error or bad page is judged"))
+    return out
 
 
 @dataclass(frozen=True)

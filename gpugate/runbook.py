@@ -146,14 +146,13 @@ _BY_ACTION = {
 }
 
 
-def _amd():
-    from .runbook_amd import AMD_STEPS
+def steps(finding: Finding, vendor: str = "nvidia"):
+    """The steps for a finding of a node of this GPU vendor (AMD nodes:
+    gpugate.runbook_amd, where the component names NVIDIA's shared ones)."""
+    if vendor == "amd":
+        from .runbook_amd import amd_steps
 
-    return AMD_STEPS
-
-
-def steps(finding: Finding):
-    amd = _amd().get(finding.component)
-    if amd and finding.component not in _BY_COMPONENT:
-        return amd
+        found = amd_steps(finding)
+        if found:
+            return found
     return _BY_COMPONENT.get(finding.component) or _BY_ACTION.get(finding.action, _BY_ACTION["investigate"])

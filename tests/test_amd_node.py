@@ -139,6 +139,10 @@ def test_verify_runs_rvs_and_a_failed_gpu_is_named(amd_fleet):
     sim_set(amd_fleet, "mi001", "amd.rvs=absent")
     data = check(amd_fleet, mode="verify")
     assert data["class"] == "probe" and "rvs=missing (want answer)" in data["reason"]
+    # No predefined levels for this GPU or ROCm (MI200, ROCm < 7.2): not verified, said, never a pass.
+    sim_set(amd_fleet, "mi001", "amd.rvs=nolevels")
+    data = check(amd_fleet, mode="verify")
+    assert data["fit"] is True and [f["component"] for f in data["not_verified"]] == ["rvs"], data
 
 
 def test_reset_gpus_resets_the_whole_node_and_clears_what_a_reset_clears(amd_fleet):

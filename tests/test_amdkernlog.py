@@ -376,7 +376,7 @@ def test_the_mi300x_hang_drains_for_its_uncorrectable_error_and_its_reset():
     assert capture_findings("dmesg-athub-aca-xgmiwafl-mode1reset-MI300X-rocm6.2.3-rocm4021.txt") == [
         Finding(HEALTH, "amdgpu_event", "ue_event athub", "none", RESET_GPU, gpu=7,
                 detail="0000:dd:00: uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT) detected!"),
-        Finding(HEALTH, "amdgpu_event", "gpu_reset x1", "none in 86400s", REBOOT, gpu=7,
+        Finding(HEALTH, "amdgpu_repeat", "gpu_reset x1", "none in 86400s", REBOOT, gpu=7,
                 detail="1 in the window: 0000:dd:00: GPU reset begin!"),
     ]  # the xgmi_wafl CEs, the ACA banks, the reset's success and VRAM lost: recorded only
 
@@ -396,7 +396,7 @@ def test_a_ring_timeout_whose_ring_reset_failed_reboots():
     assert capture_findings("dmesg-ringtimeout-gpureset-RX5700XT-kernel7.0-cosmic3764.FRAGMENT.txt", gpus) == [
         Finding(HEALTH, "amdgpu_event", "ring_reset_failed gfx_0.0.0", "none", REBOOT, gpu=0,
                 detail="0000:28:00: Ring gfx_0.0.0 reset failed"),
-        Finding(HEALTH, "amdgpu_event", "gpu_reset x1", "none in 86400s", REBOOT, gpu=0,
+        Finding(HEALTH, "amdgpu_repeat", "gpu_reset x1", "none in 86400s", REBOOT, gpu=0,
                 detail="1 in the window: 0000:28:00: GPU reset begin!. Source:  1"),
     ]  # one ring timeout: under ring_timeout_max (3)
     assert capture_findings("dmesg-ringtimeout-ringresetok-RDNA4-unknown-rocm6127.FRAGMENT.txt", gpus) == []
@@ -443,7 +443,7 @@ def test_each_event_drains_with_its_action():
 def test_ring_timeouts_drain_at_ring_timeout_max_on_one_gpu_within_the_window():
     three = [TIMEOUT % "gfx_0.0.0", TIMEOUT % "comp_1.0.0", TIMEOUT % "gfx_0.0.0"]
     (finding,) = judge(three, fresh_from=2)  # two older ones in the window count, the third is fresh
-    assert finding == Finding(HEALTH, "amdgpu_event", "ring_timeout x3", "< 3 in 86400s", RESET_GPU, gpu=3,
+    assert finding == Finding(HEALTH, "amdgpu_repeat", "ring_timeout x3", "< 3 in 86400s", RESET_GPU, gpu=3,
                               detail="3 in the window: 0000:5f:00: ring gfx_0.0.0 timeout, signaled seq=1, "
                                      "emitted seq=3")
     assert judge(three[:2]) == []  # under the maximum

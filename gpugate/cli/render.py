@@ -49,7 +49,7 @@ def explain_text(result) -> str:
         lines.append("%d. %s" % (n, _finding_line(f).strip()))
         if f.detail:
             lines.append("   detail: %s" % f.detail)
-        for step in runbook.steps(f):
+        for step in runbook.steps(f, "amd" if getattr(result.facts, "amd", None) is not None else "nvidia"):
             lines.append("   - %s" % step)
     lines += ["not verified:"] + [_not_run_line(f) for f in v.not_verified] if v.not_verified else []
     return "\n".join(lines + _unchecked_lines(result.facts))

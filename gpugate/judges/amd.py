@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..amdfacts import gpu_count
 from ..facts import ProbeFailure, failed, unchecked
-from ..findings import BROKEN, DRIFT, RECONVERGE, RELOAD_OR_REBOOT, Finding
+from ..findings import BROKEN, DRIFT, INVESTIGATE, NOT_RUN, PROBE, RECONVERGE, RELOAD_OR_REBOOT, Finding
 from . import amdgpus, stack, versions
 from .common import probe_finding
 
@@ -28,23 +28,43 @@ def judge(baseline, expect, facts) -> List[Finding]:
     out += versions.judge(baseline, expect, facts)  # kernel, image (nothing NVIDIA's: no NVML, no packages read)
     amd = facts.amd
     from . import amdevents
+    from .xids import lost_finding
 
+    if isinstance(facts.xids, ProbeFailure):  # a kernel log that could not be read: no amdgpu event is known
+        out.append(probe_finding("kernel_log", facts.xids))
+    out += lost_finding(facts.kernel_log_lost)
     out += amdevents.judge(baseline.health, facts)
-    if amd is None:
-        return out
+    if amd is None:  # facts read as another vendor's (a nodeset that became AMD's): nothing is known
+        return out + [Finding(PROBE, "amdgpu", "not read", "amdgpu facts", INVESTIGATE,
+                              detail="these facts have no AMD part: read the node again as an AMD node")]
     if isinstance(amd, ProbeFailure):
         return out + [probe_finding("amdgpu", amd)]
     out += _stack(expect, facts, amd)
     if not isinstance(amd.initstate, str):
         return out  # no driver: every GPU reading below would be noise
-    out += _versions(baseline, amd)
+    out += _versions(baseline, expect, facts.node, amd)
     out += amdgpus.judge(baseline, expect, facts, amd)
-    rvs = amd.rvs
-    if rvs is not None:
-        from .dcgm import diagnostic
-
-        out += diagnostic("rvs", rvs, "rvs -r %d")
+    out += _rvs(amd)
     return out
+
+
+# RVS's words when it has no predefined levels for this GPU (levels exist from
+# ROCm 7.2, for MI300X and later: rvs/src/rvsexec.cpp): not a failure of the
+# node, and not a pass either (as DCGM refusing its diagnostic on MIG GPUs).
+_NO_LEVELS = "No test levels support for the detected GPU"
+
+
+def _rvs(amd) -> List[Finding]:
+    rvs = amd.rvs
+    if rvs is None:
+        return []
+    if isinstance(rvs, ProbeFailure) and _NO_LEVELS in rvs.detail and gpu_count(amd):
+        return [Finding(NOT_RUN, "rvs", "no rvs -r levels for this GPU or ROCm", "pass", INVESTIGATE,
+                        detail=rvs.detail[:200] + "; set [health.rvs] verify = [] for this nodeset's GPUs, or "
+                        "upgrade to ROCm 7.2+ (MI300X and later)")]
+    from .dcgm import diagnostic
+
+    return diagnostic("rvs", rvs, "rvs -r %d")
 
 
 def _stack(expect, facts, amd) -> List[Finding]:
@@ -74,19 +94,27 @@ def _stack(expect, facts, amd) -> List[Finding]:
     return out
 
 
-def _versions(baseline, amd) -> List[Finding]:
+def _versions(baseline, expect, node, amd) -> List[Finding]:
     """amdgpu, ROCm and amd-smi against the pin; VBIOS, IFWI and the
     firmware set per product (the FRU name, as [pin.vbios] keys NVIDIA's)."""
     out: List[Finding] = []
-    products = {gpu.index: gpu.product for gpu in amd.gpus if isinstance(gpu.product, str)}
+    pin = baseline.pin
+    products = {gpu.index: _product(gpu, expect, baseline.amd_expect_for(node)) for gpu in amd.gpus}
     compare = versions.comparer(baseline, out, products.get)
     compare("amdgpu", amd.amdgpu_version)
     compare("rocm", amd.rocm_version)
     compare("amd_smi", amd.amd_smi_version)
-    pin = baseline.pin
+    per_product = bool(pin.vbios or pin.ifwi or pin.amdgpu_firmware)
     for gpu in amd.gpus:
         product = products.get(gpu.index)
-        if product is None or not gpu.bound:
+        if not gpu.bound:
+            continue
+        if product is None:
+            if per_product:  # the pins are per product: a GPU whose product is unknown is judged on none
+                out.append(Finding(PROBE, "product", "FRU empty" if gpu.product is None else "unreadable",
+                                   "a product name (or the nodeset's device_id)", INVESTIGATE, gpu=gpu.index,
+                                   detail="product_name is empty and the nodeset pins no device_id to stand for it: "
+                                          "the VBIOS/IFWI pins of its product are not judged"))
             continue
         if product in pin.vbios:
             compare("vbios", gpu.vbios, gpu.index, expected=pin.vbios[product])
@@ -94,6 +122,18 @@ def _versions(baseline, amd) -> List[Finding]:
             compare("ifwi", gpu.ifwi, gpu.index, expected=pin.ifwi[product])
         out += _firmware(pin.amdgpu_firmware.get(product), gpu)
     return out
+
+
+def _product(gpu, expect, amd_expect):
+    """The GPU's product as the pins name it: its FRU's, else (FRU empty or
+    unreadable) the nodeset's product when the nodeset pins a device_id and
+    the silicon is that one; None when nothing says."""
+    if isinstance(gpu.product, str) and gpu.product:
+        return gpu.product
+    wanted = amd_expect.device_id
+    if expect.product and wanted and isinstance(gpu.device_id, str) and gpu.device_id.lower() == wanted.lower():
+        return expect.product
+    return None
 
 
 def _firmware(wanted, gpu) -> List[Finding]:
@@ -107,6 +147,9 @@ def _firmware(wanted, gpu) -> List[Finding]:
         return [probe_finding("amdgpu_firmware", have, gpu.index)]
     if not isinstance(have, dict):
         return [Finding(DRIFT, "amdgpu_firmware", "unreadable", "pinned ids", RECONVERGE, gpu=gpu.index)]
+    unreadable = [v for fw, v in sorted(have.items()) if fw in wanted and failed(v)]
+    if unreadable:
+        return [probe_finding("amdgpu_firmware", unreadable[0], gpu.index)]
     off = ["%s=%s" % (fw, have.get(fw, "absent")) for fw, version in sorted(wanted.items())
            if str(have.get(fw, "absent")).lower() != str(version).lower()]
     if not off:

@@ -6,7 +6,7 @@ One component, ``amdgpu_event`` (the pin component ``amdgpu`` is the driver's
 version), its observed value the event and what it names:
 
     gpugate: health amdgpu_event:gpu3=ue umc x2 (want none)
-    gpugate: health amdgpu_event:gpu0=ring_timeout x3 (want < 3 in 86400s)
+    gpugate: health amdgpu_repeat:gpu0=ring_timeout x3 (want < 3 in 86400s)
 
 ======================== ====== ============ =========================================
 event                    class  action       when
@@ -27,6 +27,7 @@ ce, aca, reset_ok,       -      -            recorded only
 vram_lost
 ======================== ====== ============ =========================================
 
+The two rates are component ``amdgpu_repeat``, budgeted (the others are acute).
 An event [health] amdgpu_events does not name is recorded, never a finding.
 Fresh means after the kernel-log cursor, as for Xids (gpugate.judges.xids):
 an admin's resume sticks until a new event arrives.
@@ -41,6 +42,10 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Dict, List, Tuple
 
 COMPONENT = "amdgpu_event"
+# Rates (ring timeouts, GPU resets): budgeted, as NVIDIA's application Xids
+# repeated (xid_repeat): one user's job array hanging on many nodes at once
+# must not drain them all outside the drain budget.
+REPEAT = "amdgpu_repeat"
 # event -> (class, action) for the events that drain on one fresh occurrence.
 ON_ONE = {
     "ue": (HEALTH, RESET_GPU),
@@ -105,7 +110,7 @@ def _finding(policy, key, group):
     window = "%gs" % policy.xid_window_seconds if policy.xid_window_seconds else "this boot"
     expected = ("none in %s" if most <= 1 else "< %d in %%s" % most) % window
     detail = "%d in the window: %s" % (len(group), _detail(last))
-    return Finding(HEALTH, COMPONENT, "%s x%d%s" % (name, len(group), where), expected, action, gpu=gpu,
+    return Finding(HEALTH, REPEAT, "%s x%d%s" % (name, len(group), where), expected, action, gpu=gpu,
                    detail=detail[:_DETAIL])
 
 

@@ -26,7 +26,8 @@ def judge(baseline, expect, facts, amd) -> List[Finding]:
     amd_expect = baseline.amd_expect_for(facts.node)
     out: List[Finding] = []
     bound = [gpu for gpu in amd.gpus if gpu.bound]
-    if expect.gpus is not None and len(bound) != expect.gpus:
+    if expect.gpus is not None and len(bound) != expect.gpus and not failed(amd.pci_functions):
+        # (the bus unreadable: probe pci says so; no GPU is known missing)
         out.append(Finding(HEALTH, "gpu_count", str(len(bound)), str(expect.gpus), REBOOT))
     for gpu in bound:
         out += _identity(expect, amd_expect, gpu)
@@ -149,7 +150,11 @@ def _processes(policy, facts, amd) -> List[Finding]:
     """After a job (the epilog), a process still holding /dev/kfd is a job
     that did not end: its GPUs are not free for the next."""
     procs = amd.kfd_processes
-    if policy.leftover_processes != "drain" or facts.mode != "epilog" or not isinstance(procs, tuple) or not procs:
+    if policy.leftover_processes != "drain" or facts.mode != "epilog":
+        return []
+    if failed(procs):
+        return [probe_finding("processes", procs)]  # whether the job left one is unknown: never "none"
+    if not isinstance(procs, tuple) or not procs:
         return []
     return [Finding(BROKEN, "processes", "%d left (pid %s)" % (len(procs), procs[0]), "none", REBOOT)]
 

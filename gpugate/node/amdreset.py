@@ -62,7 +62,9 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
     smi = settings.command("amd-smi", node)
     argv = [smi] + list(RESET)
     try:
-        done = run(argv, timeout, ok_codes=tuple(range(256)))
+        from ..probes.commands import ENV  # amd-smi is Python run as root: none of the caller's PYTHON* variables
+
+        done = run(argv, timeout, env=ENV, ok_codes=tuple(range(256)))
     except CommandError as exc:
         out["error"] = "%s: %s" % (" ".join(RESET), exc)
         step("reset", out["error"], False)

@@ -11,7 +11,7 @@ from . import state as st, xidhistory
 from .act import settle
 from .check import run_check
 from .jobenv import job_gpus
-from .reuse import fresh_baseline, last_state
+from .reuse import fresh_baseline, last_state, reset_cursor
 
 
 def run(settings, node: str, record: dict) -> int:
@@ -29,6 +29,7 @@ def run(settings, node: str, record: dict) -> int:
     own = bool(job and job.get("boot_id") == boot_id and isinstance(job.get("kmsg_seq"), int))
     if own:
         cursor = job["kmsg_seq"]  # Xids since this job started
+    cursor = max(cursor, reset_cursor(settings, node, boot_id))  # not the sweep's own GPU reset again
     gpus = job_gpus()
     start = (job or {}).get("counters", {})
 

@@ -12,6 +12,7 @@ import os
 import time
 
 from ..errors import CommandError
+from ..probes.commands import ENV  # amd-smi is Python run as root: none of the caller's PYTHON* variables
 from ..runner import run
 
 SMI_TIMEOUT = 60.0
@@ -27,7 +28,7 @@ def amd_parts(settings, node: str, add, parts: list, timing: dict, error) -> Non
     smi = settings.command("amd-smi", node)
     for name, args in COMMANDS:
         try:
-            out = run([smi] + list(args), SMI_TIMEOUT, ok_codes=range(256))
+            out = run([smi] + list(args), SMI_TIMEOUT, env=ENV, ok_codes=range(256))
             add(name, (out.stdout + (("\n# stderr (exit %d):\n" % out.rc) + out.stderr
                                      if out.rc or out.stderr else "")).encode())
         except CommandError as exc:

@@ -71,6 +71,8 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         from . import amdsysfs  # the kernel's files only: the prolog's too
 
         values["amd"] = amdsysfs.read(root, firmware=mode != "prolog")  # the firmware set: not before every job
+        if gpus:  # the epilog: only the job's GPUs' KFD processes (another job may be running beside it)
+            values["amd"] = _job_processes(values["amd"], gpus)
         values["pci_gpus"] = getattr(values["amd"], "pci_functions", values["amd"])
     durations["files"] = time.monotonic() - started
 
@@ -104,11 +106,14 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if amd:
         values["amd"] = _amd_merge(values)
     values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml, values.get("amd"))
+    if amd and isinstance(values["xids"], tuple):
+        values["xids"] = _after_own_reset(settings, node, values["boot_id"], values["xids"])
     if isinstance(kmsg_text, str):
         values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)
         values["kernel_log_lost"] = kernlog.lost_records(kmsg_text, xid_after, kmsg_overwritten)
     if mode in ("healthcheck", "verify"):
-        values["module_resident"] = files.module_resident(root)
+        if not amd:  # NVIDIA's module (/proc/driver/nvidia/version); amdgpu's is in the AMD facts
+            values["module_resident"] = files.module_resident(root)
         values["image"] = files.image(root)
         from .ib import read_hcas  # the health check's and verification's: not the prolog's
 
@@ -188,6 +193,32 @@ def _amd_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Ca
         levels = tuple(level) if isinstance(level, (list, tuple)) else (level,)
         jobs["rvs"] = lambda: rvs.staged(cmd("rvs"), levels, lambda: max(budget.left() - 2.0, 0.1))
     return jobs
+
+
+def _job_processes(amd, gpus) -> Any:
+    """The node's KFD processes narrowed to those on the job's GPUs (each
+    GPU's own list; one it could not read makes the whole answer unknown)."""
+    if failed(amd) or failed(amd.kfd_processes):
+        return amd
+    from ..record import replace
+
+    mine = [g for g in amd.gpus if g.index in set(gpus)]
+    unreadable = next((g.processes for g in mine if failed(g.processes)), None)
+    pids = unreadable if unreadable is not None else tuple(sorted({p for g in mine for p in g.processes or ()}))
+    return replace(amd, kfd_processes=pids)
+
+
+def _after_own_reset(settings, node, boot_id, events):
+    """amdgpu's events up to the sweep's last GPU reset of this boot are
+    left out, the older ones kept for a rate included: the reset's own
+    "GPU reset begin!" is no fault, and what came before it was what the
+    reset repaired (its verification judged the node after it)."""
+    from ..node.reuse import reset_cursor
+
+    floor = reset_cursor(settings, node, boot_id)
+    if floor < 0:
+        return events
+    return tuple(e for e in events if e.kind != "amdgpu" or e.seq is None or e.seq > floor)
 
 
 def _amd_merge(values: Dict[str, Any]) -> Any:

@@ -5,7 +5,7 @@ log say (gpugate.sim.amdnode has the sysfs ones):
                                     N/A fields) | hangs | is not installed
     amd.amd_smi=VERSION             amd-smi's library version (version --json)
     amd.xgmi_status=0               an amd-smi before 25.3 (no xgmi --link-status)
-    amd.rvs=absent|installed        RVS installed or not
+    amd.rvs=absent|installed|nolevels  RVS installed or not; nolevels: no -r levels for this GPU
     amd.rvs.fail.LEVEL=0,3|none     GPUs that fail `rvs -r LEVEL`
     amd.gpuN.ifwi=VERSION           the IFWI amd-smi static reports
     amd.gpuN.xgmi_down=K            XGMI links down (of 7)
@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from .kmsg import append
 from .values import parse_flag, parse_int
 
-KEYS = ["amd.smi=ok|kfd|hang|absent", "amd.amd_smi=VERSION", "amd.xgmi_status=0|1", "amd.rvs=absent|installed",
+KEYS = ["amd.smi=ok|kfd|hang|absent", "amd.amd_smi=VERSION", "amd.xgmi_status=0|1", "amd.rvs=absent|installed|nolevels",
         "amd.rvs.fail.LEVEL=0,3|none", "amd.gpuN.ifwi=VERSION", "amd.gpuN.xgmi_down=K",
         "amd.gpuN.threshold_exceeded=0|1", "amd.gpuN.reset_fails=0|1", "amd.gpuN.log=EVENT[:COUNT]"]
 _NODE = ("amd.smi", "amd.amd_smi", "amd.xgmi_status", "amd.rvs")
@@ -64,9 +64,10 @@ def set_key(model: Dict[str, Any], key: str, value: str) -> bool:
     elif key == "amd.xgmi_status":
         amd["xgmi_status"] = bool(parse_flag(value))
     elif key == "amd.rvs":
-        if value not in ("absent", "installed"):
-            raise ConfigError("amd.rvs: expected absent or installed, got %r" % value)
-        amd.setdefault("rvs", {"fail": {}})["installed"] = value == "installed"
+        if value not in ("absent", "installed", "nolevels"):
+            raise ConfigError("amd.rvs: expected absent, installed or nolevels, got %r" % value)
+        rvs = amd.setdefault("rvs", {"fail": {}})
+        rvs["installed"], rvs["nolevels"] = value != "absent", value == "nolevels"
     elif _RVS_FAIL.match(key):
         level = _RVS_FAIL.match(key).group(1)
         fail = amd.setdefault("rvs", {"installed": True}).setdefault("fail", {})

@@ -158,6 +158,9 @@ def _rvs(amd: Dict[str, Any], gpus: List[Dict[str, Any]]) -> Dict[str, Dict[str,
     rvs = amd.get("rvs") or {"installed": True, "fail": {}}
     if not rvs.get("installed", True) or not gpus:
         return {}
+    if rvs.get("nolevels"):  # RVS before ROCm 7.2, or a GPU before MI300X: no predefined levels (rvsexec.cpp)
+        said = "RVS-ERROR [CLI] No test levels support for the detected GPU or no GPU detected !\n"
+        return {"rvs -r %d" % level: {"stdout": "", "stderr": said, "rc": 255} for level in RVS_LEVELS}
     rule, double = "+" + "-" * 69 + "+", "+" + "=" * 69 + "+"
     overview = []
     for i, gpu in enumerate(gpus):

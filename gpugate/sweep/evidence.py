@@ -157,9 +157,10 @@ def controller_parts(sweeper, name: str) -> Tuple[List[Tuple[str, bytes]], List[
     answer = getattr(sweeper, "last_answers", {}).get(name)
     if isinstance(answer, dict):
         facts = answer.get("facts") if isinstance(answer.get("facts"), dict) else {}
-        diag = facts.get("dcgm_diag")
-        if diag is not None:
-            parts.append(("dcgm-diag.json", json.dumps(diag, indent=1, sort_keys=True).encode()[:PART_CAP]))
+        amd = facts.get("amd") if isinstance(facts.get("amd"), dict) else {}
+        for part, diag in (("dcgm-diag.json", facts.get("dcgm_diag")), ("rvs.json", amd.get("rvs"))):
+            if diag is not None:  # the diagnostic's answer: DCGM's, or the ROCm Validation Suite's on AMD
+                parts.append((part, json.dumps(diag, indent=1, sort_keys=True).encode()[:PART_CAP]))
         verify = {k: answer.get(k) for k in ("node", "fit", "reason", "findings", "mode") if k in answer}
         parts.append(("verify-answer.json", json.dumps(verify, indent=1, sort_keys=True).encode()[:PART_CAP]))
     smoke = _newest_smoke(str(sweeper.cfg.get("smoke_output_dir") or ""), name)

@@ -48,7 +48,7 @@ _NOT_RESET_XIDS = frozenset((79, 154))  # off the bus; 154 names its own recover
 # not recover), and what no repair does (pages it could not retire, the
 # driver's bad-page threshold reached): by the finding's observed words.
 _AMD_RESET_FIXES = {"ras": None, "ras_deferred": None, "xgmi": None, "bad_pages": ("pending",),
-                    "amdgpu_event": ("ue", "de", "ue_event", "poison", "ring_timeout")}
+                    "amdgpu_event": ("ue", "de", "ue_event", "poison"), "amdgpu_repeat": ("ring_timeout",)}
 _AMD_ESCALATE = {"bad_pages": ("unreservable", "threshold", "retired"), "amdgpu_event": ("bad_page_threshold",)}
 _REBOOT_FIXES |= set(_AMD_RESET_FIXES)
 
@@ -141,8 +141,9 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
             return REBOOT, "Xid %d: reset by reboot" % xid
         if component == "row_remap" and first.observed == "failure":
             return ESCALATE, "row remap failure: out of spare rows"
-        if _amd_words(first.observed, _AMD_ESCALATE.get(component, ())):
-            return ESCALATE, "health %s %s: no repair brings it back" % (component, first.observed)
+        final = [f for f in (ours.findings or (first,)) if _amd_words(f.observed, _AMD_ESCALATE.get(f.component, ()))]
+        if final:  # any of them, not only the first: a reboot would not bring it back either
+            return ESCALATE, "health %s %s: no repair brings it back" % (final[0].component, final[0].observed)
         if component in _REBOOT_FIXES:
             if resettable(ours, options):
                 return RESET, "health %s: a GPU reset clears it (reboot if it does not)" % component

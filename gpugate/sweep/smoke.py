@@ -161,6 +161,16 @@ def _partitions(slurm, units) -> Dict[str, str]:
     return out
 
 
+def _by_vendor(baseline, nodes) -> List[List[str]]:
+    """The nodes in groups of one GPU vendor, in their order (one group on a
+    one-vendor fleet): a 2-node job runs one vendor's collective library."""
+    vendor_for = getattr(baseline, "vendor_for", None)
+    groups: Dict[str, List[str]] = {}
+    for node in nodes:
+        groups.setdefault(vendor_for(node) if vendor_for is not None else "nvidia", []).append(node)
+    return list(groups.values())
+
+
 def _command_key(baseline, node: str, pair: bool) -> str:
     """[sweep] smoke / smoke_pair, or their _amd twins on an AMD node (rccl-tests)."""
     key = "smoke_pair" if pair else "smoke"
@@ -271,8 +281,10 @@ class SmokeStep:
                 passed = [n for n in group if results[n].passed]
                 lender = Lender(self.slurm, reservation, group, self.say) if self.cfg["pair_with_in_service"] else None
                 try:
-                    runs = run_rounds(passed, lambda pairs: run_pairs(self.slurm, self.cfg, self.baseline, pairs,
-                                                                      reservation, self.sleep, self.say), lender)
+                    runs = []
+                    for same in _by_vendor(self.baseline, passed):  # an MI300X never pairs with an H100
+                        runs += run_rounds(same, lambda pairs: run_pairs(self.slurm, self.cfg, self.baseline, pairs,
+                                                                         reservation, self.sleep, self.say), lender)
                 finally:
                     if lender is not None:
                         lender.give_back()

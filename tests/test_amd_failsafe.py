@@ -1,0 +1,129 @@
+"""AMD nodes fail safe where a review found they did not (issue 29): an
+unreadable kernel log, another job's process in the epilog, an empty FRU,
+an unreadable firmware file or PCI bus, the sweep's own reset in a rate, a
+finding no repair fixes that is not the first, pairs across vendors."""
+
+import json
+import os
+
+from conftest import ROOT, gpugate_cmd
+from test_amd_judges import CLEAN, baseline, gpu, node, reason, with_gpu
+from test_check_sim import sim_set
+
+from gpugate.facts import ProbeFailure
+from gpugate.record import replace
+
+MIXED = os.path.join(ROOT, "slurm_conf", "baseline.mixed.example.toml")
+
+
+def _fleet(tmp_path, nodes="mi[001-002]"):
+    path = str(tmp_path / "fleet")
+    result = gpugate_cmd("sim", "init", path, "--nodes", nodes, "--baseline", MIXED)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def _check(fleet, node="mi001", mode="healthcheck"):
+    result = gpugate_cmd("check", "--sim", fleet, "--node", node, "--mode", mode, "--json")
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+def test_an_unreadable_or_overrun_kernel_log_is_a_probe_finding_on_amd_too(tmp_path):
+    fleet = _fleet(tmp_path)
+    kmsg = os.path.join(fleet, "mi001", "root", "dev", "kmsg")
+    os.unlink(kmsg)
+    os.mkdir(kmsg)
+    data = _check(fleet)
+    assert data["class"] == "probe" and "kernel_log=" in data["reason"], data["reason"]
+    # Records overwritten after a cursor (the sweep's reset here) before they were read.
+    assert gpugate_cmd("reset-gpus", "--sim", fleet, "--node", "mi002", "--json").returncode == 0
+    sim_set(fleet, "mi002", "kmsg.flood=3000")
+    data = _check(fleet, "mi002", "verify")
+    assert "kernel_log=lost" in (data["reason"] or ""), data["reason"]
+
+
+def test_the_sweeps_own_reset_is_no_gpu_reset_event_for_any_later_run(tmp_path):
+    fleet = _fleet(tmp_path)
+    result = gpugate_cmd("reset-gpus", "--sim", fleet, "--node", "mi001", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _check(fleet)["fit"] is True  # a health check from the start of the kernel log
+    sim_set(fleet, "mi001", "amd.gpu0.log=reset_begin")  # a reset of the driver's own, after ours: counted
+    data = _check(fleet)
+    from gpugate.findings import is_acute
+
+    assert "amdgpu_repeat:gpu0=gpu_reset x1" in data["reason"], data["reason"]
+    assert not is_acute("health", "amdgpu_repeat")  # a rate: budgeted, as NVIDIA's xid_repeat
+
+
+def test_epilog_counts_only_the_jobs_own_gpus_processes():
+    from gpugate.judges import judge
+    from gpugate.verdict import decide
+
+    b = baseline()
+    facts = replace(node(mode="epilog"), amd=replace(node().amd, kfd_processes=()))  # as narrowed to the job
+    assert decide(judge(b, facts), "gpugate:").fit
+    unknown = replace(facts, amd=replace(facts.amd, kfd_processes=ProbeFailure("amdgpu_sysfs", "error", "x")))
+    assert decide(judge(b, unknown), "gpugate:").reason == "gpugate: probe processes=error (want answer)"
+
+
+def test_job_processes_are_narrowed_to_the_jobs_gpus():
+    from gpugate.probes import _job_processes
+
+    gpus = [gpu(i, processes=(4242,) if i == 5 else ()) for i in range(8)]
+    amd = replace(node(gpus).amd, kfd_processes=(4242,))
+    assert _job_processes(amd, [0, 1]).kfd_processes == ()
+    assert _job_processes(amd, [5]).kfd_processes == (4242,)
+    broken = [gpu(i, processes=ProbeFailure("amdgpu_sysfs", "error", "topology")) for i in range(8)]
+    assert _job_processes(replace(node(broken).amd, kfd_processes=(1,)), [0]).kfd_processes.kind == "error"
+
+
+def test_an_empty_fru_falls_back_to_the_nodesets_device_id_or_says_so():
+    facts = with_gpu(2, product=None, vbios="999-BAD")
+    assert "vbios:gpu2=999-BAD (want 113-M3000108-103)" in reason(facts).reason  # device_id 0x74a1 is pinned
+    b = baseline()
+    no_id = replace(b, resolved_amd=replace(b.amd_expect_for("mi01"), device_id=None))
+    verdict = reason(facts, no_id)
+    assert verdict.reason == "gpugate: probe product:gpu2=FRU empty (want a product name [or the nodeset's " \
+                             "device_id])", verdict.reason
+
+
+def test_an_unreadable_firmware_or_bus_is_a_probe_never_drift_or_missing_gpus():
+    import copy
+
+    from gpugate.baseline import parse_baseline
+    from test_amd_judges import BASELINE, PRODUCT
+
+    data = copy.deepcopy(BASELINE)
+    data["pin"]["amdgpu_firmware"] = {PRODUCT: {"mec": "0x000000a6"}}
+    b = parse_baseline(data, "b")
+    facts = with_gpu(0, firmware={"mec": ProbeFailure("amdgpu_sysfs", "error", "garbage")})
+    assert reason(facts, b).reason == "gpugate: probe amdgpu_firmware:gpu0=error (want answer)"
+    bus = node([], pci_functions=ProbeFailure("amdgpu_sysfs", "error", "class: garbage"))
+    assert reason(bus).reason == "gpugate: probe pci=error (want answer)"
+
+
+def test_a_finding_no_repair_fixes_escalates_wherever_it_stands_in_the_reason():
+    from gpugate import reason as reasons
+    from gpugate.sweep.plan import ESCALATE, Options, remedy_for
+
+    text = reason(node([gpu(0, ras=dict(CLEAN, umc=(2, 0, 0))), gpu(1, bad_pages=(0, 0, 1))] +
+                       [gpu(i) for i in range(2, 8)])).reason
+    assert text.index("ras:gpu0") < text.index("bad_pages:gpu1=1 unreservable")
+    assert remedy_for(reasons.parse(text, "gpugate:"), Options())[0] == ESCALATE
+
+
+def test_pairs_never_cross_vendors():
+    from gpugate.sweep.smoke import _by_vendor
+
+    b = baseline()
+    assert _by_vendor(b, ["gpu01", "mi01", "gpu02", "mi02"]) == [["gpu01", "gpu02"], ["mi01", "mi02"]]
+
+
+def test_what_an_older_amd_smi_or_ras_off_leaves_unjudged_is_listed():
+    from gpugate.facts import unchecked_facts
+
+    old = ProbeFailure("amd_smi", "unchecked", "this amd-smi has no xgmi --link-status (AMD SMI 25.3+)")
+    facts = node([gpu(i, xgmi=old, ras=None if i == 3 else dict(CLEAN)) for i in range(8)])
+    listed = dict(unchecked_facts(facts))
+    assert listed["xgmi"].startswith("this amd-smi has no xgmi") and "ras:gpu3" in listed
