@@ -1,7 +1,7 @@
 """Benchmark: the prolog's hot path, as slurmd runs it, against the
 interpreter it runs in and against LBNL NHC, measured in one interleaved run.
 
-    python3 bench/bench_prolog.py [--repeat 30] [--venv DIR] [--nhc TARBALL|none]
+    python3 bench/bench_prolog.py [--repeat 30] [--venv DIR] [--nhc TARBALL|none] [--vendor amd]
 
 gpugate is installed into a new venv (no system site-packages) from a wheel
 of this tree, as the README installs it (--venv: an existing one, e.g.
@@ -17,7 +17,9 @@ variables slurmd sets (no PATH):
 Medians of interleaved runs, wall time (the targets) and CPU time (user +
 system, children included: less moved by other load on the machine); peak RSS from GNU time (/usr/bin/time, Debian's
 "time"; without it wait4's, an upper bound).  Targets: hot <= 3x the
-reference and faster than NHC, cold <= 5x, peak RSS <= 50 MB.  Exit 1 when
+reference and faster than NHC, cold <= 5x, peak RSS <= 50 MB.  --vendor amd
+measures the same on a simulated 8x MI300X node of the mixed example
+baseline (amdgpu's sysfs read instead of NVML).  Exit 1 when
 a target is missed, 2 when the reference is not the prolog's own clean
 interpreter (it would import site packages the prolog's environment does not).
 """
@@ -40,6 +42,9 @@ from gpugate import nhcbuild as _nhc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOT, COLD = "gpu01", "gpu02"
+SOURCE_BASELINE = [os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")]
+VENDORS = {"nvidia": ("gpu01", "gpu02", "gpu[01-02]", os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")),
+           "amd": ("mi001", "mi002", "mi[001-002]", os.path.join(ROOT, "slurm_conf", "baseline.mixed.example.toml"))}
 TARGETS = {"hot_x": 3.0, "cold_x": 5.0, "rss_mb": 50.0}
 
 
@@ -55,9 +60,9 @@ def setup(work: str, bindir: str) -> str:
     """A root-only simulated fleet (gpugate refuses anything else) and its
     gpugate.toml; a fresh fit verdict on HOT, none on COLD."""
     baseline = os.path.join(work, "baseline.toml")
-    shutil.copyfile(os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml"), baseline)
+    shutil.copyfile(SOURCE_BASELINE[0], baseline)
     fleet = os.path.join(work, "fleet")
-    subprocess.run([os.path.join(bindir, "gpugate"), "sim", "init", fleet, "--nodes", "gpu[01-02]",
+    subprocess.run([os.path.join(bindir, "gpugate"), "sim", "init", fleet, "--nodes", "%s,%s" % (HOT, COLD),
                     "--baseline", baseline], check=True, stdout=subprocess.DEVNULL, timeout=120)
     config = os.path.join(work, "gpugate.toml")
     with open(config, "w") as handle:
@@ -113,7 +118,10 @@ def main() -> int:
     parser.add_argument("--venv", help="an environment gpugate is installed in (default: a new clean venv)")
     parser.add_argument("--python", default="", help="the interpreter to make the new venv with")
     parser.add_argument("--nhc", default=_nhc.vendored(ROOT), help="NHC source tarball, or 'none'")
+    parser.add_argument("--vendor", choices=sorted(VENDORS), default="nvidia", help="the simulated node's GPUs")
     args = parser.parse_args()
+    global HOT, COLD
+    HOT, COLD, _, SOURCE_BASELINE[0] = VENDORS[args.vendor]
     work = tempfile.mkdtemp(prefix="gpugate-bench-")  # root's, mode 0700
     lastgood = []
     try:
