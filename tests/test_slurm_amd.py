@@ -120,3 +120,9 @@ def test_amd_drift_drains_as_drift_and_a_missing_driver_as_broken(mixed):
     cluster.sim("set", "FLEET", "gpu03", "amd.rocm=7.1.1")
     cluster.wait_for(lambda: "drain" in cluster.state("gpu03"), 60, "gpu03 drained")
     assert cluster.reason("gpu03").startswith("gpugate: drift rocm=7.1.1 (want 7.2.1)")
+    # `gpugate status`: the fleet by class and partition, vendor-blind.
+    status = gpugate_json(cluster, "status")
+    assert [e["node"] for e in status["gpugate"]["broken"]] == ["gpu04"]
+    assert [e["node"] for e in status["gpugate"]["drift"]] == ["gpu03"]
+    assert status["partitions"]["mi300x"] == {"members": 2, "in_service": 0, "gpugate": 2, "others": 0}
+    assert status["partitions"]["h100"]["in_service"] == 2
