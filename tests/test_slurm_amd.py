@@ -126,3 +126,12 @@ def test_amd_drift_drains_as_drift_and_a_missing_driver_as_broken(mixed):
     assert [e["node"] for e in status["gpugate"]["drift"]] == ["gpu03"]
     assert status["partitions"]["mi300x"] == {"members": 2, "in_service": 0, "gpugate": 2, "others": 0}
     assert status["partitions"]["h100"]["in_service"] == 2
+    # The sweep: a reboot loads amdgpu again, the drift is reconverged (ROCm), both verified
+    # (RVS, the rccl smoke job) and resumed.
+    code, report, err = run_sweep(cluster)
+    assert code == 0, err
+    outcomes = report["outcomes"]
+    assert (outcomes["gpu04"]["result"], outcomes["gpu03"]["result"]) == ("resumed", "resumed"), report
+    assert (outcomes["gpu04"]["remedy"], outcomes["gpu03"]["remedy"]) == ("reboot", "reconverge"), report
+    model = json.load(open(os.path.join(cluster.fleet, "gpu03", "node.json")))
+    assert model["amd"]["rocm"] == "7.2.1"

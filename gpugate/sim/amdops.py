@@ -44,6 +44,21 @@ def converge(amd: Dict[str, Any], baseline, node: str) -> None:
             gpu["power_cap_w"] = expect.power_limit_watts
 
 
+def reboot(amd: Dict[str, Any]) -> None:
+    """What a reboot does to an AMD node: amdgpu loads again ("live"; a node
+    set to keep it from loading stays so: amd.initstate=blacklisted), its RAS
+    counters start at zero, pending pages are retired, no process is left."""
+    if amd.get("initstate") in ("absent", "unloaded"):
+        amd["initstate"] = "live"
+    for gpu in amd["gpus"]:
+        if gpu.get("ras"):
+            gpu["ras"] = {block: [0, 0, 0] for block in gpu["ras"]}
+        pages = gpu.get("bad_pages") or {}
+        pages["retired"] = pages.get("retired", 0) + pages.get("pending", 0)
+        pages["pending"] = 0
+        gpu["processes"] = []
+
+
 def reset(fleet, fleet_dir: str, node: str, model: Dict[str, Any], args: List[str]) -> int:
     """`amd-smi reset -G -g all --json` on the simulated node."""
     amd = model["amd"]

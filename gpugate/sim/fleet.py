@@ -298,10 +298,15 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
     baseline (or its [previous] block) says.  Hardware faults stay."""
     target = baseline.as_previous() if previous else baseline
     pin = target.pin
-    if model.get("amd") is not None:
+    if model.get("amd") is not None:  # an AMD node: its stack, and what both vendors share
         from .amdops import converge as amd_converge
 
         amd_converge(model["amd"], target, model["node"])
+        model["kernel"] = pin.kernel or model["kernel"]
+        if pin.image and model.get("image") is not None:
+            model["image"]["version"] = pin.image
+        sim_ib.converge(model, pin)
+        return
     if pin.driver:
         model["nvml"]["driver"] = pin.driver
         model["module"]["on_disk"] = pin.driver  # the resident module changes at the reboot

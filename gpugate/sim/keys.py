@@ -114,6 +114,10 @@ def reboot(m: Dict[str, Any]) -> None:
         gpu["processes"] = []
         gpu["lost"] = False
         gpu["hang"] = None
+    if m.get("amd") is not None:
+        from .amdops import reboot as amd_reboot
+
+        amd_reboot(m["amd"])
 
 
 # GPU keys: gpu.N.<key> -> setter(gpu_dict, value, model, index)
