@@ -131,6 +131,10 @@ def _new_amd_model(node: str, baseline) -> Dict[str, Any]:
     from . import amdnode
 
     expect, amd_expect, pin = baseline.expect_for(node), baseline.amd_expect_for(node), baseline.pin
+    if amd_expect.vendor != "amd":  # --vendor amd on a node an NVIDIA nodeset names: none of its shape applies
+        from ..baseline import NodeExpect
+
+        expect = NodeExpect()
     product = expect.product or amdnode.DEFAULT_PRODUCT
     gpu_args = {"device_id": amd_expect.device_id or amdnode.DEFAULT_DEVICE}
     if amd_expect.compute_partition:
