@@ -127,3 +127,17 @@ def test_what_an_older_amd_smi_or_ras_off_leaves_unjudged_is_listed():
     facts = node([gpu(i, xgmi=old, ras=None if i == 3 else dict(CLEAN)) for i in range(8)])
     listed = dict(unchecked_facts(facts))
     assert listed["xgmi"].startswith("this amd-smi has no xgmi") and "ras:gpu3" in listed
+
+
+def test_a_baseline_that_names_an_nvidia_node_amd_never_reads_as_gpus_lost():
+    from types import SimpleNamespace
+
+    from gpugate.judges import lost
+
+    nvidia_record = {"gpus_high": 8}  # a record written before vendors (or by NVIDIA's probes)
+    assert lost.high_for(nvidia_record, "nvidia") == 8
+    assert lost.high_for(nvidia_record, "amd") is None  # a typo'd vendor = "amd" counts AMD functions: 0
+    facts = SimpleNamespace(nvml=None, pci_gpus=0, amd=None)
+    assert lost.judge(lost.high_for(nvidia_record, "amd"), 8, facts) == []
+    assert lost.judge(lost.high_for(nvidia_record, "nvidia"), 8, facts)[0].acute  # same vendor: lost, acute
+    assert lost.high_for({"gpus_high": 8, "gpus_vendor": "amd"}, "amd") == 8

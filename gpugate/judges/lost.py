@@ -42,6 +42,16 @@ def judge(high: Optional[int], expected: Optional[int], facts) -> List[Finding]:
     return [Finding(HEALTH, "gpus_lost", str(fewest), "%d as before" % high, REBOOT)]
 
 
+def high_for(last, vendor: str) -> Optional[int]:
+    """The high-water mark the node's last record kept, when it counted the
+    same vendor's GPUs: a baseline that names the node another vendor (a
+    typo'd vendor = "amd") counts other devices, and must not read as GPUs
+    lost (acute, outside the drain budget) on every node it names."""
+    if not isinstance(last, dict) or last.get("gpus_vendor", "nvidia") != vendor:
+        return None
+    return last.get("gpus_high")
+
+
 def next_high(high: Optional[int], expected: Optional[int], facts) -> Optional[int]:
     """The high-water mark to keep after this run."""
     fewest, most = counts(facts)

@@ -129,7 +129,7 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     # verification after it, which starts from the same place.
     j.cursor = max(j.cursor, reset_cursor(settings, node, j.boot_id))
     j.expected_gpus = j.baseline.expect_for(node).gpus
-    last_high = j.last.get("gpus_high")
+    last_high = lost.high_for(j.last, j.baseline.vendor_for(node))
     j.clocks, j.links = j.last.get("clocks"), j.last.get("ib_links")
 
     def history(facts):  # what this node showed before: GPUs, HCA ports and counters, clock-event time
@@ -180,7 +180,8 @@ def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) ->
         "baseline_sig": st.file_signature(settings.baseline),
         "config_sig": st.file_signature(settings.source),
         "resolved": j.baseline.resolved_for(node),
-        "gpus_high": lost.next_high(j.last.get("gpus_high"), j.expected_gpus, facts),
+        "gpus_high": lost.next_high(lost.high_for(j.last, j.baseline.vendor_for(node)), j.expected_gpus, facts),
+        "gpus_vendor": j.baseline.vendor_for(node),  # the high-water mark counts this vendor's GPUs
         "ib": hca.next_state(j.last.get("ib"), facts),  # ports seen ACTIVE, error counters
         "clocks": j.clocks,  # clock-event counters and the last judged interval per GPU (judges.throttle)
         "ib_links": j.links,  # flap windows and error-rate intervals per port (judges.iblinks)

@@ -58,7 +58,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
         from .lastgood import load_baseline
 
         baseline = load_baseline(settings, record, node)  # on an error, the entry point cancels the reader
-    high, expected = (last or {}).get("gpus_high"), baseline.expect_for(node).gpus
+    high, expected = lost.high_for(last or {}, baseline.vendor_for(node)), baseline.expect_for(node).gpus
     result = run_check(settings, baseline, node, "prolog", xid_after=cursor, gpus=gpus, nvml_started=nvml,
                        extra=lambda facts: lost.judge(high, expected, facts))
     facts = result.facts
