@@ -141,3 +141,20 @@ def test_a_baseline_that_names_an_nvidia_node_amd_never_reads_as_gpus_lost():
     assert lost.judge(lost.high_for(nvidia_record, "amd"), 8, facts) == []
     assert lost.judge(lost.high_for(nvidia_record, "nvidia"), 8, facts)[0].acute  # same vendor: lost, acute
     assert lost.high_for({"gpus_high": 8, "gpus_vendor": "amd"}, "amd") == 8
+
+
+def test_an_amd_node_whose_nodeset_lacks_vendor_amd_is_never_drained_at_once(tmp_path):
+    """A baseline that forgot vendor = "amd": no libnvidia-ml and no NVIDIA GPU
+    on the bus is no broken NVIDIA stack (module, dkms: acute), only findings
+    the drain budget bounds."""
+    from conftest import DEMO_BASELINE
+    from gpugate.findings import is_acute
+
+    path = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", path, "--nodes", "gpu01", "--vendor", "amd",
+                       "--baseline", DEMO_BASELINE).returncode == 0
+    result = gpugate_cmd("check", "--sim", path, "--node", "gpu01", "--baseline", DEMO_BASELINE, "--json")
+    data = json.loads(result.stdout)
+    assert data["fit"] is False
+    assert any(f["component"] == "nvml" and f["class"] == "probe" for f in data["findings"]), data["reason"]
+    assert not any(is_acute(f["class"], f["component"]) for f in data["findings"]), data["reason"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from ..facts import DAEMONS, NOT_RUNNING, ProbeFailure, failed, unchecked
-from ..findings import BROKEN, HEALTH, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
+from ..findings import BROKEN, HEALTH, INVESTIGATE, PROBE, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
 from .common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
@@ -24,6 +24,8 @@ _NVML_INIT = {
 def judge(baseline, expect, facts) -> List[Finding]:
     out: List[Finding] = []
     out += _nvml(facts)
+    if _not_nvidia(facts):  # no NVIDIA GPU and no NVIDIA library: its missing module is no broken stack
+        return out + _bus(expect, facts)
     out += _module(facts)
     out += _bus(expect, facts)
     out += _services(expect, facts)
@@ -36,9 +38,23 @@ def _nvml(facts):
         return []
     if nvml.kind != "nvml":
         return [probe_finding("nvml", nvml)]  # hung or unusable binding: we cannot tell
+    if _not_nvidia(facts):
+        # No libnvidia-ml and no NVIDIA GPU on the bus (sysfs, the health check):
+        # not an NVIDIA node at all, whatever the baseline says (an AMD node whose
+        # nodeset lacks vendor = "amd").  The file's word, so budgeted: such a
+        # baseline must not drain a whole AMD fleet outside the drain budget.
+        return [Finding(PROBE, "nvml", "no NVIDIA GPU or library", "nvml ok", INVESTIGATE,
+                        detail='an AMD node? set vendor = "amd" in its nodeset; ' + nvml.describe())]
     observed, action = _NVML_INIT.get(nvml.code, ("nvml error %s" % nvml.code, RELOAD_OR_REBOOT))
     cls = HEALTH if nvml.code == 15 else BROKEN
     return [Finding(cls, "nvml", observed, "nvml ok", action, detail=nvml.describe())]
+
+
+def _not_nvidia(facts) -> bool:
+    """libnvidia-ml missing and no NVIDIA GPU on the bus (sysfs: the health
+    check and verify; the prolog does not read the bus)."""
+    nvml = facts.nvml
+    return isinstance(nvml, ProbeFailure) and nvml.kind == "nvml" and nvml.code == 12 and facts.pci_gpus == 0
 
 
 def _module(facts):

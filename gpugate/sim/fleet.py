@@ -151,7 +151,8 @@ def _new_amd_model(node: str, baseline) -> Dict[str, Any]:
         amd["amd_smi_version"] = pin.amd_smi
     return {
         "node": node, "vendor": "amd", "amd": amd,
-        "nvml": {"init_error": None, "hang": None, "driver": None, "cuda": 0, "gpus": [], "errors": {}},
+        # No libnvidia-ml on an AMD node: NVML_ERROR_LIBRARY_NOT_FOUND (12), as pynvml says it there.
+        "nvml": {"init_error": 12, "hang": None, "driver": None, "cuda": 0, "gpus": [], "errors": {}},
         "kernel": pin.kernel or "6.8.0-60-generic", "boot_id": str(uuid.uuid4()),
         "boot_time": int(time.time()) - 3600, "module": {"resident": None, "on_disk": None}, "dkms": True,
         "image": {"version": pin.image or "gpu-image-1", "built": "2026-11-01"},
