@@ -10,6 +10,8 @@ calls them as json does, with json's defaults, and falls back to the json
 package where ``_json`` is missing or refuses (another interpreter).
 Same values in, same text out (tests/test_jsontext.py compares them)."""
 
+from . import lazyre
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing costs the prolog milliseconds
     from typing import Any, Callable, Optional
@@ -61,6 +63,74 @@ def loads(text) -> "Any":
         return _refused(text, "Unreadable", start)
     if _skip(text, at) != end:
         return _refused(text, "Extra data", at)
+    return value
+
+
+# What another host wrote (a node's answer to the controller): limits, so that
+# no answer can raise anything but ValueError or take minutes (issue 33).
+MAX_DEPTH = 64  # nesting: a check's answer needs about 8
+MAX_CHARS = 64 << 20
+MAX_NUMBER = 100  # characters of one number (int() of a long one is quadratic before 3.11)
+
+
+def loads_bounded(text, max_depth: int = MAX_DEPTH, max_chars: int = MAX_CHARS, max_number: int = MAX_NUMBER,
+                  expect: "Optional[type]" = None) -> "Any":
+    """loads(text) for text another host wrote.  ValueError, and no other
+    error, when it is not JSON, is longer than max_chars, nests deeper than
+    max_depth, holds a number longer than max_number characters, or its
+    value is not an ``expect``.  The depth is counted before the parse, in a
+    loop (json recurses: 100,000 levels raise RecursionError)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if not isinstance(text, str):
+        raise ValueError("not JSON text: %s" % type(text).__name__)
+    if len(text) > max_chars:
+        raise ValueError("JSON text of %d characters (at most %d)" % (len(text), max_chars))
+    depth = nesting(text)
+    if depth > max_depth:
+        raise ValueError("JSON nested %d levels deep (at most %d)" % (depth, max_depth))
+    try:
+        value = _bounded_scan(text, max_number)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the documented error, whatever the scanner raised
+        raise ValueError("unreadable JSON: %s: %s" % (type(exc).__name__, str(exc)[:100])) from None
+    if expect is not None and not isinstance(value, expect):
+        raise ValueError("JSON %s where %s was expected" % (type(value).__name__, expect.__name__))
+    return value
+
+
+# A JSON string, or an unterminated one to the end of the text: it always
+# matches where it starts, so a scan never backtracks over the rest twice.
+_STRING = lazyre.Lazy(r'"[^"\\]*(?:\\[\s\S][^"\\]*)*(?:"|\\?\Z)')
+_NOT_BRACKET = lazyre.Lazy(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of brackets outside strings, counted in C-speed
+    passes (no recursion, no Python loop per character).  Exact for JSON;
+    for text that is not, at least as deep as any parser gets before it fails."""
+    from itertools import accumulate
+
+    marks = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, marks)), default=0)
+
+
+def _bounded_scan(text: str, max_number: int) -> "Any":
+    def bounded(kind):
+        def parse(digits: str):
+            if len(digits) > max_number:
+                raise ValueError("a number of %d characters in JSON (at most %d)" % (len(digits), max_number))
+            return kind(digits)
+        return parse
+
+    import json  # json's own errors (JSONDecodeError); the parse itself is _json's, as above
+
+    decoder = json.JSONDecoder(parse_int=bounded(int), parse_float=bounded(float))
+    value, at = decoder.raw_decode(text, _skip(text, 0))
+    if _skip(text, at) != len(text):
+        raise ValueError("Extra data: char %d" % at)
     return value
 
 

@@ -132,3 +132,77 @@ def test_errors_are_jsons_own_in_a_process_that_never_loaded_json():
         "JSONDecodeError: Expecting value: line 1 column 4 (char 3)",
         "JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
         "JSONDecodeError: Extra data: line 1 column 4 (char 3)"]
+
+
+# -- loads_bounded: what a node answers the controller (issue 33, item 5) --
+
+def _depth(value) -> int:
+    """The nesting json.dumps writes for the value, counted without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (list, dict)):
+            level += 1
+            todo += [(v, level) for v in (item.values() if isinstance(item, dict) else item)]
+        deepest = max(deepest, level)
+    return deepest
+
+
+def _longest_number(text: str) -> int:
+    return max((len(m) for m in re.findall(r"-?[0-9][0-9.eE+-]*", re.sub(r'"(?:[^"\\]|\\.)*"', '""', text))),
+               default=0)
+
+
+_DEEP = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(
+    alphabet='[]{}"\\,:ab', max_size=6), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(alphabet='[]{}"\\a', max_size=3), inner, max_size=3), max_leaves=40)
+
+
+@given(_DEEP, st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=30))
+def test_loads_bounded_reads_json_within_its_limits_and_refuses_beyond(value, max_depth, max_number):
+    text = json.dumps(value)
+    assert jsontext.nesting(text) == _depth(value)
+    within = _depth(value) <= max_depth and _longest_number(text) <= max_number
+    try:
+        got = jsontext.loads_bounded(text, max_depth=max_depth, max_number=max_number)
+    except ValueError:
+        assert not within
+        return
+    assert within and _same(got, value)
+
+
+_ODD = st.lists(st.sampled_from(['[', ']', '{', '}', '"', '\\', ',', ':', '1', '-', 'e', '.', ' ', 'a', 'null',
+                                 '"a":', '"\\"', '1' * 40, 'NaN', '\ud800', '\x00', '[[[[[[[[', ']]]]]]]]']),
+                max_size=40).map("".join) | st.text(max_size=40)
+
+
+@given(_ODD, st.integers(min_value=0, max_value=6), st.sampled_from([None, dict, list]))
+def test_loads_bounded_returns_a_value_within_its_limits_or_raises_valueerror_only(text, max_depth, expect):
+    try:
+        got = jsontext.loads_bounded(text, max_depth=max_depth, max_number=30, expect=expect)
+    except ValueError:  # the one documented error: never RecursionError, TypeError, ...
+        return
+    assert _depth(got) <= max_depth and (expect is None or isinstance(got, expect))
+    assert _same(got, json.loads(text))
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100000 + "]" * 100000,
+    '{"a":' * 100000 + "1" + "}" * 100000,
+    '{"node": "gpu1", "fit": true, "x": ' + "[" * 100000,  # not even closed
+])
+def test_a_100000_deep_answer_is_a_valueerror_not_a_recursionerror(text):
+    with pytest.raises(ValueError, match="nested 10000[01] levels deep"):
+        jsontext.loads_bounded(text)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("[" + "9" * 100000 + "]", "a number of 100000 characters"),
+    ('{"a": 1}' + " " * 100, "of 108 characters"),
+    ('[1, 2]', "list where dict was expected"),
+    (b'{"a": "\xff"}', "can't decode"),
+    ('"\\"\\"\\"', "Unterminated string"),
+])
+def test_loads_bounded_says_which_limit(text, what):
+    with pytest.raises(ValueError, match=re.escape(what)):
+        jsontext.loads_bounded(text, max_chars=200000 if len(text) > 1000 else 100, expect=dict)
