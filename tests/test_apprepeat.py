@@ -1,7 +1,8 @@
 """A GPU's own history (gpugate.judges.apprepeat, gpugate.node.xidhistory):
-the application's Xids repeating on one GPU across different jobs become a
-finding naming the count and the jobs; one job's burst does not; the
-record stays bounded."""
+the application's Xids repeating on one GPU across jobs of different users
+become a finding naming the count and the jobs; one job's burst, one user's
+jobs, one Xid seen by several jobs' epilogs do not; the record stays
+bounded by jobs (issue 33, item 1)."""
 
 import json
 import os
@@ -18,18 +19,27 @@ from test_node_side import node_env, run_entry  # noqa: F401  (the fixture)
 
 POLICY = parse_baseline({"pin": {"driver": "1"}}, "b").health
 BUS = "0000:3a:00"
+BUSES = {0: "0000:18:00", 1: "0000:2a:00", 2: "0000:3a:00", 3: "0000:5d:00"}
+_SEQ = [0]
 
 
-def _facts(*xids, bus=BUS):
-    events = tuple(XidEvent(xid=x, pci_bus_id=bus, text="pid=1, name=python3") for x in xids)
-    return NodeFacts(node="n", mode="epilog", collected_at=0.0, xids=events)
+def _facts(*xids, bus=BUS, gpu=2, seq=None):
+    events = []
+    for x in xids:
+        _SEQ[0] += 1
+        events.append(XidEvent(xid=x, pci_bus_id=bus, text="pid=1, name=python3", gpu=gpu,
+                               seq=_SEQ[0] if seq is None else seq, timestamp=1.7e9))
+    return NodeFacts(node="n", mode="epilog", collected_at=0.0, xids=tuple(events))
 
 
 def _replay(jobs, policy=POLICY, step=600.0):
-    """jobs: [(job id, [xids])], one epilog each, step seconds apart -> findings after each."""
+    """jobs: [(job id, [xids]) or (job id, [xids], user)], one epilog each
+    on GPU 2, step seconds apart -> findings after each.  Each job its own
+    user unless named."""
     history, seen = None, []
-    for i, (job, xids) in enumerate(jobs):
-        history = apprepeat.record(history, _facts(*xids), job, i * step, policy)
+    for i, job in enumerate(jobs):
+        user = job[2] if len(job) > 2 else "u" + job[0]
+        history = apprepeat.record(history, _facts(*job[1]), job[0], user, [2], i * step, policy)
         seen.append(apprepeat.judge(history, _facts(), i * step, policy))
     return seen, history
 
@@ -39,13 +49,13 @@ def test_one_jobs_burst_never_drains():
     assert seen == [[], []]
 
 
-def test_repeating_across_jobs_is_a_budgeted_finding_naming_the_jobs():
+def test_repeating_across_jobs_of_different_users_is_a_budgeted_finding_naming_the_jobs():
     seen, _ = _replay([("101", [13]), ("102", [13, 13]), ("103", [31])])
     assert seen[:2] == [[], []]
     (finding,) = seen[2]
     assert (finding.cls, finding.component, finding.observed, finding.expected) == (
         "health", "xid_repeat", "xid 13+31 in 3 jobs", "< 3 jobs within 24h")
-    assert "jobs 101, 102, 103" in finding.detail and BUS in finding.detail
+    assert "jobs 101, 102, 103 of users u101, u102, u103" in finding.detail and BUS in finding.detail
     assert not finding.acute and not is_acute("health", "xid_repeat")
 
 
@@ -56,26 +66,111 @@ def test_other_xids_other_gpus_and_old_entries_do_not_count():
     assert seen[2] == []
     history = None
     for i, bus in enumerate(("0000:18:00", "0000:2a:00", "0000:3a:00")):
-        history = apprepeat.record(history, _facts(13, bus=bus), str(i), 0.0, POLICY)
+        history = apprepeat.record(history, _facts(13, bus=bus, gpu=i), str(i), "u%d" % i, [i], 0.0, POLICY)
     assert apprepeat.judge(history, _facts(), 0.0, POLICY) == []
 
 
 def test_off_and_job_less_runs_record_nothing():
     off = parse_baseline({"pin": {"driver": "1"}, "health": {"xid_app_jobs_max": 0}}, "b").health
     assert _replay([("101", [13]), ("102", [13]), ("103", [13])], policy=off)[0][2] == []
-    assert apprepeat.record(None, _facts(13), "", 0.0, POLICY) == {"gpus": {}}
+    assert apprepeat.record(None, _facts(13), "", "1", [2], 0.0, POLICY) == {"gpus": {}}
+    # slurmd did not say which GPUs the job held: its Xids may be another job's.
+    assert apprepeat.record(None, _facts(13), "7", "1", None, 0.0, POLICY) == {"gpus": {}}
+
+
+def test_attack_one_xid_counts_once_for_the_job_whose_gpu_it_was_on():
+    """Four overlapping jobs on GPUs 0, 1, 3 and 2, one Xid 31 on GPU 2:
+    each epilog sees it since its prolog; only the job on GPU 2 records it,
+    once (before: 'xid 31 in 3 jobs', then 'in 4 jobs')."""
+    event = _facts(31, seq=77)  # the same kernel-log record, read by every epilog
+    history = None
+    for i, (job, gpu) in enumerate((("201", 0), ("202", 1), ("203", 3), ("204", 2))):
+        history = apprepeat.record(history, event, job, "u" + job, [gpu], float(i), POLICY)
+        assert apprepeat.judge(history, _facts(), float(i), POLICY) == []
+    assert list(history["gpus"]) == [BUS] and list(history["gpus"][BUS]["jobs"]) == ["204"]
+    # Two jobs sharing the GPU (sharding): the record still counts once.
+    history = apprepeat.record(history, event, "205", "u205", [2], 5.0, POLICY)
+    assert list(history["gpus"][BUS]["jobs"]) == ["204"]
+
+
+def test_attack_one_users_jobs_are_the_application():
+    """Three jobs as uid 65534, each raising one Xid 31 on the same GPU: one
+    user's application, not the GPU (before: drained, then rma)."""
+    seen, _ = _replay([("301", [31], "65534"), ("302", [31], "65534"), ("303", [31], "65534"),
+                       ("304", [31], "65534")])
+    assert seen == [[], [], [], []]
+    # A second user on the same GPU makes it the place's.
+    seen, _ = _replay([("301", [31], "65534"), ("302", [31], "65534"), ("303", [13], "1001")])
+    assert [f.observed for f in seen[2]] == ["xid 13+31 in 3 jobs"]
+
+
+def test_a_user_whose_faults_follow_them_across_gpus_is_set_aside_and_said_so():
+    history = None
+    for i, (job, user, gpu) in enumerate((("401", "500", 0), ("402", "500", 2), ("403", "501", 2),
+                                          ("404", "502", 2))):
+        history = apprepeat.record(history, _facts(13, bus=BUSES[gpu], gpu=gpu), job, user, [gpu], float(i),
+                                   POLICY)
+    assert apprepeat.judge(history, _facts(), 9.0, POLICY) == []  # 500's two jobs do not count
+    history = apprepeat.record(history, _facts(31), "405", "503", [2], 10.0, POLICY)
+    (finding,) = apprepeat.judge(history, _facts(), 11.0, POLICY)
+    assert finding.observed == "xid 13+31 in 3 jobs"
+    assert "not counted, the application's (their Xids follow them across GPUs): user 500 on 0000:18:00, " \
+           "0000:3a:00" in finding.detail
+
+
+def test_attack_a_crash_loop_cannot_push_other_jobs_out():
+    """Jobs A and B with one Xid 13 each, then job C with 60 (before: only
+    the last 50 events per GPU were kept: job C's, and no finding)."""
+    seen, history = _replay([("A", [13]), ("B", [13]), ("C", [13] * 60)])
+    assert [f.observed for f in seen[2]] == ["xid 13 in 3 jobs"]
+    assert history["gpus"][BUS]["jobs"]["C"][2:] == [[13], 60]
+    # One user's flood of short jobs keeps at most the limit's worth of them.
+    seen, history = _replay([("A", [13]), ("B", [13])] + [("F%d" % i, [13], "65534") for i in range(100)])
+    assert {"A", "B"} <= set(history["gpus"][BUS]["jobs"]) and len(history["gpus"][BUS]["jobs"]) == 5
+
+
+def test_clear_and_marks():
+    _, history = _replay([("101", [13]), ("102", [13]), ("103", [31])])
+    assert apprepeat.standing(history, 1200.0, POLICY) == [BUS]
+    marked = apprepeat.mark_drained(history, [BUS], 1300.0)
+    assert apprepeat.marked(marked) == {BUS: 1300.0}
+    assert apprepeat.standing(apprepeat.clear(marked, [BUS]), 1300.0, POLICY) == []
+    assert apprepeat.marked(apprepeat.clear(marked, [BUS])) == {}
+    kept = apprepeat.clear(marked, [BUS], before=700.0)  # only the entries after 700 s stay
+    assert sorted(kept["gpus"][BUS]["jobs"]) == ["103"]
+    assert apprepeat.clear(marked, ["0000:18:00"]) == marked
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10 ** 6), st.lists(st.sampled_from([13, 31, 43, 94]), max_size=5),
-                          st.sampled_from(["0000:18:00", "0000:2a:00", "0000:3a:00"])), max_size=200))
+@given(st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 5),
+                          st.lists(st.sampled_from([13, 31, 43, 94]), max_size=70),
+                          st.sampled_from([0, 1, 2])), max_size=200))
 def test_the_record_stays_bounded(runs):
     history = None
-    for i, (job, xids, bus) in enumerate(runs):
-        history = apprepeat.record(history, _facts(*xids, bus=bus), str(job), float(i), POLICY)
-    for entries in (history or {"gpus": {}})["gpus"].values():
-        assert 0 < len(entries) <= apprepeat.MAX_ENTRIES
+    for i, (job, user, xids, gpu) in enumerate(runs):
+        history = apprepeat.record(history, _facts(*xids, bus=BUSES[gpu], gpu=gpu), str(job), str(user), [gpu],
+                                   float(i), POLICY)
+    for gpu in (history or {"gpus": {}})["gpus"].values():
+        assert 0 < len(gpu["jobs"]) <= apprepeat.MAX_JOBS and len(gpu["seen"]) <= apprepeat.MAX_SEEN
+        users = [e[1] for e in gpu["jobs"].values()]
+        assert all(users.count(u) <= POLICY.xid_app_jobs_max for u in users)
+        assert all(len(e[2]) <= apprepeat.MAX_XIDS for e in gpu["jobs"].values())
     assert len(json.dumps(history)) < 64 * 1024
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ABCDEFGH"), st.sampled_from(["1", "2", "3"]),
+                          st.integers(1, 60)), min_size=1, max_size=40))
+def test_a_job_is_one_entry_however_many_xids(runs):
+    """Whatever the order and the counts, each job is one entry, and the
+    finding is a function of the jobs and users only."""
+    history = None
+    for i, (job, user, n) in enumerate(runs):
+        history = apprepeat.record(history, _facts(*[13] * n), job, user + job, [2], float(i), POLICY)
+    jobs = history["gpus"][BUS]["jobs"]
+    assert set(jobs) == {job for job, _, _ in runs}
+    found = apprepeat.judge(history, _facts(), float(len(runs)), POLICY)
+    assert bool(found) == (len(jobs) >= POLICY.xid_app_jobs_max)
 
 
 def _log(env):
@@ -83,12 +178,16 @@ def _log(env):
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def _job(job, gpus="0,1,2,3,4,5,6,7", uid=None):
+    return {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "SLURM_JOB_UID": uid or str(1000 + int(job) % 100)}
+
+
 def test_epilogs_of_different_jobs_build_the_history_and_the_health_check_keeps_it(node_env):  # noqa: F811
     fleet = node_env["fleet"]
     for job in ("101", "102", "103"):
-        assert run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": job}).returncode == 0
+        assert run_entry("prolog", node_env, extra_env=_job(job)).returncode == 0
         gpugate_cmd("sim", "set", fleet, "gpu01", "gpu.2.xid=13", check=True)
-        run_entry("epilog", node_env, extra_env={"SLURM_JOB_ID": job})
+        run_entry("epilog", node_env, extra_env=_job(job))
     last = _log(node_env)[-1]
     assert last["mode"] == "epilog" and last["verdict"] == "unfit", last
     assert "xid_repeat:gpu2=xid 13 in 3 jobs (want < 3 jobs within 24h)" in last["reason"]
@@ -98,7 +197,37 @@ def test_epilogs_of_different_jobs_build_the_history_and_the_health_check_keeps_
 
 def test_a_crash_loop_in_one_job_drains_nothing(node_env):  # noqa: F811
     fleet = node_env["fleet"]
-    assert run_entry("prolog", node_env, extra_env={"SLURM_JOB_ID": "7"}).returncode == 0
+    assert run_entry("prolog", node_env, extra_env=_job("7")).returncode == 0
     gpugate_cmd("sim", "set", fleet, "gpu01", *(["gpu.2.xid=13"] * 5), check=True)
-    assert run_entry("epilog", node_env, extra_env={"SLURM_JOB_ID": "7"}).returncode == 0
+    assert run_entry("epilog", node_env, extra_env=_job("7")).returncode == 0
     assert _log(node_env)[-1]["verdict"] == "fit"
+
+
+def test_attack_overlapping_jobs_on_other_gpus_do_not_count_one_xid(node_env):  # noqa: F811
+    """Four overlapping jobs on GPUs 0, 1, 3 and 2 of one node, one Xid 31
+    on GPU 2: before, the third epilog logged 'xid 31 in 3 jobs', the
+    fourth 'in 4 jobs'.  Now it counts once, for the job on GPU 2."""
+    fleet = node_env["fleet"]
+    jobs = (("201", "0"), ("202", "1"), ("203", "3"), ("204", "2"))
+    for job, gpu in jobs:
+        assert run_entry("prolog", node_env, extra_env=_job(job, gpu)).returncode == 0
+    gpugate_cmd("sim", "set", fleet, "gpu01", "gpu.2.xid=31", check=True)
+    for job, gpu in jobs:
+        run_entry("epilog", node_env, extra_env=_job(job, gpu))
+        assert "xid_repeat" not in (_log(node_env)[-1].get("reason") or ""), (job, _log(node_env)[-1])
+    with open(os.path.join(node_env["state"], "gpu01", "xid-history.json")) as handle:
+        gpus = json.load(handle)["gpus"]
+    assert [list(g["jobs"]) for g in gpus.values()] == [["204"]]
+
+
+def test_attack_one_user_raising_xids_in_three_jobs_drains_nothing(node_env):  # noqa: F811
+    """Three short jobs as uid 65534, each raising one Xid 31 on the same
+    GPU: before, published, drained and escalated to rma."""
+    fleet = node_env["fleet"]
+    for job in ("301", "302", "303"):
+        assert run_entry("prolog", node_env, extra_env=_job(job, "2", uid="65534")).returncode == 0
+        gpugate_cmd("sim", "set", fleet, "gpu01", "gpu.2.xid=31", check=True)
+        assert run_entry("epilog", node_env, extra_env=_job(job, "2", uid="65534")).returncode == 0
+        assert _log(node_env)[-1]["verdict"] == "fit", _log(node_env)[-1]
+    run_entry("healthcheck", node_env)
+    assert "xid_repeat" not in (_log(node_env)[-1].get("reason") or "")

@@ -82,7 +82,8 @@ def replay(rig, node, steps):
         elif step[0] == "healthcheck":
             run_entry("healthcheck", rig, node)
         else:
-            job = {"SLURM_JOB_ID": step[1]}
+            # slurmd names the job's GPUs and user (each job its own here).
+            job = {"SLURM_JOB_ID": step[1], "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7", "SLURM_JOB_UID": "1" + step[1]}
             run_entry("prolog", rig, node, job)
             if step[2:]:
                 gpugate_cmd("sim", "set", rig["fleet"], node, *step[2:], check=True)

@@ -2,20 +2,37 @@
 keeps it in the state directory).
 
 The catalog blames Xids 13, 31, 43 and 94 on the application (restart it),
-so one never drains.  A bad GPU hides there: the same GPU (its PCI bus id:
+so one never drains.  A bad GPU hides there.  As NVIDIA NVSentinel's
+analyzer, the place decides, not the count: the same GPU (its PCI bus id:
 the slot, whatever the index) showing them in ``[health] xid_app_jobs_max``
-different jobs within ``xid_app_window_seconds`` is a ``health
-xid_repeat`` finding naming the count, the Xids and the jobs.  One job's
-burst (a crash loop inside one job, eight ranks dying together) is one job
-and never drains.
+jobs of different users within ``xid_app_window_seconds`` is a ``health
+xid_repeat`` finding (its first rung: a GPU reset and the deep diagnostic,
+gpugate.sweep.plan).  What never counts:
 
-Only the epilog records (it knows the job: SLURM_JOB_ID, and its Xids are
-those since the job's prolog); the epilog and the health check both judge
-the record, so a drain does not lift between jobs.  Budgeted, not acute: a
-user's broken application submitted as a job array crashes on the GPUs of
-many nodes, each in many jobs; the drain budget bounds that.  The record
-is bounded: at most MAX_GPUS GPUs, MAX_ENTRIES entries each, none older
-than the window."""
+- one job twice: a crash loop inside one job (60 Xids, eight ranks dying
+  together) is one entry, the job's, with its Xids;
+- one Xid twice: each kernel-log record counts once, for the job whose GPU
+  it was on (the job's own GPUs, SLURM_JOB_GPUS); overlapping jobs on other
+  GPUs of a shared node never claim it, and an Xid on a GPU no finished job
+  held counts for no job;
+- one user alone: their jobs' Xids on one GPU, however many, are their
+  application's (the same user's jobs are one witness);
+- a user whose faults follow them across this node's GPUs: the
+  application's, not the GPU's (said in the detail), not counted anywhere.
+
+Only the epilog records (it knows the job, its user: SLURM_JOB_UID, and its
+GPUs; its Xids are those since the job's prolog); the epilog and the health
+check judge the record, so a drain does not lift between jobs.  Budgeted,
+not acute: a user's broken application run as a job array crashes on the
+GPUs of many nodes; the drain budget bounds that.
+
+The record is bounded by jobs, not events: per GPU at most MAX_JOBS jobs
+and, per user, as many as the limit needs (one user's flood of short jobs
+cannot push the other users' entries out), each job one entry of at most
+MAX_XIDS distinct Xids; at most MAX_GPUS GPUs; nothing older than the
+window.  A GPU's entries are cleared (``clear``) when its deep diagnostic
+passed, and when the node was returned to service by someone who may
+(gpugate.node.xidhistory)."""
 
 from __future__ import annotations
 
@@ -24,58 +41,192 @@ from ..findings import HEALTH, RESET_GPU, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
-    from typing import Dict, List, Optional
+    from typing import Dict, Iterable, List, Optional, Sequence
 
 MAX_GPUS = 64
-MAX_ENTRIES = 50
+MAX_JOBS = 64  # jobs kept per GPU (the limit is at most 50)
+MAX_XIDS = 8  # distinct Xids kept per job
+MAX_SEEN = 128  # kernel-log records per GPU already counted: one Xid counts once
 MAX_JOB = 64  # characters of a job id kept
+MAX_USER = 16  # characters of a uid kept
+_COUNT_CAP = 10 ** 6
 
 
-def record(history: Optional[dict], facts, job: str, now: float, policy) -> dict:
-    """The history with this job's fresh application Xids added, and
-    entries older than the window dropped."""
+def app_event(event) -> bool:
+    """An application fault of the job on its GPU (NVIDIA's application Xids)."""
     from ..xidcatalog import APP_XIDS
 
-    gpus: Dict[str, list] = {}
-    for bus, entries in ((history or {}).get("gpus") or {}).items():
-        if isinstance(entries, list):
-            gpus[str(bus)] = [e for e in entries if _entry(e) and 0 <= now - e[0] < policy.xid_app_window_seconds]
+    return event.kind == "xid" and event.xid in APP_XIDS
+
+
+def record(history: Optional[dict], facts, job: str, user: str, gpus: Optional[Sequence[int]], now: float,
+           policy) -> dict:
+    """The history with this job's fresh application Xids on its own GPUs
+    (host indices; None: unknown, nothing recorded) added, and entries
+    older than the window dropped."""
+    window = policy.xid_app_window_seconds
+    table = _load(history, now, window)
     events = facts.xids
-    if job and isinstance(events, tuple):
+    if job and gpus is not None and isinstance(events, tuple):
+        mine = set(gpus)
+        job, user = str(job)[:MAX_JOB], (str(user)[:MAX_USER] or "?" + str(job)[:MAX_JOB])
         for event in events:
-            if event.fresh and event.kind == "xid" and event.xid in APP_XIDS and event.pci_bus_id:
-                gpus.setdefault(event.pci_bus_id, []).append([now, str(job)[:MAX_JOB], event.xid])
-    kept = {bus: entries[-MAX_ENTRIES:] for bus, entries in gpus.items() if entries}
-    newest = sorted(kept, key=lambda bus: -kept[bus][-1][0])[:MAX_GPUS]
-    return {"gpus": {bus: kept[bus] for bus in sorted(newest)}}
+            if not (event.fresh and app_event(event) and event.gpu in mine and event.pci_bus_id):
+                continue
+            gpu = table.setdefault(event.pci_bus_id, {"jobs": {}, "seen": []})
+            key = _key(event)
+            if key is not None and key in gpu["seen"]:
+                continue  # counted already, for the job that ended first
+            if key is not None:
+                gpu["seen"] = (gpu["seen"] + [key])[-MAX_SEEN:]
+            entry = gpu["jobs"].get(job) or [now, user, [], 0]
+            xids = sorted(set(entry[2]) | {event.xid})[:MAX_XIDS]
+            gpu["jobs"][job] = [now, entry[1], xids, min(entry[3] + 1, _COUNT_CAP)]
+    per_user = max(int(policy.xid_app_jobs_max or 0), 1)
+    out = {}
+    for bus, gpu in table.items():
+        jobs = _bounded(gpu["jobs"], per_user)
+        if jobs:
+            out[bus] = {"jobs": jobs, "seen": gpu["seen"][-MAX_SEEN:]}
+    newest = sorted(out, key=lambda bus: -max(e[0] for e in out[bus]["jobs"].values()))[:MAX_GPUS]
+    result = {"gpus": {bus: out[bus] for bus in sorted(newest)}}
+    marks = _marks(history)
+    if marks:
+        result["drained"] = {bus: t for bus, t in marks.items() if bus in result["gpus"]}
+    return result
+
+
+def _key(event) -> Optional[str]:
+    """One kernel-log record: its sequence number, with its time (a reboot
+    starts the numbers again)."""
+    if event.seq is None:
+        return None
+    return "%d@%d" % (event.seq, int(event.timestamp or 0))
+
+
+def _bounded(jobs: Dict[str, list], per_user: int) -> Dict[str, list]:
+    """Newest first: at most ``per_user`` jobs of each user, MAX_JOBS in all."""
+    kept: Dict[str, list] = {}
+    users: Dict[str, int] = {}
+    for job, entry in sorted(jobs.items(), key=lambda kv: (-kv[1][0], kv[0])):
+        if len(kept) >= MAX_JOBS:
+            break
+        if users.get(entry[1], 0) >= per_user:
+            continue
+        users[entry[1]] = users.get(entry[1], 0) + 1
+        kept[job] = entry
+    return dict(sorted(kept.items()))
+
+
+def _load(history: Optional[dict], now: float, window: float) -> Dict[str, dict]:
+    """{bus: {"jobs": {job: [t, user, xids, n]}, "seen": [key]}}, well-formed
+    and within the window only (anything else in the file is dropped)."""
+    out: Dict[str, dict] = {}
+    gpus = (history or {}).get("gpus") if isinstance(history, dict) else None
+    for bus, gpu in (gpus.items() if isinstance(gpus, dict) else ()):
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("jobs"), dict):
+            continue  # the old per-event list: no users, no GPUs of the job; starts again
+        jobs = {str(job): e for job, e in gpu["jobs"].items() if _entry(e) and 0 <= now - e[0] < window}
+        seen = [k for k in gpu.get("seen") or () if isinstance(k, str)][-MAX_SEEN:]
+        out[str(bus)] = {"jobs": jobs, "seen": seen}
+    return out
 
 
 def _entry(e) -> bool:
-    return (isinstance(e, list) and len(e) == 3 and isinstance(e[0], (int, float)) and isinstance(e[1], str)
-            and isinstance(e[2], int))
+    return (isinstance(e, list) and len(e) == 4 and isinstance(e[0], (int, float)) and isinstance(e[1], str)
+            and isinstance(e[2], list) and all(isinstance(x, int) for x in e[2]) and isinstance(e[3], int))
+
+
+def _marks(history) -> Dict[str, float]:
+    marks = history.get("drained") if isinstance(history, dict) else None
+    return {str(b): t for b, t in marks.items() if isinstance(t, (int, float))} if isinstance(marks, dict) else {}
+
+
+def _found(history: Optional[dict], now: float, policy) -> list:
+    """[(bus, {job: entry} counted, users, {user: buses} set aside)] of the
+    GPUs whose application Xids came from enough jobs of different users."""
+    limit = policy.xid_app_jobs_max
+    if not limit:
+        return []
+    table = _load(history, now, policy.xid_app_window_seconds)
+    places: Dict[str, set] = {}
+    for bus, gpu in table.items():
+        for entry in gpu["jobs"].values():
+            places.setdefault(entry[1], set()).add(bus)
+    # Faults that follow a user from GPU to GPU are the user's application.
+    followers = {user: sorted(buses) for user, buses in places.items() if len(buses) > 1}
+    out = []
+    for bus, gpu in sorted(table.items()):
+        counted = {job: e for job, e in gpu["jobs"].items() if e[1] not in followers}
+        users = sorted({e[1] for e in counted.values()})
+        if len(counted) >= limit and len(users) >= min(2, limit):
+            out.append((bus, counted, users, {u: b for u, b in followers.items() if bus in b}))
+    return out
 
 
 def judge(history: Optional[dict], facts, now: float, policy) -> List[Finding]:
-    """One finding per GPU whose application Xids came from enough
-    different jobs within the window."""
-    limit = policy.xid_app_jobs_max
-    if not limit or not isinstance(history, dict):
-        return []
+    """One finding per GPU whose application Xids came from enough jobs of
+    different users within the window."""
     index = _indexes(facts)
+    hours = policy.xid_app_window_seconds / 3600.0
     out = []
-    for bus, entries in sorted((history.get("gpus") or {}).items()):
-        recent = [e for e in entries if _entry(e) and 0 <= now - e[0] < policy.xid_app_window_seconds] \
-            if isinstance(entries, list) else []
-        jobs = sorted({e[1] for e in recent})
-        if len(jobs) < limit:
-            continue
-        xids = sorted({e[2] for e in recent})
-        hours = policy.xid_app_window_seconds / 3600.0
-        out.append(Finding(HEALTH, "xid_repeat", "xid %s in %d jobs" % ("+".join(map(str, xids)), len(jobs)),
-                           "< %d jobs within %gh" % (limit, hours), RESET_GPU, gpu=index.get(bus),
-                           detail="GPU %s: jobs %s (the application's Xids, in different jobs: the GPU's)"
-                           % (bus, ", ".join(jobs[-10:]))))
+    for bus, counted, users, aside in _found(history, now, policy):
+        xids = sorted({x for e in counted.values() for x in e[2]})
+        detail = ("GPU %s: jobs %s of users %s (the application's Xids on the same GPU for different users: "
+                  "the GPU's; reset it and run the deep diagnostic)"
+                  % (bus, ", ".join(sorted(counted)[-10:]), ", ".join(_user(u) for u in users[-10:])))
+        if aside:
+            detail += "; not counted, the application's (their Xids follow them across GPUs): " + "; ".join(
+                "user %s on %s" % (_user(u), ", ".join(aside[u][:4])) for u in sorted(aside)[:3])
+        out.append(Finding(HEALTH, "xid_repeat", "xid %s in %d jobs" % ("+".join(map(str, xids)), len(counted)),
+                           "< %d jobs within %gh" % (policy.xid_app_jobs_max, hours), RESET_GPU,
+                           gpu=index.get(bus), detail=detail))
     return out
+
+
+def _user(user: str) -> str:
+    return "unknown (job %s)" % user[1:] if user.startswith("?") else user
+
+
+def standing(history: Optional[dict], now: float, policy) -> List[str]:
+    """The PCI bus ids of the GPUs the history holds a finding for."""
+    return [found[0] for found in _found(history, now, policy)]
+
+
+def clear(history: Optional[dict], buses: Optional[Iterable[str]] = None, before: Optional[float] = None) -> dict:
+    """The history without these GPUs' entries (every GPU's: None), or
+    only those recorded at or before ``before``; their marks go too."""
+    gpus = dict((history or {}).get("gpus") or {}) if isinstance(history, dict) else {}
+    wanted = set(gpus) if buses is None else set(buses)
+    out = {}
+    for bus, gpu in gpus.items():
+        if bus not in wanted or not isinstance(gpu, dict) or not isinstance(gpu.get("jobs"), dict):
+            out[bus] = gpu
+            continue
+        jobs = {j: e for j, e in gpu["jobs"].items() if before is not None and _entry(e) and e[0] > before}
+        if jobs:
+            out[bus] = dict(gpu, jobs=jobs)
+        elif gpu.get("seen"):
+            out[bus] = {"jobs": {}, "seen": gpu["seen"]}  # a record counted stays counted
+    result = {"gpus": out}
+    marks = {b: t for b, t in _marks(history).items() if b not in wanted}
+    if marks:
+        result["drained"] = marks
+    return result
+
+
+def mark_drained(history: Optional[dict], buses: Iterable[str], now: float) -> dict:
+    """The history with these GPUs marked: their finding was seen drained."""
+    out = dict(history or {"gpus": {}})
+    marks = _marks(history)
+    for bus in buses:
+        marks.setdefault(bus, now)
+    out["drained"] = marks
+    return out
+
+
+def marked(history: Optional[dict]) -> Dict[str, float]:
+    return _marks(history)
 
 
 def _indexes(facts) -> Dict[str, int]:
@@ -89,4 +240,4 @@ def _indexes(facts) -> Dict[str, int]:
     return out
 
 
-__all__ = ["record", "judge"]
+__all__ = ["record", "judge", "standing", "clear", "mark_drained", "marked", "app_event"]

@@ -35,12 +35,15 @@ def run(settings, node: str, record: dict) -> int:
 
     def during_job(facts):
         # The GPUs' history of application Xids records only this job's own
-        # (since its prolog): Xids since the last health check may be another job's.
-        return deltas(start, facts) + xidhistory.after_job(settings, node, facts, job_id if own else "",
-                                                           baseline.health, record)
+        # (since its prolog, on its own GPUs, with its user): Xids since the
+        # last health check, or on other GPUs, may be another job's.
+        return deltas(start, facts) + xidhistory.after_job(
+            settings, node, facts, job_id if own else "", os.environ.get("SLURM_JOB_UID", ""), gpus,
+            baseline.health, record)
 
     result = run_check(settings, baseline, node, "epilog", xid_after=cursor, gpus=gpus,
                        processes=gpus is not None,  # other GPUs may belong to other jobs
+                       job=job_id,  # and other jobs' processes on its GPUs (gpugate.probes.owners)
                        extra=during_job)
     if job_file:
         try:
