@@ -250,6 +250,9 @@ class NodeFacts:
     # {"records", "first", "last"}: records overwritten before they were read
     # (gpugate.probes.kernlog.lost_records); None when none are known lost.
     kernel_log_lost: Any = None
+    # What the kernel-log follower says of them (gpugate.probes.gpujournal.coverage):
+    # {"follower": "following"|"down"|"absent", "covered": bool, "why": ...}; never a finding.
+    kernel_log_follower: Any = None
     nvml: Any = None  # NvmlFacts | ProbeFailure
     hcas: Any = None  # tuple of Hca (/sys/class/infiniband); None when not read (the prolog)
     imex: Any = None  # ImexStatus; None unless the nodeset is an IMEX domain member

@@ -1,5 +1,7 @@
 """Issue 24, items 1 and 6: kernel-log events come only from the kernel, and
-records lost before gpugate read them are a finding, never silence.
+records lost before gpugate read them are said, never silence (issue 33: a
+metric and a log field where jobs run, a finding only in the sweep's
+verification; tests/test_kmsg_follow.py).
 
 A job's user can make the kernel log text of their choosing at kernel facility
 (a mount option tmpfs refuses, the path of a file exec'd with no argv), and
@@ -74,10 +76,20 @@ def test_a_ring_whose_oldest_record_is_past_the_cursor_lost_records():
     assert probe.lost_records(_ring(1001, 4000), 1000, False) is None  # the very next record
     # No cursor (the first run of a boot): a ring that wrapped before it is not counted (module docstring).
     assert probe.lost_records(_ring(3842, 4000), -1, False) is None
-    (finding,) = xids.lost_finding(probe.lost_records(_ring(3842, 4000), 1000, False))
-    assert (finding.cls, finding.component, finding.acute) == ("probe", "kernel_log", False)  # budgeted
+    lost = probe.lost_records(_ring(3842, 4000), 1000, False)
+    for mode in ("healthcheck", "prolog", "epilog"):  # where a job's user runs: never a finding (issue 33)
+        assert xids.lost_finding(_facts(mode, lost)) == []
+    (finding,) = xids.lost_finding(_facts("verify", lost))  # the sweep's verification, no follower read them
+    assert (finding.cls, finding.component) == ("probe", "kernel_log")
     assert render("gpugate:", "probe", [finding]) == \
         "gpugate: probe kernel_log=lost 2841 records seq 1001-3841 (want none lost)"
+    assert xids.lost_finding(_facts("verify", lost, {"follower": "following", "covered": True})) == []
+
+
+def _facts(mode, lost, cover=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(mode=mode, kernel_log_lost=lost, kernel_log_follower=cover)
 
 
 class _FakeKmsg:
@@ -106,11 +118,11 @@ def test_epipe_while_reading_is_lost_records(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "read", _FakeKmsg([OSError(errno.EPIPE, "Broken pipe"), "6,40,2,-;b\n"]))
     text, overwritten = probe.read_kmsg(str(path))
     assert probe.lost_records(text, -1, overwritten) == {"records": None, "first": None, "last": None}
-    (finding,) = xids.lost_finding(probe.lost_records(text, -1, overwritten))
+    (finding,) = xids.lost_finding(_facts("verify", probe.lost_records(text, -1, overwritten)))
     assert finding.observed == "lost records while reading"
 
 
-def test_a_flood_on_a_simulated_node_is_a_finding_that_clears_once_the_cursor_moves(fleet, settings_for):
+def test_a_flood_on_a_simulated_node_is_said_but_no_finding(fleet, settings_for):
     from gpugate.node.check import run_check
 
     settings, baseline = settings_for(fleet), load_baseline(DEMO_BASELINE)
@@ -122,7 +134,8 @@ def test_a_flood_on_a_simulated_node_is_a_finding_that_clears_once_the_cursor_mo
     gpugate_cmd("sim", "set", fleet, "gpu01", "gpu.2.xid=79", "kmsg.flood=3000", check=True)
     result = run_check(settings, baseline, "gpu01", "healthcheck", xid_after=cursor)
     assert result.facts.kernel_log_lost == {"records": 2001, "first": 1001, "last": 3001}
-    assert result.verdict.reason == "gpugate: probe kernel_log=lost 2001 records seq 1001-3001 (want none lost)"
+    # No finding (issue 33): the Xid the ring lost is the follower's to keep (tests/test_kmsg_follow.py).
+    assert result.verdict.fit and result.facts.kernel_log_follower["covered"] is False
     # The next run, from the cursor this one stored: nothing lost, nothing to say.
     again = run_check(settings, baseline, "gpu01", "healthcheck", xid_after=result.facts.kernel_log_seq)
     assert again.facts.kernel_log_lost is None and again.verdict.fit

@@ -32,7 +32,7 @@ def judge(baseline, expect, facts) -> List[Finding]:
 
     if isinstance(facts.xids, ProbeFailure):  # a kernel log that could not be read: no amdgpu event is known
         out.append(probe_finding("kernel_log", facts.xids))
-    out += lost_finding(facts.kernel_log_lost)
+    out += lost_finding(facts)  # the sweep's verification only (its docstring says why)
     out += amdevents.judge(baseline.health, facts)
     if amd is None:  # facts read as another vendor's (a nodeset that became AMD's): nothing is known
         return out + [Finding(PROBE, "amdgpu", "not read", "amdgpu facts", INVESTIGATE,

@@ -22,7 +22,7 @@ _DETAIL = 120
 
 
 def judge(policy, facts):
-    events, lost = facts.xids, lost_finding(facts.kernel_log_lost)
+    events, lost = facts.xids, lost_finding(facts)
     if isinstance(events, ProbeFailure):
         return [probe_finding("xid", events)] + lost
     if events:
@@ -53,12 +53,18 @@ def judge(policy, facts):
     return out + lost
 
 
-def lost_finding(lost) -> list:
-    """Kernel-log records overwritten before gpugate read them (a flood can push
-    an Xid out of the ring): a probe finding, within the drain budget (a user's
-    flood on many nodes must not drain beyond it).  It clears on the next run
-    that loses nothing: the run that reports it moves the cursor on."""
-    if not isinstance(lost, dict):
+def lost_finding(facts) -> list:
+    """Kernel-log records lost before gpugate read them (issue 33): no finding
+    where a job runs.  A job's user can flood the ring on any node at will;
+    the follower's journal (gpugate.probes.gpujournal) holds the GPU records
+    the ring lost, and what was lost is a metric, a log field and a status
+    column (facts.kernel_log_lost, kernel_log_follower), never a drain nor a
+    share of the drain budget.  Only the sweep's verification (mode verify:
+    the node is drained, no job's user runs there) holds a node out of
+    service for records lost that no follower read either: it must not
+    RESUME a node with an Xid unseen since its repair."""
+    lost, cover = facts.kernel_log_lost, facts.kernel_log_follower
+    if facts.mode != "verify" or not isinstance(lost, dict) or (isinstance(cover, dict) and cover.get("covered")):
         return []
     count = lost.get("records")
     if isinstance(count, int):
@@ -66,7 +72,8 @@ def lost_finding(lost) -> list:
     else:
         observed = "lost records while reading"  # EPIPE at the start of a boot's first read: no count
     return [Finding(PROBE, "kernel_log", observed, "none lost", INVESTIGATE,
-                    detail="kernel log records overwritten before gpugate read them: an Xid among them went unseen")]
+                    detail="kernel log records overwritten before gpugate or its follower read them: "
+                           "an Xid among them went unseen")]
 
 
 def fatal(text: str) -> bool:

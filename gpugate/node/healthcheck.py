@@ -208,6 +208,10 @@ def _log_fields(record: dict, j: _Judged, outcome: dict) -> None:
                   durations={k: round(v, 3) for k, v in j.facts.durations.items()})
     if j.in_grace:
         record["boot_grace"] = True
+    follower = j.facts.kernel_log_follower
+    if j.facts.kernel_log_lost is not None or (isinstance(follower, dict) and follower.get("follower") != "following"):
+        # Records a flood overwrote, and whether the follower read them: said, never a finding.
+        record.update(kernel_log_lost=j.facts.kernel_log_lost, kernel_log_follower=follower)
     if "jitter" in outcome:
         record["jitter"] = outcome["jitter"]
     for key in ("backend", "backend_why"):

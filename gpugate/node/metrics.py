@@ -120,7 +120,7 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
          "a rising count of non-fatal NVLink Xids/SXids shows a link degrading before it drains.",
          kernel_log_samples(facts.xids)),
         lock_stuck_family(stuck or {}),
-    ] + hca_families(facts) + service_families(facts)
+    ] + kernel_log_families(facts) + hca_families(facts) + service_families(facts)
     if nhc:  # [nhc] configured: what the site's NHC said in the last health check
         families.append(("gpugate_nhc_result", "gauge",
                          "1 for the last result of the site's NHC run by the health check.",
@@ -186,6 +186,33 @@ def kernel_log_samples(events) -> list:
         key = (event.kind, event.where.split(":")[0] if event.kind == "amdgpu" else str(event.xid))
         counts[key] = counts.get(key, 0) + 1
     return [("gpugate_kernel_log_events", {"kind": kind, "code": code}, n) for (kind, code), n in sorted(counts.items())]
+
+
+def kernel_log_families(facts) -> list:
+    """Records the ring lost since the last check (a user's flood can do it),
+    those of them no follower read (Xids there may be missed), and the
+    follower's own state (gpugate.probes.gpujournal.coverage).  Metrics
+    only: none of it is a finding, a drain or a share of the budget."""
+    lost = getattr(facts, "kernel_log_lost", None)
+    cover = getattr(facts, "kernel_log_follower", None)
+    if not isinstance(cover, dict):
+        return []
+    records = lost.get("records") if isinstance(lost, dict) else 0
+    records = records if isinstance(records, int) else 1  # lost while read, count unknown: at least one
+    unwatched = 0 if cover.get("covered", True) else records
+    return [("gpugate_kernel_log_lost_records", "gauge",
+             "Kernel-log records the ring overwrote before the last check read them (a flood of kernel records); "
+             "never a drain: the follower's journal holds the GPU drivers' records.",
+             [("gpugate_kernel_log_lost_records", {}, records)]),
+            ("gpugate_kernel_log_unwatched_records", "gauge",
+             "Of those, records the kernel-log follower did not read either (down, absent, or it lost them too): "
+             "an Xid among them may be missed.", [("gpugate_kernel_log_unwatched_records", {}, unwatched)]),
+            ("gpugate_kmsg_follower_up", "gauge",
+             "1 when gpugate kmsg-follow's heartbeat of this boot is fresh.",
+             [("gpugate_kmsg_follower_up", {}, 1 if cover.get("follower") == "following" else 0)]),
+            ("gpugate_kmsg_follower_lost_records", "gauge",
+             "Kernel-log records gpugate kmsg-follow itself could not read this boot (the ring overwrote them first).",
+             [("gpugate_kmsg_follower_lost_records", {}, int(cover.get("follower_lost_records") or 0))])]
 
 
 def hca_families(facts) -> list:

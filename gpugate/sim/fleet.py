@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 from ..errors import ConfigError
 from . import ib as sim_ib
 from . import outputs, quiet, sysroot
+from .kmsg import ring_text
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
@@ -214,8 +215,7 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         "proc/sys/kernel/osrelease": model["kernel"] + "\n",
         "proc/sys/kernel/random/boot_id": model["boot_id"] + "\n",
         "proc/stat": "cpu  0 0 0 0\nbtime %d\n" % model["boot_time"],
-        # PRI 6: the kernel's facility (0), level info; "pri": a record from user space (sim key kmsg.user)
-        "dev/kmsg": "".join("%d,%d,%d,-;%s\n" % (r.get("pri", 6), r["seq"], r["ts_us"], r["msg"]) for r in model["kmsg"]),
+        "dev/kmsg": ring_text(model),
     }
     if model["image"] is not None:  # None: no golden-image record on this node
         files["etc/cluster-image.json"] = json.dumps(model["image"]) + "\n"

@@ -1,6 +1,7 @@
 """A simulated node's kernel log (model["kmsg"], rendered as /dev/kmsg
 records): appending a record as the kernel would, its ring bounded."""
 
+import os
 import time
 from typing import Any, Dict
 
@@ -15,3 +16,18 @@ def append(m: Dict[str, Any], message: str, pri: int = 6) -> None:
         record["pri"] = pri
     m["kmsg"].append(record)
     del m["kmsg"][:-KMSG_RING]
+
+
+def ring_text(m: Dict[str, Any]) -> str:
+    """The ring as /dev/kmsg records.  PRI 6: the kernel's facility (0), level
+    info; a record's "pri": another level, or user space's (sim key kmsg.user)."""
+    return "".join("%d,%d,%d,-;%s\n" % (r.get("pri", 6), r["seq"], r["ts_us"], r["msg"]) for r in m["kmsg"])
+
+
+def write_ring(fleet: str, node: str, m: Dict[str, Any]) -> None:
+    """Only the node's /dev/kmsg, atomically (a kernel logging fast: a
+    flood's records land many times a second; sim.fleet.save renders the rest)."""
+    from ..safeio import write_atomic
+
+    write_atomic(os.path.join(fleet, node, "root", "dev", "kmsg"), ring_text(m).encode(), mode=0o644,
+                 durable=False, exact_mode=True)
