@@ -25,7 +25,7 @@ import os
 import re
 import tarfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from .. import safeio
 from ..names import is_node_name
@@ -112,7 +112,8 @@ def _tar(parts: List[Tuple[str, bytes]], manifest: dict, max_bytes: int) -> Tupl
     not fit is left out and said in the manifest."""
     budget = max_bytes - 64 * 1024  # the manifest, tar headers, gzip
     kept, left_out = [], []
-    for name, data in parts:
+    taken = {MANIFEST.casefold()}  # no member shares a name with another, or the manifest (node_parts named them)
+    for name, data in ((part_name(n, taken), d) for n, d in parts):
         if len(data) <= budget:
             kept.append((name, data))
             budget -= len(data) + 512
@@ -121,22 +122,47 @@ def _tar(parts: List[Tuple[str, bytes]], manifest: dict, max_bytes: int) -> Tupl
     manifest = dict(manifest, left_out=manifest.get("left_out", []) + left_out)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in [("MANIFEST.json", json.dumps(manifest, indent=1, sort_keys=True).encode())] + kept:
+        for name, data in [(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())] + kept:
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(data), int(manifest.get("at", time.time())), 0o600
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue(), manifest
 
 
-def node_parts(answer) -> Tuple[List[Tuple[str, bytes]], List[dict], str]:
-    """(parts, their manifest rows, error) from the node's `gpugate evidence` answer."""
+MANIFEST = "MANIFEST.json"
+_NOT_NAME = re.compile(r"[^A-Za-z0-9._+-]")
+
+
+def part_name(raw: str, taken: Set[str]) -> str:
+    """A node's name for its part, as a member name the controller's own
+    cannot share: its last path element in safe characters, no leading dot
+    or dash, prefixed ``node-`` where it would be a name in ``taken``
+    (MANIFEST.json, the controller's parts, the node's earlier parts) in any
+    case (a case-insensitive file system extracts MANIFEST.JSON over it),
+    numbered where still taken.  Adds the name to ``taken`` (casefolded)."""
+    base = _NOT_NAME.sub("_", os.path.basename(str(raw).replace("\\", "/").rstrip("/. ")))[:100]
+    name = base.lstrip(".-") or "part"
+    if name.casefold() in taken:
+        name = "node-" + name
+    stem, n = name, 1
+    while name.casefold() in taken:
+        n += 1
+        name = "%s-%d" % (stem, n)
+    taken.add(name.casefold())
+    return name
+
+
+def node_parts(answer, reserved=()) -> Tuple[List[Tuple[str, bytes]], List[dict], str]:
+    """(parts, their manifest rows, error) from the node's `gpugate evidence`
+    answer; ``reserved``: the controller's part names (MANIFEST.json always)."""
     if not isinstance(answer, dict):
         return [], [], str(answer or "no answer")[:500]
     parts, rows = [], []
+    taken = {MANIFEST.casefold()} | {r.casefold() for r in reserved}
     for part in answer.get("parts") or ():
         if not isinstance(part, dict) or not isinstance(part.get("name"), str):
             continue
-        name = os.path.basename(part["name"]) or "part"
+        name = part_name(part["name"], taken)
         if "error" in part:
             rows.append({"name": name, "error": str(part["error"])[:500]})
             continue
@@ -198,8 +224,8 @@ def collect(sweeper, nodes: List[str], records) -> Dict[str, Tuple[bool, str, st
     out = {}
     for name in nodes:
         try:
-            parts, rows, error = node_parts(answers.get(name, "no answer"))
             mine, my_rows = controller_parts(sweeper, name)
+            parts, rows, error = node_parts(answers.get(name, "no answer"), [p for p, _ in mine])
             rec = records.get(name)
             manifest = {"node": name, "at": time.time(), "attempt": rec.attempt if rec else 1,
                         "remedy": rec.remedy if rec else "", "reason": rec.reason if rec else "",

@@ -2,7 +2,6 @@
 locally with --node for simulated fleets.  Both return, per node, the JSON
 object `gpugate check --json` printed, or an error string."""
 
-import json
 import os
 import re
 import shlex
@@ -10,23 +9,29 @@ from typing import Dict, List, Sequence, Union
 
 from .. import trust
 from ..errors import CommandError, ConfigError
+from ..jsontext import loads_bounded
 from ..runner import MAX_STDERR, MAX_STDOUT, _size, run
+from .answers import problem
 
 SSH = "/usr/bin/ssh"  # ClusterShell runs it itself (not through runner): checked here
 
 Answer = Union[dict, str]  # the check's JSON object, or why there is none
 
 
-def _parse(stdout: str) -> Answer:
+def _parse(stdout: str, cap: int = MAX_STDOUT) -> Answer:
+    """The node's answer: its last JSON line, within the limits of what the
+    controller reads from a node (jsontext.loads_bounded, answers.problem).
+    Anything else is this node's error text, never an exception: one node's
+    answer cannot stop the others' (issue 33)."""
     for line in reversed(stdout.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
-                data = json.loads(line)
-            except ValueError:
-                break
-            if isinstance(data, dict) and "node" in data:
-                return data
+                data = loads_bounded(line, max_chars=cap, expect=dict)
+            except ValueError as exc:
+                return "unreadable answer (%s): %r" % (str(exc)[:200], line[:100])
+            if "node" in data:
+                return problem(data) or data
     return "no JSON answer in the output: %r" % stdout.strip()[-200:]
 
 
@@ -58,7 +63,7 @@ class LocalTransport(_Transport):
                 argv += ["--config", self.config]
             try:
                 caps = {"max_stdout": max_stdout} if max_stdout else {}  # an evidence bundle: its own cap
-                return _parse(run(argv, timeout, ok_codes=(0, 1), **caps).stdout)
+                return _parse(run(argv, timeout, ok_codes=(0, 1), **caps).stdout, max_stdout or MAX_STDOUT)
             except CommandError as exc:
                 return str(exc)
         with ThreadPoolExecutor(max_workers=max(1, min(self.fanout, len(nodes)))) as pool:
@@ -134,7 +139,8 @@ class SshTransport(_Transport):
         for buf, names in task.iter_buffers():
             for name in names:
                 if name not in out:  # not killed for its size
-                    out[name] = answer(name, buf.message().decode("utf-8", "replace"), codes.get(name))
+                    out[name] = answer(name, buf.message().decode("utf-8", "replace"), codes.get(name),
+                                       max_stdout or MAX_STDOUT)
         for name in task.iter_keys_timeout():
             out[name] = "timed out after %.0fs (ssh connected or not, no answer in time)" % timeout
         for node in nodes:
@@ -210,9 +216,9 @@ def ssh_failure(node: str, output: str, rc) -> str:
     return "unreachable: ssh failed (exit 255): %s" % (said[:200] or "no message")
 
 
-def answer(node: str, output: str, rc) -> Answer:
+def answer(node: str, output: str, rc, cap: int = MAX_STDOUT) -> Answer:
     """One node's answer: the JSON object, or why there is none."""
-    return ssh_failure(node, output, rc) or _parse(output)
+    return ssh_failure(node, output, rc) or _parse(output, cap)
 
 
 def open_ssh() -> int:

@@ -1,0 +1,157 @@
+"""Issue 33, item 5: a node's answer cannot wedge the controller.  A
+compromised node (root there writes whatever `gpugate ... --json` prints)
+answers 100,000 levels deep, with the wrong types, or with an evidence part
+named MANIFEST.json: that node fails its step alone, the others of its
+batch go on, their bundles are kept, and no maintenance reservation stays.
+The answers travel the production path: LocalTransport runs a stand-in
+`gpugate` program and parses its stdout as it parses a node's."""
+
+import base64
+import json
+import os
+import sys
+import tarfile
+
+import pytest
+
+from gpugate import reason as reasons
+from gpugate.findings import Finding
+from gpugate.sweep import evidence
+from gpugate.sweep.answers import problem
+from gpugate.sweep.transport import LocalTransport
+
+from test_sweep_engine import TAG, FakeSlurm, events, make
+
+XID = reasons.render(TAG, "health", [Finding("health", "xid", "79", "none", "", gpu=2)])
+DEEP = '{"node": "gpu002", "fit": true, "facts": ' + "[" * 100000 + "]" * 100000 + "}"
+KERNEL = base64.b64encode(b"NVRM: Xid (PCI:0000:3a:00): 79\n").decode()
+
+# The stand-in for `gpugate` on the nodes: ARGS --json --node NODE.  Each
+# node prints what ANSWERS holds for its command, else an honest answer.
+NODE_SIDE = r'''
+import json, sys
+argv = sys.argv[1:]
+node, command = argv[argv.index("--node") + 1], argv[0]
+said = %r.get(node, {}).get(command)
+if said is not None:
+    print(said)
+elif command == "evidence":
+    print(json.dumps({"node": node, "parts": [{"name": "kernel.log", "data": %r}]}))
+else:
+    print(json.dumps({"node": node, "fit": True, "pending": [], "findings": []}))
+'''
+
+
+def _sweep(tmp_path, slurm, answers, **cfg):
+    script = tmp_path / "gpugate-node.py"
+    script.write_text(NODE_SIDE % (answers, KERNEL))
+    sweeper, journal, _ = make(tmp_path, slurm, **cfg)
+    sweeper.transport = LocalTransport([sys.executable, str(script)])
+    return sweeper, journal
+
+
+def _bundle(tmp_path, journal, node):
+    return os.path.join(str(tmp_path / "state" / "evidence"), journal.evidence_id(node) + ".tar.gz")
+
+
+def test_a_100000_deep_answer_fails_that_node_alone_and_its_batch_goes_on(tmp_path):
+    """Before: RecursionError out of the transport's parser stopped the whole
+    sweep (`internal error`), every node of the batch left in flight, the
+    batch's reservation left for a year, and the evidence of the batch lost."""
+    slurm = FakeSlurm(count=6, drained=("gpu001", "gpu002", "gpu003"), reason=XID, reboot_polls=1)
+    sweeper, journal = _sweep(tmp_path, slurm, {"gpu002": {"check": DEEP, "evidence": DEEP}})
+    report = sweeper.run()
+    results = {n: o.result for n, o in report.outcomes.items()}
+    # rma, or held drained while the drain budget has no room for it: never resumed
+    assert results["gpu001"] == results["gpu003"] == "resumed" and results["gpu002"] in ("escalated", "deferred")
+    assert not report.stopped and not slurm.res  # no reservation outlives the sweep
+    # The compromised node's attempts are recorded, each with why.
+    failed = [e for e in journal.events("gpu002") if e[2] == "verify" and e[3] == "failed"]
+    assert len(failed) == 2 and all("levels deep (at most 64)" in e[6] for e in failed), failed
+    assert slurm.states["gpu002"].drain and "gpu002" not in slurm.resumed
+    # The other nodes' bundles are whole; the compromised node's is kept as far as it goes.
+    for node in ("gpu001", "gpu003"):
+        with tarfile.open(_bundle(tmp_path, journal, node)) as tar:
+            assert {"MANIFEST.json", "kernel.log"} <= set(tar.getnames())
+    (_, _, detail), _ = journal.evidence("gpu002")
+    assert detail.startswith("incomplete, kept id=") and "levels deep (at most 64)" in detail, detail
+    with tarfile.open(_bundle(tmp_path, journal, "gpu002")) as tar:
+        manifest = json.load(tar.extractfile("MANIFEST.json"))
+        assert "levels deep (at most 64)" in manifest["node_error"] and manifest["node"] == "gpu002"
+    journal.close()
+
+
+@pytest.mark.parametrize("answer,why", [
+    ({"node": "gpu002", "fit": True, "pending": [], "baseline": "x"}, "'baseline' is str"),
+    ({"node": "gpu002", "fit": True, "pending": [["driver"]]}, "pending[0] is list"),
+    ({"node": "gpu002", "fit": True, "pending": [], "facts": {"dcgm_diag": {"level": "3"}}}, "'level' is str"),
+    ({"node": "gpu002", "fit": False, "findings": [{"class": {}, "component": "xid"}]}, "'class' is dict"),
+])
+def test_an_answer_of_the_wrong_types_fails_that_node_alone(tmp_path, answer, why):
+    """Before: AttributeError / TypeError / unhashable dict out of the verify
+    step (or the escalation's sort), for the whole sweep."""
+    slurm = FakeSlurm(count=4, drained=("gpu001", "gpu002"), reason=XID, reboot_polls=1)
+    sweeper, journal = _sweep(tmp_path, slurm, {"gpu002": {"check": json.dumps(answer)}}, evidence_keep=0)
+    report = sweeper.run()
+    assert report.outcomes["gpu001"].result == "resumed" and report.outcomes["gpu002"].result in ("escalated",
+                                                                                                 "deferred")
+    failed = [e[6] for e in journal.events("gpu002") if e[2] == "verify" and e[3] == "failed"]
+    assert failed and why in failed[0], failed
+    assert not slurm.res
+    journal.close()
+
+
+def test_the_honest_answers_of_a_real_check_pass_the_shape_check():
+    """What `gpugate check --json` prints on a simulated node reads as before."""
+    from conftest import gpugate_cmd  # noqa: F401 - the simulated fleet path is tested in test_check_sim
+
+    answer = {"node": "gpu001", "mode": "verify", "fit": True, "class": None, "reason": "", "exit_code": 0,
+              "findings": [Finding("health", "xid", 79, "none", "", gpu=2).to_json()], "pending": [],
+              "not_verified": [], "unchecked": [], "facts": {"dcgm_diag": None}, "durations": {},
+              "baseline": {"path": "/etc/gpugate/baseline.toml", "sha256": None, "name": None}}
+    assert problem(answer) == ""
+    assert problem({"node": "gpu1", "ok": True, "all": False, "gpus": [2], "error": "", "steps": []}) == ""
+
+
+FAKE = base64.b64encode(json.dumps({"node": "gpu999", "reason": "nothing wrong here"}).encode()).decode()
+TRICKS = ["MANIFEST.json", "manifest.JSON", "../MANIFEST.json", "MANIFEST.json/", "./MANIFEST.json.",
+          "a\\MANIFEST.json", "/tmp/../MANIFEST.json", "..", ".", "", "-rf", "MANIFEST.json\x00", "dcgm-diag.json",
+          "kernel.log", "KERNEL.LOG", "kernel.log"]
+
+
+def _names_unique(tar):
+    names = [n.casefold() for n in tar.getnames()]
+    return len(names) == len(set(names))
+
+
+def test_a_node_part_named_manifest_json_cannot_replace_the_controllers(tmp_path):
+    """Before: the node's part was stored under its own name, MANIFEST.json,
+    after the controller's: extraction (and tarfile's own lookup) took the node's."""
+    slurm = FakeSlurm(count=4, drained=("gpu002",), reason=XID, reboot_polls=1)
+    parts = [{"name": n, "data": FAKE} for n in TRICKS]
+    sweeper, journal = _sweep(tmp_path, slurm, {"gpu002": {"evidence": json.dumps({"node": "gpu002",
+                                                                                  "parts": parts})}})
+    sweeper.last_answers["gpu002"] = {"node": "gpu002", "fit": False, "facts": {"dcgm_diag": {"level": 3}}}
+    assert sweeper.run().outcomes["gpu002"].result == "resumed"
+    out = tmp_path / "out"
+    with tarfile.open(_bundle(tmp_path, journal, "gpu002")) as tar:
+        assert _names_unique(tar) and all("/" not in n and not n.startswith(".") for n in tar.getnames())
+        assert tar.getnames()[0] == "MANIFEST.json"
+        tar.extractall(str(out), filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(str(out))
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["node"] == "gpu002" and manifest["reason"] == XID  # the controller's
+    # Every part kept, none over another: the node's 16 and the controller's 3.
+    assert len(os.listdir(str(out))) == len(TRICKS) + 3 and "node-MANIFEST.json" in os.listdir(str(out))
+    assert json.loads((out / "dcgm-diag.json").read_text()) == {"level": 3}  # the controller's too
+    # The manifest names each node part as stored.
+    stored = {r["name"] for r in manifest["parts"]}
+    assert "node-MANIFEST.json" in stored and "MANIFEST.json" not in stored
+    journal.close()
+
+
+def test_store_save_never_writes_two_members_of_one_name(tmp_path):
+    store = evidence.Store(str(tmp_path / "ev"))
+    bundle, _ = store.save("gpu01", 1, [(n, b"x") for n in TRICKS], {"at": 0, "node": "gpu01"}, 1 << 20, 2, at=1)
+    with tarfile.open(os.path.join(str(tmp_path / "ev"), bundle + ".tar.gz")) as tar:
+        assert _names_unique(tar)
+        assert json.load(tar.extractfile("MANIFEST.json"))["node"] == "gpu01"
