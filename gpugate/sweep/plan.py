@@ -51,6 +51,12 @@ _AMD_RESET_FIXES = {"ras": None, "ras_deferred": None, "xgmi": None, "bad_pages"
                     "amdgpu_event": ("ue", "de", "ue_event", "poison"), "amdgpu_repeat": ("ring_timeout",)}
 _AMD_ESCALATE = {"bad_pages": ("unreservable", "threshold", "retired"), "amdgpu_event": ("bad_page_threshold",)}
 _REBOOT_FIXES |= set(_AMD_RESET_FIXES)
+# The application's Xids on one GPU for different users (judges.apprepeat):
+# as NVSentinel (RUN_DCGMEUD first), a GPU reset proven by the deep
+# diagnostic (the node's verification runs it: node.xidhistory.deepen), never
+# rma at once; a pass clears the GPU's history.  The ladder still applies.
+_RESET_FIXES["xid_repeat"] = None
+_REBOOT_FIXES.add("xid_repeat")
 
 
 @dataclass(frozen=True)
