@@ -91,6 +91,7 @@ class HealthPolicy:
     xid_nonfatal_max: int = 10
     xid_app_jobs_max: int = 3
     xid_app_window_seconds: float = 86400.0
+    xid_repeat_diag: int = 3  # the DCGM level that proves a GPU xid_repeat named (gpugate.node.xidhistory)
     ib_counter_max: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_IB_COUNTER_MAX))
     ib_error_rate_max: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_IB_RATE_MAX))
     ib_flap_window_seconds: float = 3600.0

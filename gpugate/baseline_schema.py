@@ -59,6 +59,8 @@ _HEALTH = Table({
     "xid_nonfatal_max": (Int(1, 500), 10),  # 500: gpugate.probes.kernlog.MAX_OLD_EVENTS
     # The application's Xids (13, 31, 43, 94) on one GPU in this many jobs within the window drain (0: off).
     "xid_app_jobs_max": (Int(0, 50), 3), "xid_app_window_seconds": (Number(60.0, 30 * 86400.0), 86400.0),
+    # The deep diagnostic that proves such a GPU (dcgmi diag -r 3; 4 adds EUD where the site runs it).
+    "xid_repeat_diag": (Int(3, 4), 3),
     "ecc_uncorrected_volatile_max": (Int(0), 0),
     "ecc_uncorrected_aggregate_max": (AnyOf(Int(0), Choice("ignore")), "ignore"),
     "retired_pages_pending": (Bool(), True),

@@ -106,16 +106,23 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
         baseline = baseline.as_previous()
     xid_after = -1
     if mode == "verify":
+        from ..node import xidhistory
         from ..node.gpureset import verify_cursor
 
         xid_after = verify_cursor(settings, node)  # after the sweep's GPU reset: only Xids since
+        baseline = xidhistory.deepen(settings, node, baseline)  # application Xids: the deep diagnostic
     result = run_check(settings, baseline, node, mode, xid_after=xid_after)
+    # A pass of the deep diagnostic proves the GPUs: their application Xid history goes.
+    cleared = xidhistory.after_verify(settings, node, baseline, result) if mode == "verify" else ""
     if as_json:
-        click.echo(json.dumps(result_json(result, baseline, settings.baseline), sort_keys=True))
+        answer = result_json(result, baseline, settings.baseline)
+        if cleared:
+            answer["xid_history"] = cleared
+        click.echo(json.dumps(answer, sort_keys=True))
     else:
         from .render import verdict_text
 
-        click.echo(verdict_text(result))
+        click.echo(verdict_text(result) + ("\n" + cleared if cleared else ""))
     sys.exit(result.verdict.exit_code)
 
 

@@ -136,7 +136,7 @@ def _judge(settings, node: str, record: dict) -> _Judged:
         found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
         links, j.links = iblinks.step(j.last.get("ib_links"), facts, j.baseline.health, facts.collected_at)
         return (lost.judge(last_high, j.expected_gpus, facts) + found + links
-                + xidhistory.judged(settings, node, facts, j.baseline.health)
+                + xidhistory.judged(settings, node, facts, j.baseline.health, record)
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
 
     j.read_at = time.time()  # before the first read: a GPU reset after it makes the verdict stale (act)

@@ -1,19 +1,52 @@
 """The GPUs' history of application Xids, kept in the state directory
 (gpugate.judges.apprepeat judges it): the epilog records its job's and
-judges, the health check judges.  A file that cannot be read or written
-never fails a run: the history restarts (said in the log line)."""
+judges, the health check judges, the sweep's verification clears it.  A
+file that cannot be read or written never fails a run: the history
+restarts (said in the log line).
+
+What clears a GPU's history, and why nothing else can:
+
+- its deep diagnostic passed (``gpugate check --mode verify``, run as root
+  by the sweep after the GPU reset: DCGM ``-r`` at ``[health]
+  xid_repeat_diag`` or deeper, every GPU clean, the verification fit);
+- the node was returned to service after it was drained for the finding
+  (an admin's RESUME, or ``gpugate sweep forgive`` draining it again for
+  the sweep).  The health check, while the history holds a finding, reads
+  the node's own Slurm record (the single-node RPC, one a run, on such
+  nodes only) and marks the GPUs once it sees the node drained with
+  gpugate's reason naming xid_repeat, stamped at least SETTLE seconds
+  before (older than any drain the budget keeper gives back within its
+  run).  A marked GPU's history is cleared when the node is next seen in
+  service, or drained anew with the very reason it had published (the
+  keeper draining it again from its old comment after a RESUME, or
+  forgive's drain): both need a RESUME or a drain, which only root,
+  SlurmUser or a Slurm operator may do, never a job's user.  An admin who
+  only edits the comment, drains the node with a reason of their own, or
+  resumes a node the keeper drained moments ago trips nothing: the
+  finding stands until the diagnostic or a later RESUME."""
 
 import os
+import time
 
 from ..judges import apprepeat
 from . import state as st
 
 FILE = "xid-history.json"
 CAP = 1024 * 1024  # MAX_GPUS x (MAX_JOBS entries + MAX_SEEN keys) of a few dozen bytes fit below
+SETTLE = 60.0  # the keeper gives back an over-budget drain within its run (< 30 s)
+XID_REPEAT = "xid_repeat"
 
 
 def _path(settings, node: str) -> str:
     return os.path.join(settings.state_dir(node), FILE)
+
+
+def _save(path: str, history: dict, before, record: dict) -> None:
+    if history != before and (history["gpus"] or before):
+        try:
+            st.write_json(path, history, durable=False)  # losing it in a crash loses only history
+        except OSError as exc:
+            record["state_error"] = ("xid history: %s" % exc)[:200]
 
 
 def after_job(settings, node: str, facts, job: str, user: str, gpus, policy, record: dict) -> list:
@@ -26,15 +59,109 @@ def after_job(settings, node: str, facts, job: str, user: str, gpus, policy, rec
     if job and gpus is None:
         record["xid_history"] = "the job's GPUs unknown (no SLURM_JOB_GPUS): its Xids not recorded"
     history = apprepeat.record(before, facts, job, user, gpus, facts.collected_at, policy)
-    if history != before and (history["gpus"] or before):
-        try:
-            st.write_json(path, history, durable=False)  # losing it in a crash loses only history
-        except OSError as exc:
-            record["state_error"] = ("xid history: %s" % exc)[:200]
+    _save(path, history, before, record)
     return apprepeat.judge(history, facts, facts.collected_at, policy)
 
 
-def judged(settings, node: str, facts, policy) -> list:
+def judged(settings, node: str, facts, policy, record=None, read_own=None) -> list:
     """The health check: what the history says (it records nothing: it
-    does not know which job an Xid came from)."""
-    return apprepeat.judge(st.read_json(_path(settings, node), CAP), facts, facts.collected_at, policy)
+    does not know which job an Xid came from).  While it holds a finding
+    (or a mark), the node's own Slurm record tells whether the node was
+    returned to service since (see the module's docstring)."""
+    path = _path(settings, node)
+    history = st.read_json(path, CAP)
+    now = facts.collected_at
+    if apprepeat.standing(history, now, policy) or apprepeat.marked(history):
+        state = (read_own or _own_record)(settings, node)
+        after, why = observe(history, state, settings.reason_tag, time.time(), now, policy)
+        if why and record is not None:
+            record["xid_history"] = why
+        if after is not history:
+            _save(path, after, history, record if record is not None else {})
+            history = after
+    return apprepeat.judge(history, facts, now, policy)
+
+
+def observe(history, state, tag: str, wall: float, now: float, policy):
+    """(the history, what changed) after seeing the node's Slurm record
+    (None: not read, nothing changes).  wall: time.time(), Slurm's clock."""
+    from .. import reason as reasons
+    from ..slurm import pending
+
+    marks = apprepeat.marked(history)
+    if state is None:
+        return history, ""
+    if state.in_service and marks:
+        return (apprepeat.clear(history, list(marks)),
+                "returned to service after its xid_repeat drain: GPUs %s' history cleared" % ", ".join(sorted(marks)))
+    ours = reasons.parse(state.reason, tag) if state.drain and state.reason else None
+    if ours is None or not any(f.component == XID_REPEAT for f in ours.findings):
+        return history, ""
+    stamp = state.reason_time
+    if not isinstance(stamp, (int, float)) or wall - stamp < SETTLE:
+        return history, ""  # may yet be given back by the keeper: wait
+    seen = pending.read(state.comment)
+    if marks and seen is not None and seen.reason == state.reason and stamp > max(marks.values()):
+        # Drained again, for the finding it published before: returned to service in between.
+        return (apprepeat.clear(history, list(marks)),
+                "drained again for its old xid_repeat finding after a RESUME: GPUs %s' history cleared"
+                % ", ".join(sorted(marks)))
+    buses = [b for b in apprepeat.standing(history, now, policy) if b not in marks]
+    if not buses:
+        return history, ""
+    return apprepeat.mark_drained(history, buses, float(stamp)), ""
+
+
+def _own_record(settings, node: str):
+    """The node's own Slurm record (single-node read), or None."""
+    from ..errors import GpugateError
+    from ..slurm import connect
+
+    try:
+        slurm = connect(settings, timeout=min(float(settings.slurm["timeout_seconds"]), 10.0))
+        try:
+            return slurm.nodes(node).get(node)
+        finally:
+            slurm.close()
+    except (GpugateError, OSError):
+        return None
+
+
+def deepen(settings, node: str, baseline):
+    """The baseline a verification runs under: its DCGM levels end with
+    [health] xid_repeat_diag (3, or 4 with EUD where the site sets it)
+    whenever this node's history holds application Xids, so that a pass
+    proves the GPU and clears its history."""
+    history = st.read_json(_path(settings, node), CAP)
+    health = baseline.health
+    if not (history or {}).get("gpus") or baseline.vendor_for(node) != "nvidia":
+        return baseline
+    from ..record import replace
+
+    levels = tuple(health.dcgm_diag.get("verify") or ())
+    deep = int(health.xid_repeat_diag)
+    if levels and max(levels) >= deep:
+        return baseline
+    return replace(baseline, health=replace(health, dcgm_diag=dict(health.dcgm_diag,
+                                                                   verify=levels + (deep,))))
+
+
+def after_verify(settings, node: str, baseline, result) -> str:
+    """A verification that is fit and whose deep diagnostic passed on every
+    GPU clears the history (all GPUs were tested).  What it did, or ""."""
+    from ..toolfacts import DcgmDiag
+
+    diag = result.facts.dcgm_diag
+    deep = int(baseline.health.xid_repeat_diag)
+    clean = (isinstance(diag, DcgmDiag) and diag.level >= deep and diag.exit_code == 0 and not diag.failures
+             and not diag.not_run and any(r.status == "Pass" for r in diag.results))
+    if not (result.verdict.fit and clean):
+        return ""
+    path = _path(settings, node)
+    history = st.read_json(path, CAP)
+    if not (history or {}).get("gpus"):
+        return ""
+    cleared = apprepeat.clear(history)
+    record: dict = {}
+    _save(path, cleared, history, record)
+    return record.get("state_error") or "dcgmi diag -r %d passed: the GPUs' application Xid history cleared" % diag.level
