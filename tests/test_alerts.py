@@ -36,7 +36,7 @@ def test_alert_rules_are_valid():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _healthcheck(config, node):
+def _run_healthcheck(config, node):
     # As slurmd runs it: no PATH, only SLURMD_NODENAME (this tree's code).
     result = subprocess.run([sys.executable, os.path.join(ROOT, "healthcheck", "gpugate-healthcheck"),
                              "--config", config], env={"SLURMD_NODENAME": node, "PYTHONPATH": ROOT},
@@ -58,6 +58,11 @@ def node_textfiles(tmp_path) -> dict:
                       '[drain_budget]\njitter_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
                       % (baseline, tmp_path, prom, fleet, tmp_path))
     out = {}
+
+    def _healthcheck(config, node):  # with gpugate kmsg-follow running: its heartbeat, fresh
+        _follower_heartbeat(str(tmp_path / "state" / node), fleet, node)
+        _run_healthcheck(config, node)
+
     for node in ("gpu01", "gpu02"):
         _healthcheck(str(config), node)
         out[node] = open(prom).read()
@@ -77,11 +82,36 @@ def node_textfiles(tmp_path) -> dict:
 
     settings = load_settings(str(config))
     loaded = load_checked_baseline(settings)
+    _follower_heartbeat(str(tmp_path / "state" / "gpu03"), fleet, "gpu03")
     result = run_check(settings, loaded, "gpu03", "healthcheck")
     assert not result.verdict.fit
     write_node_textfile(prom, "gpu03", result.verdict, result.facts, loaded, held=True)
     out["gpu03"] = open(prom).read()
     return out
+
+
+def _follower_heartbeat(state_dir, fleet, node):
+    import time
+
+    from gpugate.node.kmsgfollow import Follower
+    from gpugate.probes.files import boot_id
+
+    Follower(state_dir, boot_id(os.path.join(fleet, node, "root")), time.time()).close(time.time())
+    path = os.path.join(state_dir, "kmsg", "follower.json")
+    beat = json.load(open(path))
+    beat["running"] = True  # as the running follower's last heartbeat says
+    with open(path, "w") as handle:
+        json.dump(beat, handle)
+
+
+def flooded_textfile() -> str:
+    """A node whose ring a flood overwrote, no follower running: what its health check writes."""
+    from gpugate.node.metrics import kernel_log_families
+    from gpugate.promtext import render
+
+    facts = SimpleNamespace(kernel_log_lost={"records": 2000, "first": 1001, "last": 3000},
+                            kernel_log_follower={"follower": "absent", "covered": False, "why": "no follower"})
+    return render(kernel_log_families(facts))
 
 
 def controller_textfile(alarm: bool) -> str:
@@ -141,6 +171,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
     alarm = (series(node["gpu02"], "gpu02", False) + series(node["gpu03"], "gpu03", False)
              + [s for n in ("gpu06", "gpu07", "gpu08") for s in series(braked, n, False)]
              + series(node["gpu01"], "gpu04", True) + series(node["gpu05"], "gpu05", False)
+             + series(flooded_textfile(), "gpu09", False)
              + series(controller_textfile(True), "ctl", True))
     fire = {
         "GpugateDrainHeld": [{"instance": "gpu03"}],
@@ -154,6 +185,9 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         "GpugateBudgetKeeperStale": [{"instance": "ctl"}],
         "GpugateLockStuck": [{"instance": "gpu05", "lock": "healthcheck"}],
         "GpugateClockEventsRoomWide": [{"reason": "power_brake"}],
+        "GpugateKmsgFollowerDown": [{"instance": "gpu09"}],
+        "GpugateKernelLogUnwatched": [{"instance": "gpu09"}],
+        "GpugateKernelLogFlood": [{"instance": "gpu09"}],
     }
     assert set(fire) == set(rules)  # every rule is tested
     tests = [

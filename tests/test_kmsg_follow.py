@@ -201,3 +201,61 @@ def test_the_overwritten_xid_119_that_read_as_lost_1_records_then_fit_is_found(f
     assert result.facts.kernel_log_lost == {"records": 1, "first": 1001, "last": 1001}
     assert result.verdict.reason == "gpugate: health xid:gpu2=119 (want none)"
     assert result.facts.kernel_log_follower["covered"] is True
+
+
+# ------------------------------------- the real kernel, as an unprivileged user
+_REAL_FLOOD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+target, seconds, rate = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS: the user's own namespaces
+    sys.exit(3)
+start, sent = time.monotonic(), 0
+while time.monotonic() - start < seconds:
+    due = int((time.monotonic() - start) * rate) + 1
+    while sent < due:  # each refused option: one kernel record "tmpfs: Unknown parameter '...'"
+        libc.mount(b"none", target.encode(), b"tmpfs", 0, b"gpugate-flood-%d" % sent)
+        sent += 1
+    time.sleep(0.001)
+print(sent)
+"""
+
+
+def test_the_follower_keeps_up_with_a_real_users_flood_and_keeps_none_of_it(tmp_path):
+    """The issue's flood on this machine's own kernel: uid 65534 in a user
+    namespace of its own, ~1,500 refused tmpfs mounts a second for 2 s
+    (bounded: ~3,000 records); the follower reads /dev/kmsg meanwhile and
+    loses nothing.  Skipped where the kernel or the container does not let
+    an unprivileged user namespace mount, or /dev/kmsg cannot be read."""
+    import stat as stat_
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to drop to uid 65534 and to read /dev/kmsg as the follower does)")
+    try:
+        if not stat_.S_ISCHR(os.stat("/dev/kmsg").st_mode) or not os.access("/dev/kmsg", os.R_OK):
+            pytest.skip("no readable /dev/kmsg here")
+    except OSError:
+        pytest.skip("no /dev/kmsg here (a chroot without /dev?)")
+    config = tmp_path / "gpugate.toml"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\n' % (DEMO_BASELINE, tmp_path))
+    env = {"config": str(config), "state": str(tmp_path / "state")}
+    import tempfile
+
+    target = tempfile.mkdtemp(dir="/tmp")  # a directory uid 65534 can reach
+    os.chmod(target, 0o777)
+    follower = _start_follower(env)
+    try:
+        flood = subprocess.run([sys.executable, "-c", _REAL_FLOOD, target, "2", str(RATE)],
+                               capture_output=True, text=True, timeout=60)
+        time.sleep(0.5)
+    finally:
+        _stop(follower)
+        os.rmdir(target)
+    if flood.returncode != 0 or int(flood.stdout or 0) < RATE:
+        pytest.skip("this kernel refused the unprivileged user namespace (exit %d)" % flood.returncode)
+    beat = gpujournal.read_heartbeat(os.path.join(env["state"], "gpu01"))
+    assert beat["lost_records"] == 0, beat  # it kept up
+    assert beat["read"] >= int(flood.stdout)
+    journal = gpujournal.read_events(os.path.join(env["state"], "gpu01"), beat["boot_id"])
+    assert not any("gpugate-flood" in record for record in journal.values())  # none of the user's records kept
