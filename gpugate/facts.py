@@ -259,6 +259,8 @@ class NodeFacts:
     # The code run as root (gpugate.install_trust): "trusted" | ProbeFailure; None when not read (the prolog)
     install: Any = None
     amd: Any = None  # gpugate.amdfacts.AmdFacts | ProbeFailure on an AMD node; None on NVIDIA's
+    gpu_processes: Any = None  # gpugate.jobfacts.JobProcesses: the epilog's, whose each GPU process is
+    job_devices: Any = None  # "constrained" | "not constrained: why" | ProbeFailure (cgroup.conf); the health check's
     durations: Dict[str, float] = field(default_factory=dict)
 
     @property
@@ -338,6 +340,7 @@ def _node_decoder():
     global _NODE
     if _NODE is None:
         from . import toolfacts as t
+        from .jobfacts import GpuProcess, JobProcesses
 
         gpu = _record(GpuFacts, {"remapped_rows": _record(RemappedRows), "pcie": _record(Pcie)})
         _NODE = _record(NodeFacts, {
@@ -351,6 +354,7 @@ def _node_decoder():
             "imex": _record(t.ImexStatus),
             "amd": _record(AmdFacts, {"gpus": _each(_record(AmdGpu, {"pcie": _record(Pcie)})),
                                         "rvs": _record(t.DcgmDiag, {"results": _each(_record(t.DcgmTestResult))})}),
+            "gpu_processes": _record(JobProcesses, {"processes": _each(_record(GpuProcess))}),
             "durations": dict,
         })
     return _NODE

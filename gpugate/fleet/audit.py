@@ -14,6 +14,9 @@ NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager",
 # AMD nodes' stack (gpugate.amdfacts): rows only where a node has them, so an NVIDIA fleet's audit is as before.
 AMD_NODE_COMPONENTS = ("amdgpu", "rocm", "amd_smi")
 NODE_COMPONENTS += AMD_NODE_COMPONENTS
+# Whether Slurm confines each job to its GPUs (cgroup.conf ConstrainDevices; gpugate.probes.owners):
+# "constrained", or "not constrained: why", said here once rather than in every epilog.
+NODE_COMPONENTS += ("job_devices",)
 # The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
 # must be, never a pin; one others could change reads "(unreadable: untrusted)".
 TRUSTED_INSTALL = "trusted"
@@ -81,6 +84,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "dcgm": _value(facts.get("dcgm_version")),
         "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
         "install": _value(facts.get("install")),
+        "job_devices": _value(facts.get("job_devices")),
     }
     amd = facts.get("amd")
     if isinstance(amd, dict):  # an AMD node
@@ -157,6 +161,8 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return UNCHECKED
     if component == "install":
         return PINNED if value == TRUSTED_INSTALL else UNREADABLE
+    if component == "job_devices":  # not a pin: shown, never drift (README "Jobs sharing a node's GPUs")
+        return PINNED if value == "constrained" else UNPINNED
     if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous

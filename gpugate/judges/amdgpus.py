@@ -15,6 +15,7 @@ from ..findings import BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT, R
 from . import settings
 from .common import probe_finding
 from .gpus import _pcie
+from .leftover import leftovers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
@@ -156,5 +157,8 @@ def _processes(policy, facts, amd) -> List[Finding]:
         return [probe_finding("processes", procs)]  # whether the job left one is unknown: never "none"
     if not isinstance(procs, tuple) or not procs:
         return []
+    procs, unknown = leftovers(procs, getattr(facts, "gpu_processes", None))  # another running job's: not left
+    if not procs:
+        return [probe_finding("processes", unknown)] if unknown is not None else []
     return [Finding(BROKEN, "processes", "%d left (pid %s)" % (len(procs), procs[0]), "none", REBOOT)]
 

@@ -28,14 +28,14 @@ class CheckResult:
 
 def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
               gpus: Optional[Sequence[int]] = None, budget: Optional[Budget] = None,
-              processes: bool = False, extra=(), nvml_started=None) -> CheckResult:
+              processes: bool = False, extra=(), nvml_started=None, job: Optional[str] = None) -> CheckResult:
     """``extra``: findings judged outside (e.g. the epilog's per-job deltas);
     nvml_started: the NVML reader already forked (see probes.collect)."""
     if budget is None:
         total = settings.budgets[mode]
         budget = Budget(max(total - min(ACT_RESERVE[mode], total / 3), 0.5))
     facts = collect(settings, baseline, node, mode, budget, xid_after=xid_after, gpus=gpus,
-                    processes=processes, nvml_started=nvml_started)
+                    processes=processes, nvml_started=nvml_started, job=job)
     findings = judge(baseline, facts) + list(extra(facts) if callable(extra) else extra)
     if facts.hcas is not None:  # the health check's: a port it lost is not reported twice
         from ..judges.hca import supersede

@@ -39,9 +39,11 @@ def nvml_module(settings, node: str):
 
 
 def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
-            gpus: Optional[Sequence[int]] = None, processes: bool = False, nvml_started=None) -> NodeFacts:
+            gpus: Optional[Sequence[int]] = None, processes: bool = False, nvml_started=None,
+            job: Optional[str] = None) -> NodeFacts:
     """nvml_started: the NVML reader, already forked (gpugate.forked) with
-    nvml.reader (the prolog starts it first thing)."""
+    nvml.reader (the prolog starts it first thing); job: the job an epilog
+    ends (SLURM_JOB_ID: a process in another running job is not its leftover)."""
     from . import files, kernlog  # here: the forked NVML reader needs neither
 
     durations: Dict[str, float] = {}
@@ -133,6 +135,10 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         t0 = time.monotonic()
         values["install"] = fact()
         durations["install"] = time.monotonic() - t0
+    if mode in ("healthcheck", "epilog"):
+        from . import owners  # whose the GPUs' processes are; whether Slurm confines jobs to their GPUs
+
+        values.update(owners.node_facts(root, mode, nvml, values.get("amd"), job))
     return NodeFacts(node=node, mode=mode, collected_at=time.time(), nvml=nvml, durations=durations,
                      **values)
 

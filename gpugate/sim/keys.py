@@ -327,10 +327,10 @@ _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 
 def known_keys() -> List[str]:
-    from . import amdkeys, amdnode
+    from . import amdkeys, amdnode, jobs
     from .ib import KEYS
 
-    return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
+    return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + list(jobs.KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
         + ["gpu.N.nvml_error.<nvmlFunction>"] + list(amdnode.KEYS) + list(amdkeys.KEYS)
 
 
@@ -348,10 +348,10 @@ def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
 def check_key(key: str) -> None:
     if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
         return
-    from . import amdkeys, amdnode
+    from . import amdkeys, amdnode, jobs
     from .ib import known
 
-    if known(key) or amdnode.known(key) or amdkeys.known(key):
+    if known(key) or amdnode.known(key) or amdkeys.known(key) or jobs.known(key):
         return
     m = _GPU_KEY.match(key)
     if m and (m.group(2) in GPU_KEYS or m.group(2).startswith("nvml_error.nvml")):
@@ -371,6 +371,9 @@ def apply(model: Dict[str, Any], key: str, value: str) -> None:
 
         set_key(model, key, value)
         return
+    if key.startswith("slurm."):  # the node's Slurm jobs and cgroups (gpugate.sim.jobs)
+        from . import jobs
+        return jobs.set_key(model, key, value)
     if key.startswith("amd."):  # an AMD node's (gpugate.sim.amdnode: sysfs; amdkeys: tools and kernel log)
         from . import amdkeys, amdnode
 

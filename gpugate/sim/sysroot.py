@@ -69,12 +69,23 @@ def _render_pci(root: str, devices, write) -> None:
 
 
 def _render_processes(root: str, model: Dict[str, Any], write) -> None:
-    """PID 1 and one process per active daemon; the stopped ones have none."""
+    """PID 1 and one process per active daemon (the stopped ones have none);
+    the GPUs' processes and the jobs' slurmstepds, with their cgroups
+    (gpugate.sim.jobs)."""
+    from . import jobs
+
     procs = {1: ("systemd" if model.get("systemd", True) else "tini", "/sbin/init")}
     for i, (unit, state) in enumerate(sorted(model["services"].items())):
         program = UNIT_PROCESS.get(unit)
         if program and state == "active":
             procs[4100 + i] = (program[:15], "/usr/bin/%s\0--verbose\0" % program)
+    in_jobs = jobs.processes(model)
+    procs.update({pid: (comm, cmdline) for pid, (comm, cmdline, _) in in_jobs.items() if pid not in procs})
+    conf = jobs.cgroup_conf(model)
+    if conf is not None:
+        write(os.path.join(root, "etc/slurm/cgroup.conf"), conf)
+    elif os.path.lexists(os.path.join(root, "etc/slurm/cgroup.conf")):
+        os.unlink(os.path.join(root, "etc/slurm/cgroup.conf"))
     proc = os.path.join(root, "proc")
     if os.path.isdir(proc):
         for gone in {p for p in os.listdir(proc) if p.isdigit()} - {str(p) for p in procs}:
@@ -82,3 +93,4 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
     for pid, (comm, cmdline) in procs.items():
         write(os.path.join(proc, str(pid), "comm"), comm + "\n")
         write(os.path.join(proc, str(pid), "cmdline"), cmdline)
+        write(os.path.join(proc, str(pid), "cgroup"), in_jobs[pid][2] if pid in in_jobs else "0::/system.slice\n")

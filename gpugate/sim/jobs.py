@@ -1,0 +1,85 @@
+"""A simulated node's Slurm jobs, as the epilog sees them: each GPU
+process's /proc/PID/cgroup in Slurm's layout (v2 or v1), a slurmstepd per
+running job, and /etc/slurm/cgroup.conf.
+
+Keys (`gpugate sim set`): slurm.jobs=201,203|none (the jobs running here),
+slurm.process.<pid>=<job>|none (whose cgroup holds that process; none: no
+job's), slurm.cgroup=v2|v1, slurm.constrain_devices=yes|no|absent."""
+
+from typing import Any, Dict, Tuple
+
+from ..errors import ConfigError
+from .values import parse_int
+
+KEYS = ("slurm.jobs", "slurm.process.<pid>", "slurm.cgroup", "slurm.constrain_devices")
+_STEPD_PID = 3000  # the first running job's slurmstepd
+_UID = 1000  # the jobs' user (v1 paths name it)
+_V1 = ("12:devices", "7:freezer", "4:memory")
+
+
+def known(key: str) -> bool:
+    parts = key.split(".")
+    return key in KEYS or len(parts) == 3 and parts[:2] == ["slurm", "process"] and parts[2].isdigit()
+
+
+def _slurm(model: Dict[str, Any]) -> Dict[str, Any]:
+    # A node made before these keys: no jobs, cgroup v2, devices constrained (as most GPU sites run).
+    return model.get("slurm") or {"jobs": [], "processes": {}, "cgroup": "v2", "constrain_devices": "yes"}
+
+
+def set_key(model: Dict[str, Any], key: str, value: str) -> None:
+    slurm = model["slurm"] = _slurm(model)
+    none = value.lower() in ("none", "")
+    if key == "slurm.jobs":
+        slurm["jobs"] = [] if none else sorted({parse_int(j) for j in value.split(",") if j})
+    elif key.startswith("slurm.process."):
+        pid = key.rsplit(".", 1)[1]
+        if none:
+            slurm["processes"].pop(pid, None)
+        else:
+            slurm["processes"][pid] = parse_int(value)
+    elif value not in {"slurm.cgroup": ("v1", "v2"), "slurm.constrain_devices": ("yes", "no", "absent")}[key]:
+        raise ConfigError("%s: expected one of %s, got %r" % (key, "v1/v2" if key == "slurm.cgroup" else
+                                                              "yes/no/absent", value))
+    else:
+        slurm[key.split(".", 1)[1]] = value
+
+
+def cgroup(model: Dict[str, Any], job: Any, step: str = "0", stepd: bool = False) -> str:
+    """/proc/PID/cgroup of a process in that job (None: in no job), as Slurm lays it out."""
+    v1 = _slurm(model)["cgroup"] == "v1"
+    if job is None:  # a login session's process
+        session = "/user.slice/user-%d.slice/session-4.scope" % _UID
+        if not v1:
+            return "0::%s\n" % session
+        return "".join("%s:%s\n" % (h, "/" if h == "12:devices" else session) for h in _V1) + \
+            "1:name=systemd:%s\n" % session
+    if v1:  # proctrack/cgroup puts the slurmstepd in its step's freezer cgroup
+        path = "/slurm/uid_%d/job_%d/step_%s" % (_UID, job, step)
+        lines = ("7:freezer:%s\n" % path) if stepd else "".join("%s:%s/task_0\n" % (h, path) for h in _V1)
+        return lines + "1:name=systemd:/system.slice/slurmd.service\n"
+    return "0::/system.slice/slurmstepd.scope/job_%d/step_%s/%s\n" % (job, step, "slurm" if stepd else "user/task_0")
+
+
+def processes(model: Dict[str, Any]) -> Dict[int, Tuple[str, str, str]]:
+    """{pid: (comm, cmdline, cgroup)}: the GPUs' processes (NVIDIA's and
+    AMD's) and one slurmstepd per running job."""
+    slurm = _slurm(model)
+    gpus = list((model.get("nvml") or {}).get("gpus") or ()) + list((model.get("amd") or {}).get("gpus") or ())
+    out = {}
+    for gpu in gpus:
+        for entry in gpu.get("processes") or ():
+            pid = int(entry["pid"] if isinstance(entry, dict) else entry)
+            job = slurm["processes"].get(str(pid))
+            out[pid] = ("python3", "python3\0train.py\0", cgroup(model, job))
+    for i, job in enumerate(slurm["jobs"]):
+        out[_STEPD_PID + i] = ("slurmstepd", "slurmstepd: [%d.batch]\0" % job, cgroup(model, job, "batch", True))
+    return out
+
+
+def cgroup_conf(model: Dict[str, Any]) -> Any:
+    """/etc/slurm/cgroup.conf's text, or None (absent)."""
+    value = _slurm(model)["constrain_devices"]
+    if value == "absent":
+        return None
+    return "CgroupPlugin=autodetect\nConstrainCores=yes\nConstrainDevices=%s\n" % value
