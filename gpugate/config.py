@@ -169,6 +169,9 @@ _DRAIN_BUDGET = Table({
     # there is nothing to ask again or to spread out.
     "recheck_seconds": (Number(0, 86400), 600.0),
     "jitter_seconds": (AnyOf(Choice("auto"), Number(0, 3600)), "auto"),
+    # Root's alone, the same on every node and controller: proves a finding
+    # published in a node's Comment is that node's (gpugate.budgetkey).
+    "key_file": (_PATH, "/etc/gpugate/drain-budget.key"),
 })
 
 _CONFIG = Table({

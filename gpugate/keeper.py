@@ -7,7 +7,12 @@ keeper runs on the controller (a systemd timer every 30 s, or `--watch`):
 
 1. one fleet read (``REQUEST_NODE_INFO``);
 2. gpugate.budget.plan: per partition, the published nodes to drain, oldest
-   published first, up to the allowance; every other published node held;
+   published first, up to the allowance; every other published node held.
+   Only a finding the node itself signed recently counts (``screen``:
+   gpugate.slurm.pending's proof, the key gpugate.budgetkey): an unverified
+   tag (an admin's paste, a copy, an old release's) is held and named,
+   takes no place and no budget.  No key here: the run fails, draining
+   nothing;
 3. a single-node read of each node it is about to drain (still published
    with the same reason, not drained, no reason of anyone else's), then one
    ``scontrol update NodeName=<hostlist> State=DRAIN`` per distinct reason
@@ -85,18 +90,22 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         figures.update(ok=True, why="max_share = 1: the drain budget is off (nodes drain themselves)",
                        held=0, published=0, partitions={})
         return figures
+    key = _key(settings)  # before any read: no key, nothing published is drained
     if view is not None:
         read_at, states = view
         figures["view"] = "the last run's re-read, %.1f s old" % (started - read_at)
     else:
         states = slurm.nodes(lean=True)
         figures["fleet_reads"] += 1
-    decided = budget.plan(states, tag, share)
+    # Only what each node wrote itself takes a place in the queue and budget.
+    decided = budget.plan(screen(states, key, clock())[0], tag, share)
     # Re-read each node before writing: the single-node RPC (read locks only).
     groups = {}
     for name, reason in decided.drain:
         now = slurm.nodes(name).get(name)
         figures["single_reads"] += 1
+        if now is not None:
+            now = screen({name: now}, key, clock())[0][name]
         seen = budget.published(now, tag) if now is not None else None
         foreign = bool(now is not None and now.reason and reasons.parse(now.reason, tag) is None)
         if now is None or now.drain or foreign or seen is None or seen.reason != reason:
@@ -113,16 +122,21 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         final = slurm.nodes(lean=True)
         figures["fleet_reads"] += 1
         # Stamped since the view decided on was read: ours, or a concurrent keeper's.
-        back = budget.over(final, tag, share, int(read_at) - 1)
+        back = budget.over(screen(final, key, clock())[0], tag, share, int(read_at) - 1)
         if back:
             slurm.undrain(hostlist(back))
             figures["given_back"] = list(back)
         else:
             figures["_view"] = (reread_at, final)
-    # Held: published and not drained after this run (given back included).
+    # Held: published and not drained after this run (given back included);
+    # an unverified tag is held too, and said so.
     kept = set(figures["drained"]) - set(figures["given_back"])
+    raw, (final, unverified) = final, screen(final, key, clock())
     held = {}
     for name, state in final.items():
+        if name in unverified and not state.drain and budget.published(raw[name], tag) is not None:
+            held[name] = unverified[name]
+            continue
         if name in kept or budget.published(state, tag) is None:
             continue
         if not state.drain or name in figures["given_back"]:
@@ -132,11 +146,41 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in figures["given_back"] else s
                          for n, s in final.items()}, tag, share)
     figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
+                   unverified=sum(1 for n in held if n in unverified),
                    partitions={p: {"size": u.size, "allowance": u.allowance, "drained": len(u.drained),
                                    "held": sum(1 for n in held if p in final[n].partitions)}
                                for p, u in sorted(uses.items())},
                    took=round(clock() - started, 3))
     return figures
+
+
+def _key(settings) -> bytes:
+    from .budgetkey import KeyUnavailable, load
+
+    try:
+        return load(settings)
+    except KeyUnavailable as exc:
+        raise KeyUnavailable("the keeper drains nothing published in node comments: %s" % exc) from None
+
+
+def screen(states, key: bytes, now: float):
+    """(states, unverified): each node's comment reduced to the span that
+    node wrote and signed recently (gpugate.slurm.pending), or to none;
+    node -> why the tag there is unverified.  An admin's pasted span, or
+    one copied from another node or from long ago, is never planned on."""
+    from .record import replace
+    from .slurm import pending
+
+    out, unverified = {}, {}
+    for name, state in states.items():
+        if not state.comment or pending.OPEN not in state.comment:
+            out[name] = state
+            continue
+        seen, why = pending.verified(state.comment, name, key, now)
+        if seen is None:
+            unverified[name] = why
+        out[name] = replace(state, comment=pending.alone(seen) if seen is not None else "")
+    return out, unverified
 
 
 def record(settings, figures: dict, error: str = "") -> dict:

@@ -405,8 +405,11 @@ def test_xid_window_is_unmoved_by_a_clock_step():
 
 def test_a_published_hold_asks_nothing_until_the_findings_change(tmp_path):
     """A node that published its findings (for the budget keeper) asks the
-    controller nothing while they stay the same, whatever the clock does;
-    new findings or a damaged record make it read and publish again."""
+    controller nothing while they stay the same, whenever they were first
+    published, until its proof needs signing again (issue 33, item 6: once
+    every REFRESH_SECONDS, or when the clock stepped back past it, or for a
+    record of a gpugate before proofs); new findings or a damaged record
+    make it read and publish again."""
     import json
     from gpugate.record import replace
 
@@ -419,13 +422,18 @@ def test_a_published_hold_asks_nothing_until_the_findings_change(tmp_path):
     verdict = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")], "gpugate:")
     (tmp_path / "gpu01").mkdir()
     path = tmp_path / "gpu01" / hold.PUBLISHED
+    from gpugate.slurm.pending import REFRESH_SECONDS
+
     for since in (time.time() - 10, time.time() + 3600, time.time() - 86400 * 30, "yesterday"):
-        path.write_text(json.dumps({"since": since, "reason": verdict.reason}))
+        path.write_text(json.dumps({"since": since, "seen": time.time() - 10, "reason": verdict.reason}))
         assert "budget keeper" in hold.held_recently(settings, "gpu01", verdict)
+    for seen in (time.time() - REFRESH_SECONDS - 1, time.time() + 3600, None):
+        path.write_text(json.dumps({"since": time.time() - 10, "seen": seen, "reason": verdict.reason}))
+        assert hold.held_recently(settings, "gpu01", verdict) is None  # sign it again
     path.write_text("{not json")
     assert hold.held_recently(settings, "gpu01", verdict) is None  # damaged: read and publish again
     other = decide([Finding("drift", "kernel", "6.1.0-26-amd64", "6.1.0-27-amd64", "reconverge")], "gpugate:")
-    path.write_text(json.dumps({"since": time.time(), "reason": verdict.reason}))
+    path.write_text(json.dumps({"since": time.time(), "seen": time.time(), "reason": verdict.reason}))
     assert hold.held_recently(settings, "gpu01", other) is None  # findings changed: read again
 
 

@@ -20,12 +20,17 @@ from gpugate.slurm.nodestate import NodeState
 TAG = "gpugate:"
 DRIFT = "gpugate: drift driver=550.54.15 (want 580.95.05)"
 XID = "gpugate: health xid:gpu1=79 (want none)"
+KEY = b"0123456789abcdef0123456789abcdef"  # keeper_settings' drain budget key
 
 
-def node(name, parts=("a",), reason="", when=None, drain=None, published=None, since=100, comment=""):
+def node(name, parts=("a",), reason="", when=None, drain=None, published=None, since=100, comment="", seen=None):
+    """A node's record; ``published``: signed by the node itself (pending.publish
+    with the key), first at ``since``, last at ``seen`` (default: since)."""
     flags = frozenset({"DRAIN"}) if (reason if drain is None else drain) else frozenset()
     if published:
-        comment = pending.publish(comment, published, since)
+        comment = pending.publish(comment, published, since, KEY, name)
+        if seen is not None:
+            comment = pending.publish(comment, published, seen, KEY, name)
     return NodeState(name, "IDLE", flags, reason, when, "root" if reason else "", tuple(sorted(parts)), comment)
 
 
@@ -164,7 +169,10 @@ class MemorySlurm:
 
 @pytest.fixture
 def keeper_settings(tmp_path):
-    base = parse_settings({"drain_budget": {"max_share": 0.25}}, "(test)")
+    key = tmp_path / "drain-budget.key"
+    key.write_bytes(KEY + b"\n")
+    key.chmod(0o600)
+    base = parse_settings({"drain_budget": {"max_share": 0.25, "key_file": str(key)}}, "(test)")
     return replace(base, sweep=dict(base.sweep, journal=str(tmp_path / "sweep.db")))
 
 
@@ -231,7 +239,7 @@ def test_record_keeps_the_last_good_run_through_failures_and_metrics_export_it(k
     def failing(settings, deadline=None):
         raise SlurmError("sinfo: Unable to contact slurm controller")
     assert render(keeper_families(None, 2000.0)).count("gpugate_budget_keeper_last_run_timestamp_seconds 0") == 1
-    slurm = MemorySlurm(fleet(node("gpu01", published=DRIFT), node("gpu02")), lambda: 1000)
+    slurm = MemorySlurm(fleet(node("gpu01", published=DRIFT, since=int(time.time())), node("gpu02")), lambda: 1000)
     good = keeper.run(keeper_settings, connect=lambda settings, deadline=None: slurm)
     assert good["ok"] and good["drained"] == ["gpu01"] and good["last_ok"] == good["at"]
     bad = keeper.run(keeper_settings, connect=failing)
@@ -254,7 +262,7 @@ def test_a_draining_runs_re_read_serves_the_next_run_once(keeper_settings):
     """A run that drains reads the fleet twice (before and after writing);
     the next run decides on that re-read (no fleet read), the one after
     reads again: at most two full reads in a wrong pin's first minute."""
-    states = fleet(*[node("gpu%02d" % i, published=DRIFT, since=i) for i in range(1, 9)])
+    states = fleet(*[node("gpu%02d" % i, published=DRIFT, since=i, seen=int(time.time())) for i in range(1, 9)])
     slurm = MemorySlurm(states, time.time)
     connect = lambda settings, deadline=None: slurm  # noqa: E731
     reads = []

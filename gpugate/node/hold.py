@@ -6,7 +6,9 @@ published nodes within each partition's budget.  With no keeper, nothing
 budgeted is ever drained, and the findings stay visible.
 
 A node remembers what it published (published.json): while its findings
-stay the same its health checks and prologs ask the controller nothing.
+stay the same its health checks and prologs ask the controller nothing,
+but once every REFRESH_SECONDS (gpugate.slurm.pending: it signs the finding
+again, or the keeper takes it for an old copy and never drains it).
 It reads its own record (the single-node RPC) when its findings change,
 and clears its part of the comment once fit."""
 
@@ -48,14 +50,25 @@ def held_recently(settings, node: str, verdict) -> Optional[str]:
     record = st.read_json(os.path.join(settings.state_dir(node), PUBLISHED)) or {}
     if record.get("reason") != verdict.reason:
         return None  # new findings (or a damaged record): read and publish again
-    return _why(record.get("since"))
+    from ..slurm.pending import REFRESH_SECONDS
+
+    try:
+        age = time.time() - float(record["seen"])
+    except (KeyError, TypeError, ValueError):
+        return None  # published by a gpugate before proofs: sign it now
+    if not 0 <= age < REFRESH_SECONDS:
+        return None  # the keeper drains only a recent proof: sign it again
+    return _why(record.get("since"), record.get("unsigned"))
 
 
-def _why(since) -> str:
+def _why(since, unsigned=None) -> str:
     try:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(since)))
     except (TypeError, ValueError, OverflowError):
         when = "?"
+    if unsigned:
+        return ("budgeted finding published UNSIGNED on the node's Slurm record since %s: the budget keeper "
+                "never drains it (%s); the node keeps running jobs" % (when, str(unsigned)[:300]))
     return ("budgeted finding published on the node's Slurm record since %s: the budget keeper "
             "(gpugate budget) drains it within its partitions' drain budget; the node keeps running jobs" % when)
 
@@ -63,19 +76,27 @@ def _why(since) -> str:
 def publish(settings, slurm, node: str, state, reason: str) -> str:
     """Publish ``reason`` in the node's comment (written only when it
     changes; an admin's text in the comment is kept).  Returns why held."""
+    from .. import budgetkey
     from ..slurm import pending
 
     comment = state.comment if state is not None else ""
-    wanted = pending.publish(comment, reason, int(time.time()))
+    now = int(time.time())
+    try:
+        key, unsigned = budgetkey.load(settings), None
+    except budgetkey.KeyUnavailable as exc:
+        key, unsigned = None, str(exc)  # published all the same: visible, never drained
+    wanted = pending.publish(comment, reason, now, key, node)
     if wanted != comment:
         slurm.set_comment(node, wanted)
     since = pending.read(wanted).since
+    record = {"reason": reason, "since": since, "seen": now}
+    if unsigned:
+        record["unsigned"] = unsigned[:300]
     try:
-        st.write_json(os.path.join(settings.state_dir(node), PUBLISHED), {"reason": reason, "since": since},
-                      durable=False)
+        st.write_json(os.path.join(settings.state_dir(node), PUBLISHED), record, durable=False)
     except OSError:
         pass  # best effort: losing it costs one read on the next run
-    return _why(since)
+    return _why(since, unsigned)
 
 
 def unpublish(settings, slurm, node: str, state) -> None:

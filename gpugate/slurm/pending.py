@@ -9,54 +9,140 @@ JSON ``comment``, ``sinfo -O Comment``).  ``Extra`` is avoided: slurmd
 
 gpugate's part is one bracketed span; an admin's text around it is kept::
 
-    rack 3 cable swap [gpugate-pending @1764120000] gpugate: drift driver=... [/gpugate-pending]
+    rack 3 [gpugate-pending @1764120000 seen @1764123600 proof 9f86...] gpugate: drift driver=... [/gpugate-pending]
+
+Slurm admins and operators may set the Comment too, so the span carries a
+proof that this node wrote it (issue 33, item 6): an HMAC, with the drain
+budget key only root on the nodes and the controller reads
+(gpugate.budgetkey), of the node's name, the first time it published the
+reason (``@``), the time it last signed it (``seen``: a node re-signs a held
+finding every REFRESH_SECONDS) and the reason.  The keeper drains only a
+span that verifies for that node and was signed within MAX_AGE_SECONDS: an
+admin's pasted span, one copied from another node, an old one pasted back
+after the node cleared it, or one from a gpugate without proofs (a rolling
+upgrade) is *unverified*: held and visible, never drained, and it takes no
+place in the keeper's queue and no budget.
 
 Pure functions: text in, text out."""
 
+import hashlib
+import hmac
 import re
 
 OPEN, CLOSE = "[gpugate-pending @", "[/gpugate-pending]"
-_PART = re.compile(r"\s*\[gpugate-pending @(\d{1,12})\] (.*?) \[/gpugate-pending\]", re.S)
+_PART = re.compile(r"\s*\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] (.*?) "
+                   r"\[/gpugate-pending\]", re.S)
+# A held node re-signs its finding this often (one read and one comment
+# update per held node); the keeper refuses a proof older than MAX_AGE:
+# an old span pasted back verifies for at most that long.  Four refreshes:
+# a node whose checks run an hour apart stays verified.
+REFRESH_SECONDS = 1800
+MAX_AGE_SECONDS = 4 * REFRESH_SECONDS
+# Clocks of the nodes and the controller agree (munge needs it) to this.
+CLOCK_SLACK_SECONDS = 300
+_DOMAIN = "gpugate-pending/1"
 
 
 class Pending:
-    """What a node published: the reason it would drain with, and since when."""
+    """What a node published: the reason it would drain with, since when,
+    and (from a node with the key) when it signed it and the proof."""
 
-    __slots__ = ("reason", "since")
+    __slots__ = ("reason", "since", "seen", "proof")
 
-    def __init__(self, reason: str, since: int):
-        self.reason, self.since = reason, since
+    def __init__(self, reason: str, since: int, seen=None, proof=None):
+        self.reason, self.since, self.seen, self.proof = reason, since, seen, proof
 
     def __eq__(self, other):
         return isinstance(other, Pending) and (self.reason, self.since) == (other.reason, other.since)
 
     def __repr__(self):
-        return "Pending(%r, %d)" % (self.reason, self.since)
+        return "Pending(%r, %d, seen=%r)" % (self.reason, self.since, self.seen)
+
+
+def _pending(m) -> Pending:
+    seen = int(m.group(2)) if m.group(2) is not None else None
+    return Pending(m.group(4), int(m.group(1)), seen, m.group(3))
 
 
 def read(comment: str):
-    """The Pending in a node's comment, or None."""
+    """The first Pending in a node's comment, or None (unverified: see
+    verified() for the one the keeper may act on)."""
     m = _PART.search(comment or "")
-    if not m:
-        return None
-    return Pending(m.group(2), int(m.group(1)))
+    return _pending(m) if m else None
+
+
+def read_all(comment: str):
+    """Every span in the comment, in order (an admin may paste one beside the node's)."""
+    return [_pending(m) for m in _PART.finditer(comment or "")]
 
 
 def others(comment: str) -> str:
-    """The comment without gpugate's part: the admin's text, untouched."""
-    return _PART.sub("", comment or "", count=1).strip()
+    """The comment without gpugate's spans: the admin's text, untouched."""
+    return _PART.sub("", comment or "").strip()
 
 
-def publish(comment: str, reason: str, now: int) -> str:
-    """The comment with ``reason`` published (the time kept when the same
-    reason is already there: the keeper drains the oldest first)."""
+def proof(key: bytes, node: str, since: int, seen: int, reason: str) -> str:
+    """The span's proof: HMAC-SHA256 (first 128 bits, hex) of the domain,
+    node, times and reason, each on its own line (none holds a newline)."""
+    text = "\n".join((_DOMAIN, node, str(int(since)), str(int(seen)), reason))
+    return hmac.new(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:32]
+
+
+def publish(comment: str, reason: str, now: int, key=None, node: str = "") -> str:
+    """The comment with ``reason`` published (the first time kept when the
+    same reason is already there: the keeper drains the oldest first),
+    signed now for ``node`` with ``key``; without a key, unsigned (the
+    keeper will not drain it)."""
     reason = " ".join(reason.replace(CLOSE, "").split())  # one line, never our closing mark
     seen = read(comment)
-    since = seen.since if seen is not None and seen.reason == reason else int(now)
-    part = "%s%d] %s %s" % (OPEN, since, reason, CLOSE)
+    since = seen.since if seen is not None and seen.reason == reason and seen.since <= now else int(now)
+    if key:
+        signed = int(now)
+        if (seen is not None and seen.reason == reason and seen.seen is not None
+                and 0 <= now - seen.seen < REFRESH_SECONDS and unverified(seen, node, key, now) is None):
+            signed = seen.seen  # still good: nothing to write
+        head = "%s%d seen @%d proof %s]" % (OPEN, since, signed, proof(key, node, since, signed, reason))
+    else:
+        head = "%s%d]" % (OPEN, since)
+    part = "%s %s %s" % (head, reason, CLOSE)
     rest = others(comment)
     return (rest + " " + part) if rest else part
 
 
+def alone(seen: Pending) -> str:
+    """A comment holding only this span, unsigned (what the keeper plans on
+    once it has verified the span)."""
+    return "%s%d] %s %s" % (OPEN, seen.since, seen.reason, CLOSE)
+
+
 def clear(comment: str) -> str:
     return others(comment)
+
+
+def unverified(seen: Pending, node: str, key: bytes, now: float):
+    """Why the keeper must not act on this span for ``node``, or None."""
+    if seen.proof is None:
+        return ("unverified tag: no proof (written by hand, or by a node without the drain budget key or "
+                "with a gpugate before proofs)")
+    if not hmac.compare_digest(seen.proof, proof(key, node, seen.since, seen.seen, seen.reason)):
+        return "unverified tag: its proof is not this node's (pasted, copied from another node, or another key)"
+    if seen.since > seen.seen:
+        return "unverified tag: first published after it was signed"
+    if seen.seen > now + CLOCK_SLACK_SECONDS:
+        return "unverified tag: signed in the future (%d s ahead of the controller's clock)" % (seen.seen - now)
+    if now - seen.seen > MAX_AGE_SECONDS:
+        return ("unverified tag: signed %d s ago, over %d s (an old copy, or the node stopped re-signing it)"
+                % (now - seen.seen, MAX_AGE_SECONDS))
+    return None
+
+
+def verified(comment: str, node: str, key: bytes, now: float):
+    """(the span the node wrote, None) or (None, why none is): the first
+    span that verifies; an admin's pasted one beside it changes nothing."""
+    why = None
+    for seen in read_all(comment):
+        problem = unverified(seen, node, key, now)
+        if problem is None:
+            return seen, None
+        why = why or problem
+    return None, why

@@ -81,8 +81,24 @@ def rig_backend() -> str:
     return os.environ.get("GPUGATE_TEST_SLURM_BACKEND", "commands")
 
 
+def _with_key(cluster, extra: str) -> str:
+    """The rig's drain budget key (one for its nodes and its keeper, root's
+    0600: gpugate.budgetkey), named in ``extra``'s [drain_budget] or a new one;
+    an extra that names its own key_file keeps it."""
+    if "key_file" in extra:
+        return extra
+    key = cluster.path("drain-budget.key")
+    if not os.path.exists(key):
+        write_file(key, os.urandom(32).hex() + "\n", 0o600)
+    line = 'key_file = "%s"\n' % key
+    if "[drain_budget]\n" in extra:
+        return extra.replace("[drain_budget]\n", "[drain_budget]\n" + line, 1)
+    return extra + "\n[drain_budget]\n" + line
+
+
 def write_gpugate_toml(cluster, extra: str) -> None:
     """gpugate.toml of the rig (what its shims name)."""
+    extra = _with_key(cluster, extra)
     text = """# gpugate.toml of a local test cluster (gpugate demo / tests)
 baseline = "{dir}/baseline.toml"
 state_dir = "{dir}/state/{{node}}"
