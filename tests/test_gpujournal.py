@@ -14,6 +14,8 @@ from gpugate.node.kmsgfollow import Follower
 from gpugate.parsers.kernlog import parse_kmsg
 from gpugate.probes import gpujournal
 
+from test_kernlog_trust import _FakeKmsg
+
 BOOT = "0b6f3a52-1f6e-4c1b-9d7e-5a1f0c2d3e4f"
 GPU_MESSAGES = [
     "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python3, GPU has fallen off the bus.",
@@ -114,19 +116,6 @@ def test_a_journal_someone_else_could_write_is_not_read(tmp_path):
     assert list(gpujournal.read_events(str(tmp_path), BOOT)) == [7]
     os.chmod(path, 0o622)
     assert gpujournal.read_events(str(tmp_path), BOOT) == {}
-
-
-class _FakeKmsg:
-    """os.read of /dev/kmsg: one record a read, EPIPE where records were overwritten."""
-
-    def __init__(self, reads):
-        self.reads = list(reads)
-
-    def __call__(self, fd, size):
-        item = self.reads.pop(0) if self.reads else BlockingIOError(errno.EAGAIN, "again")
-        if isinstance(item, Exception):
-            raise item
-        return item.encode()
 
 
 def test_epipe_is_a_window_the_follower_lost_and_it_goes_on(tmp_path, monkeypatch):

@@ -168,18 +168,25 @@ def _read_real_kmsg():
     return text if isinstance(text, str) else ""
 
 
-def test_an_unprivileged_users_mount_option_in_the_real_kernel_log_is_not_an_event():
-    """Runs as uid 65534 in a user namespace of its own, as the issue's user did;
-    skipped where the kernel or the container does not let it."""
-    import tempfile
-
-    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("setpriv", "unshare")):
-        pytest.skip("needs root (to drop to uid 65534 with setpriv) and util-linux's unshare")
+def root_and_real_kmsg_or_skip():
+    """Root (to drop to uid 65534) and a readable /dev/kmsg, or skip saying why."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (to drop to uid 65534, and to read /dev/kmsg)")
     try:
         if not stat.S_ISCHR(os.stat("/dev/kmsg").st_mode) or not os.access("/dev/kmsg", os.R_OK):
             pytest.skip("no readable /dev/kmsg here (a chroot without /dev?)")
     except OSError:
         pytest.skip("no /dev/kmsg here (a chroot without /dev?)")
+
+
+def test_an_unprivileged_users_mount_option_in_the_real_kernel_log_is_not_an_event():
+    """Runs as uid 65534 in a user namespace of its own, as the issue's user did;
+    skipped where the kernel or the container does not let it."""
+    import tempfile
+
+    if not all(shutil.which(tool) for tool in ("setpriv", "unshare")):
+        pytest.skip("needs util-linux's setpriv and unshare")
+    root_and_real_kmsg_or_skip()
     # tmpfs splits its options at commas: this run's own Xid text has none.
     marker = "%s run%d" % (XID, time.monotonic_ns())
     assert kernlog.parse_xid_message(marker) is not None  # the user's text is an Xid at the start of a message

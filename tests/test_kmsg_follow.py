@@ -23,6 +23,7 @@ from gpugate.sim import fleet as simfleet, keys as simkeys
 from gpugate.sim.kmsg import append, write_ring
 
 from conftest import DEMO_BASELINE, gpugate_cmd
+from test_kernlog_trust import root_and_real_kmsg_or_skip
 from test_node_side import metrics, node_env, run_entry  # noqa: F401 - node_env is a fixture
 
 NOBODY = 65534
@@ -228,15 +229,7 @@ def test_the_follower_keeps_up_with_a_real_users_flood_and_keeps_none_of_it(tmp_
     (bounded: ~3,000 records); the follower reads /dev/kmsg meanwhile and
     loses nothing.  Skipped where the kernel or the container does not let
     an unprivileged user namespace mount, or /dev/kmsg cannot be read."""
-    import stat as stat_
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root (to drop to uid 65534 and to read /dev/kmsg as the follower does)")
-    try:
-        if not stat_.S_ISCHR(os.stat("/dev/kmsg").st_mode) or not os.access("/dev/kmsg", os.R_OK):
-            pytest.skip("no readable /dev/kmsg here")
-    except OSError:
-        pytest.skip("no /dev/kmsg here (a chroot without /dev?)")
+    root_and_real_kmsg_or_skip()
     config = tmp_path / "gpugate.toml"
     config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\n' % (DEMO_BASELINE, tmp_path))
     env = {"config": str(config), "state": str(tmp_path / "state")}
