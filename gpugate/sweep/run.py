@@ -145,7 +145,11 @@ def forgive(settings, slurm, journal, names: Sequence[str], who: str = "") -> Li
         journal.note(name, hist.FORGIVEN, detail="forgiven%s" % (" by " + who if who else ""))
         st = states.get(name)
         ours = reasons.parse(st.reason, settings.reason_tag) if st is not None and st.drain else None
-        repeat = ours is not None and ours.cls == RMA and any(f.component == "repeat" for f in ours.findings)
+        # The sweep's rma for a repeat, or for the application's Xids on a GPU (an
+        # older gpugate's "no automatic remedy"): back to the sweep, which resets
+        # and diagnoses it (the node clears its Xid history on that drain).
+        repeat = ours is not None and ours.cls == RMA and any(f.component in ("repeat", "xid_repeat")
+                                                              for f in ours.findings)
         before = records[name].reason if name in records else ""
         if repeat and reasons.parse(before, settings.reason_tag) is not None:
             slurm.drain(name, before)
