@@ -181,3 +181,31 @@ def test_a_failed_diagnostic_keeps_the_history(node_env):  # noqa: F811
     assert not answer["fit"] and "xid_history" not in answer
     run_entry("healthcheck", node_env)
     assert "xid_repeat:gpu2" in _log(node_env)[-1]["reason"]
+
+
+def test_the_sweep_resets_and_resumes_it_and_forgive_hands_an_rma_back(tmp_path):
+    """The whole rung against the stand-in Slurm: reset, verified, resumed.
+    A node an older gpugate escalated for it ('no automatic remedy') is
+    handed back to the sweep by forgive (before: left in rma)."""
+    from gpugate.sweep import run as sweep_run
+    from test_sweep_engine import FakeSlurm
+    from test_sweep_reset import NodeSide, _sweep
+
+    class Slurm(FakeSlurm):
+        def reserve(self, name, names, *minutes):  # whichever signature the engine calls
+            return super().reserve(name, names)
+
+    slurm = Slurm(count=4, drained=("gpu001",), reason=REPEAT)
+    side = NodeSide()
+    sweeper, journal = _sweep(tmp_path, slurm, side, reset=True)
+    report = sweeper.run()
+    assert report.outcomes["gpu001"].result == "resumed" and slurm.resumed == ["gpu001"]
+    assert [c[0] for c in side.calls] == ["evidence", "reset-gpus", "check"]
+    assert ("reset-gpus", ("gpu001",), ("reset-gpus", "--timeout", "600", "--gpu", "2")) in side.calls, side.calls
+    rma = reasons.render(TAG, "rma", [Finding("rma", "xid_repeat", "xid 31 in 3 jobs", "< 3 jobs within 24h", "",
+                                              gpu=2)])
+    slurm._set("gpu001", "IDLE", {"DRAIN"}, rma)
+    journal.record("gpu001", "escalate", "done", detail="health xid_repeat: no automatic remedy")
+    lines = sweep_run.forgive(sweeper.settings, slurm, journal, ["gpu001"])
+    assert "drained again" in lines[0] and slurm.states["gpu001"].reason == REPEAT, lines
+    journal.close()
