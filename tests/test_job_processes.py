@@ -206,3 +206,22 @@ def test_the_health_check_reads_whether_devices_are_constrained(fleet):
     assert data["facts"]["job_devices"] == "not constrained: ConstrainDevices=no in /etc/slurm/cgroup.conf"
     data = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu02", "--json").stdout)
     assert data["facts"]["job_devices"].startswith("not constrained: no cgroup.conf")
+
+
+def test_the_audit_and_slurm_conf_say_devices_are_not_constrained(tmp_path):
+    from gpugate.fleet.audit import PINNED, UNPINNED, fold, to_text
+    from gpugate.slurm.fragment import devices_hint
+
+    no = "not constrained: ConstrainDevices=no in /etc/slurm/cgroup.conf"
+    audit = fold({"gpu01": {"job_devices": "constrained"}, "gpu02": {"job_devices": no},
+                  "gpu03": {"job_devices": {"error": {"kind": "error"}}}, "gpu04": {}})
+    rows = {(r.value, r.status): r.nodes for r in audit.rows if r.component == "job_devices"}
+    assert rows == {("constrained", PINNED): ("gpu01",), (no, UNPINNED): ("gpu02",),
+                    ("(unreadable: error)", "unreadable"): ("gpu03",)}
+    assert not audit.drift and no in to_text(audit)
+    assert "ConstrainDevices=yes" in devices_hint(str(tmp_path)) and "NOTE" not in devices_hint(str(tmp_path))
+    os.makedirs(str(tmp_path / "etc" / "slurm"))
+    (tmp_path / "etc" / "slurm" / "cgroup.conf").write_text("ConstrainDevices=no\n")
+    assert "# NOTE: on this machine " + no in devices_hint(str(tmp_path))
+    (tmp_path / "etc" / "slurm" / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    assert "NOTE" not in devices_hint(str(tmp_path))

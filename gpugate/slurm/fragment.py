@@ -79,7 +79,7 @@ def fragment(config: Optional[str], release_text: str = "22.05") -> str:
                     "# SlurmctldParameters list:\n"
                     "#SlurmctldParameters=health_check_report\n")
     return """# --- gpugate (Slurm {rel}) ---
-{note}{missing}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
+{note}{missing}{devices}# Health check: slurmd runs it on every HealthCheckInterval while slurmctld
 # pings; it gets no PATH and is killed at {kill}; gpugate keeps
 # its own budget (budgets.healthcheck, default 40 s) and locks against overlap.
 # LBNL NHC: set [nhc] command in gpugate.toml and gpugate runs it within that
@@ -106,4 +106,22 @@ RebootProgram={reboot}
 # --- end gpugate ---
 """.format(rel="%d.%02d" % release, note=note, kill="60 s" if release < (26, 5) else "HealthCheckTimeout",
            hc=entry["healthcheck"], states=allowed_states(release), timeout=timeout,
-           pro=entry["prolog"], epi=entry["epilog"], missing=missing, reboot=REBOOT_PROGRAM)
+           pro=entry["prolog"], epi=entry["epilog"], missing=missing, reboot=REBOOT_PROGRAM, devices=devices_hint("/"))
+
+
+def devices_hint(root: str) -> str:
+    """cgroup.conf's ConstrainDevices, said once here (and in the audit's
+    job_devices row), never in an epilog: without it a job's process may
+    use another job's GPU, which the epilog leaves alone while that job
+    runs (gpugate.probes.owners)."""
+    from ..jobfacts import CONSTRAINED
+    from ..probes.owners import job_devices
+
+    state = job_devices(root)
+    text = ("# cgroup.conf (not slurm.conf), with TaskPlugin=task/cgroup: ConstrainDevices=yes\n"
+            "# confines each job to its own GPUs.  Without it a job may use another's GPU;\n"
+            "# the epilog then drains only for a process no running job owns (README\n"
+            "# \"Jobs sharing a node's GPUs\").\n")
+    if isinstance(state, str) and state != CONSTRAINED and "no cgroup.conf" not in state:
+        text += "# NOTE: on this machine %s\n" % state
+    return text
