@@ -155,3 +155,76 @@ def test_store_save_never_writes_two_members_of_one_name(tmp_path):
     with tarfile.open(os.path.join(str(tmp_path / "ev"), bundle + ".tar.gz")) as tar:
         assert _names_unique(tar)
         assert json.load(tar.extractfile("MANIFEST.json"))["node"] == "gpu01"
+
+
+# -- the batch's maintenance reservation outlives no sweep ---------------------
+
+class Broken:
+    """A transport that fails in a way nobody foresaw (a bug, an interrupt)."""
+
+    def check(self, nodes, args, timeout):
+        raise RuntimeError("unforeseen")
+
+    run = check
+
+
+def test_the_reservation_ends_with_the_sweeps_own_time_limits(tmp_path):
+    """Before: Duration=UNLIMITED (scontrol) or a year (pyslurm)."""
+    from gpugate.slurm.trace import in_scontrol_words
+    from gpugate.sweep.steps import reservation_minutes
+
+    slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
+    sweeper, journal = _sweep(tmp_path, slurm, {})
+    assert sweeper.run().outcomes["gpu001"].result == "resumed"
+    assert slurm.minutes == reservation_minutes(sweeper.cfg) and 60 < slurm.minutes < 24 * 60
+    words, = in_scontrol_words("reserve", ("r", "gpu001", slurm.minutes))
+    assert "Duration=%d " % slurm.minutes in words
+    journal.close()
+
+
+def test_a_sweep_that_dies_leaves_no_reservation_behind(tmp_path):
+    """Before: an exception out of a step (the RecursionError of a 100,000-deep
+    answer was one) left the batch's reservation, unbounded, for ever."""
+    slurm = FakeSlurm(count=4, drained=("gpu001", "gpu002"), reason=XID, reboot_polls=1)
+    sweeper, journal, _ = make(tmp_path, slurm, evidence_keep=0)
+    sweeper.transport = Broken()
+    with pytest.raises(RuntimeError, match="unforeseen"):
+        sweeper.run()
+    assert slurm.res == {}  # the nodes are drained with the sweep's reason: the next run takes them up
+    assert all(slurm.states[n].drain and n not in slurm.resumed for n in ("gpu001", "gpu002"))
+    assert set(journal.in_flight()) == {"gpu001", "gpu002"}
+    journal.close()
+
+
+def test_a_node_back_from_its_reboot_without_a_drain_keeps_the_bounded_reservation(tmp_path):
+    """The one case the reservation alone keeps jobs off: 22.05-23.11 clear
+    the drain as slurmd registers.  It stays, and ends by itself."""
+    slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
+    sweeper, journal, _ = make(tmp_path, slurm, evidence_keep=0)
+    said = []
+    sweeper.say = said.append
+    drain = slurm.drain
+
+    def refused(names, reason):
+        if "attempt" in reason:  # the work reason, after the reboot
+            raise RuntimeError("slurmctld went away")
+        drain(names, reason)
+
+    slurm.drain = refused
+    with pytest.raises(RuntimeError):
+        sweeper.run()
+    assert list(slurm.res) == ["gpugate_sweep_r1_b1"] and not slurm.states["gpu001"].drain
+    assert any("kept for nodes still rebooting" in s and "ends by itself" in s for s in said), said
+    journal.close()
+
+
+def test_a_later_sweep_removes_a_stale_reservation_it_made_never_an_admins(tmp_path):
+    """Before: every reservation named gpugate_sweep_* was deleted."""
+    slurm = FakeSlurm(count=4)
+    sweeper, journal, _ = make(tmp_path, slurm)
+    slurm.res = {"gpugate_sweep_r1_b1": "gpu001", "gpugate_sweep_r77_b1": "gpu002",
+                 "gpugate_sweep_maint": "gpu003", "gpugate_sweep_r1_b1_x": "gpu003", "site_maint": "gpu004"}
+    sweeper.run()
+    assert sorted(slurm.res) == ["gpugate_sweep_maint", "gpugate_sweep_r1_b1_x", "gpugate_sweep_r77_b1",
+                                 "site_maint"]
+    journal.close()

@@ -86,8 +86,9 @@ class FakeSlurm:
     def reservations(self):
         return dict(self.res)
 
-    def reserve(self, name, names):
+    def reserve(self, name, names, minutes=None):
         self.res[name] = names
+        self.minutes = minutes
 
     def unreserve(self, name):
         self.res.pop(name, None)

@@ -116,11 +116,13 @@ class CommandSlurm(NodeUpdates):
         """Cancel every job on these nodes (the sweep's --force)."""
         self._run("scancel", ["--nodelist=" + names, "--full"])
 
-    def reserve(self, name: str, names: str) -> None:
+    def reserve(self, name: str, names: str, minutes: Optional[int] = None) -> None:
         """A maintenance reservation: no job starts on these nodes, whatever
-        state Slurm gives them (e.g. ReturnToService=2 after a reboot)."""
+        state Slurm gives them (e.g. ReturnToService=2 after a reboot); it
+        ends by itself after ``minutes`` (the sweep's bound; None: never)."""
+        duration = "%d" % minutes if minutes else "UNLIMITED"
         self._run("scontrol", ["create", "reservation", "ReservationName=" + name, "Nodes=" + names,
-                               "StartTime=now", "Duration=UNLIMITED", "Users=root", "Flags=MAINT,IGNORE_JOBS"])
+                               "StartTime=now", "Duration=" + duration, "Users=root", "Flags=MAINT,IGNORE_JOBS"])
 
     def update_reservation(self, name: str, names: str) -> None:
         """The reservation's nodes, as the full list (`Nodes+=` is newer than 22.05)."""

@@ -297,8 +297,8 @@ class PyslurmSlurm(NodeUpdates):
                   if state not in ENDED and nodes and NodeSet(nodes) & wanted]
         self._call("cancel", doomed)
 
-    def reserve(self, name: str, names: str) -> None:
-        self._call("reserve", name, names)
+    def reserve(self, name: str, names: str, minutes: Optional[int] = None) -> None:
+        self._call("reserve", name, names, *([minutes] if minutes else []))
 
     def update_reservation(self, name: str, names: str) -> None:
         self._call("update_reservation", name, names)

@@ -67,14 +67,14 @@ class Api:
     def op_reservations(self):
         return {r.name: r.nodes or "" for r in self.pyslurm.Reservations.load().values()}
 
-    def op_reserve(self, name, nodes):
+    def op_reserve(self, name, nodes, minutes=RESERVATION_MINUTES):
         ps = self.pyslurm
         flags = ps.ReservationFlags.MAINTENANCE | ps.ReservationFlags.IGNORE_RUNNING_JOBS
         # pyslurm turns a duration into an end time (UNLIMITED would end in
-        # the year 10193): a year, far beyond any sweep, which deletes its
-        # reservations when done (and any a killed sweeper left).
+        # the year 10193): the sweep's bound (steps.reservation_minutes), or
+        # a year where none is given.
         ps.Reservation(name=name, nodes=nodes, users=["root"], start_time=int(time.time()),
-                       duration=RESERVATION_MINUTES, flags=flags).create()
+                       duration=int(minutes), flags=flags).create()
 
     def op_update_reservation(self, name, nodes):
         ps = self.pyslurm

@@ -19,8 +19,9 @@ def in_scontrol_words(op: str, args: tuple) -> List[str]:
     if op == "reservations":
         return ["scontrol show reservation --oneliner"]
     if op == "reserve":
-        return ["scontrol create reservation ReservationName=%s Nodes=%s StartTime=now Duration=365-00:00:00 "
-                "Users=root Flags=MAINT,IGNORE_JOBS" % args]
+        duration = "%d" % args[2] if len(args) > 2 else "365-00:00:00"
+        return ["scontrol create reservation ReservationName=%s Nodes=%s StartTime=now Duration=%s "
+                "Users=root Flags=MAINT,IGNORE_JOBS" % (args[0], args[1], duration)]
     if op == "update_reservation":
         return ["scontrol update ReservationName=%s Nodes=%s" % args]
     if op == "unreserve":

@@ -11,7 +11,7 @@ from .pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
 from .partner import Lender
 from ..record import dataclass, field
 from .smoke import run_pairs, run_smoke
-from .steps import hostlist
+from .steps import hostlist, reservation_minutes
 
 
 @dataclass
@@ -43,7 +43,7 @@ def smoke_by_hand(slurm, settings, baseline, nodes: List[str], pairs: bool) -> B
             ready.append(name)
     if ready:
         reservation = "gpugate_smoke_%d" % os.getpid()
-        slurm.reserve(reservation, hostlist(ready))
+        slurm.reserve(reservation, hostlist(ready), reservation_minutes(settings.sweep))  # a kill -9 leaves it bounded
         try:
             results = run_smoke(slurm, settings.sweep, baseline, ready, reservation)
             out.verdicts.update({n: (r.passed, "job %s in %.0fs%s" % (r.job, r.seconds,

@@ -17,6 +17,7 @@ from ..findings import RMA, ROLLOUT, Finding
 from . import history as hist
 from . import journal as jr
 from . import evidence
+from . import reservations
 from .plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
 from ..record import dataclass, field, replace
 from .snapshot import take
@@ -94,6 +95,12 @@ class Sweeper(Steps, ResetStep, SmokeStep):
                                       rollout=rollout_nodes if rollout_nodes is not None else self.options.rollout))
 
     def run(self) -> SweepReport:
+        try:
+            return self._run()
+        finally:
+            reservations.at_exit(self)  # however it ended: none outlives the sweep (issue 33)
+
+    def _run(self) -> SweepReport:
         self._resume_in_flight()
         self.cleanup_reservations()
         while not self.report.stopped:
@@ -349,11 +356,10 @@ class Sweeper(Steps, ResetStep, SmokeStep):
                 self.slurm.unreserve(name)
 
     def cleanup_reservations(self) -> None:
-        """Reservations an interrupted sweep left behind, with nothing in flight."""
-        flying = {r.reservation for r in self.journal.in_flight().values()}
-        for name in sorted(self.slurm.reservations()):
-            if name.startswith("gpugate_sweep_") and name not in flying:
-                self.slurm.unreserve(name)
+        """Reservations an interrupted sweep of this journal left behind, with
+        nothing in flight; never one it did not make (reservations.py)."""
+        for name in reservations.stale(self.journal, self.slurm.reservations()):
+            self.slurm.unreserve(name)
 
     def _rollout_reason(self, name: str) -> str:
         pin, prev = self.baseline.pin, self.baseline.previous

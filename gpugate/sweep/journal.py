@@ -96,6 +96,15 @@ def _private(path: str) -> None:
             pass
 
 
+def _reservation_ids(name: str) -> Tuple[Optional[int], Optional[int]]:
+    head, _, batch = name.partition("_b")
+    prefix = "gpugate_sweep_r"
+    run = head[len(prefix):] if head.startswith(prefix) else ""
+    if not (run.isdigit() and batch.isdigit() and run.isascii() and batch.isascii()) or run[0] == "0":
+        return None, None
+    return int(run), int(batch)
+
+
 class Journal:
     def __init__(self, path: str):
         from ..config import check_state
@@ -237,6 +246,13 @@ class Journal:
             return self.db.execute("SELECT run, node, step, status, attempt, at, detail FROM events WHERE node = ? "
                                    "ORDER BY id", (node,)).fetchall()
         return self.db.execute("SELECT run, node, step, status, attempt, at, detail FROM events ORDER BY id").fetchall()
+
+    def owns(self, reservation: str) -> bool:
+        """Is this a batch reservation a sweep of this journal made (enrol's
+        name, gpugate_sweep_r<run>_b<batch>, of a run recorded here)?  Any
+        other, an admin's included, is never the sweep's to delete."""
+        run, _ = _reservation_ids(reservation)
+        return run is not None and self.db.execute("SELECT 1 FROM runs WHERE id = ?", (run,)).fetchone() is not None
 
     def runs(self, limit: int = 10) -> List[tuple]:
         return self.db.execute("SELECT id, started, ended, pid, outcome FROM runs ORDER BY id DESC LIMIT ?",

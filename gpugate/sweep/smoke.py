@@ -272,6 +272,8 @@ class SmokeStep:
         try:
             # One left by an interrupted sweeper would hold the node.
             sj.cancel_named(self.slurm, JOB_NAME, reservation)
+            # Made again where it ended (bounded) or went with an earlier run: the nodes are drained.
+            self._reserve(group)
             if reservation not in self.slurm.reservations():
                 raise SlurmError("reservation %s is missing: no smoke job outside it" % reservation)
             Outputs(str(self.cfg["smoke_output_dir"])).close()  # refused before any drain is lifted

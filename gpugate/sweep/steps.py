@@ -150,7 +150,8 @@ class Steps:
                 self._done(name, "reboot")
 
     def _reserve(self, nodes) -> None:
-        """The batch's maintenance reservation over these nodes (the smoke job runs in it)."""
+        """The batch's maintenance reservation over these nodes (the smoke job
+        runs in it), made where missing, for reservation_minutes at most."""
         existing = self.slurm.reservations() if nodes else {}
         by_reservation: Dict[str, List[str]] = {}
         current = self.journal.nodes()
@@ -158,7 +159,7 @@ class Steps:
             by_reservation.setdefault(current[name].reservation, []).append(name)
         for reservation, group in sorted(by_reservation.items()):
             if reservation not in existing:
-                self.slurm.reserve(reservation, hostlist(group))
+                self.slurm.reserve(reservation, hostlist(group), reservation_minutes(self.cfg))
 
     def _step_wait_up(self, nodes, records) -> None:
         self._begin(nodes, "wait_up")
@@ -293,6 +294,17 @@ class Steps:
         waiting = self._wait(nodes, settle, float(self.cfg["reboot_timeout"]))
         if waiting:
             self.say("  %s resumed but not yet in service; the floor counts them as out" % hostlist(waiting))
+
+
+def reservation_minutes(cfg) -> int:
+    """How long a batch's maintenance reservation lasts: every time limit
+    its batch may still spend once it is made, for three attempts (evidence,
+    converge, reset, reboot, verification, smoke job and its cancel each),
+    so that one a sweeper killed -9 left ends with the sweep's own deadline,
+    not a year later (issue 33).  A sweep deletes it sooner: engine.py."""
+    one = sum(float(cfg[k]) for k in ("evidence_timeout", "converge_timeout", "reboot_timeout", "verify_timeout",
+                                      "smoke_deadline")) + 4 * float(cfg["reset_timeout"]) + 120
+    return int(3 * one // 60) + 10
 
 
 def _journal_diag(journal, name, answer) -> None:
