@@ -62,6 +62,14 @@ def _comments(cluster):
     return found
 
 
+def _signed(cluster, admin, reason, since, node):
+    """The comment ``node``'s own publish writes (gpugate.node.hold): signed
+    with the rig's drain budget key now, first published at ``since``."""
+    with open(cluster.path("drain-budget.key"), "rb") as handle:
+        key = handle.read().strip()
+    return pending.publish(pending.publish(admin, reason, since, key, node), reason, int(time.time()), key, node)
+
+
 def _keeper(cluster, config=None, check=True):
     return cluster.run([sys.executable, "-m", "gpugate", "budget", "--json", "--config", config or cluster.gpugate_conf],
                        check=check)
@@ -97,7 +105,7 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
         handle.write(text.replace(cluster.path("state", "sweep.db"), str(tmp_path / "b" / "sweep.db")))
     os.chmod(other, 0o644)
     for node, since in (("gpu02", 200), ("gpu04", 201)):
-        cluster.scontrol("update", "NodeName=" + node, "Comment=" + pending.publish("", reason, since))
+        cluster.scontrol("update", "NodeName=" + node, "Comment=" + _signed(cluster, "", reason, since, node))
     settings = load_settings(cluster.gpugate_conf)
     slurm = connect(settings)
     read = slurm.nodes
@@ -107,7 +115,7 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
         found = read(names, **kw)
         if names is None and not raced:  # keeper A has its view: now the world moves on
             raced.append(True)
-            cluster.scontrol("update", "NodeName=gpu01", "Comment=" + pending.publish("rack 1", reason, 100))
+            cluster.scontrol("update", "NodeName=gpu01", "Comment=" + _signed(cluster, "rack 1", reason, 100, "gpu01"))
             b = json.loads(_keeper(cluster, other).stdout)
             assert b["drained"] == ["gpu01", "gpu02"], b
         return found
@@ -119,14 +127,14 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
     assert figures["drained"] == ["gpu04"] and figures["given_back"] == ["gpu04"], figures
     assert figures["skipped"] == {"gpu02": "changed since the fleet read"}
     assert _drift_drained(cluster)["a"] == ["gpu01", "gpu02"]
-    assert _comments(cluster)["gpu01"].startswith("rack 1 [gpugate-pending @100] ")  # the admin's text kept
+    assert _comments(cluster)["gpu01"].startswith("rack 1 [gpugate-pending @100 seen @")  # the admin's text kept
 
     # Both at once, again and again: a held node is never drained beyond the budget.
     cluster.scontrol("update", "NodeName=gpu[01-02]", "State=RESUME")
     # (25.11 has a resumed node NOT_RESPONDING until its next ping; 24.11 keeps its reason.)
     cluster.wait_for(lambda: all(cluster.state(n) == "idle" for n in PARTS["a"]), 30, "gpu01, gpu02 back in service")
     for node, since in (("gpu01", 300), ("gpu02", 301), ("gpu03", 302), ("gpu04", 303)):
-        cluster.scontrol("update", "NodeName=" + node, "Comment=" + pending.publish("", reason, since))
+        cluster.scontrol("update", "NodeName=" + node, "Comment=" + _signed(cluster, "", reason, since, node))
     for _ in range(3):
         import subprocess
 
@@ -140,6 +148,38 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
     # Clean up for the next test: these nodes are fit, nothing of theirs is published.
     cluster.scontrol("update", "NodeName=gpu[01-02]", "State=RESUME")
     cluster.scontrol("update", "NodeName=gpu[01-04]", "Comment=")
+
+
+@pytest.mark.slow
+def test_an_admins_pasted_tag_drains_nothing_and_a_nodes_own_still_drains(cluster):
+    """Issue 33, item 6, on a real slurmctld: an admin pastes a gpugate tag
+    older than anything real into healthy gpu01's Comment (scontrol); gpu02
+    drifts for real and its own health check publishes it, signed.  The
+    keeper drains gpu02 only and names gpu01's an unverified tag.  gpu02's
+    signed comment copied onto gpu03 drains nothing either.  Before, the
+    keeper drained gpu01 first."""
+    reason = "gpugate: drift driver=580.65.06 (want %s)" % WRONG
+    cluster.scontrol("update", "NodeName=gpu01", "Comment=PSU swap; was [gpugate-pending @1] %s [/gpugate-pending]"
+                     % reason)
+    cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
+    try:
+        cluster.wait_for(lambda: " proof " in _comments(cluster)["gpu02"], 3 * INTERVAL + 20, "gpu02 published, signed")
+        out = json.loads(_keeper(cluster).stdout)
+        assert out["drained"] == ["gpu02"], out
+        assert out["held_nodes"]["gpu01"].startswith("unverified tag: no proof"), out
+        assert "drain" not in cluster.state("gpu01")
+        cluster.scontrol("update", "NodeName=gpu03", "Comment=" + _comments(cluster)["gpu02"])
+        _keeper(cluster)  # decides on the last run's re-read (kept 40 s, used once): before the copy
+        out = json.loads(_keeper(cluster).stdout)
+        assert out["drained"] == [] and "not this node's" in out["held_nodes"]["gpu03"], out
+        assert "drain" not in cluster.state("gpu03")
+    finally:
+        cluster.sim("set", "FLEET", "gpu02", "driver=580.65.06")
+        cluster.wait_for(lambda: pending.read(_comments(cluster)["gpu02"]) is None, 3 * INTERVAL + 20,
+                         "gpu02 fit again, its finding cleared")
+        cluster.scontrol("update", "NodeName=gpu[01-03]", "Comment=")
+        if "drain" in cluster.state("gpu02"):
+            cluster.scontrol("update", "NodeName=gpu02", "State=RESUME")
 
 
 @pytest.mark.long
