@@ -13,6 +13,8 @@ import sys
 import tarfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpugate import reason as reasons
 from gpugate.findings import Finding
@@ -228,3 +230,58 @@ def test_a_later_sweep_removes_a_stale_reservation_it_made_never_an_admins(tmp_p
     assert sorted(slurm.res) == ["gpugate_sweep_maint", "gpugate_sweep_r1_b1_x", "gpugate_sweep_r77_b1",
                                  "site_maint"]
     journal.close()
+
+
+# -- what passes the shape check, the controller reads without an exception --
+
+_ANY = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                max_size=3), max_leaves=8)
+
+
+def _keyed(keys, values=_ANY):
+    return st.dictionaries(st.sampled_from(keys), values, max_size=len(keys))
+
+
+_FINDINGS = st.lists(_keyed(["class", "component", "gpu", "observed", "expected", "action", "detail"]) | _ANY,
+                     max_size=3)
+_DIAG = _keyed(["level", "passed_levels", "results", "exit_code"],
+               _ANY | st.lists(st.integers() | _keyed(["test", "status"]), max_size=3))
+_FACTS = _keyed(["dcgm_diag", "amd"], _ANY | _DIAG | _keyed(["rvs"]))
+_PARTS = st.lists(_keyed(["name", "data", "error", "truncated", "bytes"],
+                         _ANY | st.sampled_from(["MANIFEST.json", "a2Vy", "..", "a/b"])) | _ANY, max_size=3)
+_ANSWER = st.fixed_dictionaries({"node": st.sampled_from(["gpu1", "gpu2"]) | _ANY}, optional={
+    "fit": _ANY, "reason": _ANY, "findings": _FINDINGS | _ANY, "pending": _FINDINGS | _ANY,
+    "baseline": _keyed(["sha256", "name"]) | _ANY, "facts": _FACTS | _ANY, "ok": _ANY, "all": _ANY,
+    "gpus": st.lists(_ANY, max_size=3) | _ANY, "steps": st.lists(_keyed(["step", "detail"]) | _ANY) | _ANY,
+    "parts": _PARTS | _ANY, "error": _ANY, "seconds": _ANY})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_ANSWER, st.sampled_from([1, 3]))
+def test_an_answer_the_shape_check_passes_is_read_without_an_exception(answer, attempt):
+    """Property: problem() never raises; an answer it passes goes through every
+    reader of the sweep (verify, its DCGM proofs, the rma reason from its
+    findings, the reset's summary, the evidence bundle's parts) without one."""
+    import types
+
+    from gpugate.record import replace
+    from gpugate.sweep import steps
+
+    why = problem(answer)
+    assert isinstance(why, str)
+    if why:
+        return
+    journal = types.SimpleNamespace(stage=lambda *a: None)
+    steps._journal_diag(journal, "gpu1", answer)
+    me = types.SimpleNamespace(_baseline_id=lambda: "abc", baseline=types.SimpleNamespace(rollout_in_progress=False))
+    rec = types.SimpleNamespace(attempt=attempt)
+    steps.Steps._verify_problem(me, "gpu1", answer, rec)
+    found = [Finding.from_json(f) for f in answer.get("findings", [])
+             if isinstance(f, dict) and "class" in f and "component" in f]
+    reasons.render(TAG, "rma", [replace(f, cls="rma") for f in found])
+    "; ".join("%s: %s" % (s.get("step"), " ".join(str(s.get("detail")).split())[:80])
+              for s in answer.get("steps") or [] if isinstance(s, dict))
+    evidence.node_parts(answer, ["dcgm-diag.json"])
+    me = types.SimpleNamespace(last_answers={"gpu1": answer}, cfg={"smoke_output_dir": ""})
+    evidence.controller_parts(me, "gpu1")
