@@ -71,9 +71,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     kmsg_text, kmsg_overwritten = kernlog.read_kmsg(os.path.join(root, settings.kernel_log.lstrip("/")))
     ring_text = kmsg_text
     if isinstance(kmsg_text, str):  # the follower's journal: the GPU records a flood pushed out of the ring
-        from . import gpujournal
-
-        kmsg_text = gpujournal.merge(kmsg_text, gpujournal.read_events(settings.state_dir(node), values["boot_id"]))
+        kmsg_text = kernlog.merge(kmsg_text, kernlog.read_events(settings.state_dir(node), values["boot_id"]))
     if amd:
         from . import amdsysfs  # the kernel's files only: the prolog's too
 
@@ -118,9 +116,9 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if isinstance(kmsg_text, str):
         values["kernel_log_seq"] = kernlog.last_seq(kmsg_text)
         values["kernel_log_lost"] = kernlog.lost_records(ring_text, xid_after, kmsg_overwritten)
-        values["kernel_log_follower"] = gpujournal.coverage(
-            gpujournal.read_heartbeat(settings.state_dir(node)), values["boot_id"], values["kernel_log_lost"],
-            time.time(), gpujournal.STALE)
+        values["kernel_log_follower"] = kernlog.coverage(
+            kernlog.read_heartbeat(settings.state_dir(node)), values["boot_id"], values["kernel_log_lost"],
+            time.time(), kernlog.STALE)
     if mode in ("healthcheck", "verify"):
         if not amd:  # NVIDIA's module (/proc/driver/nvidia/version); amdgpu's is in the AMD facts
             values["module_resident"] = files.module_resident(root)

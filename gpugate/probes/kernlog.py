@@ -26,7 +26,7 @@ from ..record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
-    from typing import Any, Mapping, Optional, Tuple
+    from typing import Any, Dict, Mapping, Optional, Tuple
 
 _MAX_BYTES = 16 << 20
 # Older-than-cursor events are kept only where a rate is judged: SXids and the
@@ -172,3 +172,126 @@ def last_seq(text: str) -> int:
         if record is not None:
             return int(record[1])
     return -1
+
+
+# ---------------------------------------------------------------------------
+# The follower's journal (gpugate.probes.gpujournal: why, and its writer):
+# read by every check beside the ring, here so that the prolog loads no
+# module more for it.
+DIR = "kmsg"  # under the node's state directory, 0700
+EVENTS = "gpu-events.log"  # and its previous part EVENTS + ".1"
+HEARTBEAT = "follower.json"
+MAX_FILE = 1 << 20  # a part's bound: ~7,000 driver records
+STALE = 60.0  # a heartbeat older than this: the follower is down (it beats every 10 s)
+
+
+def journal_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, DIR)
+
+
+def parse_entries(data: bytes, boot_id: str) -> Dict[int, str]:
+    """{seq: record line} of this boot's intact lines (a torn or foreign line is skipped)."""
+    import zlib  # only where a follower keeps a journal
+
+    out = {}
+    for raw in data.split(b"\n")[:-1]:  # the part after the last newline is a torn write
+        line = raw.decode("utf-8", "replace")
+        boot, _, rest = line.partition(" ")
+        crc, _, record = rest.partition(" ")
+        if boot != boot_id or len(crc) != 8:
+            continue
+        try:
+            if int(crc, 16) != zlib.crc32(record.encode("utf-8", "replace")):
+                continue
+        except ValueError:
+            continue
+        fields = kmsg_record(record)
+        if fields is not None:
+            out[int(fields[1])] = record
+    return out
+
+
+def read_events(state_dir: str, boot_id) -> Dict[int, str]:
+    """This boot's journaled records; {} when there is no journal (no follower)
+    or it is not root's: a file someone else could write is never read."""
+    from ..safeio import read_capped
+
+    if not isinstance(boot_id, str):
+        return {}
+    out: Dict[int, str] = {}
+    for name in (EVENTS + ".1", EVENTS):
+        path = os.path.join(journal_dir(state_dir), name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                continue
+            out.update(parse_entries(read_capped(path, 2 * MAX_FILE, follow=False), boot_id))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def merge(ring_text: str, events: Dict[int, str]) -> str:
+    """The ring's records with the journal's it no longer holds, in seq order
+    (a record both hold is read once: by its seq)."""
+    if not events:
+        return ring_text
+    lines, seen = [], set()
+    for line in ring_text.split("\n"):
+        record = kmsg_record(line)
+        if record is not None:
+            seen.add(int(record[1]))
+            lines.append((int(record[1]), line))
+    lines += [(seq, line) for seq, line in events.items() if seq not in seen]
+    lines.sort(key=lambda item: item[0])
+    return "".join(line + "\n" for _, line in lines)
+
+
+def read_heartbeat(state_dir: str) -> Optional[dict]:
+    from ..node.state import read_json
+
+    path = os.path.join(journal_dir(state_dir), HEARTBEAT)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    return read_json(path, 1 << 20)
+
+
+def coverage(heartbeat: Optional[dict], boot_id, lost: Optional[dict], now: float, stale: float) -> dict:
+    """What the follower says of the ring's lost records (``lost``: the
+    probe's kernel_log_lost), for the log line, metrics and status:
+    {"follower": "following" | "down" | "absent", "covered": bool, "why": ...}.
+    ``covered``: every record the ring lost was read by the follower (its
+    Xids are in the journal); otherwise Xids in that window may be missed.
+    Never a finding: a flood, or a follower down, drains nothing."""
+    try:  # the follower's (root's) file; a garbled one is no follower, never a crash
+        beat = (int(heartbeat["from_seq"]), int(heartbeat["seq"]), float(heartbeat["at"]),
+                [(int(a), int(b)) for a, b in heartbeat.get("lost") or ()], int(heartbeat.get("lost_records") or 0))
+    except (TypeError, ValueError, KeyError, AttributeError):
+        beat = None
+    if beat is None or heartbeat.get("boot_id") != boot_id:
+        state = "absent"
+    else:
+        from_seq, seq, at, windows, follower_lost = beat
+        state = "following" if 0 <= now - at <= stale and heartbeat.get("running", True) else "down"
+    out = {"follower": state}
+    if state != "absent":
+        out["follower_lost_records"] = follower_lost
+    if not isinstance(lost, dict):
+        return out
+    first, last = lost.get("first"), lost.get("last")
+    if state == "absent" or not isinstance(first, int) or not isinstance(last, int):
+        out.update(covered=False, why="no follower" if state == "absent" else "records lost while read, seqs unknown")
+        return out
+    if from_seq > first:
+        out.update(covered=False, why="the follower started after seq %d" % first)
+    elif any(a <= last and b >= first for a, b in windows):
+        out.update(covered=False, why="the follower lost records in seq %d-%d too" % (first, last))
+    elif state == "down" and seq < last:
+        out.update(covered=False, why="the follower is down since seq %d" % seq)
+    else:
+        out["covered"] = True
+    return out
