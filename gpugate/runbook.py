@@ -102,9 +102,10 @@ _BY_COMPONENT = {
                   "ib_counter_max (per check) allows: read /sys/class/infiniband/<dev>/ports/<n>/counters "
                   "(or perfquery); symbol_error, link_error_recovery and link_downed point at the cable or "
                   "transceiver: replace it"],
-    "xid_repeat": ["the application's Xids (13, 31, 43, 94) came back on this GPU in several different jobs "
-                   "(the detail names them): the GPU, not the code; reset it, and run dcgmi diag -r 3 on it "
-                   "before it takes jobs again; many nodes at once is one user's job array (ask them)"],
+    "xid_repeat": ["the application's Xids (13, 31, 43, 94) came back on this GPU in jobs of different users "
+                   "(the detail names the jobs and users): the GPU, not the code; the sweep resets it and runs "
+                   "dcgmi diag -r 3 (xid_repeat_diag) on it before it takes jobs again, and a pass clears its "
+                   "history (so does a RESUME); many nodes at once is one user's job array (ask them)"],
     "clocks": ["a GPU spent more than [health] clock_event_share_max of an interval slowed (NVML's clock-event "
                "counters; nvidia-smi -q -d PERFORMANCE): many nodes at once is the room (power brake, a row's "
                "cooling: GpugateClockEventsRoomWide); one node is its own airflow, fans or power: look there"],
