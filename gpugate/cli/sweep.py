@@ -144,9 +144,10 @@ def sweep_forgive(ctx, config, nodes):
     """Clear the repeat-offender record of NODES (a hostlist): the sweep
     counts their returns to service from zero again.  The history stays in
     the journal, marked forgiven.  A node the sweep escalated as a repeat
-    offender (`rma repeat=...`) is drained again with the reason it had, so
-    the next `gpugate sweep --apply` repairs and verifies it; any other
-    reason is left alone.
+    offender (`rma repeat=...`), or for the application's Xids on a GPU
+    (`rma xid_repeat...`), is drained again with the reason it had, so the
+    next `gpugate sweep --apply` repairs and verifies it (the node then
+    clears its Xid history); any other reason is left alone.
 
     \b
     Examples:
