@@ -252,3 +252,25 @@ def test_the_follower_keeps_up_with_a_real_users_flood_and_keeps_none_of_it(tmp_
     assert beat["read"] >= int(flood.stdout)
     journal = gpujournal.read_events(os.path.join(env["state"], "gpu01"), beat["boot_id"])
     assert not any("gpugate-flood" in record for record in journal.values())  # none of the user's records kept
+
+
+def test_audit_and_status_say_where_no_follower_runs_and_where_records_went_unread():
+    from gpugate.fleet.audit import PINNED, UNREADABLE, fold, kernel_log_watch
+    from gpugate.fleet.status import _kernel_log_lines
+
+    facts = {
+        "gpu01": {"kernel_log_follower": {"follower": "following"}},
+        "gpu02": {"kernel_log_follower": {"follower": "following", "covered": True}},  # a flood, all read
+        "gpu03": {"kernel_log_follower": {"follower": "absent", "covered": False, "why": "no follower"}},
+        "gpu04": {"kernel_log_follower": {"follower": "down"}},
+        "gpu05": {},  # facts from before the follower: no row
+    }
+    rows = {(r.value, r.nodes, r.status) for r in fold(facts).rows if r.component == "kmsg_follower"}
+    assert rows == {("following", ("gpu01", "gpu02"), PINNED), ("down", ("gpu04",), UNREADABLE),
+                    ("absent, records lost unread", ("gpu03",), UNREADABLE)}
+    watch = kernel_log_watch({"facts": facts})
+    assert watch == {"not_following": ["gpu03", "gpu04"], "lost_unread": ["gpu03"]}
+    text = "\n".join(_kernel_log_lines(watch))
+    assert "FOLLOWER NOT RUNNING on 2 nodes (latest audit): gpu[03-04]" in text
+    assert "RECORDS LOST UNREAD on 1 nodes (latest audit): gpu03: Xids among them may be missed" in text
+    assert _kernel_log_lines(kernel_log_watch({"facts": {"gpu01": facts["gpu01"]}})) == []

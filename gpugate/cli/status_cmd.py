@@ -85,6 +85,9 @@ def status(config, as_json, partition, nodes):
     last_audit = _last_audit(settings)
     summary["config_errors"] = config_errors(last_audit, now)
     summary["locks_stuck"] = locks_stuck(last_audit, now)
+    from ..fleet.audit import kernel_log_watch
+
+    summary["kernel_log"] = kernel_log_watch(last_audit)  # followers not running, records lost unread
     summary["repeat_offenders"] = repeat_offenders(
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))

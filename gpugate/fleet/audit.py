@@ -17,6 +17,10 @@ NODE_COMPONENTS += AMD_NODE_COMPONENTS
 # Whether Slurm confines each job to its GPUs (cgroup.conf ConstrainDevices; gpugate.probes.owners):
 # "constrained", or "not constrained: why", said here once rather than in every epilog.
 NODE_COMPONENTS += ("job_devices",)
+# The kernel-log follower (gpugate kmsg-follow, issue 33): "following" is what it
+# must be; "down"/"absent", or records the ring lost that it did not read
+# either, mean an Xid a flood pushed out of the ring may be missed there.
+NODE_COMPONENTS += ("kmsg_follower",)
 # The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
 # must be, never a pin; one others could change reads "(unreadable: untrusted)".
 TRUSTED_INSTALL = "trusted"
@@ -85,6 +89,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "image": _value(image.get("version")) if isinstance(image, dict) and "error" not in image else _value(image),
         "install": _value(facts.get("install")),
         "job_devices": _value(facts.get("job_devices")),
+        "kmsg_follower": follower_value(facts.get("kernel_log_follower")),
     }
     amd = facts.get("amd")
     if isinstance(amd, dict):  # an AMD node
@@ -97,6 +102,27 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         out[component] = _value(services if not isinstance(services, dict) or "error" in services
                                 else services.get(role))
     return out
+
+
+def follower_value(cover) -> Optional[str]:
+    """The audit's kmsg_follower value (gpugate.probes.kernlog.coverage): None
+    for facts from before the follower (no row)."""
+    if not isinstance(cover, Mapping):
+        return None
+    state = str(cover.get("follower"))
+    return state + ", records lost unread" if cover.get("covered") is False else state
+
+
+def kernel_log_watch(last_audit) -> Optional[dict]:
+    """From the latest audit, for `gpugate status`: {"not_following": nodes
+    whose follower is down or absent, "lost_unread": nodes whose ring lost
+    records it did not read either (Xids there may be missed)}."""
+    facts = last_audit.get("facts") if isinstance(last_audit, Mapping) else None
+    if not isinstance(facts, Mapping):
+        return None
+    values = {n: follower_value(f.get("kernel_log_follower")) for n, f in facts.items() if isinstance(f, Mapping)}
+    return {"not_following": sorted(n for n, v in values.items() if v and not v.startswith("following")),
+            "lost_unread": sorted(n for n, v in values.items() if v and v.endswith("records lost unread"))}
 
 
 def _package(pkg) -> Optional[str]:
@@ -163,6 +189,8 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return PINNED if value == TRUSTED_INSTALL else UNREADABLE
     if component == "job_devices":  # not a pin: shown, never drift (README "Jobs sharing a node's GPUs")
         return PINNED if value == "constrained" else UNPINNED
+    if component == "kmsg_follower":  # never drift, never a drain: whether an Xid can go unseen
+        return PINNED if value == "following" else UNREADABLE
     if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
@@ -194,10 +222,12 @@ def fold(fleet: Mapping[str, object], baseline=None, config_errors: Optional[Map
         if not isinstance(facts, Mapping):
             unreachable[node] = str(facts)
             continue
-        for component, value in node_values(facts).items():
-            if value is not None:
-                groups.setdefault((component, None, value), set()).add(node)
-        for component, product, value in gpu_values(facts) + hca_values(facts):
+        try:  # root on the node wrote these: a shape the readers do not know is that node's alone (issue 33)
+            values = [(c, None, v) for c, v in node_values(facts).items()] + gpu_values(facts) + hca_values(facts)
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            unreachable[node] = "malformed facts in its answer (%s: %s)" % (type(exc).__name__, str(exc)[:100])
+            continue
+        for component, product, value in values:
             if value is not None:
                 groups.setdefault((component, product, value), set()).add(node)
     order = {c: i for i, c in enumerate(NODE_COMPONENTS + GPU_COMPONENTS)}

@@ -242,12 +242,28 @@ def render_text(summary: dict) -> str:
         lines.append("HEALTH CHECK LOCK STUCK on %d nodes (audit of %s ago): %s run no health check until its "
                      "holder ends (log line lock_stuck=...). First: %s" % (
                          len(stuck["nodes"]), format_age(stuck.get("age")), stuck["hostlist"], stuck["first"]))
+    lines += _kernel_log_lines(summary.get("kernel_log"))
     backend = summary.get("slurm_backend")
     if backend:
         lines.append("")
         lines.append("Slurm read through: %s%s" % (backend["name"], "" if backend["why"] == "configured"
                                                      else " (%s)" % backend["why"]))
     return "\n".join(lines)
+
+
+def _kernel_log_lines(watch) -> List[str]:
+    """gpugate.fleet.audit.kernel_log_watch's nodes: said, never drained (issue 33)."""
+    from .audit import hostlist
+
+    out = []
+    if watch and watch.get("not_following"):
+        out += ["", "KERNEL-LOG FOLLOWER NOT RUNNING on %d nodes (latest audit): %s: an Xid a flood of kernel records "
+                "pushes out of the ring goes unseen there (systemctl status gpugate-kmsg-follow)"
+                % (len(watch["not_following"]), hostlist(watch["not_following"]))]
+    if watch and watch.get("lost_unread"):
+        out += ["", "KERNEL-LOG RECORDS LOST UNREAD on %d nodes (latest audit): %s: Xids among them may be missed; "
+                "never a drain (log line kernel_log_lost)" % (len(watch["lost_unread"]), hostlist(watch["lost_unread"]))]
+    return out
 
 
 def config_errors(last_audit: Optional[Mapping[str, object]], now: float) -> Optional[dict]:
