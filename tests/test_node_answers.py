@@ -285,3 +285,27 @@ def test_an_answer_the_shape_check_passes_is_read_without_an_exception(answer, a
     evidence.node_parts(answer, ["dcgm-diag.json"])
     me = types.SimpleNamespace(last_answers={"gpu1": answer}, cfg={"smoke_output_dir": ""})
     evidence.controller_parts(me, "gpu1")
+
+
+# -- the audit: one node's facts fold or are that node's alone -----------------
+
+_FACT_KEYS = ["nvml", "packages", "hcas", "amd", "services", "image", "kernel_release", "kernel_log_follower",
+              "install", "dcgm_version"]
+_INNER = _keyed(["gpus", "driver_version", "fabricmanager", "container_toolkit", "error", "version", "name",
+                 "vbios", "bound", "product", "hca_type", "fw_ver", "follower", "covered"],
+                _ANY | st.lists(_ANY | _keyed(["name", "vbios", "bound", "product", "hca_type", "fw_ver"]),
+                                max_size=2))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_keyed(_FACT_KEYS, _ANY | _INNER | st.lists(_ANY | _INNER, max_size=2)))
+def test_the_audit_folds_any_facts_a_node_sends_or_lists_that_node_alone(facts):
+    """Property.  Before: `gpugate audit` stopped with `internal error` on facts
+    such as {"packages": [{}]} or {"hcas": ["x"]} from one node."""
+    from gpugate.fleet.audit import fold
+
+    honest = {"kernel_release": "6.1.0", "nvml": {"driver_version": "580.65.06", "gpus": []}}
+    audit = fold({"gpu1": facts, "gpu2": honest})
+    assert "gpu2" not in audit.unreachable and any("gpu2" in r.nodes for r in audit.rows)
+    if "gpu1" in audit.unreachable:
+        assert not any("gpu1" in r.nodes for r in audit.rows)
