@@ -225,3 +225,15 @@ def test_the_audit_and_slurm_conf_say_devices_are_not_constrained(tmp_path):
     assert "# NOTE: on this machine " + no in devices_hint(str(tmp_path))
     (tmp_path / "etc" / "slurm" / "cgroup.conf").write_text("ConstrainDevices=yes\n")
     assert "NOTE" not in devices_hint(str(tmp_path))
+
+
+def test_the_owners_survive_the_json_round_trip():
+    """`gpugate facts --json` and the audit keep facts as JSON; the judge reads them back."""
+    from gpugate.facts import NodeFacts, from_jsonable, to_jsonable
+
+    fail = ProbeFailure("processes", "error", "pid 9: lines name different jobs (1, 2)")
+    owned = JobProcesses(202, (GpuProcess(1, 201, True), GpuProcess(9, fail), GpuProcess(5, gone=True)))
+    facts = NodeFacts(node="gpu01", mode="epilog", collected_at=0.0, gpu_processes=owned, job_devices="constrained")
+    back = from_jsonable(json.loads(json.dumps(to_jsonable(facts))))
+    assert back.gpu_processes == owned and back.job_devices == "constrained"
+    assert leftovers((1, 9, 5), back.gpu_processes) == ((), fail)

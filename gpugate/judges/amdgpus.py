@@ -15,7 +15,6 @@ from ..findings import BROKEN, DRIFT, HEALTH, INVESTIGATE, RECONVERGE, REBOOT, R
 from . import settings
 from .common import probe_finding
 from .gpus import _pcie
-from .leftover import leftovers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
@@ -157,6 +156,8 @@ def _processes(policy, facts, amd) -> List[Finding]:
         return [probe_finding("processes", procs)]  # whether the job left one is unknown: never "none"
     if not isinstance(procs, tuple) or not procs:
         return []
+    from .leftover import leftovers  # the epilog's alone: not loaded before every job
+
     procs, unknown = leftovers(procs, getattr(facts, "gpu_processes", None))  # another running job's: not left
     if not procs:
         return [probe_finding("processes", unknown)] if unknown is not None else []

@@ -10,7 +10,6 @@ from ..findings import (BROKEN, HEALTH, INVESTIGATE, REBOOT,
 from ..record import fields
 from . import settings, xids
 from .common import nvswitch, probe_finding
-from .leftover import leftovers
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -91,6 +90,8 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
     out += settings.judge(expect, gpu)
     procs = gpu.processes
     if policy.leftover_processes == "drain" and facts.mode == "epilog" and isinstance(procs, tuple) and procs:
+        from .leftover import leftovers  # the epilog's alone: not loaded before every job
+
         procs, unknown = leftovers(procs, getattr(facts, "gpu_processes", None))  # another running job's: not left
         if procs:
             out.append(Finding(BROKEN, "processes", "%d left (pid %s)" % (len(procs), procs[0]), "none", REBOOT, gpu=i))
