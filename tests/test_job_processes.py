@@ -15,7 +15,7 @@ from gpugate.errors import ParseError
 from gpugate.facts import ProbeFailure
 from gpugate.jobfacts import GpuProcess, JobProcesses
 from gpugate.judges.leftover import leftovers
-from gpugate.parsers.cgroup import constrain_devices, slurm_job
+from gpugate.parsers.cgroup import conf_value, constrain_devices, slurm_job
 from gpugate.probes import owners
 from test_amd_node import MIXED, amd_fleet, check  # noqa: F401 - fixture
 from test_node_side import node_env, run_entry  # noqa: F401 - fixture
@@ -100,6 +100,36 @@ def test_cgroup_conf_constrain_devices():
 @given(st.text(max_size=300))
 def test_cgroup_conf_any_text_is_a_bool(text):
     assert constrain_devices(text) in (True, False)
+
+
+words = st.text(st.characters(whitelist_categories=("L", "N", "P", "S"), blacklist_characters='#"'), min_size=1,
+                max_size=30)
+
+
+@given(key=st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,20}", fullmatch=True), value=words,
+       before=st.sampled_from(["", "NodeName=gpu01 ", "X = y  "]), space=st.sampled_from(["", " ", "\t"]))
+def test_slurm_conf_values_read_as_slurm_reads_them(key, value, before, space):
+    line = "%s%s%s=%s%s  # comment" % (before, key.upper(), space, space, value)
+    assert conf_value(line, key.lower()) == value
+    assert conf_value('%s="%s %s"' % (key, value, value), key) == "%s %s" % (value, value)
+    assert conf_value(line + "\n%s=last" % key, key) == "last"  # the last one wins
+
+
+def test_devices_need_task_cgroup_and_the_cgroup_plugin(tmp_path):
+    conf = tmp_path / "etc" / "slurm"
+    conf.mkdir(parents=True)
+    (conf / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    assert owners.job_devices(str(tmp_path)) == "constrained"
+    (conf / "slurm.conf").write_text("ProctrackType=proctrack/cgroup TaskPlugin = task/affinity\n")
+    assert owners.job_devices(str(tmp_path)) == \
+        "not constrained: TaskPlugin=task/affinity (no task/cgroup) in /etc/slurm/slurm.conf"
+    (conf / "slurm.conf").write_text("TaskPlugin=task/affinity,task/cgroup\n")
+    assert owners.job_devices(str(tmp_path)) == "constrained"
+    (conf / "cgroup.conf").write_text("ConstrainDevices=yes\nCgroupPlugin=disabled\n")
+    assert owners.job_devices(str(tmp_path)).startswith("not constrained")
+    (conf / "cgroup.conf").unlink()
+    (conf / "cgroup.conf").mkdir()  # unreadable: unknown, never "constrained"
+    assert owners.job_devices(str(tmp_path)).kind == "error"
 
 
 # --- the judge (pure) ---------------------------------------------------------

@@ -14,10 +14,12 @@ Slurm's layouts (src/plugins/cgroup, 22.05 to 25.11):
 Pure: text in, job id out.
 """
 
+import re
 from typing import Optional
 
 from ..errors import ParseError
 
+_KEY_VALUE = re.compile(r'(?:^|\s)([A-Za-z0-9_.]+)\s*=\s*(?:("[^"]*")|([^\s"]\S*))(?=\s|$)')
 _MAX_JOB = 0xFFFFFFFD  # Slurm's job ids are uint32; the top values are NO_VAL and friends
 
 
@@ -70,12 +72,20 @@ def _number(part: str, prefix: str) -> Optional[int]:
     return value if value <= _MAX_JOB else None
 
 
-def constrain_devices(text: str) -> bool:
-    """cgroup.conf's ConstrainDevices (the last line wins, as in Slurm;
-    absent: no, Slurm's default).  Keys are case-insensitive in Slurm."""
-    value = False
+def conf_value(text: str, name: str) -> Optional[str]:
+    """KEY=VALUE of a Slurm configuration file (slurm.conf, cgroup.conf):
+    the last one wins, as in Slurm; keys are case-insensitive; None when absent."""
+    value = None
     for line in text.splitlines():
-        key, sep, rest = line.split("#", 1)[0].strip().partition("=")
-        if sep and key.strip().lower() == "constraindevices":
-            value = rest.strip().lower() == "yes"
+        # Slurm's parse_config.c: key, spaces, "=", spaces, a "quoted value" or a word; several on a line
+        for key, quoted, word in _KEY_VALUE.findall(line.split("#", 1)[0]):
+            if key.lower() == name.lower():
+                value = quoted[1:-1] if quoted else word
     return value
+
+
+def constrain_devices(text: str) -> bool:
+    """cgroup.conf confines jobs to their devices: ConstrainDevices=yes
+    (absent: no, Slurm's default) and the cgroup plugin not disabled."""
+    return (conf_value(text, "ConstrainDevices") or "").lower() == "yes" and \
+        (conf_value(text, "CgroupPlugin") or "").lower() != "disabled"

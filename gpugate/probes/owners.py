@@ -105,8 +105,27 @@ def job_devices(root: str) -> Any:
             continue
         except OSError as exc:
             return ProbeFailure("cgroup.conf", "error", "/%s: %s" % (rel, exc.strerror or exc))
-        return CONSTRAINED if constrain_devices(text) else "not constrained: ConstrainDevices=no in /" + rel
+        if not constrain_devices(text):
+            return "not constrained: ConstrainDevices=no in /" + rel
+        return _task_plugin(root, os.path.dirname(rel))
     return "not constrained: no cgroup.conf (/%s)" % ", /".join(CGROUP_CONF)
+
+
+def _task_plugin(root: str, conf_dir: str) -> str:
+    """ConstrainDevices works through task/cgroup: a slurm.conf beside
+    cgroup.conf whose TaskPlugin lacks it confines nothing.  No TaskPlugin
+    line read (an Include, no file): said constrained, as cgroup.conf says."""
+    from ..parsers.cgroup import conf_value
+    from ..safeio import read_capped
+
+    rel = os.path.join(conf_dir, "slurm.conf")
+    try:
+        plugins = conf_value(read_capped(os.path.join(root, rel), 4 << 20).decode("utf-8", "replace"), "TaskPlugin")
+    except OSError:
+        plugins = None
+    if plugins is not None and "task/cgroup" not in plugins.lower().split(","):
+        return "not constrained: TaskPlugin=%s (no task/cgroup) in /%s" % (plugins[:80], rel)
+    return CONSTRAINED
 
 
 def node_facts(root: str, mode: str, nvml: Any, amd: Any, job: Optional[str]) -> dict:
