@@ -18,10 +18,11 @@ import math
 from typing import Iterable, Mapping, Optional, Tuple
 
 from . import reason as reasons
-from .findings import CHECK_CLASSES
+from .findings import CHECK_CLASSES, RMA, Finding, is_acute
 from .record import dataclass
 
-__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "usage", "fleet_usage",
+__all__ = ["Use", "allowance", "applies", "switched_on", "counted", "escalation_mark", "rma_budgeted", "usage",
+           "fleet_usage",
            "Plan", "published", "plan", "over"]
 
 @dataclass(frozen=True)
@@ -58,12 +59,45 @@ def allowance(size: int, share: float) -> int:
 
 def counted(state, tag: str) -> bool:
     """Drained by gpugate for budgeted findings.  The sweep's work reasons
-    (class kept, findings not) count too; escalations (rma) and rollouts are
-    the sweep's own decisions and do not."""
+    (class kept, findings not) count too, and so does an escalation (rma)
+    a budgeted finding caused: it holds the node's capacity for good
+    (issue 33).  Rollouts are the sweep's own decisions and do not."""
     if not state.drain or not state.reason:
         return False
     ours = reasons.parse(state.reason, tag)
+    if ours is not None and ours.cls == RMA:
+        return rma_budgeted(ours)
     return ours is not None and ours.cls in CHECK_CLASSES and not reasons.acute(ours)
+
+
+# An rma reason caused by budgeted findings leads with this finding, e.g.
+# ``gpugate: rma budgeted=health xid_repeat (want counted); xid_repeat:gpu2=...``
+# (the class and component it was drained for are lost in rma's findings).
+MARK = "budgeted"
+_NOT_CAUSES = ("repeat", "sweep", MARK)  # the sweep's own notes in a reason, never a cause
+
+
+def escalation_mark(found, budgeted: bool = False) -> Optional[Finding]:
+    """The finding an escalation for ``found`` (findings with their own
+    classes) leads with when none of them is acute (or ``budgeted``: known
+    to be), else None: an acute hardware finding escalates outside the budget."""
+    if not budgeted and any(f.acute for f in found):
+        return None
+    cause = next((f for f in found if f.component not in _NOT_CAUSES), None)
+    observed = "%s %s" % (cause.cls, cause.component) if cause is not None else "unknown"
+    return Finding(RMA, MARK, observed, "counted", "rma")
+
+
+def rma_budgeted(parsed) -> bool:
+    """Was this rma caused by budgeted findings?  Marked ones say so.  An
+    unmarked one (an acute escalation, or an older release's reason) is
+    acute when a finding it shows is acute in some class (``rma xid:gpu3=79``);
+    anything else (``verify=failed``, ``smoke=...``, a pin) is counted:
+    unknown only ever makes the budget stricter."""
+    shown = [f for f in parsed.findings if f.component not in _NOT_CAUSES]
+    if any(f.component == MARK for f in parsed.findings):
+        return True
+    return not any(is_acute(cls, f.component) for f in shown for cls in CHECK_CLASSES)
 
 
 def _rank_key(state):

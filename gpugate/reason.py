@@ -126,8 +126,11 @@ def acute(parsed: Optional[ParsedReason]) -> bool:
     Reasons lead with their acute finding (findings.sort_findings), so the
     first finding decides.  The sweep's work reasons keep only the class
     (``sweep=...`` first): they read as budgeted, as does anything unknown,
-    which can only make the budget stricter, never looser."""
+    which can only make the budget stricter, never looser, also where the
+    findings of a deferred escalation follow (``sweep=rma deferred``)."""
     if parsed is None or parsed.cls not in CHECK_CLASSES:
+        return False
+    if parsed.findings and parsed.findings[0].component == "sweep":
         return False
     first = next((f for f in parsed.findings if f.component != "sweep"), None)
     return first is not None and is_acute(parsed.cls, first.component)

@@ -5,6 +5,7 @@ The keeper's runs and two keepers racing: test_keeper.py."""
 from hypothesis import given, settings, strategies as st
 
 from gpugate import budget
+from gpugate import reason as reasons
 from gpugate.findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, PROBE, REBOOT, RECONVERGE, RELOAD_OR_REBOOT,
                               RESET_GPU, RMA_ACTION, Finding)
 from gpugate.verdict import decide
@@ -173,3 +174,32 @@ def test_gpus_lost_only_below_the_nodes_own_high_water_mark(high, expected, nvml
         assert new == max(seen + ([high] if high is not None else []))
     else:
         assert new == high
+
+
+def test_an_rma_of_budgeted_cause_is_counted_and_an_acute_one_is_not():
+    """Issue 33, item 2: an rma holds a node for good, so the one a budgeted
+    finding caused takes a place in the budget (before, no rma was counted,
+    and each keeper + sweep cycle took another node).  The sweep's marked
+    reason says so; an unmarked one (acute, or an older release's) counts
+    unless a finding it shows is acute in some class."""
+    def counted(reason):
+        return budget.counted(node("a", reason=reason, when=1), TAG)
+    marked = reasons.render(TAG, "rma", [
+        budget.escalation_mark([Finding(HEALTH, "xid_repeat", "xid 31 in 3 jobs", "< 3 jobs", "", gpu=2)]),
+        Finding("rma", "xid_repeat", "xid 31 in 3 jobs", "< 3 jobs within 24h", "", gpu=2)])
+    assert marked.startswith("gpugate: rma budgeted=health xid_repeat (want counted); xid_repeat:gpu2=")
+    assert counted(marked)
+    assert counted("gpugate: rma xid_repeat:gpu2=xid 31 in 3 jobs (want < 3 jobs within 24h)")  # older release
+    assert counted("gpugate: rma repeat=driver 3x in 7d (want under 3); driver=550.54.15 (want 580.65.06)")
+    assert counted("gpugate: rma verify=failed (want pass)")  # unknown: stricter, never looser
+    assert counted("gpugate: rma smoke=all_reduce busbw=23.4GB/s (want >= 350)")
+    assert not counted("gpugate: rma xid:gpu3=79 (want none)")
+    assert not counted("gpugate: rma repeat=xid 3x in 7d (want under 3); xid:gpu3=79 (want none)")
+    assert not counted("gpugate: rma repeat=reset then reboot in 7d (want a rung that holds); ecc:gpu2=4 (want 0)")
+    assert not counted("gpugate: rma row_remap:gpu1=failure (want none); evidence=gpu01-20261127T120000Z-a2")
+    assert not counted("admin: rma gpu3, ticket 42")  # not ours: never counted, never touched
+    # An acute finding among an escalation's gets no mark: it goes outside the budget.
+    assert budget.escalation_mark([Finding(DRIFT, "driver", "1", "2", ""), Finding(HEALTH, "xid", "79", "none", "")]) \
+        is None
+    # A deferred escalation keeps its class and reads as budgeted, whatever follows the sweep's note.
+    assert counted("gpugate: health sweep=rma deferred (want room in budget and floor); dcgm_diag=timed out (want x)")

@@ -176,7 +176,9 @@ def test_a_converge_failing_for_one_host_fails_only_that_host(tmp_path):
     assert results == {"gpu001": ("resumed", 1), "gpu002": ("resumed", 1), "gpu003": ("escalated", 2),
                        "gpu004": ("resumed", 1)}
     assert sorted(slurm.resumed) == ["gpu001", "gpu002", "gpu004"]
-    assert slurm.states["gpu003"].reason.startswith("gpugate: rma driver=550.54.15")
+    # Drift is budgeted: the rma says so, and counts against the drain budget (issue 33).
+    assert slurm.states["gpu003"].reason.startswith("gpugate: rma budgeted=drift driver (want counted); "
+                                                    "driver=550.54.15")
     steps = events(journal, "gpu003")
     assert ("converge", "failed", 1) in steps and ("converge", "failed", 2) in steps
     assert steps[-1] == ("escalate", "done", 2)
@@ -237,7 +239,8 @@ def test_a_repeat_offender_is_escalated_not_reconverged_and_forgive_hands_it_bac
     assert report.outcomes["gpu002"].result == "escalated"
     assert "repeat offender" in report.outcomes["gpu002"].detail
     reason = slurm.states["gpu002"].reason
-    assert reason.startswith("gpugate: rma repeat=driver 3x in 7d (want under 3)"), reason
+    assert reason.startswith("gpugate: rma budgeted=drift driver (want counted); repeat=driver 3x in 7d "
+                             "(want under 3)"), reason
     assert report.outcomes["gpu005"].result == "resumed"
     assert "gpu002" not in slurm.resumed
     assert not any(step == "converge" for step, _, _ in events(journal, "gpu002"))

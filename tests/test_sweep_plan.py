@@ -221,7 +221,11 @@ def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, opti
     for name, d in result.decisions.items():
         view = snap.nodes[name]
         repeat = hist.repeat_of(hist.components(view.ours), history.get(name, ()), snap.taken_at, limit, 7 * DAY)
-        if without.decisions[name].remedy in ("reconverge", "reboot") and repeat is not None:
+        if without.decisions[name].remedy in ("reconverge", "reboot") and repeat is not None and not d.included:
+            # No room for one more rma of budgeted cause (the floor: no budget share here): deferred.
+            assert d.remedy == ESCALATE and d.why.startswith("escalation deferred: partition")
+            assert not any(name in b.nodes for b in result.batches)
+        elif without.decisions[name].remedy in ("reconverge", "reboot") and repeat is not None:
             assert d.remedy == ESCALATE and d.included and d.repeat == repeat and "repeat offender" in d.why
             assert not any(name in b.nodes for b in result.batches if b.remedy != ESCALATE)
             event("a repeat offender escalated")
@@ -267,3 +271,33 @@ def test_the_plan_is_what_the_apply_runs_batch_by_batch(snap, options):
     result = plan(snap, options)
     assert [b.index for b in result.batches] == list(range(1, len(result.batches) + 1))
     assert [(b.remedy, b.nodes) for b in result.batches] == _as_applied(snap, options)
+
+
+PRODUCT = reasons.render(TAG, "health", [Finding("health", "product", "NVIDIA A100", "NVIDIA H100", "", gpu=0)])
+OLD_RMA = "gpugate: rma xid_repeat:gpu2=xid 31 in 3 jobs (want < 3 jobs within 24h)"
+
+
+def test_an_escalation_of_budgeted_cause_waits_for_room_and_an_acute_one_never_waits():
+    """Issue 33, item 2.  8 nodes, max_share 0.25 (2), floor 4: one rma of
+    budgeted cause already; two budgeted escalations (oldest first) and one
+    acute.  The acute goes; the older budgeted one takes the last place of
+    the budget; the newer one waits and says why.  Then with two admin
+    drains the acute one takes the floor's last room first: both wait."""
+    states = {"g1": _state("g1", reason=OLD_RMA, t=1), "g2": _state("g2", reason=PRODUCT, t=2),
+              "g3": _state("g3", reason=PRODUCT, t=3), "g4": _state("g4", reason=REASONS[3], t=4)}
+    states.update({n: _state(n, drain=False) for n in ("i1", "i2", "i3", "i4")})
+    options = Options(floor=4, budget_share=0.25)
+    result = plan(take(states, TAG, 0), options)
+    assert [(b.remedy, b.nodes) for b in result.batches] == [(ESCALATE, ("g2", "g4"))]
+    assert result.decisions["g3"].why == (
+        "escalation deferred: drain budget of partition gpu: 2 of 2 node(s) already in rma for budgeted "
+        "findings (g1, g2)")
+    assert result.decisions["g3"].remedy == ESCALATE and not result.decisions["g3"].included
+    states.update({n: _state(n, reason="rack maintenance") for n in ("i1", "i2")})
+    result = plan(take(states, TAG, 0), options)
+    assert [(b.remedy, b.nodes) for b in result.batches] == [(ESCALATE, ("g4",))]
+    assert result.decisions["g2"].why.startswith("escalation deferred: partition gpu at its floor: 4 of 8")
+    # The budget off (max_share 1): the floor alone.
+    states.update({n: _state(n, drain=False) for n in ("i1", "i2")})
+    result = plan(take(states, TAG, 0), replace(options, budget_share=1.0))
+    assert [(b.remedy, b.nodes) for b in result.batches] == [(ESCALATE, ("g2", "g3", "g4"))]

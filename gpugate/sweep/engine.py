@@ -18,9 +18,11 @@ from . import history as hist
 from . import journal as jr
 from . import evidence
 from . import reservations
+from . import escalation as esc
 from .plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
 from ..record import dataclass, field, replace
 from .snapshot import take
+from .defer_step import DeferStep
 from .reset_step import ResetStep
 from .smoke import SmokeStep
 from .steps import Steps
@@ -61,7 +63,7 @@ class SweepReport:
     max_out: Dict[str, int] = field(default_factory=dict)  # most nodes in our hands per partition
 
 
-class Sweeper(Steps, ResetStep, SmokeStep):
+class Sweeper(Steps, ResetStep, SmokeStep, DeferStep):
     def __init__(self, settings, baseline, slurm, transport, journal: jr.Journal, options: Options,
                  force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep,
                  clock=time.time):
@@ -106,6 +108,7 @@ class Sweeper(Steps, ResetStep, SmokeStep):
         while not self.report.stopped:
             snap = self.snapshot()
             current = self.make_plan(snap)
+            self._hold(snap, current)
             if not current.batches:
                 break
             batch = current.batches[0]
@@ -263,6 +266,7 @@ class Sweeper(Steps, ResetStep, SmokeStep):
             self.journal.record(name, "escalate", jr.STARTED, detail=why)
         states = self._states(nodes)
         records, history, now = self.journal.nodes(), self.journal.history(), self.clock()
+        items, originals = [], {}
         for name in nodes:
             st = states.get(name)
             ours = reasons.parse(st.reason, self.tag) if st is not None else None
@@ -271,8 +275,15 @@ class Sweeper(Steps, ResetStep, SmokeStep):
                 continue
             # What is wrong now (the last verification), else what it was drained for.
             record = records.get(name)
-            original = reasons.parse(record.reason, self.tag) if record is not None else None
-            found = self.last_findings.get(name) or (list(original.findings) if original else [])
+            originals[name] = reasons.parse(record.reason, self.tag) if record is not None else None
+            items.append((name, ours, self.last_findings.get(name) or esc.cause(ours) or (
+                list(originals[name].findings) if originals[name] else []), st.partitions))
+        decided = esc.decide(self._gate, items)  # budgeted cause: only with room (escalation.py)
+        for name, ours, found, _ in items:
+            (mark, held), original = decided[name], originals[name]
+            if held is not None:
+                self._defer(name, ours, found, held)
+                continue
             findings = [replace(f, cls=RMA) for f in found] or [Finding(RMA, "verify", "failed", "pass", "rma")]
             repeat = self._repeat(name, original, history, now)
             node_why = why
@@ -285,6 +296,7 @@ class Sweeper(Steps, ResetStep, SmokeStep):
                 findings.insert(0, Finding(RMA, "repeat", "reset then reboot in %s" % span, "a rung that holds", "rma"))
                 node_why = ("repeat offender: came back within %s after a GPU reset and then a reboot; `gpugate "
                             "sweep forgive %s` clears the record" % (span, name))
+            findings[:0] = [mark] if mark is not None else []
             text = evidence.with_id(reasons.render(self.tag, RMA, findings), self.journal.evidence_id(name))
             self.slurm.drain(name, text)
             self.journal.note(name, hist.ESCALATED, hist.components(original), at=now, detail=node_why)

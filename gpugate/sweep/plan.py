@@ -21,6 +21,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
 from ..names import is_node_name
+from . import escalation as esc
 from . import history as hist
 from ..record import dataclass, field, replace
 
@@ -77,6 +78,7 @@ class Options:
     repeat_window: float = 7 * 86400.0
     reset: bool = False  # the reset rung ([sweep] reset)
     reboot_xids: FrozenSet[int] = frozenset()  # Xids whose policy action is not reset_gpu
+    budget_share: float = 1.0  # [drain_budget] max_share: bounds rma of budgeted cause (escalation.py)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
     if component == "sweep" and cls != RMA:
         # A sweep was interrupted (halted, or its journal lost): continue its remedy.
         word = first.observed.split(" ")[0] if first.observed else ""
+        if esc.deferred(ours):
+            return ESCALATE, "its escalation was deferred (drain budget or floor): rma once there is room"
         remedy = {"reconverge": RECONVERGE, "rollout": RECONVERGE, "reboot": REBOOT}.get(word, REBOOT)
         return remedy, "an earlier sweep left it mid-way (%s): %s again" % (first.observed, remedy)
     if cls == PROBE:
@@ -266,11 +270,25 @@ def plan(snapshot, options: Options) -> Plan:
             candidates.append((view.name, remedy))
             decisions[view.name] = Decision(view.name, True, remedy, why)
 
+    escalations = _gated(snapshot, options, figures, escalations, decisions)
     batches: List[Batch] = []
-    if escalations:  # changes a reason only: costs no capacity
+    if escalations:  # changes a reason only: costs no capacity now (the gate bounds what rma holds)
         batches.append(Batch(1, ESCALATE, tuple(escalations)))
     batches += _batches(snapshot, options, figures, candidates, decisions, start=len(batches) + 1)
     return Plan(tuple(batches), decisions, figures)
+
+
+def _gated(snapshot, options: Options, figures, escalations: List[str], decisions) -> List[str]:
+    """The escalations that go now; one of budgeted cause without room in
+    the budget or above the floor waits, and says why (escalation.py)."""
+    views = [snapshot.nodes[n] for n in escalations]
+    decided = esc.decide(lambda: esc.Gate(snapshot.nodes.values(), options.budget_share,
+                                          {p: f.floor for p, f in figures.items()}),
+                         [(v.name, v.ours, list(v.ours.findings), v.partitions) for v in views])
+    for name, (_, held) in decided.items():
+        if held is not None:
+            decisions[name] = Decision(name, False, ESCALATE, "escalation deferred: " + held)
+    return [n for n in escalations if decided[n][1] is None]
 
 
 def _ladder(view, options: Options, now: float, remedy, why):

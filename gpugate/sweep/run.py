@@ -36,7 +36,8 @@ def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[s
         escalate_xids=frozenset(x for x, a in actions.items() if a in ("rma", "investigate")),
         repeat_limit=int(cfg["repeat_limit"]), repeat_window=float(cfg["repeat_window"]),
         reset=bool(cfg.get("reset", False)),
-        reboot_xids=frozenset(x for x, a in actions.items() if a != "reset_gpu"))
+        reboot_xids=frozenset(x for x, a in actions.items() if a != "reset_gpu"),
+        budget_share=float((getattr(settings, "drain_budget", None) or {}).get("max_share", 1)))
 
 
 def _check_journal(settings) -> None:
