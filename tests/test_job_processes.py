@@ -267,3 +267,19 @@ def test_the_owners_survive_the_json_round_trip():
     back = from_jsonable(json.loads(json.dumps(to_jsonable(facts))))
     assert back.gpu_processes == owned and back.job_devices == "constrained"
     assert leftovers((1, 9, 5), back.gpu_processes) == ((), fail)
+
+
+def test_every_real_cgroup_file_on_this_machine_parses():
+    """The kernel's own /proc/PID/cgroup forms (v1, v2 or hybrid, whatever this machine runs) are never
+    a parse error: only what no kernel writes is unknown."""
+    seen = 0
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open("/proc/%s/cgroup" % pid) as handle:
+                text = handle.read()
+        except OSError:  # ended meanwhile
+            continue
+        value = slurm_job(text)
+        assert value is None or isinstance(value, int)
+        seen += 1
+    assert seen > 0
