@@ -231,3 +231,35 @@ def test_attack_one_user_raising_xids_in_three_jobs_drains_nothing(node_env):  #
         assert _log(node_env)[-1]["verdict"] == "fit", _log(node_env)[-1]
     run_entry("healthcheck", node_env)
     assert "xid_repeat" not in (_log(node_env)[-1].get("reason") or "")
+
+
+def test_amdgpu_vm_faults_are_the_applications_per_job_and_gpu(tmp_path):
+    """amdgpu's VM page faults (gpugate.parsers.amdkernlog) go to the same
+    record: a job's own GPU only, jobs of different users on one GPU."""
+    from conftest import ROOT
+
+    mixed = os.path.join(ROOT, "slurm_conf", "baseline.mixed.example.toml")
+    fleet = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", fleet, "--nodes", "mi001", "--baseline", mixed).returncode == 0
+    config = tmp_path / "gpugate.toml"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n[healthcheck]\n'
+                      'boot_grace_seconds = 0\n[sim]\nfleet = "%s"\n[slurm]\nbin_dir = "%s/no-slurm"\n'
+                      % (mixed, tmp_path, fleet, tmp_path))
+    env = {"config": str(config), "state": str(tmp_path / "state")}
+    for job, gpus in (("801", "0,1"), ("802", "2"), ("803", "2"), ("804", "2,3")):
+        assert run_entry("prolog", env, "mi001", _job(job, gpus)).returncode == 0
+        gpugate_cmd("sim", "set", fleet, "mi001", "amd.gpu2.log=vm_fault", check=True)
+        run_entry("epilog", env, "mi001", _job(job, gpus))
+    with open(os.path.join(env["state"], "mi001", "gpugate.log")) as handle:
+        last = json.loads(handle.read().splitlines()[-1])
+    assert "xid_repeat:gpu2=vm_fault in 3 jobs (want < 3 jobs within 24h)" in (last.get("reason") or ""), last
+    with open(os.path.join(env["state"], "mi001", "xid-history.json")) as handle:
+        (gpu,) = json.load(handle)["gpus"].values()
+    assert sorted(gpu["jobs"]) == ["802", "803", "804"]  # job 801 held GPUs 0 and 1
+    # The sweep's verification runs RVS; its pass clears the record.
+    answer = json.loads(gpugate_cmd("check", "--config", str(config), "--node", "mi001", "--mode", "verify",
+                                    "--json").stdout)
+    assert answer["fit"] and answer["xid_history"].startswith("rvs -r 2 passed"), answer.get("reason")
+    run_entry("healthcheck", env, "mi001")
+    with open(os.path.join(env["state"], "mi001", "gpugate.log")) as handle:
+        assert "xid_repeat" not in (json.loads(handle.read().splitlines()[-1]).get("reason") or "")

@@ -52,11 +52,21 @@ MAX_USER = 16  # characters of a uid kept
 _COUNT_CAP = 10 ** 6
 
 
+VM_FAULT = -1  # an amdgpu VM page fault in the record (NVIDIA's codes are positive)
+
+
 def app_event(event) -> bool:
-    """An application fault of the job on its GPU (NVIDIA's application Xids)."""
+    """An application fault of the job on its GPU: NVIDIA's application
+    Xids, amdgpu's VM page faults (gpugate.parsers.amdkernlog)."""
     from ..xidcatalog import APP_XIDS
 
+    if event.kind == "amdgpu":
+        return event.where.split(":", 1)[0] == "vm_fault"
     return event.kind == "xid" and event.xid in APP_XIDS
+
+
+def _code(event) -> int:
+    return VM_FAULT if event.kind == "amdgpu" else event.xid
 
 
 def record(history: Optional[dict], facts, job: str, user: str, gpus: Optional[Sequence[int]], now: float,
@@ -80,7 +90,7 @@ def record(history: Optional[dict], facts, job: str, user: str, gpus: Optional[S
             if key is not None:
                 gpu["seen"] = (gpu["seen"] + [key])[-MAX_SEEN:]
             entry = gpu["jobs"].get(job) or [now, user, [], 0]
-            xids = sorted(set(entry[2]) | {event.xid})[:MAX_XIDS]
+            xids = sorted(set(entry[2]) | {_code(event)})[:MAX_XIDS]
             gpu["jobs"][job] = [now, entry[1], xids, min(entry[3] + 1, _COUNT_CAP)]
     per_user = max(int(policy.xid_app_jobs_max or 0), 1)
     out = {}
@@ -178,7 +188,9 @@ def judge(history: Optional[dict], facts, now: float, policy) -> List[Finding]:
         if aside:
             detail += "; not counted, the application's (their Xids follow them across GPUs): " + "; ".join(
                 "user %s on %s" % (_user(u), ", ".join(aside[u][:4])) for u in sorted(aside)[:3])
-        out.append(Finding(HEALTH, "xid_repeat", "xid %s in %d jobs" % ("+".join(map(str, xids)), len(counted)),
+        said = "+".join("vm_fault" if x == VM_FAULT else str(x) for x in xids)
+        out.append(Finding(HEALTH, "xid_repeat", "%s in %d jobs" % (said if xids[0] == VM_FAULT and len(xids) == 1
+                                                                    else "xid " + said, len(counted)),
                            "< %d jobs within %gh" % (policy.xid_app_jobs_max, hours), RESET_GPU,
                            gpu=index.get(bus), detail=detail))
     return out
@@ -230,13 +242,17 @@ def marked(history: Optional[dict]) -> Dict[str, float]:
 
 
 def _indexes(facts) -> Dict[str, int]:
-    """PCI bus id as the kernel prints it ("0000:3a:00") -> NVML's index."""
-    nvml = facts.nvml
+    """PCI bus id as the kernel prints it ("0000:3a:00") -> the GPU's index
+    (NVML's; on AMD nodes its place in PCI order, as amd-smi's)."""
+    nvml, amd = facts.nvml, getattr(facts, "amd", None)
     out = {}
     if nvml is not None and not failed(nvml):
         for gpu in nvml.gpus:
             if isinstance(gpu.pci_bus_id, str):
                 out[gpu.pci_bus_id.lower()[4:-2]] = gpu.index
+    if amd is not None and not failed(amd):
+        for gpu in amd.gpus:
+            out.setdefault(gpu.bdf.lower()[:-2], gpu.index)
     return out
 
 

@@ -129,31 +129,44 @@ def _own_record(settings, node: str):
 
 
 def deepen(settings, node: str, baseline):
-    """The baseline a verification runs under: its DCGM levels end with
-    [health] xid_repeat_diag (3, or 4 with EUD where the site sets it)
-    whenever this node's history holds application Xids, so that a pass
-    proves the GPU and clears its history."""
+    """The baseline a verification runs under: where this node's history
+    holds application faults, its DCGM levels end with [health]
+    xid_repeat_diag (3, or 4 with EUD where the site sets it), and an AMD
+    node runs RVS (its verify levels, (1, 2) where none are set), so that a
+    pass proves the GPUs and clears the history."""
     history = st.read_json(_path(settings, node), CAP)
-    health = baseline.health
-    if not (history or {}).get("gpus") or baseline.vendor_for(node) != "nvidia":
+    if not (history or {}).get("gpus"):
         return baseline
     from ..record import replace
 
-    levels = tuple(health.dcgm_diag.get("verify") or ())
+    health = baseline.health
+    if baseline.vendor_for(node) == "amd":
+        if _levels(health.rvs.get("verify")):
+            return baseline
+        return replace(baseline, health=replace(health, rvs=dict(health.rvs, verify=(1, 2))))
+    levels = _levels(health.dcgm_diag.get("verify"))
     deep = int(health.xid_repeat_diag)
     if levels and max(levels) >= deep:
         return baseline
-    return replace(baseline, health=replace(health, dcgm_diag=dict(health.dcgm_diag,
-                                                                   verify=levels + (deep,))))
+    return replace(baseline, health=replace(health, dcgm_diag=dict(health.dcgm_diag, verify=levels + (deep,))))
+
+
+def _levels(value) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else ((value,) if value else ())
 
 
 def after_verify(settings, node: str, baseline, result) -> str:
     """A verification that is fit and whose deep diagnostic passed on every
-    GPU clears the history (all GPUs were tested).  What it did, or ""."""
+    GPU (DCGM at xid_repeat_diag or deeper; RVS at its last verify level)
+    clears the history: all GPUs were tested.  What it did, or ""."""
     from ..toolfacts import DcgmDiag
 
-    diag = result.facts.dcgm_diag
-    deep = int(baseline.health.xid_repeat_diag)
+    if baseline.vendor_for(node) == "amd":
+        amd = result.facts.amd
+        diag = getattr(amd, "rvs", None)  # a ProbeFailure for the whole AMD read has none
+        deep, tool = max(_levels(baseline.health.rvs.get("verify")) or (99,)), "rvs -r"
+    else:
+        diag, deep, tool = result.facts.dcgm_diag, int(baseline.health.xid_repeat_diag), "dcgmi diag -r"
     clean = (isinstance(diag, DcgmDiag) and diag.level >= deep and diag.exit_code == 0 and not diag.failures
              and not diag.not_run and any(r.status == "Pass" for r in diag.results))
     if not (result.verdict.fit and clean):
@@ -162,7 +175,7 @@ def after_verify(settings, node: str, baseline, result) -> str:
     history = st.read_json(path, CAP)
     if not (history or {}).get("gpus"):
         return ""
-    cleared = apprepeat.clear(history)
     record: dict = {}
-    _save(path, cleared, history, record)
-    return record.get("state_error") or "dcgmi diag -r %d passed: the GPUs' application Xid history cleared" % diag.level
+    _save(path, apprepeat.clear(history), history, record)
+    return record.get("state_error") or "%s %d passed: the GPUs' application fault history cleared" % (
+        tool, diag.level)

@@ -44,6 +44,13 @@ line reports, 1 when it reports none:
   ``amdgpu: probe of BDF failed with error -22`` (no anchor) and a newer
   driver core's ``probe with driver amdgpu failed with error -22``.
 - ``vram_lost``: ``VRAM is lost due to GPU reset!`` (older: ``VRAM is lost!``).
+- ``vm_fault:HUB``: a GPU VM page fault of a process (gmc_v9_0.c and later:
+  ``[HUB] [retry |no-retry ]page fault (src_id:N ring:N vmid:V pasid:P``,
+  then ``, for process ...)`` or the process on the next line; the
+  ``VM_L2_PROTECTION_FAULT_STATUS`` lines after it are not events).  The
+  application's fault, as NVIDIA's Xid 31: recorded per job and GPU
+  (gpugate.judges.apprepeat), never drained on its own.  VM 0 is the
+  driver's own (no process): not an application's, not read.
 
 Without the anchor, only the DRM_ERROR era's ``[drm:amdgpu_...]`` forms
 (ring_timeout, reset_failed, vram_lost) and ``[drm] VRAM is lost ...`` count:
@@ -64,7 +71,7 @@ HEADS = ("amdgpu ", "amdgpu:", "[drm:amdgpu_", "[drm] VRAM is lost")
 # The event names (the part of ``where`` before ":"); [health] amdgpu_events
 # names the ones that drain (gpugate.baseline.AMDGPU_EVENTS).
 EVENTS = ("ue", "ce", "de", "poison", "ue_event", "aca", "bad_page_threshold", "gpu_reset", "reset_ok",
-          "reset_failed", "ring_timeout", "ring_reset_failed", "init_failed", "vram_lost")
+          "reset_failed", "ring_timeout", "ring_reset_failed", "init_failed", "vram_lost", "vm_fault")
 _TEXT = 160  # of the driver's message kept in the event
 
 _BDF = r"(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.[0-7]"
@@ -90,6 +97,8 @@ _BODY = Lazy("|".join((
     r"Ring (?P<ring_reset>[\w.-]{1,40}) reset fail(?:ure|ed)",
     r"(?P<init_failed>Fatal error during GPU init|probe with driver amdgpu failed with error -?\d{1,9})",
     r"(?P<vram_lost>VRAM is lost(?: due to GPU reset)?!)",
+    r"\[(?P<hub>[a-z]{1,16}hub[0-9_]{0,4})\] (?:(?:no-)?retry )?page fault \(src_id:\d{1,9} ring:\d{1,9}"
+    r" vmid:(?P<vmid>\d{1,9}) pasid:\d{1,12}[,)]",
 )))
 _SEVERITY = {"uncorrectable": "ue", "correctable": "ce", "deferred": "de"}
 _BARE_EVENTS = ("ring_timeout", "reset_failed", "vram_lost")  # the DRM_ERROR era's, without a device
@@ -112,6 +121,8 @@ def parse_message(message: str) -> Optional[XidEvent]:
     body = _BODY.match(message, anchor.end())
     if body is None:
         return None
+    if body.group("vmid") is not None and int(body.group("vmid")) == 0:
+        return None  # the driver's own VM: no process's fault
     where, count = _event(body)
     if not bus and where.split(":")[0] not in _BARE_EVENTS:
         return None
@@ -146,6 +157,8 @@ def _event(body):
         return "ring_timeout:%s" % group("ring"), 1
     if group("ring_reset") is not None:
         return "ring_reset_failed:%s" % group("ring_reset"), 1
+    if group("hub") is not None:
+        return "vm_fault:%s" % group("hub"), 1
     for name in ("aca", "poison", "gpu_reset", "reset_ok", "reset_failed", "init_failed", "vram_lost"):
         if group(name) is not None:
             return name, 1

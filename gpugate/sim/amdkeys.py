@@ -41,8 +41,10 @@ _LOG = {
     "ring_timeout": "ring gfx_0.0.0 timeout, signaled seq=%(n)d, emitted seq=%(m)d",
     "soft_recovered": "ring gfx_0.0.0 timeout, but soft recovered",
     "threshold": "Saved bad pages %(n)d reaches threshold value 128",
+    "vm_fault": "[gfxhub] page fault (src_id:0 ring:24 vmid:3 pasid:32770, for process python3 pid 1234 thread "
+                "python3 pid 1234)",
 }
-_LEVEL = {"ue": 3, "de": 3, "poison": 3, "reset_failed": 3, "ring_timeout": 3, "threshold": 3}
+_LEVEL = {"ue": 3, "de": 3, "poison": 3, "reset_failed": 3, "ring_timeout": 3, "threshold": 3, "vm_fault": 3}
 
 
 def known(key: str) -> bool:
