@@ -99,6 +99,12 @@ def test_an_escalation_with_no_room_is_deferred_and_escalated_once_there_is_room
                              "driver=550.54.15 (want 580.65.06)"), reason
     assert budget.counted(slurm.states["gpu003"], TAG) and slurm.states["gpu003"].drain
     assert journal.nodes()["gpu003"].step == "deferred" and journal.nodes()["gpu003"].finished
+    # `gpugate status` shows it, and what holds the budget.
+    from gpugate.fleet.status import render_text, summarize
+
+    text = render_text(summarize(take(slurm.states, TAG, 10 * DAY), journal.nodes(), 10 * DAY, states=slurm.states,
+                                 budget=budget.usage(slurm.states, TAG, 0.25)))
+    assert "deferred done (attempt 2): escalation deferred: drain budget of partition gpu" in text, text
     # The next sweep does not converge it again: it waits, and says why.
     again = plan(take(slurm.states, TAG, 10 * DAY), replace(sweeper.options, history=journal.history()))
     assert not again.decisions["gpu003"].included
@@ -134,8 +140,13 @@ def test_a_budgeted_escalation_below_the_floor_is_deferred_by_the_plan_and_recor
     slurm = FakeSlurm(count=4, drained=("gpu002",), reason=PRODUCT)
     slurm.drain("gpu003", "rack maintenance")
     sweeper, journal, _ = make(tmp_path, slurm, floor=3.0)
-    decided = plan(take(slurm.states, TAG, 10 * DAY), sweeper.options)
+    snap = take(slurm.states, TAG, 10 * DAY)
+    decided = plan(snap, sweeper.options)
     assert (decided.decisions["gpu002"].remedy, decided.decisions["gpu002"].included) == (ESCALATE, False)
+    from gpugate.cli.sweep_render import plan_text
+
+    assert "gpu002     deferred  escalation deferred: partition gpu at its floor: 3 of 4" in plan_text(
+        decided, sweeper.settings, snap)
     assert decided.decisions["gpu002"].why.startswith("escalation deferred: partition gpu at its floor")
     assert not decided.batches
     report = sweeper.run()

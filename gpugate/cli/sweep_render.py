@@ -56,6 +56,7 @@ def plan_text(plan, settings, snap) -> str:
     for name in sorted(plan.decisions):
         d = plan.decisions[name]
         mark = "batch %d" % d.batch if d.batch else ("escalate" if d.included else "skip")
+        mark = "deferred" if d.why.startswith("escalation deferred") else mark  # no room for its rma
         lines.append("  %-10s %-9s %s" % (name, mark, d.why))
     lines.append("\nThis is the plan only: run with --apply to execute it.")
     return "\n".join(lines)
