@@ -345,3 +345,24 @@ def test_a_budgeted_rma_never_goes_past_the_budget_or_the_floor_and_an_acute_one
             model.keeper()
         elif step == "sweep":
             model.sweep(data.draw, found_from)  # Model.escalate checks each escalation
+
+
+_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=90)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["health", "broken", "drift", "probe", "rollout", "rma"]),
+       st.lists(st.builds(Finding, st.sampled_from(["health", "drift", "probe", "rma"]),
+                          st.sampled_from(["xid", "dcgm_diag", "smoke", "driver", "sweep", "budgeted", "x y;z"]),
+                          _TEXT, _TEXT, st.just(""), st.one_of(st.none(), st.integers(-2, 2000))), max_size=12))
+def test_a_deferred_reason_is_ours_one_line_budgeted_and_asked_again(cls, found):
+    """Any findings, any class: the deferred reason is one ASCII line of at
+    most 255 bytes, gpugate's, read back as deferred (the sweep asks again),
+    counted by the budget, never acute, never sweep-owned by anyone else."""
+    text = esc.deferred_reason(TAG, cls, found)
+    assert len(text.encode()) <= 255 and text.isascii() and "\n" not in text
+    ours = reasons.parse(text, TAG)
+    assert ours is not None and esc.deferred(ours) and not reasons.acute(ours)
+    assert budget.counted(NodeState("n", "IDLE", frozenset({"DRAIN"}), text, 1, "root", ("p",)), TAG)
+    shown = [f for f in ours.findings if f.component != "sweep"]
+    assert len(shown) + ours.more == len([f for f in found if f.component not in ("sweep", "budgeted")])

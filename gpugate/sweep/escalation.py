@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 from .. import budget
 from .. import reason as reasons
-from ..findings import CHECK_CLASSES, RMA, Finding
+from ..findings import CHECK_CLASSES, DRIFT, RMA, Finding
 from ..record import replace
 
 DEFERRED = "rma deferred"  # the observed value of the work reason's sweep finding
@@ -41,12 +41,14 @@ def deferred_reason(tag: str, cls: str, found: Sequence[Finding]) -> str:
     """The reason a deferred node carries: the class it was drained for,
     the sweep's note first (so it reads as budgeted, never acute), then
     what it would be escalated for."""
-    cls = cls if cls in CHECK_CLASSES else "health"
+    cls = cls if cls in CHECK_CLASSES else DRIFT  # a rollout's node: versions
     note = Finding(cls, "sweep", DEFERRED, _WANT, "")
     shown = [replace(f, cls=cls) for f in found if f.component not in ("sweep", budget.MARK)]
     text = reasons.render(tag, cls, [note])
     for count in range(len(shown), 0, -1):  # as many as fit, the note always first
-        candidate = "%s; %s" % (text, "; ".join(reasons.render_finding(f) for f in shown[:count]))
+        parts = [reasons.render_finding(f) for f in shown[:count]]
+        parts += ["+%d more" % (len(shown) - count)] if count < len(shown) else []
+        candidate = "; ".join([text] + parts)
         if len(candidate) <= reasons.MAX_BYTES:
             return candidate
     return text
