@@ -167,6 +167,9 @@ def run(settings, node: str, seconds: Optional[float] = None, poll: float = 0.1)
 
     from ..probes.files import boot_id
 
+    from ..config import check_state
+
+    check_state(settings.state_dir(node))  # root's alone, as the checks that read the journal ask
     root = settings.node_root(node)
     boot = boot_id(root)
     if not isinstance(boot, str):
