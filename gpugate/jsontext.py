@@ -71,14 +71,15 @@ def loads(text) -> "Any":
 MAX_DEPTH = 64  # nesting: a check's answer needs about 8
 MAX_CHARS = 64 << 20
 MAX_NUMBER = 100  # characters of one number (int() of a long one is quadratic before 3.11)
+MAX_BRACKETS = 2000000  # [ ] { } anywhere: a million containers, counted in C before the depth is
 
 
 def loads_bounded(text, max_depth: int = MAX_DEPTH, max_chars: int = MAX_CHARS, max_number: int = MAX_NUMBER,
                   expect: "Optional[type]" = None) -> "Any":
     """loads(text) for text another host wrote.  ValueError, and no other
     error, when it is not JSON, is longer than max_chars, nests deeper than
-    max_depth, holds a number longer than max_number characters, or its
-    value is not an ``expect``.  The depth is counted before the parse, in a
+    max_depth, has more than MAX_BRACKETS brackets, holds a number longer
+    than max_number characters, or its value is not an ``expect``.  The depth is counted before the parse, in a
     loop (json recurses: 100,000 levels raise RecursionError)."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")  # UnicodeDecodeError is a ValueError
@@ -86,6 +87,9 @@ def loads_bounded(text, max_depth: int = MAX_DEPTH, max_chars: int = MAX_CHARS, 
         raise ValueError("not JSON text: %s" % type(text).__name__)
     if len(text) > max_chars:
         raise ValueError("JSON text of %d characters (at most %d)" % (len(text), max_chars))
+    brackets = sum(text.count(c) for c in "[]{}")
+    if brackets > MAX_BRACKETS:
+        raise ValueError("JSON text with %d brackets (at most %d)" % (brackets, MAX_BRACKETS))
     depth = nesting(text)
     if depth > max_depth:
         raise ValueError("JSON nested %d levels deep (at most %d)" % (depth, max_depth))

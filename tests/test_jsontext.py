@@ -206,3 +206,10 @@ def test_a_100000_deep_answer_is_a_valueerror_not_a_recursionerror(text):
 def test_loads_bounded_says_which_limit(text, what):
     with pytest.raises(ValueError, match=re.escape(what)):
         jsontext.loads_bounded(text, max_chars=200000 if len(text) > 1000 else 100, expect=dict)
+
+
+def test_loads_bounded_refuses_a_flood_of_brackets_before_it_counts_their_depth():
+    text = "[]" * (jsontext.MAX_BRACKETS // 2 + 1)
+    with pytest.raises(ValueError, match="brackets"):
+        jsontext.loads_bounded(text)
+    assert jsontext.loads_bounded("[" + "[]," * 1000 + "[]]") == [[]] * 1001
