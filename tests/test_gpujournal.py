@@ -106,6 +106,12 @@ def test_the_journal_rotates_within_twice_its_bound_and_keeps_the_newest(tmp_pat
     assert stat.S_IMODE(os.stat(os.path.join(directory, gpujournal.EVENTS)).st_mode) == 0o600
     kept = gpujournal.read_events(str(tmp_path), BOOT)
     assert max(kept) == 299 and len(kept) == len(range(min(kept), 300))  # the newest, without a hole
+    writer = gpujournal.Writer(str(tmp_path))  # a burst of 200 in one batch: no part over its bound
+    writer.append(BOOT, [_record(4, seq, GPU_MESSAGES[0]) for seq in range(300, 500)])
+    writer.close()
+    assert all(os.path.getsize(os.path.join(directory, n)) <= 4096 for n in os.listdir(directory))
+    kept = gpujournal.read_events(str(tmp_path), BOOT)
+    assert max(kept) == 499 and len(kept) == len(range(min(kept), 500)) > 20
 
 
 def test_a_journal_someone_else_could_write_is_not_read(tmp_path):

@@ -15,7 +15,7 @@ def kmsg_follow(config, sim, node, seconds):
 
     Reads the kernel log (/dev/kmsg, [kernel_log] path) record by record and
     keeps the NVIDIA/NVSwitch/amdgpu driver records in the node's state
-    directory (kmsg/gpu-events.log, root's alone, at most 2 MiB), with a
+    directory (kmsg/gpu-events.log, root's alone, at most 512 KiB), with a
     heartbeat (kmsg/follower.json).  The health check, prolog and epilog read
     them beside the ring, so an Xid a user's flood of kernel records pushed
     out of the ring is still found.  Records it could not read itself are

@@ -65,8 +65,8 @@ def entry(boot_id: str, record: str) -> bytes:
 
 
 class Writer:
-    """Appends entries (O_APPEND, fsync: an Xid just before a crash is kept)
-    and rotates by rename, each step crash safe."""
+    """Appends entries (O_APPEND, fsync) and rotates by rename, each step
+    crash safe: a reader sees whole parts, and a torn last line is skipped."""
 
     def __init__(self, state_dir: str):
         from ..safeio import makedirs
@@ -78,22 +78,43 @@ class Writer:
         self.fd = -1
 
     def append(self, boot_id: str, records: Iterable[str]) -> int:
-        data = b"".join(entry(boot_id, r) for r in records)
-        if not data:
-            return 0
+        """Write the records' entries; a part never grows past MAX_FILE (a
+        burst larger than a part fills it and goes on in the next)."""
+        written, chunk = 0, []
+        size = self._size()
+        for line in (entry(boot_id, r) for r in records):
+            if chunk and size + len(line) > MAX_FILE:
+                written += self._write(chunk)
+                chunk = []
+            if size + len(line) > MAX_FILE and size:
+                self._rotate()
+                size = 0
+            chunk.append(line)
+            size += len(line)
+        return written + self._write(chunk)
+
+    def _size(self) -> int:
         if self.fd < 0:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                               0o600)
-        if os.fstat(self.fd).st_size + len(data) > MAX_FILE:
-            os.close(self.fd)
-            os.replace(self.path, self.path + ".1")  # the older part is dropped
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                              | os.O_CLOEXEC, 0o600)
-        view = memoryview(data)
+            os.fchmod(self.fd, 0o600)  # an older file of root's with a looser mode
+        return os.fstat(self.fd).st_size
+
+    def _rotate(self) -> None:
+        os.close(self.fd)
+        self.fd = -1
+        os.replace(self.path, self.path + ".1")  # atomic: the older part is dropped
+        self._size()
+
+    def _write(self, chunk) -> int:
+        if not chunk:
+            return 0
+        view = memoryview(b"".join(chunk))
+        total = len(view)
         while view:
             view = view[os.write(self.fd, view):]
-        os.fsync(self.fd)
-        return len(data)
+        os.fsync(self.fd)  # an Xid just before a crash is kept
+        return total
 
     def close(self) -> None:
         if self.fd >= 0:

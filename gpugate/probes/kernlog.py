@@ -181,7 +181,9 @@ def last_seq(text: str) -> int:
 DIR = "kmsg"  # under the node's state directory, 0700
 EVENTS = "gpu-events.log"  # and its previous part EVENTS + ".1"
 HEARTBEAT = "follower.json"
-MAX_FILE = 1 << 20  # a part's bound: ~7,000 driver records
+# A part's bound: ~1,800 driver records; two parts cost a prolog at most ~50 ms
+# to read and parse (an application's Xid storm), a few records usually.
+MAX_FILE = 256 << 10
 STALE = 60.0  # a heartbeat older than this: the follower is down (it beats every 10 s)
 
 
