@@ -98,7 +98,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         states = slurm.nodes(lean=True)
         figures["fleet_reads"] += 1
     # Only what each node wrote itself takes a place in the queue and budget.
-    decided = budget.plan(screen(states, key, clock())[0], tag, share)
+    checked = {}  # one proof check per tag per run
+    mine, unverified = screen(states, key, clock(), checked)
+    decided = budget.plan(mine, tag, share)
     # Re-read each node before writing: the single-node RPC (read locks only).
     groups = {}
     for name, reason in decided.drain:
@@ -121,8 +123,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         reread_at = clock()
         final = slurm.nodes(lean=True)
         figures["fleet_reads"] += 1
+        mine, unverified = screen(final, key, clock(), checked)
         # Stamped since the view decided on was read: ours, or a concurrent keeper's.
-        back = budget.over(screen(final, key, clock())[0], tag, share, int(read_at) - 1)
+        back = budget.over(mine, tag, share, int(read_at) - 1)
         if back:
             slurm.undrain(hostlist(back))
             figures["given_back"] = list(back)
@@ -131,7 +134,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
     # Held: published and not drained after this run (given back included);
     # an unverified tag is held too, and said so.
     kept = set(figures["drained"]) - set(figures["given_back"])
-    raw, (final, unverified) = final, screen(final, key, clock())
+    raw, final = final, mine
     held = {}
     for name, state in final.items():
         if name in unverified and not state.drain and budget.published(raw[name], tag) is not None:
@@ -163,11 +166,12 @@ def _key(settings) -> bytes:
         raise KeyUnavailable("the keeper drains nothing published in node comments: %s" % exc) from None
 
 
-def screen(states, key: bytes, now: float):
+def screen(states, key: bytes, now: float, checked=None):
     """(states, unverified): each node's comment reduced to the span that
     node wrote and signed recently (gpugate.slurm.pending), or to none;
     node -> why the tag there is unverified.  An admin's pasted span, or
-    one copied from another node or from long ago, is never planned on."""
+    one copied from another node or from long ago, is never planned on.
+    checked: (node, comment) -> verdict, shared by one run's calls."""
     from .record import replace
     from .slurm import pending
 
@@ -176,10 +180,17 @@ def screen(states, key: bytes, now: float):
         if not state.comment or pending.OPEN not in state.comment:
             out[name] = state
             continue
-        seen, why = pending.verified(state.comment, name, key, now)
+        verdict = None if checked is None else checked.get((name, state.comment))
+        if verdict is None:
+            verdict = pending.verified(state.comment, name, key, now)
+            if checked is not None:
+                checked[(name, state.comment)] = verdict
+        seen, why = verdict
         if seen is None:
             unverified[name] = why
-        out[name] = replace(state, comment=pending.alone(seen) if seen is not None else "")
+        if seen is None or state.comment.count(pending.OPEN) > 1:
+            state = replace(state, comment=pending.alone(seen) if seen is not None else "")
+        out[name] = state  # the node's own span, alone: kept as it is
     return out, unverified
 
 

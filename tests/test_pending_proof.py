@@ -242,3 +242,22 @@ def test_text_written_without_the_key_never_verifies(parts, name, key):
     comment = " ".join(parts)
     assert pending.verified(comment, name, key, 10 ** 12)[0] is None
     assert pending.read(pending.others(comment)) is None
+
+
+FRAGMENTS = st.sampled_from(["[gpugate-pending @", "[/gpugate-pending]", " [/gpugate-pending]", "] ", " ", "  ",
+                             "\n", "12", "1764120000", " seen @", " proof ", "0123456789abcdef" * 2, "x", "[", "]",
+                             "\u0663", "gpugate: drift driver=1 (want 2)"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(FRAGMENTS, st.text(max_size=6)), max_size=24))
+def test_the_span_reader_reads_what_the_pattern_reads(parts):
+    """read/read_all find the head by regex and the end by str.find (the
+    keeper reads 100,000 comments a run): on any text, the same spans, in
+    the same order, as the one pattern (_PART, which `others` removes)."""
+    comment = "".join(parts)
+    want = [(m.group(4), int(m.group(1)), m.group(2) and int(m.group(2)), m.group(3))
+            for m in pending._PART.finditer(comment)]
+    got = [(p.reason, p.since, p.seen, p.proof) for p in pending.read_all(comment)]
+    assert got == want
+    assert pending.read(comment) == (pending.read_all(comment) or [None])[0]
