@@ -159,3 +159,6 @@ def test_coverage_says_when_xids_may_be_missed():
     assert (down["follower"], down["covered"]) == ("down", False)
     assert cover(beat, BOOT, lost, 2000.0, 60)["covered"] is True  # down since, but it read past 110
     assert cover(beat, BOOT, {"records": None, "first": None, "last": None}, 1010.0, 60)["covered"] is False
+    assert cover(dict(beat, from_seq=None), BOOT, None, 1010.0, 60)["follower"] == "following"  # read nothing yet
+    assert cover(dict(beat, from_seq=None), BOOT, lost, 1010.0, 60)["covered"] is False
+    assert cover(dict(beat, seq="x"), BOOT, lost, 1010.0, 60)["follower"] == "absent"  # garbled: no follower

@@ -270,7 +270,8 @@ def coverage(heartbeat: Optional[dict], boot_id, lost: Optional[dict], now: floa
     Xids are in the journal); otherwise Xids in that window may be missed.
     Never a finding: a flood, or a follower down, drains nothing."""
     try:  # the follower's (root's) file; a garbled one is no follower, never a crash
-        beat = (int(heartbeat["from_seq"]), int(heartbeat["seq"]), float(heartbeat["at"]),
+        watched = heartbeat["from_seq"]  # None: nothing read yet, every record is still to come
+        beat = (1 << 62 if watched is None else int(watched), int(heartbeat["seq"]), float(heartbeat["at"]),
                 [(int(a), int(b)) for a, b in heartbeat.get("lost") or ()], int(heartbeat.get("lost_records") or 0))
     except (TypeError, ValueError, KeyError, AttributeError):
         beat = None
