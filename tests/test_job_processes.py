@@ -152,14 +152,15 @@ def test_only_processes_no_running_job_owns_are_leftovers():
 # --- the probe on a node's file-system root ----------------------------------
 
 def _proc(root, pid, cgroup, comm="python3", uid=None):
+    """A process in a node root's /proc; uid: its real uid (default: the
+    owner of that /proc, as root is on a node)."""
     d = os.path.join(root, "proc", str(pid))
     os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "cgroup"), "w") as f:
-        f.write(cgroup)
-    with open(os.path.join(d, "comm"), "w") as f:
-        f.write(comm + "\n")
-    if uid is not None:
-        os.chown(d, uid, uid)
+    uid = os.stat(os.path.join(root, "proc")).st_uid if uid is None else uid
+    for name, text in (("cgroup", cgroup), ("comm", comm + "\n"), ("status", "Name:\t%s\nUid:\t%d\t%d\t%d\t%d\n"
+                                                                      % (comm, uid, uid, uid, uid))):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
 
 
 def test_probe_reads_owners_and_running_jobs(tmp_path):
@@ -168,7 +169,8 @@ def test_probe_reads_owners_and_running_jobs(tmp_path):
     _proc(root, 5555, "0::/system.slice/slurmstepd.scope/job_201/step_0/user/task_0\n")
     _proc(root, 3000, "0::/system.slice/slurmstepd.scope/job_201/step_batch/slurm\n", "slurmstepd")
     _proc(root, 6666, "0::/system.slice/slurmstepd.scope/job_200/step_0/user/task_0\n")
-    # job 200 ended; its user's process calls itself slurmstepd: not Slurm's (not root's)
+    # job 200 ended; its user's process calls itself slurmstepd (non-dumpable, or a setuid program
+    # run through a link of that name, its /proc files are root's): not Slurm's, its real uid is nobody's
     _proc(root, 6667, "0::/system.slice/slurmstepd.scope/job_200/step_0/user/task_1\n", "slurmstepd", uid=NOBODY)
     os.makedirs(os.path.join(root, "proc", "7777", "cgroup"))  # unreadable as a file
     got = owners.read(root, [5555, 6666, 7777, 8888], 202)
@@ -283,3 +285,30 @@ def test_every_real_cgroup_file_on_this_machine_parses():
         assert value is None or isinstance(value, int)
         seen += 1
     assert seen > 0
+
+
+def test_a_users_non_dumpable_process_named_slurmstepd_is_not_root_s(tmp_path):
+    """The real kernel: a process of uid 65534 names itself slurmstepd (PR_SET_NAME) and makes itself
+    non-dumpable (PR_SET_DUMPABLE 0), so its /proc/PID files are root's; its real uid in /proc/PID/status
+    stays nobody's (a setuid program it runs through a link named slurmstepd: euid 0, real uid its own)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if os.access(p, os.X_OK)), None)
+    if os.getuid() != 0 or python is None:
+        pytest.skip("needs root (to run the user's process as uid 65534) and a system python3")
+    code = ("import ctypes, sys, time; libc = ctypes.CDLL(None); libc.prctl(15, b'slurmstepd', 0, 0, 0); "
+            "libc.prctl(4, 0, 0, 0, 0); print('ready', flush=True); time.sleep(60)")
+    child = subprocess.Popen([python, "-I", "-c", code], cwd="/", stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: (os.setgid(NOBODY), os.setuid(NOBODY)))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        here = "/proc/%d" % child.pid
+        assert open(here + "/comm").read().strip() == "slurmstepd"
+        assert os.stat(here + "/status").st_uid == 0  # what an owner check of its /proc files would trust
+        assert owners._real_uid(here + "/status") == NOBODY
+    finally:
+        child.kill()
+        child.wait()

@@ -7,9 +7,9 @@ itself in its step's cgroup (cgroup v2: job_N/step_S/slurm; v1:
 proctrack/cgroup's freezer job_N/step_S) and stays until the step's
 processes are gone.  The job's cgroup directory alone would not do: an
 unkillable process of a job that ended keeps its cgroup in place.  The
-slurmstepd is found in the process table (comm "slurmstepd", a process of
-root's, as /proc itself is), read only when a GPU process is another
-job's."""
+slurmstepd is found in the process table (comm "slurmstepd", real uid
+root's, the owner of /proc itself), read only when a GPU process is
+another job's."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def _running_jobs(proc: str) -> Any:
             with open(os.path.join(proc, name, "comm"), "rb") as handle:
                 if handle.read(64).strip() != _STEPD.encode():
                     continue
-            if os.stat(os.path.join(proc, name)).st_uid != owner:
+            if _real_uid(os.path.join(proc, name, "status")) != owner:
                 continue  # any process may call itself slurmstepd: only root's is Slurm's
             job = _owner(proc, int(name))
         except OSError:  # ended meanwhile
@@ -90,6 +90,18 @@ def _running_jobs(proc: str) -> Any:
         if isinstance(job, int):
             jobs.add(job)
     return jobs
+
+
+def _real_uid(path: str) -> Optional[int]:
+    """/proc/PID/status's real uid: not the owner of /proc/PID (the
+    effective uid: root's for a setuid program a user runs, through a link
+    named slurmstepd) nor of its files (root's once it is non-dumpable)."""
+    with open(path, "rb") as handle:
+        for line in handle.read(8192).split(b"\n"):
+            if line.startswith(b"Uid:"):
+                fields = line.split()
+                return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def job_devices(root: str) -> Any:

@@ -61,9 +61,10 @@ def cgroup(model: Dict[str, Any], job: Any, step: str = "0", stepd: bool = False
     return "0::/system.slice/slurmstepd.scope/job_%d/step_%s/%s\n" % (job, step, "slurm" if stepd else "user/task_0")
 
 
-def processes(model: Dict[str, Any]) -> Dict[int, Tuple[str, str, str]]:
-    """{pid: (comm, cmdline, cgroup)}: the GPUs' processes (NVIDIA's and
-    AMD's) and one slurmstepd per running job."""
+def processes(model: Dict[str, Any]) -> Dict[int, Tuple[str, str, str, Any]]:
+    """{pid: (comm, cmdline, cgroup, real uid)}: the GPUs' processes
+    (NVIDIA's and AMD's: the jobs' user's) and one slurmstepd per running
+    job (uid None: root's, the owner of the node's /proc)."""
     slurm = _slurm(model)
     gpus = list((model.get("nvml") or {}).get("gpus") or ()) + list((model.get("amd") or {}).get("gpus") or ())
     out = {}
@@ -71,9 +72,9 @@ def processes(model: Dict[str, Any]) -> Dict[int, Tuple[str, str, str]]:
         for entry in gpu.get("processes") or ():
             pid = int(entry["pid"] if isinstance(entry, dict) else entry)
             job = slurm["processes"].get(str(pid))
-            out[pid] = ("python3", "python3\0train.py\0", cgroup(model, job))
+            out[pid] = ("python3", "python3\0train.py\0", cgroup(model, job), _UID)
     for i, job in enumerate(slurm["jobs"]):
-        out[_STEPD_PID + i] = ("slurmstepd", "slurmstepd: [%d.batch]\0" % job, cgroup(model, job, "batch", True))
+        out[_STEPD_PID + i] = ("slurmstepd", "slurmstepd: [%d.batch]\0" % job, cgroup(model, job, "batch", True), None)
     return out
 
 

@@ -80,7 +80,7 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
         if program and state == "active":
             procs[4100 + i] = (program[:15], "/usr/bin/%s\0--verbose\0" % program)
     in_jobs = jobs.processes(model)
-    procs.update({pid: (comm, cmdline) for pid, (comm, cmdline, _) in in_jobs.items() if pid not in procs})
+    procs.update({pid: (comm, cmdline) for pid, (comm, cmdline, _, _) in in_jobs.items() if pid not in procs})
     conf = jobs.cgroup_conf(model)
     if conf is not None:
         write(os.path.join(root, "etc/slurm/cgroup.conf"), conf)
@@ -94,3 +94,6 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
         write(os.path.join(proc, str(pid), "comm"), comm + "\n")
         write(os.path.join(proc, str(pid), "cmdline"), cmdline)
         write(os.path.join(proc, str(pid), "cgroup"), in_jobs[pid][2] if pid in in_jobs else "0::/system.slice\n")
+        # Real uid: the jobs' user's for their processes, else whoever owns this /proc (root on a node).
+        uid = in_jobs[pid][3] if pid in in_jobs and in_jobs[pid][3] is not None else os.stat(proc).st_uid
+        write(os.path.join(proc, str(pid), "status"), "Name:\t%s\nUid:\t%d\t%d\t%d\t%d\n" % ((comm,) + (uid,) * 4))
