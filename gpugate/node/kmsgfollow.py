@@ -16,7 +16,9 @@ the node's checks read the journal beside the ring (gpugate.probes.collect).
 
 On a simulated node (``--sim``) the kernel log is a regular file the
 simulator rewrites; it is read again every ``poll`` seconds and only the
-records past the last seq are taken."""
+records past the last seq are taken.  Its boot id is read once, at start,
+as on a real node where systemd starts it again after each boot: after
+`gpugate sim reboot`, start it again too."""
 
 from __future__ import annotations
 
