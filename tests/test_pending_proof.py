@@ -69,6 +69,16 @@ def test_an_admins_pasted_tag_drains_nothing_and_holds_nothing(tmp_path):
     assert figures["held_nodes"]["gpu01"].startswith("unverified tag: no proof")
     assert figures["unverified"] == 1 and figures["partitions"]["a"]["drained"] == 1
 
+    # Recorded: `gpugate status` and `gpugate metrics` say it.
+    from gpugate.fleet.metrics import keeper_families
+    from gpugate.fleet.status import _held_lines
+    from gpugate.promtext import render
+
+    figures.pop("_view", None)  # as keeper.run does
+    status = keeper.record(cfg, figures)
+    assert "gpugate_budget_keeper_unverified_nodes 1" in render(keeper_families(status, NOW))
+    assert "1 UNVERIFIED TAGS" in "\n".join(_held_lines({"budget_keeper": status, "held": {}}))
+
     # The pasted span first, the node's own after it: the node's drains.
     cfg = _settings(tmp_path / "b")
     real = node("gpu02", published=DRIFT, since=NOW - 500).comment

@@ -125,7 +125,8 @@ def keeper_families(status: Optional[Mapping], now: float, held: Optional[Mappin
         ("gpugate_budget_keeper_last_run_timestamp_seconds", "gauge",
          "When the drain-budget keeper (gpugate budget) last ran to the end; 0: never here.",
          [("gpugate_budget_keeper_last_run_timestamp_seconds", {}, last_ok)]),
-        ("gpugate_budget_keeper_last_error", "gauge", "1 when the keeper's latest run failed (Slurm did not answer).",
+        ("gpugate_budget_keeper_last_error", "gauge",
+         "1 when the keeper's latest run failed (Slurm did not answer, or no usable drain budget key).",
          [("gpugate_budget_keeper_last_error", {}, 0 if status.get("ok", True) else 1)]),
     ]
     if status.get("ok"):
@@ -137,6 +138,9 @@ def keeper_families(status: Optional[Mapping], now: float, held: Optional[Mappin
              [("gpugate_budget_keeper_given_back_nodes", {}, len(status.get("given_back") or ()))]),
             ("gpugate_budget_keeper_held_nodes", "gauge", "Published nodes the keeper's latest run held.",
              [("gpugate_budget_keeper_held_nodes", {}, int(status.get("held") or 0))]),
+            ("gpugate_budget_keeper_unverified_nodes", "gauge",
+             "Held nodes whose published tag their node did not sign (pasted, copied, old, older release): never drained.",
+             [("gpugate_budget_keeper_unverified_nodes", {}, int(status.get("unverified") or 0))]),
         ]
     if held is not None:
         families.append(("gpugate_drain_budget_held_nodes", "gauge",

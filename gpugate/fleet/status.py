@@ -376,6 +376,8 @@ def _held_lines(summary: Mapping) -> list:
         line = "budget keeper: last good run %s ago (drained %d, gave back %d, held %d)" % (
             format_age(_time.time() - float(last)), len(keeper.get("drained") or ()),
             len(keeper.get("given_back") or ()), int(keeper.get("held") or 0))
+        if keeper.get("unverified"):  # tags their node did not sign: held, never drained (`gpugate budget`)
+            line += "; %d UNVERIFIED TAGS (not signed by their node: never drained)" % int(keeper["unverified"])
         if not keeper.get("ok", True):
             line += "; LATEST RUN FAILED: %s" % str(keeper.get("error"))[:200]
         lines.append(line)
