@@ -49,17 +49,49 @@ def _save(path: str, history: dict, before, record: dict) -> None:
             record["state_error"] = ("xid history: %s" % exc)[:200]
 
 
+class _Locked:
+    """The history's own lock (state_dir/locks/xid-history.lock, root's
+    alone: gpugate.node.lock): epilogs, the health check and the
+    verification read, change and write the file one at a time, so a clear
+    is never undone by an epilog that read before it.  ``held`` is False
+    when it could not be had within a second (the caller decides)."""
+
+    def __init__(self, settings, node: str):
+        from .lock import RunLock, lock_path
+
+        self.lock, self.held = RunLock(lock_path(settings.state_dir(node), "xid-history")), False
+
+    def __enter__(self):
+        from ..errors import GpugateError
+
+        deadline = time.monotonic() + 1.0
+        try:
+            while not self.lock.acquire():
+                if time.monotonic() >= deadline:
+                    return self
+                time.sleep(0.02)
+            self.held = True
+        except (GpugateError, OSError):
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
+
+
 def after_job(settings, node: str, facts, job: str, user: str, gpus, policy, record: dict) -> list:
     """The epilog: add this job's application Xids on its own GPUs (host
     indices; None: slurmd did not say which, and nothing is recorded: on a
     shared node an Xid must not count for a job that did not hold its GPU),
     then judge."""
     path = _path(settings, node)
-    before = st.read_json(path, CAP)
     if job and gpus is None:
         record["xid_history"] = "the job's GPUs unknown (no SLURM_JOB_GPUS): its Xids not recorded"
-    history = apprepeat.record(before, facts, job, user, gpus, facts.collected_at, policy)
-    _save(path, history, before, record)
+    with _Locked(settings, node):  # not had: written anyway (losing a clear beats losing the job's Xids)
+        before = st.read_json(path, CAP)
+        history = apprepeat.record(before, facts, job, user, gpus, facts.collected_at, policy)
+        _save(path, history, before, record)
     return apprepeat.judge(history, facts, facts.collected_at, policy)
 
 
@@ -72,13 +104,15 @@ def judged(settings, node: str, facts, policy, record=None, read_own=None) -> li
     history = st.read_json(path, CAP)
     now = facts.collected_at
     if apprepeat.standing(history, now, policy) or apprepeat.marked(history):
-        state = (read_own or _own_record)(settings, node)
-        after, why = observe(history, state, settings.reason_tag, time.time(), now, policy)
-        if why and record is not None:
-            record["xid_history"] = why
-        if after is not history:
-            _save(path, after, history, record if record is not None else {})
-            history = after
+        state = (read_own or _own_record)(settings, node)  # outside the lock: it may take seconds
+        with _Locked(settings, node) as lock:
+            history = st.read_json(path, CAP)  # an epilog may have written meanwhile
+            after, why = observe(history, state, settings.reason_tag, time.time(), now, policy)
+            if lock.held and after is not history:  # not had: the next run marks or clears
+                _save(path, after, history, record if record is not None else {})
+                history = after
+                if why and record is not None:
+                    record["xid_history"] = why
     return apprepeat.judge(history, facts, now, policy)
 
 
@@ -172,10 +206,11 @@ def after_verify(settings, node: str, baseline, result) -> str:
     if not (result.verdict.fit and clean):
         return ""
     path = _path(settings, node)
-    history = st.read_json(path, CAP)
-    if not (history or {}).get("gpus"):
-        return ""
     record: dict = {}
-    _save(path, apprepeat.clear(history), history, record)
+    with _Locked(settings, node):  # the node is drained and idle: no epilog to wait for
+        history = st.read_json(path, CAP)
+        if not (history or {}).get("gpus"):
+            return ""
+        _save(path, apprepeat.clear(history), history, record)
     return record.get("state_error") or "%s %d passed: the GPUs' application fault history cleared" % (
         tool, diag.level)
