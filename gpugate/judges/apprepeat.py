@@ -50,8 +50,6 @@ MAX_SEEN = 128  # kernel-log records per GPU already counted: one Xid counts onc
 MAX_JOB = 64  # characters of a job id kept
 MAX_USER = 16  # characters of a uid kept
 _COUNT_CAP = 10 ** 6
-
-
 VM_FAULT = -1  # an amdgpu VM page fault in the record (NVIDIA's codes are positive)
 
 
