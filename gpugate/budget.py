@@ -84,7 +84,10 @@ def escalation_mark(found, budgeted: bool = False) -> Optional[Finding]:
     if not budgeted and any(f.acute for f in found):
         return None
     cause = next((f for f in found if f.component not in _NOT_CAUSES), None)
-    observed = "%s %s" % (cause.cls, cause.component) if cause is not None else "unknown"
+    if cause is None:
+        observed = "unknown"
+    else:  # a failed proof (smoke=, verify=) is the sweep's own rma finding: its name says it
+        observed = cause.component if cause.cls == RMA else "%s %s" % (cause.cls, cause.component)
     return Finding(RMA, MARK, observed, "counted", "rma")
 
 

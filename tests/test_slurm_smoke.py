@@ -93,7 +93,7 @@ def test_healthy_node_resumed_after_its_smoke_job_pcie_degraded_one_escalated(sm
     assert [(s, a) for s, st, a in smoke_events(cluster, "gpu02") if st == "failed"] == [("smoke", 1), ("smoke", 2)]
     assert drain_flag(cluster, "gpu02")
     reason = cluster.reason("gpu02")
-    assert reason.startswith("gpugate: rma smoke=all_reduce busbw=22.9"), reason
+    assert reason.startswith("gpugate: rma budgeted=smoke (want counted); smoke=all_reduce busbw=22.9"), reason
     assert "want >= 350" in reason, reason
     assert cluster.reason("gpu01") == ""
     # The last attempt's proofs: diagnostics clean, the smoke job slow.
@@ -145,7 +145,8 @@ def test_a_node_failing_pairs_with_two_partners_is_told_from_them(smoke_cluster)
         pair_proofs(cluster, "gpu02")
     assert ("done", "pair not run: odd node out") not in pair_proofs(cluster, "gpu02")
     reason = cluster.reason("gpu02")
-    assert reason.startswith("gpugate: rma smoke=all_reduce pair=gpu04 busbw=17.8GB/s (want >= 50)"), reason
+    assert reason.startswith("gpugate: rma budgeted=smoke (want counted); smoke=all_reduce pair=gpu04 "
+                             "busbw=17.8GB/s (want >= 50)"), reason
     assert no_smoke_job_left(cluster)
 
 

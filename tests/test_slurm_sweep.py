@@ -349,7 +349,8 @@ def test_one_host_whose_converge_always_fails_does_not_stop_the_others(new_clust
     assert ("converge", "failed", 1) in steps and ("converge", "failed", 2) in steps
     assert ("rollback", "failed", 3) in steps and steps[-1][:2] == ("escalate", "done")
     assert not any(s in ("reboot", "resume") for s, _, _ in steps)
-    assert drain_flag(cluster, "gpu03") and cluster.reason("gpu03").startswith("gpugate: rma driver=550.54.15")
+    assert drain_flag(cluster, "gpu03") and cluster.reason("gpu03").startswith(
+        "gpugate: rma budgeted=drift driver (want counted); driver=550.54.15")  # counted by the drain budget
     cluster.wait_for(lambda: all(cluster.state(n) == "idle" for n in drifted if n != "gpu03"), 30, "others idle")
     assert all(fit(cluster, n) for n in drifted if n != "gpu03")
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
@@ -412,7 +413,8 @@ def test_a_node_drained_again_for_the_same_component_is_escalated_and_forgiven(n
     assert code == 0, err
     outcome = report["outcomes"]["gpu02"]
     assert outcome["result"] == "escalated" and "repeat offender" in outcome["detail"]
-    assert cluster.reason("gpu02").startswith("gpugate: rma repeat=driver 1x in 7d (want under 1)")
+    assert cluster.reason("gpu02").startswith("gpugate: rma budgeted=drift driver (want counted); "
+                                              "repeat=driver 1x in 7d (want under 1)")
     assert drain_flag(cluster, "gpu02")
     assert not any(s == "converge" for _, s, _, a in journal_events(cluster, "gpu02")[-6:])
     status = subprocess.run([sys.executable, "-m", "gpugate", "status", "--config", cluster.gpugate_conf],
