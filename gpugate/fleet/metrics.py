@@ -44,7 +44,8 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
             ("gpugate_drain_budget_nodes", "gauge",
              "Nodes of the partition gpugate may keep drained for budgeted findings (all but acute ones).",
              [("gpugate_drain_budget_nodes", {"partition": p}, u.allowance) for p, u in sorted(budget.items())]),
-            ("gpugate_drain_budget_used_nodes", "gauge", "Nodes of the partition drained for budgeted findings.",
+            ("gpugate_drain_budget_used_nodes", "gauge", "Nodes of the partition drained for budgeted findings "
+             "(an rma they caused and a deferred escalation included).",
              [("gpugate_drain_budget_used_nodes", {"partition": p}, len(u.drained))
               for p, u in sorted(budget.items())]),
         ]
