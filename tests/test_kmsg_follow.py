@@ -277,3 +277,15 @@ def test_audit_and_status_say_where_no_follower_runs_and_where_records_went_unre
     assert "FOLLOWER NOT RUNNING on 2 nodes (latest audit): gpu[03-04]" in text
     assert "RECORDS LOST UNREAD on 1 nodes (latest audit): gpu03: Xids among them may be missed" in text
     assert _kernel_log_lines(kernel_log_watch({"facts": {"gpu01": facts["gpu01"]}})) == []
+
+
+def test_one_follower_a_node(node_env):  # noqa: F811
+    gpugate_cmd("sim", "set", node_env["fleet"], "gpu01", "kmsg=a record", check=True)
+    first = _start_follower(node_env)
+    try:
+        second = subprocess.run([sys.executable, "-m", "gpugate", "kmsg-follow", "--config", node_env["config"],
+                                 "--node", "gpu01", "--seconds", "1"], capture_output=True, text=True, timeout=60)
+    finally:
+        _stop(first)
+    assert second.returncode == 2 and "another gpugate kmsg-follow runs for gpu01 (pid %d)" % first.pid \
+        in second.stderr, second.stderr

@@ -6,7 +6,9 @@ It runs as root (slurm_conf/gpugate-kmsg-follow.service), alone per node:
 /dev/kmsg opened non-blocking, every record read until EAGAIN, then poll()
 until the next one (a heartbeat every HEARTBEAT seconds meanwhile).  A read
 that fails with EPIPE means the ring overwrote records before this reader
-got them: it goes on from the oldest record still there, and the gap in
+got them (the kernel's Documentation/ABI/testing/dev-kmsg: the read after
+an overwrite fails with EPIPE and the position moves to the oldest record
+left): it goes on from there, and the gap in
 the sequence numbers is a window *this follower* lost, kept in its
 heartbeat (``lost``) so that a check can say that Xids there may be
 missed.  Between its runs (a restart, a crash) the same holds: it starts
@@ -176,10 +178,19 @@ def run(settings, node: str, seconds: Optional[float] = None, poll: float = 0.1)
     boot = boot_id(root)
     if not isinstance(boot, str):
         raise OSError("cannot read the boot id under %s" % root)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    end = None if seconds is None else time.monotonic() + seconds
-    follower = Follower(settings.state_dir(node), boot, time.time())
-    follow(os.path.join(root, settings.kernel_log.lstrip("/")), follower,
-           lambda: bool(stopping) or (end is not None and time.monotonic() >= end), poll=poll)
+    from ..errors import GpugateError
+    from .lock import RunLock, lock_path
+
+    # One follower a node: a second would write every record twice and race on the heartbeat.
+    lock = RunLock(lock_path(settings.state_dir(node), "kmsg-follow"))
+    if not lock.acquire():
+        raise GpugateError("another gpugate kmsg-follow runs for %s (pid %s)"
+                           % (node, (lock.holder or ["?"])[0]))
+    with lock:
+        stopping = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        end = None if seconds is None else time.monotonic() + seconds
+        follower = Follower(settings.state_dir(node), boot, time.time())
+        follow(os.path.join(root, settings.kernel_log.lstrip("/")), follower,
+               lambda: bool(stopping) or (end is not None and time.monotonic() >= end), poll=poll)
     return 0
