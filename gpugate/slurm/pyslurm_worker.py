@@ -71,7 +71,7 @@ class Api:
         ps = self.pyslurm
         flags = ps.ReservationFlags.MAINTENANCE | ps.ReservationFlags.IGNORE_RUNNING_JOBS
         # pyslurm turns a duration into an end time (UNLIMITED would end in
-        # the year 10193): the sweep's bound (steps.reservation_minutes), or
+        # the year 10193): the sweep's bound (sweep.reservations.reservation_minutes), or
         # a year where none is given.
         ps.Reservation(name=name, nodes=nodes, users=["root"], start_time=int(time.time()),
                        duration=int(minutes), flags=flags).create()

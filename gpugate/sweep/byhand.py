@@ -11,7 +11,8 @@ from .pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
 from .partner import Lender
 from ..record import dataclass, field
 from .smoke import run_pairs, run_smoke
-from .steps import hostlist, reservation_minutes
+from .reservations import reservation_minutes
+from .steps import hostlist
 
 
 @dataclass

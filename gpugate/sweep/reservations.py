@@ -2,7 +2,7 @@
 
 Each batch's reservation (gpugate_sweep_r<run>_b<batch>, journal.enrol) is
 made at its reset or reboot step (steps._reserve), for
-steps.reservation_minutes at most, so that one a sweeper killed -9 left
+reservation_minutes at most, so that one a sweeper killed -9 left
 ends by itself.  A run deletes a batch's when the batch is done
 (engine._release_reservations) and, however the run ends (an exception
 included), every one it used whose nodes no longer need it (``at_exit``).
@@ -12,9 +12,18 @@ nothing in flight (``stale``), never a reservation it did not make.
 
 from typing import Dict, List
 
-from .steps import reservation_minutes
-
 _REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
+
+
+def reservation_minutes(cfg) -> int:
+    """How long a batch's maintenance reservation lasts: every time limit
+    its batch may still spend once it is made, for three attempts (evidence,
+    converge, reset, reboot, verification, smoke job and its cancel each),
+    so that one a sweeper killed -9 left ends with the sweep's own deadline,
+    not a year later (issue 33).  A sweep deletes it sooner: engine.py."""
+    one = sum(float(cfg[k]) for k in ("evidence_timeout", "converge_timeout", "reboot_timeout", "verify_timeout",
+                                      "smoke_deadline")) + 4 * float(cfg["reset_timeout"]) + 120
+    return int(3 * one // 60) + 10
 
 
 def stale(journal, existing: Dict[str, str]) -> List[str]:

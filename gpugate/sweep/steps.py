@@ -14,6 +14,7 @@ from ..errors import CommandError
 from ..findings import ROLLOUT, Finding
 from ..runner import run
 from . import journal as jr
+from .reservations import reservation_minutes
 from .transport import expand
 from .waits import poll_until
 
@@ -294,17 +295,6 @@ class Steps:
         waiting = self._wait(nodes, settle, float(self.cfg["reboot_timeout"]))
         if waiting:
             self.say("  %s resumed but not yet in service; the floor counts them as out" % hostlist(waiting))
-
-
-def reservation_minutes(cfg) -> int:
-    """How long a batch's maintenance reservation lasts: every time limit
-    its batch may still spend once it is made, for three attempts (evidence,
-    converge, reset, reboot, verification, smoke job and its cancel each),
-    so that one a sweeper killed -9 left ends with the sweep's own deadline,
-    not a year later (issue 33).  A sweep deletes it sooner: engine.py."""
-    one = sum(float(cfg[k]) for k in ("evidence_timeout", "converge_timeout", "reboot_timeout", "verify_timeout",
-                                      "smoke_deadline")) + 4 * float(cfg["reset_timeout"]) + 120
-    return int(3 * one // 60) + 10
 
 
 def _journal_diag(journal, name, answer) -> None:
