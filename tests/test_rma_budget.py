@@ -366,3 +366,17 @@ def test_a_deferred_reason_is_ours_one_line_budgeted_and_asked_again(cls, found)
     assert budget.counted(NodeState("n", "IDLE", frozenset({"DRAIN"}), text, 1, "root", ("p",)), TAG)
     shown = [f for f in ours.findings if f.component != "sweep"]
     assert len(shown) + ours.more == len([f for f in found if f.component not in ("sweep", "budgeted")])
+
+
+def test_the_sweep_reads_the_budget_share_from_gpugate_toml():
+    """`gpugate sweep` gates escalations with [drain_budget] max_share (1,
+    the budget off, leaves the floor alone)."""
+    import types
+
+    from gpugate.config import parse_settings
+    from gpugate.sweep import run as sweep_run
+
+    baseline = types.SimpleNamespace(health=types.SimpleNamespace(xid_actions={}))
+    for share in (0.25, 1.0):
+        settings = parse_settings({"drain_budget": {"max_share": share}}, "gpugate.toml")
+        assert sweep_run.options(settings, baseline).budget_share == share
