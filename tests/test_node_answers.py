@@ -309,3 +309,36 @@ def test_the_audit_folds_any_facts_a_node_sends_or_lists_that_node_alone(facts):
     assert "gpu2" not in audit.unreachable and any("gpu2" in r.nodes for r in audit.rows)
     if "gpu1" in audit.unreachable:
         assert not any("gpu1" in r.nodes for r in audit.rows)
+
+
+def test_the_smoke_stage_makes_an_ended_reservation_again_before_its_job(tmp_path, monkeypatch):
+    """A bounded reservation can end before a later run takes its batch up
+    (the sweeper killed overnight): the nodes are drained, so the stage makes
+    it again, and the job still never runs outside it.  Before the bound,
+    it could not end; with the bound and no remaking, the proof failed."""
+    import types
+
+    from gpugate.sweep import smoke
+
+    slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
+    slurm.undrain = lambda names: [slurm._set(n, flags=set(), reason="") for n in slurm._names(names)]
+    slurm.cancel_named = lambda name, reservation: None
+    sweeper, journal, _ = make(tmp_path, slurm, evidence_keep=0, smoke=["/bin/true"])
+    ran = []
+
+    def run_smoke(slurm_, cfg, baseline, nodes, reservation, sleep, say):
+        ran.append((reservation, reservation in slurm.res))
+        return {n: smoke.SmokeResult(n, job="7", passed=True) for n in nodes}
+
+    monkeypatch.setattr(smoke, "run_smoke", run_smoke)
+    monkeypatch.setattr(smoke, "Outputs", lambda path: types.SimpleNamespace(close=lambda: None))
+    step = sweeper._step_smoke
+
+    def ended_first(nodes, records):
+        slurm.res.clear()  # its end came while nobody ran the sweep
+        step(nodes, records)
+
+    sweeper._step_smoke = ended_first
+    assert sweeper.run().outcomes["gpu001"].result == "resumed"
+    assert ran == [("gpugate_sweep_r1_b1", True)] and not slurm.res
+    journal.close()
