@@ -271,3 +271,26 @@ def test_the_span_reader_reads_what_the_pattern_reads(parts):
     got = [(p.reason, p.since, p.seen, p.proof) for p in pending.read_all(comment)]
     assert got == want
     assert pending.read(comment) == (pending.read_all(comment) or [None])[0]
+
+
+def test_a_pasted_older_tag_does_not_move_the_node_up_the_queue(tmp_path):
+    """The node takes its first time from a span it signed, or from its own
+    record (published.json, root's), never from a span someone pasted in
+    its comment: an admin's `@1` with the node's very reason would
+    otherwise be signed by the node and put it first in the queue."""
+    pasted = "[gpugate-pending @1] %s [/gpugate-pending]" % DRIFT
+    assert pending.read(pending.publish(pasted, DRIFT, NOW, KEY, "gpu01")).since == NOW
+    own = pending.publish("", DRIFT, NOW - 4000, KEY, "gpu01")
+    again = pending.publish(pasted + " " + own, DRIFT, NOW, KEY, "gpu01")
+    assert (pending.read(again).since, pending.read(again).seen) == (NOW - 4000, NOW)
+    assert pending.read_all(again) == [pending.read(again)]  # the pasted span is gone
+    # Through the node's code: its record names its first time.
+    cfg = _settings(tmp_path)
+    slurm = CommentSlurm(fleet(node("gpu01", comment=pasted)), time.time)
+    os.makedirs(cfg.state_dir("gpu01"))
+    hold.publish(cfg, slurm, "gpu01", slurm.states["gpu01"], DRIFT)
+    first = pending.read(slurm.states["gpu01"].comment).since
+    assert first >= NOW
+    slurm.states["gpu01"] = replace(slurm.states["gpu01"], comment=pasted)  # the admin again
+    hold.publish(cfg, slurm, "gpu01", slurm.states["gpu01"], DRIFT)
+    assert pending.read(slurm.states["gpu01"].comment).since == first

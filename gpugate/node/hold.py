@@ -81,11 +81,14 @@ def publish(settings, slurm, node: str, state, reason: str) -> str:
 
     comment = state.comment if state is not None else ""
     now = int(time.time())
+    path = os.path.join(settings.state_dir(node), PUBLISHED)
+    mine = st.read_json(path) or {}  # root's own record: its first time is this node's, not a paste's
+    first = mine.get("since") if mine.get("reason") == reason else None
     try:
         key, unsigned = budgetkey.load(settings), None
     except budgetkey.KeyUnavailable as exc:
         key, unsigned = None, str(exc)  # published all the same: visible, never drained
-    wanted = pending.publish(comment, reason, now, key, node)
+    wanted = pending.publish(comment, reason, now, key, node, first if isinstance(first, int) else None)
     if wanted != comment:
         slurm.set_comment(node, wanted)
     since = pending.read(wanted).since
@@ -93,7 +96,7 @@ def publish(settings, slurm, node: str, state, reason: str) -> str:
     if unsigned:
         record["unsigned"] = unsigned[:300]
     try:
-        st.write_json(os.path.join(settings.state_dir(node), PUBLISHED), record, durable=False)
+        st.write_json(path, record, durable=False)
     except OSError:
         pass  # best effort: losing it costs one read on the next run
     return _why(since, unsigned)

@@ -113,14 +113,23 @@ def proof(key: bytes, node: str, since: int, seen: int, reason: str) -> str:
     return hmac.digest(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256)[:16].hex()
 
 
-def publish(comment: str, reason: str, now: int, key=None, node: str = "") -> str:
+def publish(comment: str, reason: str, now: int, key=None, node: str = "", since=None) -> str:
     """The comment with ``reason`` published (the first time kept when the
     same reason is already there: the keeper drains the oldest first),
     signed now for ``node`` with ``key``; without a key, unsigned (the
-    keeper will not drain it)."""
+    keeper will not drain it).  Signing, the first time is taken only from
+    a span this node signed, else from ``since`` (the node's own record of
+    it), never from a span someone pasted: that would move it up the queue."""
     reason = " ".join(reason.replace(CLOSE, "").split())  # one line, never our closing mark
-    seen = read(comment)
-    since = seen.since if seen is not None and seen.reason == reason and seen.since <= now else int(now)
+    if key:
+        seen = next((p for p in read_all(comment) if p.proof is not None
+                     and hmac.compare_digest(p.proof, proof(key, node, p.since, p.seen, p.reason))), None)
+    else:
+        seen = read(comment)
+    if seen is not None and seen.reason == reason and seen.since <= now:
+        since = seen.since
+    elif since is None or not 0 <= int(since) <= now:
+        since = int(now)
     if key:
         signed = int(now)
         if (seen is not None and seen.reason == reason and seen.seen is not None
