@@ -105,6 +105,14 @@ def test_an_escalation_with_no_room_is_deferred_and_escalated_once_there_is_room
     text = render_text(summarize(take(slurm.states, TAG, 10 * DAY), journal.nodes(), 10 * DAY, states=slurm.states,
                                  budget=budget.usage(slurm.states, TAG, 0.25)))
     assert "deferred done (attempt 2): escalation deferred: drain budget of partition gpu" in text, text
+    # `gpugate metrics`: the deferred node, and the two holding the budget of one.
+    from gpugate.fleet.metrics import fleet_families
+    from gpugate.promtext import render
+
+    text = render(fleet_families(take(slurm.states, TAG, 10 * DAY), journal.nodes(), None, None,
+                                 budget.usage(slurm.states, TAG, 0.25)))
+    assert 'gpugate_sweep_nodes{result="deferred"} 1' in text
+    assert 'gpugate_drain_budget_used_nodes{partition="gpu"} 2' in text
     # The next sweep does not converge it again: it waits, and says why.
     again = plan(take(slurm.states, TAG, 10 * DAY), replace(sweeper.options, history=journal.history()))
     assert not again.decisions["gpu003"].included
