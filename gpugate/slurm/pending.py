@@ -25,18 +25,15 @@ place in the keeper's queue and no budget.
 
 Pure functions: text in, text out."""
 
-import functools
-import hashlib
-import hmac
-import re
+from ..lazyre import Lazy
 
 OPEN, CLOSE = "[gpugate-pending @", "[/gpugate-pending]"
-_PART = re.compile(r"\s*\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] (.*?) "
-                   r"\[/gpugate-pending\]", re.S)
+_PART = Lazy(r"\s*\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] ([\s\S]*?) "
+              r"\[/gpugate-pending\]")
 # What reads the spans (the keeper reads 100,000 at a time): _PART's head,
 # then the first closing mark by str.find, which is what its lazy (.*?)
 # finds, without the regex engine's step per character.
-_HEAD = re.compile(r"\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] ")
+_HEAD = Lazy(r"\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] ")
 _TAIL = " " + CLOSE
 # A held node re-signs its finding this often (one read and one comment
 # update per held node); the keeper refuses a proof older than MAX_AGE:
@@ -80,11 +77,19 @@ def _spans(comment: str):
         pos = end + len(_TAIL)
 
 
-@functools.lru_cache(maxsize=1 << 17)
+_READ = {}  # comment -> its spans; emptied when it holds 2^17 of them
+_READ_MAX = 1 << 17
+
+
 def _parsed(comment: str) -> tuple:
     # The keeper reads each comment twice a run (its proof, then the plan),
     # and the same comments run after run (--watch): read once.
-    return tuple(_spans(comment))
+    found = _READ.get(comment)
+    if found is None:
+        if len(_READ) >= _READ_MAX:
+            _READ.clear()
+        found = _READ[comment] = tuple(_spans(comment))
+    return found
 
 
 def read(comment: str):
@@ -109,8 +114,17 @@ def others(comment: str) -> str:
 def proof(key: bytes, node: str, since: int, seen: int, reason: str) -> str:
     """The span's proof: HMAC-SHA256 (first 128 bits, hex) of the domain,
     node, times and reason, each on its own line (none holds a newline)."""
+    import hashlib  # here: a held node's prolog reads REFRESH_SECONDS, and OpenSSL costs it ~4 ms
+    import hmac
+
     text = "\n".join((_DOMAIN, node, str(int(since)), str(int(seen)), reason))
     return hmac.digest(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256)[:16].hex()
+
+
+def _same(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)  # in constant time: no byte-by-byte guessing
 
 
 def publish(comment: str, reason: str, now: int, key=None, node: str = "", since=None) -> str:
@@ -123,7 +137,7 @@ def publish(comment: str, reason: str, now: int, key=None, node: str = "", since
     reason = " ".join(reason.replace(CLOSE, "").split())  # one line, never our closing mark
     if key:
         seen = next((p for p in read_all(comment) if p.proof is not None
-                     and hmac.compare_digest(p.proof, proof(key, node, p.since, p.seen, p.reason))), None)
+                     and _same(p.proof, proof(key, node, p.since, p.seen, p.reason))), None)
     else:
         seen = read(comment)
     if seen is not None and seen.reason == reason and seen.since <= now:
@@ -158,7 +172,7 @@ def unverified(seen: Pending, node: str, key: bytes, now: float):
     if seen.proof is None:
         return ("unverified tag: no proof (written by hand, or by a node without the drain budget key or "
                 "with a gpugate before proofs)")
-    if not hmac.compare_digest(seen.proof, proof(key, node, seen.since, seen.seen, seen.reason)):
+    if not _same(seen.proof, proof(key, node, seen.since, seen.seen, seen.reason)):
         return "unverified tag: its proof is not this node's (pasted, copied from another node, or another key)"
     if seen.since > seen.seen:
         return "unverified tag: first published after it was signed"
