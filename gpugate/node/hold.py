@@ -91,8 +91,10 @@ def publish(settings, slurm, node: str, state, reason: str) -> str:
     wanted = pending.publish(comment, reason, now, key, node, first if isinstance(first, int) else None)
     if wanted != comment:
         slurm.set_comment(node, wanted)
-    since = pending.read(wanted).since
-    record = {"reason": reason, "since": since, "seen": now}
+    mark = pending.read(wanted)
+    since = mark.since
+    # When it was signed (a proof still fresh is kept as it is), else now.
+    record = {"reason": reason, "since": since, "seen": mark.seen if mark.seen is not None else now}
     if unsigned:
         record["unsigned"] = unsigned[:300]
     try:
