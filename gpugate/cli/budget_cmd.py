@@ -49,7 +49,10 @@ def budget(config, watch, as_json):
     nodes of each partition, oldest first, up to the partition's budget
     (`[drain_budget] max_share`), and holds the rest.  Acute findings never
     wait for it.  Without it nothing budgeted is drained (the
-    GpugateBudgetKeeperStale alert says so).  Exit 1 when Slurm failed.
+    GpugateBudgetKeeperStale alert says so).  It drains only a finding its
+    node signed with the drain budget key (`[drain_budget] key_file`); an
+    unverified tag (pasted, copied, old) is held and named.  Exit 1 when
+    Slurm failed or the key is missing or refused (nothing drained).
 
     \b
     Examples:
