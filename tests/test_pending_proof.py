@@ -233,9 +233,10 @@ def test_a_signed_tag_verifies_for_its_node_and_key_only(name, other, reason, ad
     if other_key != key:
         assert pending.verified(comment, name, other_key, now)[0] is None
     assert pending.verified(comment, name, key, since + pending.MAX_AGE_SECONDS + 1)[0] is None
+    at = comment.index(pending.OPEN)  # the admin's text before it holds no span
     for field in ("@%d seen" % since, "seen @%d" % since):
-        forged = comment.replace(field, field.replace(str(since), str(since + 1)), 1)
-        assert pending.verified(forged, name, key, now)[0] is None
+        forged = comment[:at] + comment[at:].replace(field, field.replace(str(since), str(since + 1)), 1)
+        assert forged != comment and pending.verified(forged, name, key, now)[0] is None
     pasted = pending.publish("", reason, max(since - 1, 0)) + " " + comment
     assert pending.verified(pasted, name, key, now)[0] == seen
 
