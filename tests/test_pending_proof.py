@@ -131,6 +131,24 @@ def test_a_proof_for_another_node_an_old_one_or_a_changed_one_drains_nothing(tmp
     assert figures["unverified"] == 5 and figures["partitions"]["a"]["drained"] == 1
 
 
+def test_a_tag_replaced_by_a_paste_between_the_read_and_the_drain_is_not_drained(tmp_path):
+    """The keeper re-reads each node before it drains it: gpu01's own part,
+    replaced meanwhile by an admin's paste of the same reason, is "changed
+    since the fleet read", and gpu01 stays in service."""
+    cfg = _settings(tmp_path)
+    slurm = MemorySlurm(fleet(node("gpu01", published=DRIFT, since=NOW - 10), node("gpu02")), lambda: NOW)
+    real = slurm.nodes
+
+    def pasting(names=None, **kw):
+        if names == "gpu01":
+            slurm.states["gpu01"] = node("gpu01", comment="[gpugate-pending @1] %s [/gpugate-pending]" % DRIFT)
+        return real(names, **kw)
+    slurm.nodes = pasting
+    figures = _run(cfg, slurm)
+    assert figures["drained"] == [] and figures["skipped"] == {"gpu01": "changed since the fleet read"}
+    assert not slurm.states["gpu01"].drain
+
+
 def test_an_old_release_tag_is_held_as_unverified_never_drained(tmp_path):
     """A rolling upgrade, keeper first: a node still on a gpugate before
     proofs publishes ``[gpugate-pending @T] reason`` without one.  Held,
