@@ -40,11 +40,11 @@ def _record(pri, seq, message):
 def test_every_record_the_parsers_read_as_an_event_is_kept_and_no_users_record(pri, seq, message):
     record = _record(pri, seq, message)
     if parse_kmsg(record + "\n", None):
-        assert gpujournal.keep(record)
+        assert gpujournal.is_gpu_record(record)
     if pri >> 3 != 0:  # LOG_USER and the rest: user space's (/dev/kmsg writes)
-        assert not gpujournal.keep(record)
+        assert not gpujournal.is_gpu_record(record)
     if message.startswith("tmpfs: "):  # the kernel's, with a user's text: never a GPU record
-        assert not gpujournal.keep(record)
+        assert not gpujournal.is_gpu_record(record)
 
 
 @given(pris, st.integers(min_value=0, max_value=2 ** 40), messages, st.data())

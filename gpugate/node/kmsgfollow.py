@@ -77,7 +77,7 @@ class Follower:
                 self._lost(self.seq + 1, seq - 1)
             self.seq = seq
             self.read += 1
-            if gpujournal.keep(record):
+            if gpujournal.is_gpu_record(record):
                 keep.append(record)
         if keep:
             self.writer.append(self.boot_id, keep)

@@ -56,7 +56,7 @@ _HEADS = ("NVRM:", "nvidia-nvswitch") + _AMD_HEADS
 MAX_LOST_WINDOWS = 64  # the follower's own losses it remembers (newest kept)
 
 
-def keep(record: str) -> bool:
+def is_gpu_record(record: str) -> bool:
     """Is this /dev/kmsg record line one the parsers could take for a GPU
     event?  A prefix test first: it runs on every record of a flood."""
     semicolon = record.find(";", 0, 128)  # past any header kmsg_record reads
