@@ -45,9 +45,10 @@ import os
 import socket
 import time
 
-from . import budget
+from . import budget, keeper_memory
 from . import reason as reasons
 from .errors import GpugateError
+from .record import replace
 
 STATUS_FILE = "budget-keeper.json"
 VIEW_FILE = "budget-keeper-view.json"
@@ -74,13 +75,15 @@ def hostlist(nodes) -> str:
     return str(NodeSet.fromlist(sorted(nodes)))
 
 
-def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> dict:
+def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memory=None) -> dict:
     """One keeper run against ``slurm`` (a connected backend).  Returns its
     figures; raises GpugateError when Slurm fails (nothing half-decided is
     left: drains already sent are within the budget, or given back by the
     next run's or another keeper's re-read).  view: (read_at, states), the
     previous run's re-read, to decide on instead of reading the fleet; the
-    figures carry this run's re-read as "_view" when it made one."""
+    figures carry this run's re-read as "_view" when it made one.  memory:
+    the spans earlier runs drained (gpugate.keeper_memory), the figures
+    carry it brought up to date as "_memory"."""
     tag, share = settings.reason_tag, float(settings.drain_budget["max_share"])
     started = clock()
     read_at = started
@@ -100,7 +103,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
     # Only what each node wrote itself takes a place in the queue and budget.
     checked = {}  # one proof check per tag per run
     mine, unverified = screen(states, key, clock(), checked)
-    decided = budget.plan(mine, tag, share)
+    # A span drained before and returned to service since waits for its node to sign it again.
+    memory, waiting = keeper_memory.review(memory or {}, mine, tag, clock())
+    decided = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, tag, share)
     # Re-read each node before writing: the single-node RPC (read locks only).
     groups = {}
     for name, reason in decided.drain:
@@ -143,9 +148,10 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None) -> d
         if name in kept or budget.published(state, tag) is None:
             continue
         if not state.drain or name in figures["given_back"]:
-            held[name] = decided.held.get(name) or figures["skipped"].get(name) or "given back: over the budget"
-    from .record import replace
-
+            held[name] = (waiting.get(name) or decided.held.get(name) or figures["skipped"].get(name)
+                          or "given back: over the budget")
+    memory = keeper_memory.drained(memory, kept, final, tag, clock())
+    figures["_memory"] = {n: e for n, e in memory.items() if n not in figures["given_back"]}
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in figures["given_back"] else s
                          for n, s in final.items()}, tag, share)
     figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
@@ -172,7 +178,6 @@ def screen(states, key: bytes, now: float, checked=None):
     node -> why the tag there is unverified.  An admin's pasted span, or
     one copied from another node or from long ago, is never planned on.
     checked: (node, comment) -> verdict, shared by one run's calls."""
-    from .record import replace
     from .slurm import pending
 
     out, unverified = {}, {}
@@ -290,12 +295,16 @@ def run(settings, connect=None) -> dict:
         with _host_lock(settings):
             slurm = connect(settings, deadline=time.monotonic() + RUN_SECONDS)
             try:
-                figures = run_once(settings, slurm, view=take_view(settings, time.time()))
+                figures = run_once(settings, slurm, view=take_view(settings, time.time()),
+                                   memory=keeper_memory.load(status_path(settings)))
             finally:
                 slurm.close()
             view = figures.pop("_view", None)
             if view is not None:
                 save_view(settings, *view)
+            memory = figures.pop("_memory", None)
+            if memory is not None:
+                keeper_memory.save(status_path(settings), memory)
     except GpugateError as exc:
         return record(settings, {"fleet_reads": 0, "drained": [], "given_back": []}, str(exc) or type(exc).__name__)
     return record(settings, figures)
