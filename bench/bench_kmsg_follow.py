@@ -57,7 +57,7 @@ def follower_rate(records, repeat: int) -> float:
     """Records a second through Follower.feed (a fresh follower and journal
     each time, made and closed outside the timing)."""
     from gpugate.node.kmsgfollow import _BATCH, Follower
-    from gpugate.probes.gpujournal import keep
+    from gpugate.probes.gpujournal import is_gpu_record as keep
 
     kept, times = sum(1 for r in records if keep(r)), []
     for _ in range(repeat):

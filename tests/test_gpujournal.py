@@ -162,3 +162,31 @@ def test_coverage_says_when_xids_may_be_missed():
     assert cover(dict(beat, from_seq=None), BOOT, None, 1010.0, 60)["follower"] == "following"  # read nothing yet
     assert cover(dict(beat, from_seq=None), BOOT, lost, 1010.0, 60)["covered"] is False
     assert cover(dict(beat, seq="x"), BOOT, lost, 1010.0, 60)["follower"] == "absent"  # garbled: no follower
+
+
+XID_13 = ("NVRM: Xid (PCI:0000:3a:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on "
+          "(GPC 0, TPC 0, SM 0): Out Of Range Address")
+VM_FAULT = "amdgpu 0000:0c:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24 vmid:3 pasid:32770)"
+
+
+def test_a_users_application_fault_storm_never_rotates_out_an_xid_79(tmp_path):
+    """A job's user makes the driver print application Xids at will (a
+    faulting kernel: an Xid 13 record per faulting SM, Xid 31, 43), amdgpu VM
+    faults, and NVRM records that are no event: none of them may push the
+    Xid 79 out of the journal (it rotates at 2 x MAX_FILE)."""
+    state = str(tmp_path)
+    follower = Follower(state, BOOT, 1.0)
+    follower.feed([_record(4, 10, GPU_MESSAGES[0])])
+    seq = 11
+    for message in (VM_FAULT, XID_13, "NVRM: API mismatch: the client has the version 1.2.3, but"):
+        follower.feed([_record(4, s, message) for s in range(seq, seq + 8000)])
+        seq += 8000
+    follower.close(2.0)
+    kept = gpujournal.read_events(state, BOOT)
+    assert 10 in kept  # the Xid 79
+    assert any(XID_13 in r for r in kept.values())  # the newest application faults: the epilog's to count
+    assert gpujournal.classify(_record(4, 1, VM_FAULT)) == gpujournal.APP
+    assert not any("API mismatch" in r for r in kept.values())  # no event: not kept at all
+    directory = gpujournal.directory(state)
+    assert sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+               if n != gpujournal.HEARTBEAT) <= 2 * gpujournal.MAX_FILE + 2 * gpujournal.MAX_APP_FILE

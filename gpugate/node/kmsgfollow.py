@@ -55,6 +55,7 @@ class Follower:
     def __init__(self, state_dir: str, boot_id: str, now: float):
         self.state_dir, self.boot_id, self.started = state_dir, boot_id, now
         self.writer = gpujournal.Writer(state_dir)
+        self.app_writer = gpujournal.Writer(state_dir, gpujournal.APP_EVENTS)  # the application's faults
         last = gpujournal.read_heartbeat(state_dir)
         if isinstance(last, dict) and last.get("boot_id") == boot_id:
             self.seq, self.from_seq = int(last.get("seq", -1)), last.get("from_seq")
@@ -66,7 +67,7 @@ class Follower:
 
     def feed(self, records: List[str]) -> None:
         """Records in the order read; the GPU drivers' are written, the gaps counted."""
-        keep = []
+        keep, app = [], []
         for record in records:
             seq = _seq(record)
             if seq <= self.seq:
@@ -77,11 +78,14 @@ class Follower:
                 self._lost(self.seq + 1, seq - 1)
             self.seq = seq
             self.read += 1
-            if gpujournal.is_gpu_record(record):
-                keep.append(record)
+            part = gpujournal.classify(record)
+            if part is not None:
+                (app if part == gpujournal.APP else keep).append(record)
         if keep:
             self.writer.append(self.boot_id, keep)
-            self.kept += len(keep)
+        if app:
+            self.app_writer.append(self.boot_id, app)
+        self.kept += len(keep) + len(app)
 
     def _lost(self, first: int, last: int) -> None:
         self.lost.append([first, last])
@@ -101,6 +105,7 @@ class Follower:
     def close(self, now: float) -> None:
         self.heartbeat(now, running=False)
         self.writer.close()
+        self.app_writer.close()
 
 
 def follow(path: str, follower: Follower, stop: Callable[[], bool], poll: float = 0.1,

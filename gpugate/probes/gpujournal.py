@@ -24,15 +24,23 @@ records a second on one core, 320x the measured flood), keep up with any
 flood a user can make, and keep every driver's event in the form the
 parsers already read.
 
-Only what the parsers could take for a GPU event is kept: records of the
+Only what the parsers take for a GPU event is kept: records of the
 kernel's facility (a user's /dev/kmsg writes carry LOG_USER and are refused
 here as by gpugate.parsers.kernlog), whose message starts with "NVRM:",
-"nvidia-nvswitch" or an amdgpu head.  A user's flood ("tmpfs: Unknown
-parameter ...") is never kept, so it cannot rotate the journal.
+"nvidia-nvswitch" or an amdgpu head and reads as an event (or a part of the
+split "fallen off the bus").  A user's flood ("tmpfs: Unknown parameter
+...") is never kept, nor the driver's other records ("API mismatch", a VM
+fault's register dump), so they cannot rotate the journal.  A job's user
+still makes some GPU events at will: the application's faults (a faulting
+kernel prints an Xid 13 record per faulting SM; Xid 31, 43, the Xid 45 of a
+killed process, 94; amdgpu VM faults).  They are kept in parts of their own
+(``app-events.log``), so that their storm rotates those only, never an
+Xid 79 or 119 out of ``gpu-events.log``.
 
 The files (directory ``kmsg`` of the state directory, root's alone, 0700):
 ``gpu-events.log`` and its previous part ``gpu-events.log.1`` (rotated by
-rename once over MAX_FILE: at most 2 x MAX_FILE on disk); one line per
+rename once over MAX_FILE: at most 2 x MAX_FILE on disk), ``app-events.log``
+and ``.1`` the same at MAX_APP_FILE; one line per
 record, "BOOT_ID CRC32 RECORD": a line torn by a crash, or of another boot,
 fails its check and is skipped (a torn "Xid 79" must never read as
 "Xid 7").  ``follower.json``: the follower's heartbeat (coverage)."""
@@ -42,28 +50,55 @@ from __future__ import annotations
 import os
 import zlib
 
+from ..parsers import kernlog as _parse
 from ..parsers.kernlog import _AMD_HEADS, kmsg_record
+from ..xidcatalog import APP_XIDS
 # The checks' side (reading it, every prolog) is in gpugate.probes.kernlog:
 # no module more on the prolog's path.
-from .kernlog import (DIR, EVENTS, HEARTBEAT, MAX_FILE, STALE, coverage, journal_dir as directory,  # noqa: F401
-                      merge, parse_entries, read_events, read_heartbeat)
+from .kernlog import (APP_EVENTS, DIR, EVENTS, HEARTBEAT, MAX_APP_FILE, MAX_FILE, STALE, coverage,  # noqa: F401
+                      journal_dir as directory, merge, parse_entries, read_events, read_heartbeat)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
-    from typing import Iterable
+    from typing import Iterable, Optional
 
 _HEADS = ("NVRM:", "nvidia-nvswitch") + _AMD_HEADS
 MAX_LOST_WINDOWS = 64  # the follower's own losses it remembers (newest kept)
 
 
-def is_gpu_record(record: str) -> bool:
-    """Is this /dev/kmsg record line one the parsers could take for a GPU
-    event?  A prefix test first: it runs on every record of a flood."""
+APP_CODES = APP_XIDS | {45}  # 45: the driver's cleanup of a killed process's channels
+GPU, APP = EVENTS, APP_EVENTS  # classify's answers: the part a record is kept in
+
+
+def classify(record: str) -> Optional[str]:
+    """Where the follower keeps this /dev/kmsg record line: APP (an
+    application's fault), GPU (any other GPU event, or a part of the split
+    "fallen off the bus"), or None (not kept).  A prefix test first: it
+    runs on every record of a flood."""
     semicolon = record.find(";", 0, 128)  # past any header kmsg_record reads
     if semicolon < 0 or not record.startswith(_HEADS, semicolon + 1):
-        return False
+        return None
     pri = record[:record.find(",", 0, semicolon)]
-    return pri.isdigit() and int(pri) >> 3 == 0 and kmsg_record(record) is not None
+    fields = kmsg_record(record) if pri.isdigit() and int(pri) >> 3 == 0 else None
+    if fields is None:
+        return None
+    message = fields[3]
+    event = (_parse.parse_xid_message(message) or _parse.parse_sxid_message(message)
+             or _parse.parse_amdgpu_message(message))
+    if event is None:  # as gpugate.parsers.kernlog.Scanner reads the rest
+        off_bus = message[:5].lower() == "nvrm:" and (
+            _parse._OFF_BUS.match(message) or _parse._OFF_BUS_HEAD.match(message)
+            or message[6:].startswith(_parse._OFF_BUS_TAIL))
+        return GPU if off_bus else None
+    if event.kind == "xid" and event.xid in APP_CODES or (
+            event.kind == "amdgpu" and event.where.split(":", 1)[0] == "vm_fault"):
+        return APP
+    return GPU
+
+
+def is_gpu_record(record: str) -> bool:
+    """Is this /dev/kmsg record line one the follower keeps?"""
+    return classify(record) is not None
 
 
 def entry(boot_id: str, record: str) -> bytes:
@@ -76,25 +111,27 @@ class Writer:
     """Appends entries (O_APPEND, fsync) and rotates by rename, each step
     crash safe: a reader sees whole parts, and a torn last line is skipped."""
 
-    def __init__(self, state_dir: str):
+    def __init__(self, state_dir: str, name: str = EVENTS):
         from ..safeio import makedirs
 
         self.dir = directory(state_dir)
         makedirs(self.dir, mode=0o700)
         os.chmod(self.dir, 0o700)
-        self.path = os.path.join(self.dir, EVENTS)
+        self.path = os.path.join(self.dir, name)
+        self.app = name == APP_EVENTS
         self.fd = -1
 
     def append(self, boot_id: str, records: Iterable[str]) -> int:
-        """Write the records' entries; a part never grows past MAX_FILE (a
+        """Write the records' entries; a part never grows past its bound (a
         burst larger than a part fills it and goes on in the next)."""
+        bound = MAX_APP_FILE if self.app else MAX_FILE
         written, chunk = 0, []
         size = self._size()
         for line in (entry(boot_id, r) for r in records):
-            if chunk and size + len(line) > MAX_FILE:
+            if chunk and size + len(line) > bound:
                 written += self._write(chunk)
                 chunk = []
-            if size + len(line) > MAX_FILE and size:
+            if size + len(line) > bound and size:
                 self._rotate()
                 size = 0
             chunk.append(line)

@@ -180,10 +180,15 @@ def last_seq(text: str) -> int:
 # module more for it.
 DIR = "kmsg"  # under the node's state directory, 0700
 EVENTS = "gpu-events.log"  # and its previous part EVENTS + ".1"
+# The application's faults (Xid 13, 31, 43, 45, 94; amdgpu VM faults), which a
+# job's user makes at will: kept apart, so that their storm rotates only these
+# parts, never an Xid 79 out of EVENTS.
+APP_EVENTS = "app-events.log"
 HEARTBEAT = "follower.json"
 # A part's bound: ~1,800 driver records; two parts cost a prolog at most ~50 ms
-# to read and parse (an application's Xid storm), a few records usually.
+# to read and parse (a storm of the driver's events), a few records usually.
 MAX_FILE = 256 << 10
+MAX_APP_FILE = 64 << 10  # an application's Xid storm: ~450 records a part
 STALE = 60.0  # a heartbeat older than this: the follower is down (it beats every 10 s)
 
 
@@ -221,13 +226,14 @@ def read_events(state_dir: str, boot_id) -> Dict[int, str]:
     if not isinstance(boot_id, str):
         return {}
     out: Dict[int, str] = {}
-    for name in (EVENTS + ".1", EVENTS):
+    for name, cap in ((APP_EVENTS + ".1", MAX_APP_FILE), (APP_EVENTS, MAX_APP_FILE), (EVENTS + ".1", MAX_FILE),
+                      (EVENTS, MAX_FILE)):
         path = os.path.join(journal_dir(state_dir), name)
         try:
             st = os.lstat(path)
             if st.st_uid != os.geteuid() or st.st_mode & 0o022:
                 continue
-            out.update(parse_entries(read_capped(path, 2 * MAX_FILE, follow=False), boot_id))
+            out.update(parse_entries(read_capped(path, 2 * cap, follow=False), boot_id))
         except (OSError, ValueError):
             continue
     return out
