@@ -95,6 +95,11 @@ def test_cgroup_conf_constrain_devices():
     assert constrain_devices("ConstrainDevices=yes\nConstrainDevices=no\n") is False  # the last wins
     assert constrain_devices("#ConstrainDevices=yes\n") is False
     assert constrain_devices("") is False  # Slurm's default
+    # Slurm's booleans (parse_value.c s_p_handle_boolean): yes, up, true, 1; no, down, false, 0.
+    for word in ("true", "True", "1", "up"):
+        assert constrain_devices("ConstrainDevices=%s\n" % word) is True
+    for word in ("no", "false", "0", "down"):
+        assert constrain_devices("ConstrainDevices=%s\n" % word) is False
 
 
 @given(st.text(max_size=300))

@@ -85,7 +85,9 @@ def conf_value(text: str, name: str) -> Optional[str]:
 
 
 def constrain_devices(text: str) -> bool:
-    """cgroup.conf confines jobs to their devices: ConstrainDevices=yes
-    (absent: no, Slurm's default) and the cgroup plugin not disabled."""
-    return (conf_value(text, "ConstrainDevices") or "").lower() == "yes" and \
+    """cgroup.conf confines jobs to their devices: ConstrainDevices=yes, or
+    another of Slurm's words for true (parse_value.c s_p_handle_boolean:
+    yes, up, true, 1; absent: no, Slurm's default), and the cgroup plugin
+    not disabled."""
+    return (conf_value(text, "ConstrainDevices") or "").lower() in ("yes", "up", "true", "1") and \
         (conf_value(text, "CgroupPlugin") or "").lower() != "disabled"
