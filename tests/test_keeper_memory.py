@@ -116,3 +116,21 @@ def test_a_resumed_span_drains_again_only_after_its_node_signs_it_again(steps):
                 drained_before, returned_at = True, None
         if not states["gpu01"].comment:
             memory, drained_before, returned_at = {}, False, None
+
+
+def test_a_resumed_node_signed_again_drains_with_an_admins_paste_beside_its_span(tmp_path):
+    """The node signed its standing finding again after the RESUME; an
+    admin's pasted tag beside it must not keep it waiting (the screened
+    comment keeps when the node signed)."""
+    cfg = _settings(tmp_path, share=0.5)
+    slurm = MemorySlurm(fleet(node("gpu01", published=DRIFT, since=NOW - 60), node("gpu02")), lambda: NOW)
+    figures, memory = _run(cfg, slurm, NOW, {})
+    assert figures["drained"] == ["gpu01"]
+    _resume(slurm, "gpu01")
+    figures, memory = _run(cfg, slurm, NOW + 30, memory)
+    assert figures["drained"] == [] and memory["gpu01"]["returned"] == NOW + 30
+    signed = pending.publish(slurm.states["gpu01"].comment, DRIFT, NOW + 1800, KEY, "gpu01")
+    pasted = "[gpugate-pending @1] %s [/gpugate-pending] " % DRIFT
+    slurm.states["gpu01"] = replace(slurm.states["gpu01"], comment=pasted + signed)
+    figures, memory = _run(cfg, slurm, NOW + 1801, memory)
+    assert figures["drained"] == ["gpu01"]

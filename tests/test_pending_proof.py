@@ -313,3 +313,16 @@ def test_a_pasted_older_tag_does_not_move_the_node_up_the_queue(tmp_path):
     slurm.states["gpu01"] = replace(slurm.states["gpu01"], comment=pasted)  # the admin again
     hold.publish(cfg, slurm, "gpu01", slurm.states["gpu01"], DRIFT)
     assert pending.read(slurm.states["gpu01"].comment).since == first
+
+
+def test_an_old_copy_of_the_nodes_own_span_pasted_back_does_not_move_it_up_the_queue():
+    """A span the node signed long ago (over MAX_AGE_SECONDS: the keeper
+    refuses it) pasted back by an admin while the node holds the same
+    finding again: the node does not sign the old first time afresh, which
+    would put it first in the queue."""
+    old_at = NOW - 3 * pending.MAX_AGE_SECONDS
+    old = pending.publish("", DRIFT, old_at, KEY, "gpu01")
+    assert pending.verified(old, "gpu01", KEY, NOW)[0] is None  # refused as it is
+    again = pending.publish(old, DRIFT, NOW, KEY, "gpu01", since=NOW - 60)
+    assert (pending.read(again).since, pending.read(again).seen) == (NOW - 60, NOW)
+    assert pending.read(pending.publish(old, DRIFT, NOW, KEY, "gpu01")).since == NOW

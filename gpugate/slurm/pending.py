@@ -133,11 +133,11 @@ def publish(comment: str, reason: str, now: int, key=None, node: str = "", since
     signed now for ``node`` with ``key``; without a key, unsigned (the
     keeper will not drain it).  Signing, the first time is taken only from
     a span this node signed, else from ``since`` (the node's own record of
-    it), never from a span someone pasted: that would move it up the queue."""
+    it), never from a span someone pasted: that would move it up the queue
+    (an old copy of its own, one the keeper refuses, pasted back included)."""
     reason = " ".join(reason.replace(CLOSE, "").split())  # one line, never our closing mark
     if key:
-        seen = next((p for p in read_all(comment) if p.proof is not None
-                     and _same(p.proof, proof(key, node, p.since, p.seen, p.reason))), None)
+        seen = next((p for p in read_all(comment) if unverified(p, node, key, now) is None), None)
     else:
         seen = read(comment)
     if seen is not None and seen.reason == reason and seen.since <= now:
@@ -158,9 +158,12 @@ def publish(comment: str, reason: str, now: int, key=None, node: str = "", since
 
 
 def alone(seen: Pending) -> str:
-    """A comment holding only this span, unsigned (what the keeper plans on
-    once it has verified the span)."""
-    return "%s%d] %s %s" % (OPEN, seen.since, seen.reason, CLOSE)
+    """A comment holding only this span (what the keeper plans on once it
+    has verified the span), its signing time and proof kept: the keeper's
+    memory reads when the node signed it."""
+    if seen.seen is None or seen.proof is None:
+        return "%s%d] %s %s" % (OPEN, seen.since, seen.reason, CLOSE)
+    return "%s%d seen @%d proof %s] %s %s" % (OPEN, seen.since, seen.seen, seen.proof, seen.reason, CLOSE)
 
 
 def clear(comment: str) -> str:
