@@ -14,8 +14,9 @@ def kmsg_follow(config, sim, node, seconds):
     """Keep the GPU drivers' kernel-log records as they arrive (a node daemon).
 
     Reads the kernel log (/dev/kmsg, [kernel_log] path) record by record and
-    keeps the NVIDIA/NVSwitch/amdgpu driver records in the node's state
-    directory (kmsg/gpu-events.log, root's alone, at most 512 KiB), with a
+    keeps the NVIDIA/NVSwitch/amdgpu driver events in the node's state
+    directory (kmsg/gpu-events.log, at most 512 KiB; the application's faults
+    apart in kmsg/app-events.log, at most 128 KiB; root's alone), with a
     heartbeat (kmsg/follower.json).  The health check, prolog and epilog read
     them beside the ring, so an Xid a user's flood of kernel records pushed
     out of the ring is still found.  Records it could not read itself are
