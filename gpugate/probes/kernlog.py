@@ -223,8 +223,8 @@ def read_events(state_dir: str, boot_id) -> Dict[int, str]:
     or it is not root's: a file someone else could write is never read."""
     from ..safeio import read_capped
 
-    if not isinstance(boot_id, str):
-        return {}
+    if not isinstance(boot_id, str) or not os.path.isdir(journal_dir(state_dir)):
+        return {}  # no follower here: one stat, not one a part
     out: Dict[int, str] = {}
     for name, cap in ((APP_EVENTS + ".1", MAX_APP_FILE), (APP_EVENTS, MAX_APP_FILE), (EVENTS + ".1", MAX_FILE),
                       (EVENTS, MAX_FILE)):
