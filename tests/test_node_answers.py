@@ -7,6 +7,7 @@ The answers travel the production path: LocalTransport runs a stand-in
 `gpugate` program and parses its stdout as it parses a node's."""
 
 import base64
+import io
 import json
 import os
 import sys
@@ -342,3 +343,27 @@ def test_the_smoke_stage_makes_an_ended_reservation_again_before_its_job(tmp_pat
     assert sweeper.run().outcomes["gpu001"].result == "resumed"
     assert ran == [("gpugate_sweep_r1_b1", True)] and not slurm.res
     journal.close()
+
+
+def test_the_manifest_names_long_node_parts_as_stored():
+    """A node's long part names, taken twice (node- and a number added):
+    the manifest's rows name the members the bundle holds."""
+    long = "k" * 150
+    answer = {"node": "gpu01", "parts": [{"name": n, "data": FAKE} for n in (long, long, long, "dcgm-diag.json")]}
+    parts, rows, _ = evidence.node_parts(answer, ["dcgm-diag.json"])
+    data, manifest = evidence._tar(parts + [("dcgm-diag.json", b"{}")], {"at": 0, "parts": rows}, 1 << 20)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        stored = tar.getnames()[1:]
+    assert [r["name"] for r in rows] == stored[:4] and len(set(stored)) == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=130) | st.sampled_from(TRICKS + ["a" * 99 + ".txt", "k" * 150]), max_size=8))
+def test_every_part_is_stored_under_the_name_its_manifest_row_has(names):
+    parts, rows, _ = evidence.node_parts({"node": "gpu01", "parts": [{"name": n, "data": FAKE} for n in names]},
+                                         ["dcgm-diag.json"])
+    data, _ = evidence._tar(parts + [("dcgm-diag.json", b"{}")], {"at": 0, "parts": rows}, 1 << 20)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        stored = tar.getnames()
+    assert stored == ["MANIFEST.json"] + [r["name"] for r in rows] + ["dcgm-diag.json"]
+    assert all(len(n) <= 100 for n in stored)

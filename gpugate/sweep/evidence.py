@@ -131,6 +131,7 @@ def _tar(parts: List[Tuple[str, bytes]], manifest: dict, max_bytes: int) -> Tupl
 
 MANIFEST = "MANIFEST.json"
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._+-]")
+_NAME_MAX = 100
 
 
 def part_name(raw: str, taken: Set[str]) -> str:
@@ -140,14 +141,17 @@ def part_name(raw: str, taken: Set[str]) -> str:
     (MANIFEST.json, the controller's parts, the node's earlier parts) in any
     case (a case-insensitive file system extracts MANIFEST.JSON over it),
     numbered where still taken.  Adds the name to ``taken`` (casefolded)."""
-    base = _NOT_NAME.sub("_", os.path.basename(str(raw).replace("\\", "/").rstrip("/. ")))[:100]
-    name = base.lstrip(".-") or "part"
+    base = _NOT_NAME.sub("_", os.path.basename(str(raw).replace("\\", "/").rstrip("/. ")))
+    name = base.lstrip(".-")[:_NAME_MAX].rstrip(".") or "part"
     if name.casefold() in taken:
-        name = "node-" + name
+        name = ("node-" + name)[:_NAME_MAX].rstrip(".")
     stem, n = name, 1
     while name.casefold() in taken:
         n += 1
-        name = "%s-%d" % (stem, n)
+        suffix = "-%d" % n
+        name = stem[:_NAME_MAX - len(suffix)] + suffix
+    # At most _NAME_MAX characters, prefix and number included: the bundle
+    # (_tar) names each part again, and must find the name the manifest has.
     taken.add(name.casefold())
     return name
 
