@@ -107,8 +107,21 @@ def read_all(comment: str):
 
 
 def others(comment: str) -> str:
-    """The comment without gpugate's spans: the admin's text, untouched."""
-    return _PART.sub("", comment or "").strip()
+    """The comment without gpugate's spans: the admin's text, untouched.
+    What _PART.sub("") leaves, read as _spans reads (one pass: the pattern
+    scans the rest of the text from every unclosed head an admin wrote)."""
+    if not comment or OPEN not in comment:
+        return (comment or "").strip()
+    kept, pos = [], 0
+    while True:
+        m = _HEAD.search(comment, pos)
+        end = comment.find(_TAIL, m.end()) if m is not None else -1
+        if end < 0:
+            break
+        kept.append(comment[pos:m.start()].rstrip())  # _PART's leading \s*
+        pos = end + len(_TAIL)
+    kept.append(comment[pos:])
+    return "".join(kept).strip()
 
 
 def proof(key: bytes, node: str, since: int, seen: int, reason: str) -> str:
