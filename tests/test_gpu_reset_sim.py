@@ -117,3 +117,48 @@ def test_the_evidence_parts_bug_report_absent_by_default(fleet, tmp_path, settin
     parts = {p["name"]: p for p in collect(settings, "gpu01", 1 << 20, 30)["parts"]}
     log = gzip.decompress(base64.b64decode(parts["nvidia-bug-report.log.gz"]["data"])).decode()
     assert "Xid (PCI:0000:3a:00): 48" in log
+
+
+def _own_bug_report(fleet, script):
+    """gpu01's nvidia-bug-report.sh replaced by ``script`` (sh)."""
+    path = os.path.join(fleet, "gpu01", "bin", "nvidia-bug-report.sh")
+    if os.path.lexists(path):
+        os.unlink(path)
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\n" + script)
+    os.chmod(path, 0o755)
+
+
+def test_a_bug_report_that_writes_no_file_is_an_error_never_its_banner(fleet, tmp_path, settings_for):
+    """The real tool prints a banner and writes its log; where it writes none
+    (a full disk, not root), the banner is not the report: an error says so."""
+    _own_bug_report(fleet, 'echo "nvidia-bug-report.sh will now collect information about your"\n'
+                           'echo "system and create the file \'$2.gz\' in the current directory."\n'
+                           'echo "ERROR: cannot write $2.gz" >&2\nexit 1\n')
+    settings = settings_for(fleet, state_dir_template=str(tmp_path / "{node}"))
+    parts = {p["name"]: p for p in collect(settings, "gpu01", 1 << 20, 30)["parts"]}
+    assert "nvidia-bug-report.log" not in parts
+    error = parts["nvidia-bug-report.log.gz"]["error"]
+    assert error.startswith("exit 1, no report written: ERROR: cannot write /") and error.endswith(".log.gz")
+    assert "data" not in parts["nvidia-bug-report.log.gz"]
+    _own_bug_report(fleet, 'echo "Complete."\n')  # exit 0, no file, nothing on stderr
+    parts = {p["name"]: p for p in collect(settings, "gpu01", 1 << 20, 30)["parts"]}
+    assert parts["nvidia-bug-report.log.gz"]["error"] == "exit 0, no report written: Complete."
+
+
+def test_a_large_bug_report_is_read_no_further_than_the_bundle_holds(fleet, tmp_path, settings_for):
+    """A 256 MiB report (sparse: no disk used) in a 1 MiB bundle: read within
+    the cap (before, up to 16 GiB were read, then cut)."""
+    import tracemalloc
+
+    _own_bug_report(fleet, 'truncate -s 256M "$2.gz"\n')
+    settings = settings_for(fleet, state_dir_template=str(tmp_path / "{node}"))
+    tracemalloc.start()
+    try:
+        out = collect(settings, "gpu01", 1 << 20, 30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    part = {p["name"]: p for p in out["parts"]}["nvidia-bug-report.log.gz"]
+    assert part["truncated"] and 0 < part["bytes"] < 1 << 20
+    assert peak < 16 << 20, peak

@@ -96,14 +96,16 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
         parts.append(_error("nvidia-smi-q.txt", exc))
     parts_timing["nvidia-smi"] = time.monotonic() - t0
     t0 = time.monotonic()
-    parts.append(_bug_report(settings, node, bug_report_timeout, add))
+    parts.append(_bug_report(settings, node, bug_report_timeout, add, lambda: max(left[0], 0)))
     parts_timing["bug_report"] = time.monotonic() - t0
     parts = [p for p in parts if p is not None]
     return {"node": node, "at": started, "parts": parts, "seconds": {k: round(v, 3) for k, v in parts_timing.items()}}
 
 
-def _bug_report(settings, node, timeout, add):
-    """nvidia-bug-report.sh where installed: its log (gzip, as it writes it)."""
+def _bug_report(settings, node, timeout, add, room):
+    """nvidia-bug-report.sh where installed: its log (gzip, as it writes it),
+    read no further than the bundle has room for (``room()`` bytes; a large
+    node's report is hundreds of MiB)."""
     path = settings.command(BUG_REPORT, node)
     if not os.path.exists(path):
         return _error("nvidia-bug-report.log.gz", "not installed (%s)" % path)  # said, not a failure
@@ -119,15 +121,14 @@ def _bug_report(settings, node, timeout, add):
         for name in ("nvidia-bug-report.log.gz", "nvidia-bug-report.log"):
             try:
                 with open(os.path.join(workdir, name), "rb") as handle:
-                    data = handle.read(1 << 34)
+                    data = handle.read(room() + 1)  # one byte past the room: add() says truncated
             except OSError:
                 continue
             add(name, data)
             return None
-        # A tool that printed its report instead of writing it (the simulated node's).
-        if out.stdout:
-            add("nvidia-bug-report.log", out.stdout.encode())
-            return None
-        return _error("nvidia-bug-report.log.gz", "exit %d, no report written: %s" % (out.rc, out.stderr[-300:]))
+        # No file: what it printed is its console banner or its complaint,
+        # never the report (the RMA process would get a page of "Complete.").
+        said = (out.stderr.strip() or out.stdout.strip())[-300:]
+        return _error("nvidia-bug-report.log.gz", "exit %d, no report written: %s" % (out.rc, said or "(nothing said)"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
