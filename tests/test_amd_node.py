@@ -108,6 +108,16 @@ def test_no_kfd_access_is_a_probe_finding_never_a_pass(amd_fleet):
     assert ifwi["kind"] == "na" and "no /dev/kfd access" in ifwi["detail"]
 
 
+def test_an_amd_smi_without_libdrm_is_read_not_rejected(amd_fleet):
+    # The library's "Fail to open libdrm_amdgpu.so.1 ... cannot open shared
+    # object file" warning on every call: the IFWI version it still prints is read.
+    sim_set(amd_fleet, "mi001", "amd.smi=nolibdrm")
+    data = check(amd_fleet)
+    assert data["fit"] is True, data["reason"]
+    gpu = data["facts"]["amd"]["gpus"][0]
+    assert gpu["ifwi"] == "00159017" and gpu["bad_page_threshold_exceeded"] is False
+
+
 def test_an_amd_smi_without_link_status_leaves_xgmi_unchecked(amd_fleet):
     sim_set(amd_fleet, "mi001", "amd.xgmi_status=0")
     data = check(amd_fleet)

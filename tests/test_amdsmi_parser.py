@@ -101,10 +101,29 @@ def test_static_text_mi350x_with_libdrm():
     assert got["power_cap_w"] == na("power_cap_w: absent")  # --limit was not asked
 
 
+def test_static_without_libdrm_reads_what_it_prints():
+    # The real MI350X answer without libdrm (rocm-systems PR 2987): the
+    # library's dlopen warning, then PART_NUMBER and the IFWI VERSION (the
+    # same as with libdrm); only IFWI NAME, BUILD_DATE and DRIVER are N/A.
+    text = read("amd-smi-static-MI350X-nolibdrm-amdgpu6.18.3-rocmsys2987.FRAGMENT.txt")
+    warning, _ = text.split("\n", 1)
+    got = amdsmi.parse_static(text)[0]
+    assert (got["bdf"], got["device_id"]) == ("0000:05:00.0", "0x75a0")
+    assert (got["ifwi_version"], got["ifwi_part_number"]) == ("00154951", "113-M350-01-1K0-920A")
+    # The warning on stderr (or before the JSON) is no failure of the answer.
+    doc = read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt")
+    assert amdsmi.failure(0, doc, warning) is None
+    assert amdsmi.failure(0, warning + "\n" + doc, "") is None
+    assert amdsmi.failure(0, doc, "Fail to open libdrm.so.2: libdrm.so.2: cannot open shared object file") is None
+    # libamd_smi itself missing still is.
+    assert amdsmi.failure(1, "", warning + "\nOSError: libamd_smi.so: cannot open shared object file").detail \
+        .startswith("library not found: OSError: libamd_smi.so")
+
+
 def test_static_without_libdrm_never_takes_the_sysfs_vbios_string():
-    # PR 2987's "without libdrm" output is not captured: the capture with
-    # libdrm, with what amd_smi.cc does without it (name/date/part number
-    # empty -> the CLI's "N/A", version from sysfs vbios_version).
+    # What amd_smi.cc does without libdrm where the part number is empty too
+    # (name/date/part number -> the CLI's "N/A", version from sysfs
+    # vbios_version); PR 2987's MI350X still printed both (test above).
     doc = json.loads(read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt"))
     gpu = doc["gpu_data"][0]
     gpu["ifwi"] = {"name": "N/A", "build_date": "N/A", "part_number": "N/A", "version": "113-M3000108-103"}

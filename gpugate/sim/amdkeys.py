@@ -1,8 +1,9 @@
 """`gpugate sim set` keys for what a simulated AMD node's tools and kernel
 log say (gpugate.sim.amdnode has the sysfs ones):
 
-    amd.smi=ok|kfd|hang|absent      amd-smi answers | no /dev/kfd access (banner,
-                                    N/A fields) | hangs | is not installed
+    amd.smi=ok|kfd|hang|absent|nolibdrm  amd-smi answers | no /dev/kfd access (banner,
+                                    N/A fields) | hangs | is not installed | answers
+                                    without libdrm (warning, IFWI name/date N/A)
     amd.amd_smi=VERSION             amd-smi's library version (version --json)
     amd.xgmi_status=0               an amd-smi before 25.3 (no xgmi --link-status)
     amd.rvs=absent|installed|nolevels  RVS installed or not; nolevels: no -r levels for this GPU
@@ -24,7 +25,7 @@ from ..errors import ConfigError
 from .kmsg import append
 from .values import parse_flag, parse_int
 
-KEYS = ["amd.smi=ok|kfd|hang|absent", "amd.amd_smi=VERSION", "amd.xgmi_status=0|1", "amd.rvs=absent|installed|nolevels",
+KEYS = ["amd.smi=ok|kfd|hang|absent|nolibdrm", "amd.amd_smi=VERSION", "amd.xgmi_status=0|1", "amd.rvs=absent|installed|nolevels",
         "amd.rvs.fail.LEVEL=0,3|none", "amd.gpuN.ifwi=VERSION", "amd.gpuN.xgmi_down=K",
         "amd.gpuN.threshold_exceeded=0|1", "amd.gpuN.reset_fails=0|1", "amd.gpuN.log=EVENT[:COUNT]"]
 _NODE = ("amd.smi", "amd.amd_smi", "amd.xgmi_status", "amd.rvs")
@@ -58,8 +59,8 @@ def set_key(model: Dict[str, Any], key: str, value: str) -> bool:
     if amd is None:
         raise ConfigError("%s: not an AMD node (sim init --vendor amd)" % key)
     if key == "amd.smi":
-        if value not in ("ok", "kfd", "hang", "absent"):
-            raise ConfigError("amd.smi: expected ok, kfd, hang or absent, got %r" % value)
+        if value not in ("ok", "kfd", "hang", "absent", "nolibdrm"):
+            raise ConfigError("amd.smi: expected ok, kfd, hang, absent or nolibdrm, got %r" % value)
         amd["smi"] = value
     elif key == "amd.amd_smi":
         amd["amd_smi_version"] = value

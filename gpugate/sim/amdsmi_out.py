@@ -10,7 +10,9 @@ ones.
 
 Model keys beyond amdnode's (each optional, default healthy):
     amd["smi"]: "ok" | "kfd" (no /dev/kfd access: the banner, then every
-        ioctl field "N/A") | "hang" | "absent" (not installed)
+        ioctl field "N/A") | "hang" | "absent" (not installed) | "nolibdrm"
+        (libdrm not installed: the library's warning on stderr, IFWI name
+        and date and DRIVER "N/A", as rocm-systems PR 2987's MI350X printed)
     amd["amd_smi_version"]: "26.2.2"; amd["xgmi_status"]: False (an amd-smi
         before 25.3: no --link-status)
     gpu["ifwi"]: "00159017"; gpu["xgmi_down"]: links down (of 7);
@@ -31,6 +33,8 @@ _KFD_BANNER = ("Permission needed to access required GPU device node(s):\n"
 _DRIVER_NOT_LOADED = ("ERROR: Unable to get devices, driver not initialized (amdgpu not found in modules)\n"
                       "ERROR: Unable to detect any GPU devices, check amdgpu version and module status\n"
                       "ERROR: Unable to detect any CPU devices, check amd_hsmp version and module status\n")
+_NO_LIBDRM = ("Fail to open libdrm_amdgpu.so.1: libdrm_amdgpu.so.1: cannot open shared object file: "
+              "No such file or directory\n")
 RVS_LEVELS = (1, 2, 3, 4, 5)
 
 
@@ -38,7 +42,7 @@ def _na_unless(kfd: bool, value: Any) -> Any:
     return "N/A" if kfd else value
 
 
-def static_gpu(i: int, gpu: Dict[str, Any], kfd: bool) -> Dict[str, Any]:
+def static_gpu(i: int, gpu: Dict[str, Any], kfd: bool, libdrm: bool = True) -> Dict[str, Any]:
     product = gpu.get("product") or "N/A"
     market = product.replace(" OAM", "") if isinstance(product, str) else "N/A"
     cap = gpu.get("power_cap_w")
@@ -49,15 +53,15 @@ def static_gpu(i: int, gpu: Dict[str, Any], kfd: bool) -> Dict[str, Any]:
         "bus": {"bdf": gpu["bdf"], "max_pcie_width": gpu["pcie"]["max_width"],
                 "max_pcie_speed": {"value": 32, "unit": "GT/s"}, "pcie_interface_version": "Gen 5",
                 "slot_type": "OAM"},
-        "ifwi": {"name": _na_unless(kfd, "AMD MI300X_HW_SRIOV_CVS_1VF"),
-                 "build_date": _na_unless(kfd, "2025/07/27 14:45"),
+        "ifwi": {"name": _na_unless(kfd or not libdrm, "AMD MI300X_HW_SRIOV_CVS_1VF"),
+                 "build_date": _na_unless(kfd or not libdrm, "2025/07/27 14:45"),
                  "part_number": _na_unless(kfd, gpu.get("vbios") or "N/A"),
                  "version": _na_unless(kfd, gpu.get("ifwi", DEFAULT_IFWI))},
         "limit": {"ppt0": {"max_power_limit": _na_unless(kfd, {"value": 750, "unit": "W"}),
                            "min_power_limit": _na_unless(kfd, {"value": 0, "unit": "W"}),
                            "socket_power_limit": "N/A" if kfd or cap is None
                            else {"value": int(cap) if float(cap).is_integer() else cap, "unit": "W"}}},
-        "driver": {"name": "amdgpu", "version": "N/A"},
+        "driver": {"name": _na_unless(not libdrm, "amdgpu"), "version": "N/A"},
         "board": {"product_serial": gpu.get("serial") or "N/A", "product_name": product},
         "ras": {"bad_page_threshold": _na_unless(kfd, 128),
                 "bad_page_threshold_exceeded": _na_unless(kfd, str(bool(gpu.get("threshold_exceeded")))),
@@ -89,7 +93,8 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     else:
         banner = _KFD_BANNER if kfd else ""
         table["amd-smi static --json"] = {"stdout": banner + json.dumps(
-            {"gpu_data": [static_gpu(i, g, kfd) for i, g in enumerate(gpus)]}, indent=4) + "\n"}
+            {"gpu_data": [static_gpu(i, g, kfd, mode != "nolibdrm") for i, g in enumerate(gpus)]},
+            indent=4) + "\n"}
         if amd.get("xgmi_status", True):
             links = [{"gpu": i, "bdf": g["bdf"],
                       "link_status": ["N/A"] * 8 if kfd else
@@ -111,6 +116,9 @@ def replays(model: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             [_bad_pages(i, g, kfd) for i, g in enumerate(gpus)], indent=4) + "\n"}
         # The reset changes the node (RAS counters cleared, pending pages retired): gpugate.sim.gpureset.
         table["amd-smi reset -G -g all --json"] = {"exec": ["gpugate-sim-reset"]}
+        if mode == "nolibdrm":
+            for entry in table.values():
+                entry["stderr"] = _NO_LIBDRM + entry.get("stderr", "")
     table.update(_rvs(amd, gpus))
     return table
 
