@@ -30,7 +30,7 @@ def node(name, parts=("a",), reason="", when=None, drain=None, published=None, s
     if published:
         comment = pending.publish(comment, published, since, KEY, name)
         if seen is not None:
-            comment = pending.publish(comment, published, seen, KEY, name)
+            comment = pending.publish(comment, published, seen, KEY, name, since=since)  # its record's time
     return NodeState(name, "IDLE", flags, reason, when, "root" if reason else "", tuple(sorted(parts)), comment)
 
 
