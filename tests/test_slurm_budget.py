@@ -67,7 +67,7 @@ def _signed(cluster, admin, reason, since, node):
     with the rig's drain budget key now, first published at ``since``."""
     with open(cluster.path("drain-budget.key"), "rb") as handle:
         key = handle.read().strip()
-    return pending.publish(pending.publish(admin, reason, since, key, node), reason, int(time.time()), key, node)
+    return pending.publish(admin, reason, int(time.time()), key, node, since=since)  # since: its published.json
 
 
 def _keeper(cluster, config=None, check=True):
