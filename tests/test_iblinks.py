@@ -129,16 +129,26 @@ def test_no_healthy_sequence_drains(start, steps):
     assert all(s == [] for s in _run(samples))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 2 ** 8 - 1), min_size=2, max_size=20))
-def test_any_link_downed_rise_between_two_checks_is_a_flap(values):
-    seen = _run([(i * 300.0, {"link_downed": v}) for i, v in enumerate(values)])
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2 ** 8 - 1), st.integers(60, 2400)), min_size=2, max_size=20))
+def test_a_flap_finding_exactly_while_a_link_downed_rise_is_within_the_window(steps):
+    """A finding at a check if and only if link_downed rose at some check
+    less than ib_flap_window_seconds before it (both halves: a rise is a
+    flap, and no finding without one in the window); it counts at least
+    the rises within the window."""
+    window, times, at = POLICY.ib_flap_window_seconds, [], 0.0
+    for _, gap in steps:
+        times.append(at)
+        at += gap
+    values = [v for v, _ in steps]
+    seen = _run([(t, {"link_downed": v}) for t, v in zip(times, values)])
+    assert seen[0] == []
     for i in range(1, len(values)):
-        rose = values[i] > values[i - 1]
-        flapped = any(values[k] > values[k - 1] for k in range(1, i + 1))  # within the hour's window
-        assert bool(seen[i]) == flapped or not rose
-        if rose:
-            assert [f.component for f in seen[i]] == ["ib_flap"]
+        rises = [k for k in range(1, i + 1) if values[k] > values[k - 1] and times[i] - times[k] < window]
+        assert bool(seen[i]) == bool(rises), (i, rises, seen[i])
+        if rises:
+            (finding,) = seen[i]
+            assert finding.component == "ib_flap" and int(finding.observed.split()[1]) >= len(rises)
 
 
 # -- the health check, on a simulated node with a real NDR400 capture's HCAs -------------
