@@ -6,6 +6,8 @@ finding no repair fixes that is not the first, pairs across vendors."""
 import json
 import os
 
+import pytest
+
 from conftest import ROOT, gpugate_cmd
 from test_amd_judges import CLEAN, baseline, gpu, node, reason, with_gpu
 from test_check_sim import sim_set
@@ -143,18 +145,35 @@ def test_a_baseline_that_names_an_nvidia_node_amd_never_reads_as_gpus_lost():
     assert lost.high_for({"gpus_high": 8, "gpus_vendor": "amd"}, "amd") == 8
 
 
-def test_an_amd_node_whose_nodeset_lacks_vendor_amd_is_never_drained_at_once(tmp_path):
+@pytest.mark.parametrize("mode", ["healthcheck", "prolog", "epilog", "verify"])
+def test_an_amd_node_whose_nodeset_lacks_vendor_amd_is_never_drained_at_once(tmp_path, mode):
     """A baseline that forgot vendor = "amd": no libnvidia-ml and no NVIDIA GPU
-    on the bus is no broken NVIDIA stack (module, dkms: acute), only findings
-    the drain budget bounds."""
+    on the bus is no broken NVIDIA stack (nvml, module, dkms: acute), only
+    findings the drain budget bounds, in every mode: the prolog and epilog
+    read the bus on this failure path only (issue 34)."""
     from conftest import DEMO_BASELINE
     from gpugate.findings import is_acute
 
     path = str(tmp_path / "fleet")
     assert gpugate_cmd("sim", "init", path, "--nodes", "gpu01", "--vendor", "amd",
                        "--baseline", DEMO_BASELINE).returncode == 0
-    result = gpugate_cmd("check", "--sim", path, "--node", "gpu01", "--baseline", DEMO_BASELINE, "--json")
+    result = gpugate_cmd("check", "--sim", path, "--node", "gpu01", "--baseline", DEMO_BASELINE,
+                         "--mode", mode, "--json")
     data = json.loads(result.stdout)
     assert data["fit"] is False
     assert any(f["component"] == "nvml" and f["class"] == "probe" for f in data["findings"]), data["reason"]
     assert not any(is_acute(f["class"], f["component"]) for f in data["findings"]), data["reason"]
+
+
+def test_the_prolog_reads_no_bus_where_nvml_answers(tmp_path):
+    """The bus read is the failure path's only: a healthy NVIDIA node's prolog
+    and epilog read no /sys/bus/pci (the prolog's cost stays what it was)."""
+    from conftest import DEMO_BASELINE
+
+    path = str(tmp_path / "fleet")
+    assert gpugate_cmd("sim", "init", path, "--nodes", "gpu01", "--baseline", DEMO_BASELINE).returncode == 0
+    for mode in ("prolog", "epilog"):
+        result = gpugate_cmd("check", "--sim", path, "--node", "gpu01", "--baseline", DEMO_BASELINE,
+                             "--mode", mode, "--json")
+        data = json.loads(result.stdout)
+        assert data["fit"] is True and data["facts"]["pci_gpus"] is None, data["reason"]

@@ -39,7 +39,7 @@ def _nvml(facts):
     if nvml.kind != "nvml":
         return [probe_finding("nvml", nvml)]  # hung or unusable binding: we cannot tell
     if _not_nvidia(facts):
-        # No libnvidia-ml and no NVIDIA GPU on the bus (sysfs, the health check):
+        # No libnvidia-ml and no NVIDIA GPU on the bus (sysfs, every mode):
         # not an NVIDIA node at all, whatever the baseline says (an AMD node whose
         # nodeset lacks vendor = "amd").  The file's word, so budgeted: such a
         # baseline must not drain a whole AMD fleet outside the drain budget.
@@ -51,8 +51,8 @@ def _nvml(facts):
 
 
 def _not_nvidia(facts) -> bool:
-    """libnvidia-ml missing and no NVIDIA GPU on the bus (sysfs: the health
-    check and verify; the prolog does not read the bus)."""
+    """libnvidia-ml missing and no NVIDIA GPU on the bus (sysfs: every mode;
+    the prolog and epilog read it only when the library is missing)."""
     nvml = facts.nvml
     return isinstance(nvml, ProbeFailure) and nvml.kind == "nvml" and nvml.code == 12 and facts.pci_gpus == 0
 

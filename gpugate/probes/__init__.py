@@ -108,6 +108,15 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     pci = values.pop("pci", None)
     if pci is not None:
         values["pci_gpus"], values["pci_nvswitches"] = (pci, pci) if isinstance(pci, ProbeFailure) else pci
+    elif not amd and _no_library(nvml):
+        # The prolog and epilog read no bus; where libnvidia-ml is missing they
+        # must (one sysfs walk, on this failure path only): no NVIDIA GPU there
+        # either is an AMD node whose nodeset lacks vendor = "amd", a budgeted
+        # probe finding in every mode (judges.stack), never a broken stack.
+        from . import commands
+
+        pci = _pci(root, lambda: commands.lspci(settings.command("lspci", node), budget.left(_COMMAND_CAP)))
+        values["pci_gpus"], values["pci_nvswitches"] = (pci, pci) if isinstance(pci, ProbeFailure) else pci
     if amd:
         values["amd"] = _amd_merge(values)
     values["xids"] = _xids(kmsg_text, values["boot_time"], xid_after, baseline, nvml, values.get("amd"))
@@ -178,6 +187,11 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         jobs["dcgm_diag"] = lambda: commands.dcgm_diag_staged(cmd("dcgmi"), levels,
                                                               lambda: max(budget.left() - 2.0, 0.1), gpus)
     return jobs
+
+
+def _no_library(nvml) -> bool:
+    """NVML's init said its library is missing (NVML_ERROR_LIBRARY_NOT_FOUND)."""
+    return isinstance(nvml, ProbeFailure) and nvml.kind == "nvml" and nvml.code == 12
 
 
 def _pci(root, lspci):
