@@ -193,6 +193,11 @@ def test_no_usable_key_on_the_controller_drains_nothing_and_says_so(tmp_path, ca
             "untrusted-dir": "writable by group or others"}[case]
     assert want in status["error"], status["error"]
     assert "gpugate_budget_keeper_last_error 1" in render(keeper_families(keeper.read_status(cfg), time.time()))
+    # `gpugate status` of a keeper that never had a good run (a new install, no key yet): the whole error, with the fix.
+    from gpugate.fleet.status import _held_lines
+
+    said = "\n".join(_held_lines({"budget_keeper": keeper.read_status(cfg), "held": {}}))
+    assert "LATEST RUN FAILED: " + status["error"] in said and "NEVER RAN" not in said, said
 
 
 def test_a_node_without_the_key_publishes_unsigned_held_and_says_so(tmp_path):

@@ -369,7 +369,10 @@ def _held_lines(summary: Mapping) -> list:
             len(held), hostlist(held), first["reason"][:160]))
     keeper = summary.get("budget_keeper") or {}
     last = keeper.get("last_ok")
-    if not last:
+    failed = "" if keeper.get("ok", True) else "LATEST RUN FAILED: %s" % str(keeper.get("error"))[:500]
+    if not last and failed:  # it runs, and has never got through (a new install without its key)
+        lines.append("budget keeper: NO GOOD RUN here: budgeted findings are held and never drained; " + failed)
+    elif not last:
         lines.append("budget keeper: NEVER RAN here: budgeted findings are held and never drained "
                      "(install slurm_conf/gpugate-budget.timer, or run `gpugate budget --watch 30`)")
     else:
@@ -378,7 +381,7 @@ def _held_lines(summary: Mapping) -> list:
             len(keeper.get("given_back") or ()), int(keeper.get("held") or 0))
         if keeper.get("unverified"):  # tags their node did not sign: held, never drained (`gpugate budget`)
             line += "; %d UNVERIFIED TAGS (not signed by their node: never drained)" % int(keeper["unverified"])
-        if not keeper.get("ok", True):
-            line += "; LATEST RUN FAILED: %s" % str(keeper.get("error"))[:200]
+        if failed:  # whole (record() keeps 500): the fix it names, a key's path and command, included
+            line += "; " + failed
         lines.append(line)
     return lines
