@@ -76,6 +76,10 @@ def test_job_processes_are_narrowed_to_the_jobs_gpus():
     amd = replace(node(gpus).amd, kfd_processes=(4242,))
     assert _job_processes(amd, [0, 1]).kfd_processes == ()
     assert _job_processes(amd, [5]).kfd_processes == (4242,)
+    # An index past the node's GPUs (CPX numbers more logical GPUs than
+    # physical): every GPU's processes, never none (issue 34).
+    assert _job_processes(amd, [8]).kfd_processes == (4242,)
+    assert _job_processes(amd, [0, 31]).kfd_processes == (4242,)
     broken = [gpu(i, processes=ProbeFailure("amdgpu_sysfs", "error", "topology")) for i in range(8)]
     assert _job_processes(replace(node(broken).amd, kfd_processes=(1,)), [0]).kfd_processes.kind == "error"
 
@@ -177,3 +181,23 @@ def test_the_prolog_reads_no_bus_where_nvml_answers(tmp_path):
                              "--mode", mode, "--json")
         data = json.loads(result.stdout)
         assert data["fit"] is True and data["facts"]["pci_gpus"] is None, data["reason"]
+
+
+def test_the_amd_epilog_checks_every_gpu_for_a_job_index_past_the_nodes_count(tmp_path):
+    """slurmd's SLURM_JOB_GPUS=8 on an 8-GPU node (CPX numbers more logical
+    GPUs than physical): an index that names no GPU means every GPU, so a KFD
+    process left on GPU 0 still drains (it checked none before, issue 34)."""
+    from test_node_side import run_entry
+
+    fleet = _fleet(tmp_path, "mi001")
+    config = tmp_path / "gpugate.toml"
+    config.write_text('baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\n[sim]\nfleet = "%s"\n'
+                      '[slurm]\nbin_dir = "%s/no-slurm-here"\n' % (MIXED, tmp_path, fleet, tmp_path))
+    env = {"config": str(config)}
+    sim_set(fleet, "mi001", "amd.gpu0.processes=4242", "slurm.jobs=none")
+    for gpus, drained in (("1", False), ("8", True), ("0,31", True)):
+        result = run_entry("epilog", env, node="mi001", extra_env={"SLURM_JOB_ID": "202", "SLURM_JOB_GPUS": gpus})
+        with open(os.path.join(str(tmp_path), "state", "mi001", "gpugate.log")) as handle:
+            reason = json.loads(handle.read().splitlines()[-1])["reason"]
+        assert (reason == "gpugate: broken processes=1 left [pid 4242] (want none)") is drained, (gpus, reason)
+        assert (result.returncode != 0) is drained, (gpus, result.stderr)

@@ -223,11 +223,16 @@ def _amd_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Ca
 
 def _job_processes(amd, gpus) -> Any:
     """The node's KFD processes narrowed to those on the job's GPUs (each
-    GPU's own list; one it could not read makes the whole answer unknown)."""
+    GPU's own list; one it could not read makes the whole answer unknown).
+    An index that names no GPU here (a CPX-partitioned node numbers more
+    logical GPUs than it has physical ones) means every GPU's, never none's
+    (gpugate.node.jobenv; nvmlread does the same on NVIDIA)."""
     if failed(amd) or failed(amd.kfd_processes):
         return amd
     from ..record import replace
 
+    if not set(gpus) <= {g.index for g in amd.gpus}:
+        return amd
     mine = [g for g in amd.gpus if g.index in set(gpus)]
     unreadable = next((g.processes for g in mine if failed(g.processes)), None)
     pids = unreadable if unreadable is not None else tuple(sorted({p for g in mine for p in g.processes or ()}))
