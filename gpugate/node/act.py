@@ -94,8 +94,10 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             if stale:
                 return {"action": ownership.NONE, "ok": True, "rpc": True, "applied": False, "why": stale}
             why_held = None
-            if budgeted and decision.kind != ownership.UNKNOWN:
-                # Published for the keeper, whatever else holds the node.
+            if budgeted and decision.kind not in (ownership.UNKNOWN, ownership.KEEP):
+                # Published for the keeper, whatever else holds the node; not
+                # once gpugate drained it for more (rma, the sweep's work, an
+                # acute finding): a span there reads as waiting for the keeper.
                 why_held = hold.publish(settings, slurm, node, state, verdict.reason)
             elif decision.kind != ownership.UNKNOWN:
                 hold.unpublish(settings, slurm, node, state)
