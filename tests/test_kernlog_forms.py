@@ -3,6 +3,9 @@ the bus" (one line, and split over records).  Lines are real captures, with
 where they were published; properties check that no line of one form is
 read as another."""
 
+import calendar
+import os
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -226,3 +229,116 @@ def test_every_real_form_at_kernel_facility_is_still_an_event(case, level):
     message, expected = case
     (event,) = kernlog.parse_kmsg("%d,7,1,-;%s\n" % (level, message), 1.7e9)
     assert (event.kind, event.xid, event.pci_bus_id) == expected[:3]
+
+
+# ------------------------------------------------ dmesg's continuation lines (issue 34)
+# A kernel record may hold newlines: nvidia.ko's "fallen off the bus" is one
+# record of three lines, and a user's text (a mount option, an exec'd path, a
+# process name) can hold them too.  dmesg and journalctl print the further
+# lines indented under the first, to the width of the prefix they printed.
+NVSENTINEL = os.path.join(os.path.dirname(__file__), "fixtures", "dmesg-fallenoffbus-continuation-nvsentinel.txt")
+FALLEN = "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n" \
+         "NVRM: fallen off the bus and is not responding to commands."
+_ISO_TIME = calendar.timegm((2026, 11, 27, 13, 37, 36))
+# Every dmesg/journalctl prefix parse_dmesg reads, and the time it gives (an ISO time with a zone only).
+PREFIXES = [
+    ("[ 1843.308145] ", None),  # dmesg
+    ("[Fri Nov 27 13:37:36 2026] ", None),  # dmesg -T
+    ("[Nov27 13:37] ", None),  # dmesg --reltime
+    ("[  +0.000045] ", None),  # dmesg -d
+    ("kern  :err   : [ 1843.308145] ", None),  # dmesg --decode
+    ("<3>[ 1843.308145] ", None),  # dmesg --raw
+    ("2026-11-27T13:37:36,283302+00:00 ", _ISO_TIME + 0.283302),  # dmesg --time-format=iso
+    ("Nov 27 13:37:36 gpu01 kernel: ", None),  # journalctl -k (short), syslog
+    ("Nov 27 13:37:36.283302 gpu01 kernel: ", None),  # -o short-precise
+    ("2026-11-27T13:37:36+0000 gpu01 kernel: ", _ISO_TIME),  # -o short-iso
+    ("Fri 2026-11-27 13:37:36 UTC gpu01 kernel: ", None),  # -o short-full
+    ("[ 1843.308145] gpu01 kernel: ", None),  # -o short-monotonic
+    ("1795786656.283302 gpu01 kernel: ", None),  # -o short-unix
+    ("Nov 27 13:37:36 gpu01 kernel: [ 1843.308145] ", None),  # syslog's copy of the kernel's time
+]
+
+
+def printed(prefix, message, indent=None):
+    """A record as dmesg and journalctl print it: its further lines indented
+    to the prefix's width (or by ``indent``)."""
+    first, *more = message.split("\n")
+    pad = " " * len(prefix) if indent is None else indent
+    return prefix + first + "".join("\n" + pad + line for line in more)
+
+
+def test_nvsentinels_fallen_off_the_bus_record_is_one_event():
+    with open(NVSENTINEL) as handle:
+        (event,) = kernlog.parse_dmesg(handle.read())
+    assert (event.kind, event.xid, event.pci_bus_id) == ("fallen_off_bus", 79, "0000:b3:00")
+
+
+@pytest.mark.parametrize("prefix,timestamp", PREFIXES)
+def test_the_record_with_continuation_lines_in_every_prefix_style(prefix, timestamp):
+    text = "\n".join([printed(prefix, "NVRM: GPU at PCI:0000:b3:00: GPU-b6c3"), printed(prefix, FALLEN),
+                      printed(prefix, "tmpfs: Unknown parameter 'x")])
+    (event,) = kernlog.parse_dmesg(text)
+    assert (event.kind, event.pci_bus_id) == ("fallen_off_bus", "0000:b3:00")
+    assert event.timestamp == (pytest.approx(timestamp) if timestamp else None)
+    # /dev/kmsg prints the same record's newlines as "\x0a": one record, one event.
+    (event,) = kernlog.parse_kmsg("4,9,1,-;%s\n" % FALLEN.replace("\n", "\\x0a"), None)
+    assert event.pci_bus_id == "0000:b3:00"
+
+
+def test_the_follower_keeps_the_record_and_a_built_in_amdgpus():
+    from gpugate.probes import gpujournal
+
+    assert gpujournal.classify("4,9,1,-;%s" % FALLEN.replace("\n", "\\x0a")) == gpujournal.GPU
+    assert gpujournal.classify("3,10,1,-;[drm:amdgpu_job_timedout] *ERROR* GPU Recovery Failed: -22") == \
+        gpujournal.GPU
+    assert gpujournal.classify("3,11,1,-;[drm:amdgpu_job_timedout] *ERROR* Process information: process "
+                               "x pid 1 thread x pid 1") is None
+
+
+# Lines that are records of their own only at a line's start: a user's text
+# cut there by a separator other than "\n" (dmesg prints it raw) must not be.
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\r"])
+def test_a_users_line_separator_other_than_newline_ends_no_record(separator):
+    line = "[ 8123.1] tmpfs: Unknown parameter 'x%sNVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the " \
+           "bus.'" % separator
+    assert kernlog.parse_dmesg(line) == ()
+
+
+AMD_MESSAGES = ["amdgpu 0000:1b:00.0: amdgpu: GPU reset(2) failed",
+                "[drm:amdgpu_job_timedout] *ERROR* GPU Recovery Failed: -22",
+                "amdgpu 0000:4e:00.0: {1}[Hardware Error]: aca entry[00].STATUS=0xfaa00000000d080b"]
+EVENT_MESSAGES = MESSAGES + SPLIT + AMD_MESSAGES
+indent = st.text(st.sampled_from(" \t"), min_size=1, max_size=40)
+separator = st.sampled_from(["\n", "\r\n", "\u2028", "\x0b", "\x0c", "\x85"])
+user_lines = st.lists(st.one_of(st.sampled_from(EVENT_MESSAGES), line_text), min_size=1, max_size=4)
+# What a user's text goes into: another subsystem's record (no event), or the driver's own
+# records that name a process (their one event, whatever the name says).
+USER_RECORDS = [
+    ("tmpfs: Unknown parameter '%s'", []),
+    ("process 'sh' launched '%s' with NULL argv: empty string added", []),
+    ("EXT4-fs (sda1): %s", []),
+    ("[drm:amdgpu_job_timedout] *ERROR* Process information: process %s pid 1 thread x pid 2", []),
+    ("NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=%s, Graphics Exception: ESR 0x50", [("xid", 13, "0000:01:00")]),
+    ("amdgpu 0000:1b:00.0: amdgpu: [gfxhub0] retry page fault (src_id:0 ring:24 vmid:3 pasid:32770, for process "
+     "%s pid 7 thread x pid 7)", [("amdgpu", 1, "0000:1b:00")]),
+]
+
+
+@given(st.sampled_from(PREFIXES), st.sampled_from(EVENT_MESSAGES + ["tmpfs: Unknown parameter 'x"]),
+       st.lists(st.sampled_from(EVENT_MESSAGES), min_size=1, max_size=3), indent)
+@PROPS
+def test_property_an_indented_continuation_line_never_starts_an_event(prefix, first, more, pad):
+    alone = kernlog.parse_dmesg(prefix[0] + first)
+    if first == SPLIT[0]:
+        assume(not any(line.startswith(("NVRM: fallen", "NVRM: The")) or "fallen off the bus" in line
+                       for line in more))  # the driver's own head: its continuation is its tail
+    assert kernlog.parse_dmesg(printed(prefix[0], "\n".join([first] + more), pad)) == alone
+
+
+@given(st.sampled_from(PREFIXES), st.sampled_from(USER_RECORDS), user_lines, separator)
+@PROPS
+def test_property_a_users_text_with_embedded_newlines_never_yields_an_event(prefix, record, lines, sep):
+    wrapper, expected = record
+    message = wrapper % sep.join(lines)
+    found = kernlog.parse_dmesg(printed(prefix[0], message))
+    assert [(e.kind, e.xid, e.pci_bus_id) for e in found] == expected, message

@@ -9,7 +9,7 @@ NVIDIA node's prolog pays nothing for it.
 The driver prints through dev_*() on its PCI device, so its messages start
 ``amdgpu 0000:BB:DD.F: ``; kernels up to 6.x add the driver's dev_fmt
 ``amdgpu: `` (7.0 does not), RAS messages an event id ``{N}``, and some a DRM
-prefix (``[drm] ``, ``[drm:FUNCTION [amdgpu]] *ERROR* ``).
+prefix (``[drm] ``, ``[drm:FUNCTION [amdgpu]] *ERROR* ``, built in ``[drm:FUNCTION] *ERROR* ``).
 That anchor, then exactly one of the bodies below, is matched from the start of
 the message.  amdgpu prints a job's own text inside its records ("Process
 information: process NAME pid ...", " Process NAME pid ..."): no body is
@@ -30,7 +30,10 @@ line reports, 1 when it reports none:
 - ``ue_event:SOURCE``: ``uncorrectable hardware error(ERREVENT_ATHUB_INTERRUPT)
   detected!`` (SOURCE "athub").
 - ``aca``: ``[Hardware Error]: Accelerator Check Architecture events logged``
-  (its severity is the ue:/ce: line after the banks).
+  (recorded); each bank's ``aca entry[NN].STATUS=0xS`` (first ACA code:
+  ``[Hardware error] ACA[NN/NN].STATUS=0xS``) is ``ue:aca``, ``de:aca`` or
+  ``ce:aca`` by the STATUS register's bits (aca_severity): a UC+PCC bank
+  drains as a ``ue:`` line does, with or without one after it.
 - ``bad_page_threshold``, xid N: ``Saved bad pages N reaches threshold value
   M``, older ``Saved bad pages(N) reaches threshold value(M).``
 - ``gpu_reset``: ``GPU reset begin!`` (newer: ``GPU reset begin!. Source:  N``);
@@ -52,6 +55,8 @@ line reports, 1 when it reports none:
   (gpugate.judges.apprepeat), never drained on its own.  VM 0 is the
   driver's own (no process): not an application's, not read.
 
+A built-in amdgpu (no module) prints ``[drm:FUNCTION]`` without `` [amdgpu]``:
+both forms are read wherever either is.
 Without the anchor, only the DRM_ERROR era's ``[drm:amdgpu_...]`` forms
 (ring_timeout, reset_failed, vram_lost) and ``[drm] VRAM is lost ...`` count:
 they name no device, so their event names the node (``pci_bus_id`` "").
@@ -75,9 +80,10 @@ EVENTS = ("ue", "ce", "de", "poison", "ue_event", "aca", "bad_page_threshold", "
 _TEXT = 160  # of the driver's message kept in the event
 
 _BDF = r"(?P<domain>[0-9a-fA-F]{4}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.[0-7]"
-_DRM = r"\[drm(?::amdgpu_\w{1,64} \[amdgpu\])?\] (?:\*ERROR\* )?"
+# "[drm:FUNCTION [amdgpu]] ": a built-in amdgpu (no module) prints "[drm:FUNCTION] " (%ps names no module).
+_DRM = r"\[drm(?::amdgpu_\w{1,64}(?: \[amdgpu\])?)?\] (?:\*ERROR\* )?"
 _ANCHOR = Lazy(r"amdgpu " + _BDF + r": (?:amdgpu: )?(?:" + _DRM + r")?(?:\{\d{1,20}\} ?)?")
-_BARE = Lazy(r"\[drm:amdgpu_\w{1,64} \[amdgpu\]\] \*ERROR\* |\[drm\] (?=VRAM is lost)")
+_BARE = Lazy(r"\[drm:amdgpu_\w{1,64}(?: \[amdgpu\])?\] \*ERROR\* |\[drm\] (?=VRAM is lost)")
 _PROBE = Lazy(r"amdgpu: probe of " + _BDF + r" failed with error (?P<errno>-?\d{1,9})")
 _SOCKET = r"(?:socket: \d{1,9}, die: \d{1,9},? )?"
 # One alternative per body; the first group that matched names the event.
@@ -87,6 +93,8 @@ _BODY = Lazy("|".join((
     _SOCKET + r"(?P<consumed>\d{1,20}) new poison consumption detected in (?P<pblock>\w{1,32}) block",
     r"uncorrectable hardware error\((?P<ue_event>\w{1,64})\) detected!",
     r"(?P<aca>\[Hardware (?:Error\]:|error\]) Accelerator Check Architecture events logged)",
+    r"\[Hardware (?:Error\]:|error\]) (?:aca entry\[\d{1,4}\]|ACA\[\d{1,4}/\d{1,4}\])"
+    r"\.STATUS=0x(?P<aca_status>[0-9a-fA-F]{1,16})\b",
     r"(?P<poison>poison is consumed by client \d{1,9}, kick off gpu reset flow)",
     r"Saved bad pages(?: (?P<pages>\d{1,12})|\((?P<pages_old>\d{1,12})\)) reaches threshold value",
     r"(?P<gpu_reset>GPU reset begin!)",
@@ -126,13 +134,27 @@ def parse_message(message: str) -> Optional[XidEvent]:
     where, count = _event(body)
     if not bus and where.split(":")[0] not in _BARE_EVENTS:
         return None
-    return XidEvent(xid=count, pci_bus_id=bus, text=message[anchor.end():].strip()[:_TEXT], kind="amdgpu",
-                    where=where)
+    text = message[anchor.end():].split("\n", 1)[0].strip()  # dmesg's continuation lines are no part of it
+    return XidEvent(xid=count, pci_bus_id=bus, text=text[:_TEXT], kind="amdgpu", where=where)
 
 
 def event_name(where: str) -> str:
     """'ue:umc' -> 'ue'; 'ring_timeout:gfx_0.0.0' -> 'ring_timeout'."""
     return where.split(":", 1)[0]
+
+
+def aca_severity(status: int) -> str:
+    """An ACA bank's event from its STATUS register, as the driver decodes it
+    (amdgpu_aca.h: ACA_REG__STATUS__VAL bit 63, UC 61, PCC 57, DEFERRED 44,
+    POISON 43; ACA_BANK_ERR_IS_DEFFERED): "ue:aca" for an uncorrected error
+    (UC; PCC: the processor context is corrupt), "de:aca" for a deferred or
+    poisoned one (deferred even with UC, as ACA_BANK_ERR_UE_DE_DECODE), else
+    "ce:aca"; a bank without Val holds no error: "aca", recorded only."""
+    if not status >> 63 & 1:
+        return "aca"
+    if status >> 44 & 1 or status >> 43 & 1:
+        return "de:aca"
+    return "ue:aca" if status >> 61 & 1 else "ce:aca"
 
 
 def _bus(match) -> str:
@@ -146,6 +168,8 @@ def _event(body):
         return "%s:%s" % (_SEVERITY[group("sev")], group("block").lower()), int(group("ras"))
     if group("consumed") is not None:
         return "poison:%s" % group("pblock").lower(), int(group("consumed"))
+    if group("aca_status") is not None:
+        return aca_severity(int(group("aca_status"), 16)), 1
     if group("ue_event") is not None:
         source = group("ue_event").upper()
         for affix in ("ERREVENT_", "_INTERRUPT"):

@@ -70,7 +70,8 @@ _LEADING_COMMA = Lazy(r"^[ \t]*,")
 _PLAIN_PREFIX = Lazy(
     r"(?:<(?P<pri>[0-9]{1,10})>)?"  # dmesg --raw: "<4>"
     r"(?:(?P<facility>[a-z][a-z0-9]{1,8}) *:[a-z]{1,8} *: )?"  # dmesg --decode: "kern  :warn  : "
-    r"(?:(?P<time>\[[^\]\n]{0,64}\]"  # dmesg "[  123.456789]", -T, --reltime, -d; journal short-monotonic
+    r"(?:(?P<time>\[(?!drm[:\]])[^\]\n]{0,64}\]"  # dmesg "[  123.456789]", -T, --reltime, -d; journal short-monotonic
+    # (a DRM message's own "[drm] ", "[drm:FUNCTION] " of a built-in driver, is never a time)
     r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.,]{8,20}(?:Z|[+-][0-9]{2}:?[0-9]{2})?"  # dmesg iso, journal short-iso
     r"|(?:[A-Z][a-z]{2} )?[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]{8,20}(?: [A-Za-z0-9+-]{1,8})?"  # journal short-full
     r"|[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"  # journal short(-precise), syslog
@@ -152,7 +153,9 @@ class Scanner:
         match = _OFF_BUS_HEAD.match(message)
         if match:
             self._head = (_bus_id(match), 0)
-            tail = _OFF_BUS_TAIL in match.group("rest")  # dmesg may print the three parts as one line
+            # One record: its three lines in one message (dmesg's continuation lines joined, or
+            # /dev/kmsg's "\x0a"), or printed as one line by some tools.
+            tail = _OFF_BUS_TAIL in message[match.start("rest"):]
         else:
             tail = message[6:].startswith(_OFF_BUS_TAIL)  # a record of its own: "NVRM: fallen off ..."
         if self._head is None:
@@ -240,11 +243,36 @@ def _amd_line(line: str) -> bool:
 
 
 def parse_dmesg(text: str) -> Tuple[XidEvent, ...]:
-    """Events in plain dmesg/journal lines; timestamp only from an ISO time with a zone."""
+    """Events in plain dmesg/journal lines; timestamp only from an ISO time with a zone.
+
+    A kernel record's message may hold newlines (NVIDIA's "fallen off the bus"
+    is one record of three lines; a user's text can hold them too): dmesg and
+    journalctl print its further lines indented under the first, so an
+    indented line is read as part of the record above it, never as a record
+    of its own.  Lines end at "\n" only, as records do (a user's U+2028 or
+    form feed, printed raw, ends no line)."""
     events, scanner = [], Scanner()
-    for line in text.splitlines():
-        parts = kernel_message(line) if "NVRM" in line.upper() or "SXid" in line or _amd_line(line) else None
-        event = scanner.feed(parts[1]) if parts else None
+    for line, more in _records(text):
+        if not ("NVRM" in line.upper() or "SXid" in line or _amd_line(line)):
+            continue  # a continuation never makes its record the driver's: the match runs from its start
+        parts = kernel_message(line)
+        event = scanner.feed(parts[1] + "".join("\n" + part for part in more)) if parts else None
         if event is not None:
             events.append(replace(event, timestamp=_iso_epoch(parts[0])))
     return tuple(events)
+
+
+def _records(text: str):
+    """(first line, its continuation lines stripped) for each record of dmesg's
+    or journalctl's text; an indented line before any record is dropped."""
+    first, more = None, []
+    for line in text.split("\n"):
+        line = line[:-1] if line.endswith("\r") else line
+        if line[:1] in (" ", "\t"):
+            more.append(line.strip())
+            continue
+        if first is not None:
+            yield first, more
+        first, more = line, []
+    if first is not None:
+        yield first, more
