@@ -530,3 +530,91 @@ def test_explain_gives_the_amd_steps():
                                                                                 collected_at=0.0)))
     assert "reason: gpugate: health amdgpu_event:gpu3=ue umc (want none)" in text
     assert "amd-smi reset -G -g N" in text
+
+
+# ---------------------------------------------- ACA banks by their bits (issue 34)
+# amdgpu_aca.h's STATUS layout: Val 63, Overflow 62, UC 61, En 60, MiscV 59,
+# AddrV 58, PCC 57, ..., Deferred 44, Poison 43.
+ACA_BANKS = [
+    (0xfaa00000000d080b, "ue:aca"),  # Val Over UC En MiscV PCC: the rocm4021b capture
+    (0xbaa000000000080b, "ue:aca"),  # Val UC En MiscV PCC: rocm4021's bank on 1b:00
+    (0xb000000000000000, "ue:aca"),  # UC without PCC: still not corrected
+    (0xd820000000060150, "ce:aca"),  # Val Over En MiscV: rocm4021's xgmi banks, a "correctable" line after them
+    (0x9000100000000000, "de:aca"),  # Deferred
+    (0x9000080000000000, "de:aca"),  # Poison: deferred, as ACA_BANK_ERR_IS_DEFFERED decodes it
+    (0xb000100000000000, "de:aca"),  # UC and Deferred: the driver's UE_DE decode says deferred
+    (0x7aa000000000080b, "aca"),  # no Val: the bank holds no error (recorded)
+]
+
+
+@pytest.mark.parametrize("status,where", ACA_BANKS)
+def test_an_aca_banks_severity_is_read_from_its_status_bits(status, where):
+    assert amdkernlog.aca_severity(status) == where
+    for form in ("amdgpu 0000:4e:00.0: {1}[Hardware Error]: aca entry[03].STATUS=0x%016x",
+                 "amdgpu 0000:4e:00.0: amdgpu: [Hardware error] ACA[03/04].STATUS=0x%016x"):
+        (event,) = kernlog.parse_kmsg("3,9,1,-;%s\n" % (form % status), None)
+        assert (event.where, event.pci_bus_id) == (where, "0000:4e:00")
+
+
+@pytest.mark.parametrize("register", ["ADDR", "MISC0", "IPID", "SYND"])
+def test_an_aca_banks_other_registers_are_not_events(register):
+    line = "amdgpu 0000:4e:00.0: {1}[Hardware Error]: aca entry[00].%s=0xfaa00000000d080b" % register
+    assert kernlog.parse_amdgpu_message(line) is None
+
+
+def test_uncorrected_aca_banks_drain_their_gpu_with_no_ue_line_after_them():
+    """rocm4021b: UC+PCC banks on 4e:00 and no "uncorrectable hardware errors"
+    line: before issue 34 an ``aca`` record only, and no finding for 4e:00."""
+    found = capture_findings("dmesg-athub-aca-ucpcc-MI300X-rocm6.2.3-rocm4021b.FRAGMENT.txt")
+    assert [(f.gpu, f.observed.split(" x")[0], f.action, f.acute) for f in found] == [
+        (2, "ue aca", RESET_GPU, True), (7, "ue_event athub", RESET_GPU, True)]
+    # A corrected bank alone is recorded, never a finding.
+    assert judge(["amdgpu 0000:4e:00.0: {1}[Hardware Error]: aca entry[00].STATUS=0xd820000000060150"]) == []
+
+
+# ------------------------------------- amdgpu built into the kernel (issue 34)
+def _built_in(line):
+    return line.replace(" [amdgpu]]", "]")  # %ps of a built-in function names no module
+
+
+_TAGGED = sorted({line for name in CAPTURES for line in fixture(name).splitlines() if " [amdgpu]]" in line}
+                 | {wrapper for wrapper in _WRAPPERS if " [amdgpu]]" in wrapper})
+
+
+@pytest.mark.parametrize("line", _TAGGED)
+def test_every_tagged_line_reads_the_same_from_a_built_in_amdgpu(line):
+    """Each DRM line of the captures (and each carrying a user's text), with
+    the module tag and without it: the same events, in dmesg and in /dev/kmsg."""
+    assert events(_built_in(line)) == events(line)
+    assert kernlog.parse_kmsg(kmsg(_built_in(line)), None) == kernlog.parse_kmsg(kmsg(line), None)
+
+
+def test_the_tagged_lines_hold_events():
+    assert sum(bool(events(line)) for line in _TAGGED) >= 5  # the test above is no vacuous "() == ()"
+
+
+@pytest.mark.parametrize("line,where,bus", [
+    # Quoted in issue 34 from a real MI210 log on kernel 6.14 with amdgpu built in.
+    ("[drm:amdgpu_job_timedout] *ERROR* ring gfx timeout, signaled seq=1, emitted seq=3", "ring_timeout:gfx", ""),
+    ("[drm:amdgpu_job_timedout] *ERROR* GPU Recovery Failed: -22", "reset_failed", ""),
+    # Its device-prefixed form (DRM_DEV_ERROR): the anchor, then the same bodies.
+    ("amdgpu 0000:05:00.0: [drm:amdgpu_job_timedout] *ERROR* ring gfx timeout, signaled seq=1, emitted seq=3",
+     "ring_timeout:gfx", "0000:05:00"),
+    ("amdgpu 0000:05:00.0: [drm:amdgpu_job_timedout] *ERROR* GPU Recovery Failed: -22", "reset_failed",
+     "0000:05:00"),
+])
+def test_the_built_in_forms_quoted_in_issue_34(line, where, bus):
+    for text in (line, "[ 8123.1] " + line, "Mar 02 10:15:03 mi210 kernel: " + line):
+        assert events(text) == [(where, 1, bus)]
+    (event,) = kernlog.parse_kmsg("3,9,1,-;%s\n" % line, None)
+    assert (event.where, event.pci_bus_id) == (where, bus)
+
+
+@pytest.mark.parametrize("line", [
+    "amdgpu 0000:05:00.0: [drm:amdgpu_ring_test_helper] *ERROR* ring kiq_2.1.0 test failed (-110)",
+    "[drm:amdgpu_dm_commit_planes] *ERROR* Waiting for fences timed out!",
+    "[drm:amdgpu_job_timedout] *ERROR* ring sdma0 timeout, but soft recovered",
+    "[drm:amdgpu_job_timedout] *ERROR* Process information: process %s pid 1 thread %s pid 2" % (USER, USER),
+])
+def test_a_built_in_amdgpus_other_records_are_not_events(line):
+    assert events(line) == [] and kernlog.parse_kmsg("3,9,1,-;%s\n" % line, None) == ()
