@@ -5,14 +5,20 @@ findings out.
 One component, ``amdgpu_event`` (the pin component ``amdgpu`` is the driver's
 version), its observed value the event and what it names:
 
-    gpugate: health amdgpu_event:gpu3=ue umc x2 (want none)
-    gpugate: health amdgpu_repeat:gpu0=ring_timeout x3 (want < 3 in 86400s)
+    gpugate: health amdgpu_event:gpu3=ue umc (want none)
+    gpugate: health amdgpu_repeat:gpu0=ring_timeout >=3 (want < 3 in 86400s)
+
+How many (errors, pages, timeouts, resets) is in the finding's detail, never in
+the reason: a reason changes only when the finding does (each change is a
+write to slurmctld, and a new published comment goes to the back of the
+budget keeper's oldest-first queue).
 
 ======================== ====== ============ =========================================
 event                    class  action       when
 ======================== ====== ============ =========================================
 ue, de, ue_event, poison health reset_gpu    a fresh one (uncorrectable RAS error,
-                                             deferred error, poison consumed)
+                                             deferred error, poison consumed; an ACA
+                                             bank is ue/de by its STATUS bits)
 reset_failed,            health reboot       a fresh one (the driver could not
 ring_reset_failed                            recover the GPU, or one ring of it)
 init_failed              broken reboot       a fresh one (the driver failed at probe)
@@ -23,8 +29,8 @@ ring_timeout             health reset_gpu    ring_timeout_max of them on one GPU
                                              job's hang is not yet a GPU fault)
 gpu_reset                health reboot       gpu_reset_events_max "GPU reset begin!" on
                                              one GPU in the window, one of them fresh
-ce, aca, reset_ok,       -      -            recorded only
-vram_lost
+ce, aca, reset_ok,       -      -            recorded only (aca: the banks' header,
+vram_lost, vm_fault                          vm_fault: gpugate.judges.apprepeat's)
 ======================== ====== ============ =========================================
 
 The two rates are component ``amdgpu_repeat``, budgeted (the others are acute).
@@ -97,12 +103,11 @@ def _finding(policy, key, group):
     if name in ON_ONE:
         cls, action = ON_ONE[name]
         observed = name + (" " + sub if sub else "")
+        detail = _detail(last)
         if name in _COUNTS:
             total = sum(e.xid for e in group)
-            observed += " x%d" % total if total > 1 else ""
-        elif name == "bad_page_threshold":
-            observed += " %d pages" % max(e.xid for e in group)
-        return Finding(cls, COMPONENT, observed + where, "none", action, gpu=gpu, detail=_detail(last))
+            detail = ("%d errors: %s" % (total, detail)) if total > 1 else detail
+        return Finding(cls, COMPONENT, observed + where, "none", action, gpu=gpu, detail=detail[:_DETAIL])
     field, action = RATES[name]
     most = getattr(policy, field)
     if len(group) < most or not any(e.fresh for e in group):
@@ -110,8 +115,8 @@ def _finding(policy, key, group):
     window = "%gs" % policy.xid_window_seconds if policy.xid_window_seconds else "this boot"
     expected = ("none in %s" if most <= 1 else "< %d in %%s" % most) % window
     detail = "%d in the window: %s" % (len(group), _detail(last))
-    return Finding(HEALTH, REPEAT, "%s x%d%s" % (name, len(group), where), expected, action, gpu=gpu,
-                   detail=detail[:_DETAIL])
+    observed = name if most <= 1 else "%s >=%d" % (name, most)  # the count: in the detail
+    return Finding(HEALTH, REPEAT, observed + where, expected, action, gpu=gpu, detail=detail[:_DETAIL])
 
 
 def _order(name: str) -> int:
