@@ -9,7 +9,12 @@ processes are gone.  The job's cgroup directory alone would not do: an
 unkillable process of a job that ended keeps its cgroup in place.  The
 slurmstepd is found in the process table (comm "slurmstepd", real uid
 root's, the owner of /proc itself), read only when a GPU process is
-another job's."""
+another job's.
+
+A process in no job's cgroup (sites that track jobs without cgroups:
+ProctrackType=proctrack/linuxproc or pgid) is the job of the slurmstepd
+above it (its PPid chain, as Slurm's linuxproc tracks it; under pgid, its
+process group's too); one reparented to init stays in no job."""
 
 from __future__ import annotations
 
@@ -40,12 +45,22 @@ def read(root: str, pids: Iterable[int], job: Optional[int]) -> JobProcesses:
         fail = ProbeFailure("processes", "missing", "%s: no process table" % proc)
         return JobProcesses(job, tuple(GpuProcess(pid, fail) for pid in sorted(set(pids))))
     owners = {pid: _owner(proc, pid) for pid in sorted(set(pids))}
-    others = {o for o in owners.values() if isinstance(o, int) and o != job}
+    # In no job's cgroup (proctrack/linuxproc or pgid: no job cgroups): the job of the slurmstepd above it,
+    # which lives while that job runs.
+    pgid = None
+    by_parent = {}
+    for pid in [p for p, o in owners.items() if o is None]:
+        if pgid is None:
+            pgid = proctrack(os.path.dirname(proc)) == "proctrack/pgid"
+        by_parent[pid] = owners[pid] = _by_ancestry(proc, pid, pgid)
+    others = {o for p, o in owners.items() if isinstance(o, int) and o != job and p not in by_parent}
     running = _running_jobs(proc) if others else set()
     out = []
     for pid, owner in owners.items():
         if owner is _GONE:
             out.append(GpuProcess(pid, gone=True))
+        elif isinstance(owner, int) and pid in by_parent:
+            out.append(GpuProcess(pid, owner, True))  # its slurmstepd was alive as it was read
         elif isinstance(owner, int):
             out.append(GpuProcess(pid, owner, running if isinstance(running, ProbeFailure) else owner in running))
         else:
@@ -55,10 +70,8 @@ def read(root: str, pids: Iterable[int], job: Optional[int]) -> JobProcesses:
 
 def _owner(proc: str, pid: int) -> Any:
     """The job in pid's cgroup, None, _GONE, or a ProbeFailure."""
-    from ..safeio import read_capped
-
     try:
-        text = read_capped(os.path.join(proc, str(pid), "cgroup"), _CAP).decode("utf-8", "replace")
+        text = _read(proc, pid, "cgroup").decode("utf-8", "replace")
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ESRCH):
             return _GONE  # it exited after the GPUs were read
@@ -67,6 +80,86 @@ def _owner(proc: str, pid: int) -> Any:
         return slurm_job(text)
     except ParseError as exc:
         return ProbeFailure("processes", "error", "pid %d: %s" % (pid, exc))
+
+
+def _by_ancestry(proc: str, pid: int, pgid: bool) -> Any:
+    """The job of the slurmstepd above pid (gpugate.parsers.proctree), None
+    where none is (reparented to init: a leftover, as Slurm's linuxproc
+    tracking sees it), _GONE, or a ProbeFailure.  Under proctrack/pgid an
+    orphan still in its step's process group is that step's (Slurm signals
+    the group): the group's leader, the step's first task, is walked too."""
+    from ..parsers.proctree import ancestry_job, stat_pgrp
+
+    owner = _stat(proc)
+    try:
+        if _parent(proc, pid) is None:
+            return _GONE  # it exited after its cgroup was read
+        job = ancestry_job(pid, lambda p: _parent(proc, p), lambda p: _stepd_job(proc, p, owner))
+        if job is None and pgid:
+            try:
+                group = stat_pgrp(_read(proc, pid, "stat").decode("ascii", "replace"))
+            except FileNotFoundError:
+                return _GONE
+            if group not in (pid, 0, 1):
+                job = ancestry_job(group, lambda p: _parent(proc, p), lambda p: _stepd_job(proc, p, owner))
+    except ParseError as exc:
+        return ProbeFailure("processes", "error", "pid %d: %s" % (pid, exc))
+    except OSError as exc:
+        return ProbeFailure("processes", "error", "pid %d's ancestry: %s" % (pid, exc.strerror or exc))
+    return job
+
+
+def _read(proc: str, pid: int, name: str) -> bytes:
+    """/proc/<pid>/<name> of the node root's process table, never through a
+    link (a kernel's /proc/<pid> is none; a copied root's may lead out)."""
+    from ..safeio import read_capped
+
+    fd = os.open(os.path.join(proc, "%d" % int(pid)), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return read_capped(name, _CAP, follow=False, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _parent(proc: str, pid: int) -> Optional[int]:
+    """pid's parent, or None when pid has exited (ENOENT, ESRCH); other errors raise."""
+    from ..parsers.proctree import status_fields
+
+    try:
+        text = _read(proc, pid, "status")
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return None
+        raise
+    return status_fields(text.decode("utf-8", "replace"))[0]
+
+
+def _stepd_job(proc: str, pid: int, owner: Optional[int]) -> Optional[int]:
+    """The job Slurm's slurmstepd at pid is for (comm slurmstepd, real uid
+    root's), or None for any other process; ParseError when Slurm's
+    slurmstepd has a title that names no job (unknown, never "no job")."""
+    from ..parsers.proctree import status_fields, step_job
+
+    try:
+        if _read(proc, pid, "comm").strip() != _STEPD.encode() or \
+                status_fields(_read(proc, pid, "status").decode("utf-8", "replace"))[1] != owner:
+            return None
+        cmdline = _read(proc, pid, "cmdline")
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return None  # exited meanwhile: its children were reparented
+        raise
+    job = step_job(cmdline)
+    if job is None:
+        raise ParseError("slurmstepd pid %d: its title names no job: %r" % (pid, cmdline[:80]))
+    return job
+
+
+def _stat(proc: str) -> Optional[int]:
+    try:
+        return os.stat(proc).st_uid  # root on a node; whoever made a simulated node's
+    except OSError:
+        return None
 
 
 def _running_jobs(proc: str) -> Any:
@@ -85,6 +178,10 @@ def _running_jobs(proc: str) -> Any:
             if _real_uid(os.path.join(proc, name, "status")) != owner:
                 continue  # any process may call itself slurmstepd: only root's is Slurm's
             job = _owner(proc, int(name))
+            if job is None:  # no job cgroups (proctrack/linuxproc, pgid): its title names its job
+                from ..parsers.proctree import step_job
+
+                job = step_job(_read(proc, int(name), "cmdline"))
         except OSError:  # ended meanwhile
             continue
         if isinstance(job, int):
@@ -107,7 +204,9 @@ def _real_uid(path: str) -> Optional[int]:
 def job_devices(root: str) -> Any:
     """"constrained" where cgroup.conf says ConstrainDevices=yes; else
     "not constrained: <why>" (a fact to show once, in the audit: never a
-    finding); a ProbeFailure when the file cannot be read."""
+    finding), naming slurm.conf's ProctrackType where it is not
+    proctrack/cgroup (the epilog tells a job's processes by their
+    slurmstepd then); a ProbeFailure when cgroup.conf cannot be read."""
     from ..safeio import read_capped
 
     for rel in CGROUP_CONF:
@@ -118,9 +217,37 @@ def job_devices(root: str) -> Any:
         except OSError as exc:
             return ProbeFailure("cgroup.conf", "error", "/%s: %s" % (rel, exc.strerror or exc))
         if not constrain_devices(text):
-            return "not constrained: ConstrainDevices=no in /" + rel
+            return "not constrained: ConstrainDevices=no in /" + rel + _tracking(root)
         return _task_plugin(root, os.path.dirname(rel))
-    return "not constrained: no cgroup.conf (/%s)" % ", /".join(CGROUP_CONF)
+    return "not constrained: no cgroup.conf (/%s)" % ", /".join(CGROUP_CONF) + _tracking(root)
+
+
+def _slurm_conf(root: str, name: str) -> Any:
+    """(name's value, the slurm.conf it was read from) of the first slurm.conf
+    beside a cgroup.conf place; (None, None) where none is read."""
+    from ..parsers.cgroup import conf_value
+    from ..safeio import read_capped
+
+    for rel in (os.path.join(os.path.dirname(c), "slurm.conf") for c in CGROUP_CONF):
+        try:
+            return conf_value(read_capped(os.path.join(root, rel), 4 << 20).decode("utf-8", "replace"), name), rel
+        except OSError:
+            continue
+    return None, None
+
+
+def proctrack(root: str) -> Optional[str]:
+    """slurm.conf's ProctrackType, lower case (None: no slurm.conf read, or not set)."""
+    value = _slurm_conf(root, "ProctrackType")[0]
+    return value.strip().lower() if value else None
+
+
+def _tracking(root: str) -> str:
+    value, rel = _slurm_conf(root, "ProctrackType")
+    if value is None or value.strip().lower() == "proctrack/cgroup":
+        return ""
+    return "; ProctrackType=%s in /%s (no job cgroups: a job's process is told by the slurmstepd above it)" \
+        % (value[:40], rel)
 
 
 def _task_plugin(root: str, conf_dir: str) -> str:
@@ -136,7 +263,7 @@ def _task_plugin(root: str, conf_dir: str) -> str:
     except OSError:
         plugins = None
     if plugins is not None and "task/cgroup" not in plugins.lower().split(","):
-        return "not constrained: TaskPlugin=%s (no task/cgroup) in /%s" % (plugins[:80], rel)
+        return "not constrained: TaskPlugin=%s (no task/cgroup) in /%s" % (plugins[:80], rel) + _tracking(root)
     return CONSTRAINED
 
 

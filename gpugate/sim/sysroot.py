@@ -80,12 +80,13 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
         if program and state == "active":
             procs[4100 + i] = (program[:15], "/usr/bin/%s\0--verbose\0" % program)
     in_jobs = jobs.processes(model)
-    procs.update({pid: (comm, cmdline) for pid, (comm, cmdline, _, _) in in_jobs.items() if pid not in procs})
-    conf = jobs.cgroup_conf(model)
-    if conf is not None:
-        write(os.path.join(root, "etc/slurm/cgroup.conf"), conf)
-    elif os.path.lexists(os.path.join(root, "etc/slurm/cgroup.conf")):
-        os.unlink(os.path.join(root, "etc/slurm/cgroup.conf"))
+    procs.update({pid: p[:2] for pid, p in in_jobs.items() if pid not in procs})
+    confs = (("etc/slurm/cgroup.conf", jobs.cgroup_conf(model)), ("etc/slurm/slurm.conf", jobs.slurm_conf(model)))
+    for rel, conf in confs:
+        if conf is not None:
+            write(os.path.join(root, rel), conf)
+        elif os.path.lexists(os.path.join(root, rel)):
+            os.unlink(os.path.join(root, rel))
     proc = os.path.join(root, "proc")
     if os.path.isdir(proc):
         for gone in {p for p in os.listdir(proc) if p.isdigit()} - {str(p) for p in procs}:
@@ -96,4 +97,7 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
         write(os.path.join(proc, str(pid), "cgroup"), in_jobs[pid][2] if pid in in_jobs else "0::/system.slice\n")
         # Real uid: the jobs' user's for their processes, else whoever owns this /proc (root on a node).
         uid = in_jobs[pid][3] if pid in in_jobs and in_jobs[pid][3] is not None else os.stat(proc).st_uid
-        write(os.path.join(proc, str(pid), "status"), "Name:\t%s\nUid:\t%d\t%d\t%d\t%d\n" % ((comm,) + (uid,) * 4))
+        ppid, pgrp = in_jobs[pid][4:6] if pid in in_jobs else (0 if pid == 1 else 1, pid)
+        write(os.path.join(proc, str(pid), "status"), "Name:\t%s\nPPid:\t%d\nUid:\t%d\t%d\t%d\t%d\n"
+              % ((comm, ppid) + (uid,) * 4))
+        write(os.path.join(proc, str(pid), "stat"), "%d (%s) S %d %d %d 0 -1\n" % (pid, comm, ppid, pgrp, pgrp))

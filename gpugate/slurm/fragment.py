@@ -121,7 +121,8 @@ def devices_hint(root: str) -> str:
     text = ("# cgroup.conf (not slurm.conf), with TaskPlugin=task/cgroup: ConstrainDevices=yes\n"
             "# confines each job to its own GPUs.  Without it a job may use another's GPU;\n"
             "# the epilog then drains only for a process no running job owns (README\n"
-            "# \"Jobs sharing a node's GPUs\").\n")
-    if isinstance(state, str) and state != CONSTRAINED and "no cgroup.conf" not in state:
+            "# \"Jobs sharing a node's GPUs\").  ProctrackType other than proctrack/cgroup:\n"
+            "# a job's process is the job of the slurmstepd above it; one reparented to init is a leftover.\n")
+    if isinstance(state, str) and state != CONSTRAINED and ("no cgroup.conf" not in state or "ProctrackType" in state):
         text += "# NOTE: on this machine %s\n" % state
     return text
