@@ -10,6 +10,7 @@ import click
 
 
 DEMO_INTERVAL = 6
+KEEPER_EVERY = 30  # slurm_conf/gpugate-budget.timer
 
 
 def _baseline_text() -> str:
@@ -60,7 +61,7 @@ def demo(ctx, nodes, keep, directory):
     try:
         _walkthrough(cluster)
     finally:
-        _stop_keeper(cluster)
+        cluster.stop_keeper()
         if keep:
             click.echo("\nThe cluster keeps running: SLURM_CONF=%s sinfo -R ; gpugate demo down --dir %s"
                        % (cluster.conf, cluster.dir))
@@ -79,12 +80,8 @@ def _walkthrough(cluster) -> None:
     cluster.start()
     click.echo("up in %.1fs. slurm.conf points HealthCheckProgram, Prolog and Epilog at gpugate;"
                " HealthCheckInterval=%ds." % (time.monotonic() - started, DEMO_INTERVAL))
-    import subprocess
-
     # The controller's drain-budget keeper (a real one: gpugate-budget.timer, every 30 s).
-    cluster.keeper_proc = subprocess.Popen(
-        [sys.executable, "-m", "gpugate", "budget", "--watch", "5", "--config", cluster.gpugate_conf],
-        env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster.start_keeper(5)
     click.echo("the controller runs the drain-budget keeper every 5 s (`gpugate budget --watch 5`; "
                "a real one: gpugate-budget.timer, every 30 s)")
     _show(cluster, ["/usr/bin/sinfo", "-N", "-o", "%N %T %E"], "%s sinfo -N" % env)
@@ -135,20 +132,9 @@ def _walkthrough(cluster) -> None:
                           "--node", "gpu07"], check=False)
     click.echo("\n".join("    " + line for line in result.stdout.rstrip().splitlines()))
     _sweep_step(cluster)
-    _stop_keeper(cluster)  # step 8 runs it by hand, to show what happens before and after
+    cluster.stop_keeper()  # step 8 runs it by hand, to show what happens before and after
     _budget_step(cluster)
     click.echo("\nDone. Every node-side run left one JSON line in %s/state/<node>/gpugate.log." % cluster.dir)
-
-
-def _stop_keeper(cluster) -> None:
-    proc = getattr(cluster, "keeper_proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - a demo's clean-up: kill what did not leave
-            proc.kill()
-            proc.wait()
 
 
 def _budget_step(cluster) -> None:
@@ -219,12 +205,17 @@ def _job(cluster, job: str) -> dict:
 @click.option("--dir", "directory", required=True, type=click.Path(file_okay=False))
 @click.option("--nodes", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--interval", default=DEMO_INTERVAL, show_default=True, help="HealthCheckInterval (seconds).")
-def demo_up(directory, nodes, interval):
-    """Boot a healthy cluster in DIR and leave it running.
+@click.option("--no-keeper", is_flag=True,
+              help="Leave out the drain-budget keeper (then nothing budgeted is ever drained).")
+def demo_up(directory, nodes, interval, no_keeper):
+    """Boot a healthy cluster in DIR and leave it running, with the
+    controller's drain-budget keeper (`gpugate budget --watch 30`, as
+    gpugate-budget.timer runs it on a site) unless --no-keeper.
 
     \b
     Examples:
       gpugate demo up --dir /tmp/gg --nodes 4
+      gpugate status --config /tmp/gg/gpugate.toml
       gpugate demo down --dir /tmp/gg
     """
     from ..testbed import Cluster
@@ -232,8 +223,16 @@ def demo_up(directory, nodes, interval):
     cluster = Cluster(directory, nodes=nodes, health_interval=interval)
     cluster.write(_baseline_text())
     cluster.start()
-    click.echo("cluster up: %d nodes %s\n  SLURM_CONF=%s sinfo -R\n  gpugate sim set %s NODES KEY=VALUE\n"
-               "  gpugate demo down --dir %s" % (nodes, cluster.nodeset(), cluster.conf, cluster.fleet, directory))
+    if no_keeper:
+        keeper = "no drain-budget keeper (--no-keeper): budgeted findings are published, never drained"
+    else:
+        cluster.start_keeper(KEEPER_EVERY)
+        keeper = ("the controller runs the drain-budget keeper every %d s (gpugate budget --watch %d, as "
+                  "gpugate-budget.timer does); its runs: gpugate status --config %s"
+                  % (KEEPER_EVERY, KEEPER_EVERY, cluster.gpugate_conf))
+    click.echo("cluster up: %d nodes %s\n  %s\n  SLURM_CONF=%s sinfo -R\n  gpugate sim set %s NODES KEY=VALUE\n"
+               "  gpugate demo down --dir %s" % (nodes, cluster.nodeset(), keeper, cluster.conf, cluster.fleet,
+                                                 directory))
 
 
 @demo.command("down")

@@ -13,6 +13,8 @@ from ..sim import quiet
 from . import files
 from .procs import BIN, SBIN, ClusterError, _is_ours, _pid_alive, free_ports, slurm_version
 
+KEEPER = "budget"  # the keeper's pid file (run/budget.pid); `budget` is in its command line
+
 
 class Cluster:
     def __init__(self, directory: str, nodes: int = 8, health_interval: int = 5,
@@ -107,12 +109,26 @@ class Cluster:
              "--log-file=" + self.path("log", "munged.log"), "--seed-file=" + self.path("munge", "seed")],
             check=True, timeout=30, env=self.env, stdin=subprocess.DEVNULL, capture_output=True)
 
-    def _spawn(self, argv: List[str], what: str, extra_env: Optional[Dict[str, str]] = None) -> None:
+    def start_keeper(self, every: float = 30.0) -> None:
+        """The controller's drain-budget keeper, as a site runs it
+        (gpugate-budget.timer: every 30 s); its pid file lets `stop` end it."""
+        if self._alive(self.path("run", KEEPER + ".pid")):
+            return
+        proc = self._spawn([sys.executable, "-m", "gpugate", "budget", "--watch", "%g" % every,
+                            "--config", self.gpugate_conf], KEEPER)
+        with open(self.path("run", KEEPER + ".pid"), "w") as handle:
+            handle.write("%d\n" % proc.pid)
+
+    def stop_keeper(self) -> None:
+        self._stop_pid(KEEPER)
+
+    def _spawn(self, argv: List[str], what: str, extra_env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
         log = open(self.path("log", what + ".out"), "ab")
         env = dict(self.env, **(extra_env or {}))
-        subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, close_fds=True)
         log.close()
+        return proc
 
     def _sinfo_ok(self) -> bool:
         return self.run([BIN + "/sinfo", "-h"], check=False).returncode == 0
@@ -242,6 +258,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop what this cluster started, by the pids it wrote."""
+        self.stop_keeper()
         for name in self.nodes:
             self.stop_slurmd(name)
         self.stop_slurmctld()
