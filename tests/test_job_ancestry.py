@@ -132,6 +132,19 @@ def test_job_devices_and_the_hint_name_proctrack_when_not_cgroup(tmp_path):
     assert "ProctrackType=proctrack/linuxproc" in devices_hint(str(tmp_path))
 
 
+def test_a_simulated_nodes_health_check_names_its_proctrack(fleet):
+    import json
+
+    from conftest import gpugate_cmd
+
+    gpugate_cmd("sim", "set", fleet, "gpu01", "slurm.constrain_devices=no", "slurm.proctrack=pgid", check=True)
+    data = json.loads(gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--json").stdout)
+    assert data["fit"] is True and data["facts"]["job_devices"].endswith(
+        "; ProctrackType=proctrack/pgid in /etc/slurm/slurm.conf (no job cgroups: a job's process is told by the "
+        "slurmstepd above it)")
+    assert gpugate_cmd("sim", "set", fleet, "gpu01", "slurm.proctrack=sgi_job").returncode != 0
+
+
 # --- the parsers (pure) -------------------------------------------------------
 
 def test_slurmstepd_titles_as_slurm_writes_them():
