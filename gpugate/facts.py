@@ -67,10 +67,22 @@ def unchecked_facts(facts: Any) -> Tuple[Tuple[str, str], ...]:
         for role, value in sorted(values.items()) if isinstance(values, dict) else ():
             if unchecked(value):
                 out.append(("%s:%s" % (kind, role), value.detail))
+    out += clock_events_unchecked(getattr(facts, "nvml", None))
     amd = getattr(facts, "amd", None)
     if amd is not None and not failed(amd):
         out += _amd_unchecked(amd)
     return tuple(out)
+
+
+def clock_events_unchecked(nvml: Any) -> list:
+    """[("clock_events", why)] where a GPU's clock-event counters cannot be
+    read (an nvidia-ml-py before 12.575, a GPU or driver without them): time
+    spent slowed is then judged on no GPU of it (gpugate.judges.throttle)."""
+    for gpu in () if nvml is None or failed(nvml) else nvml.gpus:
+        value = getattr(gpu, "clock_event_ns", None)
+        if unchecked(value):
+            return [("clock_events", "gpu%d: %s" % (gpu.index, value.detail))]
+    return []
 
 
 def _amd_unchecked(amd: Any) -> list:

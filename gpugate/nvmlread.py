@@ -189,12 +189,14 @@ CLOCK_EVENT_FIELDS = (("sw_power_cap", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER
 
 
 def _clock_event_ns(nvml, h):
-    """{"t": NVML's timestamp (us), reason: ns, ...}, one call; None when
-    the binding or the GPU knows none of the counters."""
+    """{"t": NVML's timestamp (us), reason: ns, ...}, one call; an unchecked
+    ProbeFailure when the binding or the GPU knows none of the counters
+    (clock events then cannot be judged by time: said, never silent)."""
     known = [(name, getattr(nvml, const, None)) for name, const in CLOCK_EVENT_FIELDS]
     known = [(name, fid) for name, fid in known if isinstance(fid, int)]
-    if not known:
-        return None
+    if not known:  # the five names came together in nvidia-ml-py 12.575; setup.cfg allows 12.535
+        return ProbeFailure("nvml", "unchecked", "this nvidia-ml-py names no clock-event counter "
+                            "(NVML_FI_DEV_CLOCKS_EVENT_REASON_*, nvidia-ml-py 12.575 and later)")
     values = nvml.nvmlDeviceGetFieldValues(h, [fid for _, fid in known])
     out = {}
     for (name, _), value in zip(known, values):
@@ -203,7 +205,10 @@ def _clock_event_ns(nvml, h):
             out["t"] = max(out.get("t", 0), int(value.timestamp))
         elif value.nvmlReturn != _NOT_SUPPORTED:
             raise nvml.NVMLError(value.nvmlReturn)
-    return out if "t" in out else None
+    if "t" not in out:
+        return ProbeFailure("nvml", "unchecked", "this GPU or driver counts no clock event "
+                            "(NVML_FI_DEV_CLOCKS_EVENT_REASON_*: not supported)")
+    return out
 
 
 def _recovery(nvml, h):

@@ -164,3 +164,41 @@ def test_health_check_judges_the_time_between_two_checks(node_env):  # noqa: F81
     gpugate_cmd("sim", "set", fleet, "gpu01", "reboot=1", check=True)
     gpugate_cmd("sim", "set", fleet, "gpu01", "clock.advance=600", check=True)
     assert run_entry("healthcheck", node_env).returncode == 0
+
+
+def test_an_nvml_binding_without_the_counters_is_unchecked_never_silent():
+    """nvidia-ml-py before 12.575 names no NVML_FI_DEV_CLOCKS_EVENT_REASON_*
+    (setup.cfg allows 12.535): clock events cannot be judged by time there,
+    and that is said (an unchecked fact), never a probe finding, never silence."""
+    from gpugate.probes.nvml import facts_of
+
+    gpu = {"name": "x", "clock_event_ns": {"power_brake": 7 * S, "hw_thermal": 3}}
+    for state, words in (({"gpus": [gpu], "binding": "12.535.161"}, "nvidia-ml-py 12.575"),
+                         ({"gpus": [{"name": "x", "clock_event_ns": None}]}, "not supported")):
+        nv = sim_nvml.load(state)
+        nv.nvmlInit()
+        got = facts_of(nvmlread._clock_event_ns(nv, nv.nvmlDeviceGetHandleByIndex(0)))  # the reader's stand-in
+        assert isinstance(got, ProbeFailure) and got.kind == "unchecked" and words in got.detail, got
+    reference = throttle.step(None, _facts(_sample(0)), POLICY)[1]
+    found, kept = throttle.step(reference, _facts(got), POLICY)
+    assert found == [] and kept == reference  # no probe finding; the reference waits for counters
+    from gpugate.facts import unchecked_facts
+
+    listed = dict(unchecked_facts(_facts(_sample(0), got)))
+    assert listed["clock_events"].startswith("gpu1: this GPU or driver counts no clock event")
+
+
+def test_check_and_metrics_list_clock_events_unchecked_on_an_old_binding(node_env):  # noqa: F811
+    from test_check_sim import check
+
+    fleet = node_env["fleet"]
+    gpugate_cmd("sim", "set", fleet, "gpu01", "nvml.binding=12.535.161", check=True)
+    data = check(fleet)
+    assert data["fit"] is True, data["reason"]
+    unchecked = {u["fact"]: u["why"] for u in data["unchecked"]}
+    assert "no clock-event counter" in unchecked["clock_events"], data["unchecked"]
+    shown = gpugate_cmd("check", "--sim", fleet, "--node", "gpu01", "--baseline", DEMO_BASELINE).stdout
+    assert "unchecked clock_events: gpu0: this nvidia-ml-py names no clock-event counter" in shown, shown
+    assert run_entry("healthcheck", node_env).returncode == 0
+    m = metrics(node_env["prom"])
+    assert m[("gpugate_fact_unchecked", (("fact", "clock_events"),))] == 1

@@ -91,7 +91,8 @@ def sim_set(fleet, nodes, assignments):
       compute_mode power_limit (every GPU; watts)
       throttle.{sw_power_cap,sync_boost,sw_thermal,hw_thermal,power_brake}=S|+S (NVML's
       counters of time slowed, every GPU; gpu.N.throttle.REASON for one) clock.advance=S
-      (NVML's clock S seconds on: the next health check's interval)
+      (NVML's clock S seconds on: the next health check's interval) nvml.binding=12.535
+      (an nvidia-ml-py that names no clock-event counter)
       smoke=healthy|pcie-degraded|hang|nccl-abort|pair-slow|pair-abort (what all_reduce_perf
       replays; pair-*: only the 2-node pair job, whose first node plays the worse of the two)
       bug_report=1 (nvidia-bug-report.sh installed; absent by default) reset_delay=S (how long

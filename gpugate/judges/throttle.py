@@ -34,7 +34,7 @@ room (GpugateClockEventsRoomWide)."""
 
 from __future__ import annotations
 
-from ..facts import failed
+from ..facts import failed, unchecked
 from ..findings import HEALTH, INVESTIGATE, Finding
 from .common import probe_finding
 
@@ -92,7 +92,7 @@ def step(last: Optional[dict], facts, policy) -> Tuple[List[Finding], Optional[d
         now, key = gpu.clock_event_ns, _key(gpu)
         prev = kept.get(key) if isinstance(kept.get(key), dict) else None
         if failed(now):
-            if reasons:
+            if reasons and not unchecked(now):  # unchecked: listed as such (facts.unchecked_facts)
                 out.append(probe_finding("clock_event_ns", now, gpu.index))
             if prev is not None:
                 state[key] = prev  # the reference stays for when NVML answers again

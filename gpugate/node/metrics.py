@@ -247,7 +247,19 @@ def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bo
     ``clocks``: reason -> the highest share of an interval a GPU spent
     slowed, over the limit (judges.throttle.shares_over); None: not judged."""
     families = node_families(node, verdict, facts, baseline, held, config_error, nhc, stuck)
-    return _write_textfile(path, render(families + clock_families(clocks)))
+    return _write_textfile(path, render(families + clock_families(clocks) + unchecked_families(facts)))
+
+
+def unchecked_families(facts) -> list:
+    """1 per fact left unjudged on this node (facts.unchecked_facts: an
+    nvidia-ml-py without clock-event counters, RAS off, a tool not
+    installed): what `gpugate check` lists, where a dashboard sees it too."""
+    from ..facts import unchecked_facts
+
+    samples = [("gpugate_fact_unchecked", {"fact": what}, 1) for what, _ in unchecked_facts(facts)] if facts else []
+    return [("gpugate_fact_unchecked", "gauge",
+             "1 for each fact this node cannot judge (gpugate check lists why): never taken for a good value.",
+             samples)]
 
 
 def clock_families(over) -> list:

@@ -292,6 +292,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "pci.gpus": _node_path("pci", "gpus", convert=_int),
     "nvml.init_error": _node_path("nvml", "init_error", convert=lambda v: None if v in ("0", "none") else _int(v)),
     "nvml.hang": _nvml_hang,
+    "nvml.binding": _node_path("nvml", "binding"),  # the nvidia-ml-py version: 12.535 knows no clock-event counter
     "module.resident": _node_path("module", "resident", convert=_optional),
     "module.on_disk": _node_path("module", "on_disk", convert=_optional),
     "dkms": _node_path("dkms", convert=lambda v: bool(_flag(v))),

@@ -67,6 +67,9 @@ class SimNvml(StateAccess):
         return "<simulated pynvml, %d GPU(s)>" % len(self._gpus())
 
     def __getattr__(self, name):  # only what the class does not define
+        if name.startswith(_CLOCK_PREFIX) and _older(self._state.get("binding"), (12, 575)):
+            # nvidia-ml-py named these field ids first in 12.575 (setup.cfg allows 12.535).
+            raise AttributeError("simulated nvidia-ml-py %s has no %r" % (self._state["binding"], name))
         return _constant(name)
 
     def __dir__(self):
@@ -345,7 +348,17 @@ _CLOCK_FIELDS = {"sw_power_cap": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_
                  "sw_thermal": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
                  "hw_thermal": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
                  "power_brake": _real.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN}
+_CLOCK_PREFIX = "NVML_FI_DEV_CLOCKS_EVENT_REASON_"
 _CONSTANT_TYPES = (int, float, str, bytes, tuple, type, ctypes._SimpleCData)
+
+
+def _older(version, than) -> bool:
+    """state["binding"] ("12.535.161": the nvidia-ml-py the node has) is
+    older than ``than``; none set: the installed one."""
+    try:
+        return isinstance(version, str) and tuple(int(x) for x in version.split(".")[:2]) < than
+    except ValueError:
+        return False
 
 
 def _constant(name: str):
