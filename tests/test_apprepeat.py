@@ -54,7 +54,8 @@ def test_repeating_across_jobs_of_different_users_is_a_budgeted_finding_naming_t
     assert seen[:2] == [[], []]
     (finding,) = seen[2]
     assert (finding.cls, finding.component, finding.observed, finding.expected) == (
-        "health", "xid_repeat", "xid 13+31 in 3 jobs", "< 3 jobs within 24h")
+        "health", "xid_repeat", "xids in >=3 jobs", "< 3 jobs within 24h")
+    assert finding.detail.startswith("xid 13+31 in 3 jobs on GPU ")  # which and how many: the detail's
     assert "jobs 101, 102, 103 of users u101, u102, u103" in finding.detail and BUS in finding.detail
     assert not finding.acute and not is_acute("health", "xid_repeat")
 
@@ -101,7 +102,7 @@ def test_attack_one_users_jobs_are_the_application():
     assert seen == [[], [], [], []]
     # A second user on the same GPU makes it the place's.
     seen, _ = _replay([("301", [31], "65534"), ("302", [31], "65534"), ("303", [13], "1001")])
-    assert [f.observed for f in seen[2]] == ["xid 13+31 in 3 jobs"]
+    assert [f.detail.partition(" on GPU")[0] for f in seen[2]] == ["xid 13+31 in 3 jobs"]
 
 
 def test_a_user_whose_faults_follow_them_across_gpus_is_set_aside_and_said_so():
@@ -113,7 +114,7 @@ def test_a_user_whose_faults_follow_them_across_gpus_is_set_aside_and_said_so():
     assert apprepeat.judge(history, _facts(), 9.0, POLICY) == []  # 500's two jobs do not count
     history = apprepeat.record(history, _facts(31), "405", "503", [2], 10.0, POLICY)
     (finding,) = apprepeat.judge(history, _facts(), 11.0, POLICY)
-    assert finding.observed == "xid 13+31 in 3 jobs"
+    assert finding.detail.startswith("xid 13+31 in 3 jobs on GPU ")
     assert "not counted, the application's (their Xids follow them across GPUs): user 500 on 0000:18:00, " \
            "0000:3a:00" in finding.detail
 
@@ -122,7 +123,7 @@ def test_attack_a_crash_loop_cannot_push_other_jobs_out():
     """Jobs A and B with one Xid 13 each, then job C with 60 (before: only
     the last 50 events per GPU were kept: job C's, and no finding)."""
     seen, history = _replay([("A", [13]), ("B", [13]), ("C", [13] * 60)])
-    assert [f.observed for f in seen[2]] == ["xid 13 in 3 jobs"]
+    assert [f.detail.partition(" on GPU")[0] for f in seen[2]] == ["xid 13 in 3 jobs"]
     assert history["gpus"][BUS]["jobs"]["C"][2:] == [[13], 60]
     # One user's flood of short jobs keeps at most the limit's worth of them.
     seen, history = _replay([("A", [13]), ("B", [13])] + [("F%d" % i, [13], "65534") for i in range(100)])
@@ -190,7 +191,7 @@ def test_epilogs_of_different_jobs_build_the_history_and_the_health_check_keeps_
         run_entry("epilog", node_env, extra_env=_job(job))
     last = _log(node_env)[-1]
     assert last["mode"] == "epilog" and last["verdict"] == "unfit", last
-    assert "xid_repeat:gpu2=xid 13 in 3 jobs (want < 3 jobs within 24h)" in last["reason"]
+    assert "xid_repeat:gpu2=xids in >=3 jobs (want < 3 jobs within 24h)" in last["reason"]
     result = run_entry("healthcheck", node_env)
     assert "xid_repeat:gpu2" in _log(node_env)[-1]["reason"], result.stderr
 
@@ -252,7 +253,7 @@ def test_amdgpu_vm_faults_are_the_applications_per_job_and_gpu(tmp_path):
         run_entry("epilog", env, "mi001", _job(job, gpus))
     with open(os.path.join(env["state"], "mi001", "gpugate.log")) as handle:
         last = json.loads(handle.read().splitlines()[-1])
-    assert "xid_repeat:gpu2=vm_fault in 3 jobs (want < 3 jobs within 24h)" in (last.get("reason") or ""), last
+    assert "xid_repeat:gpu2=vm_faults in >=3 jobs (want < 3 jobs within 24h)" in (last.get("reason") or ""), last
     with open(os.path.join(env["state"], "mi001", "xid-history.json")) as handle:
         (gpu,) = json.load(handle)["gpus"].values()
     assert sorted(gpu["jobs"]) == ["802", "803", "804"]  # job 801 held GPUs 0 and 1

@@ -50,7 +50,7 @@ SCENARIOS = {
         None),
     "the application's Xid on one GPU across jobs": (
         [HC, ("job", "601", "gpu.2.xid=13"), ("job", "602", "gpu.2.xid=31"), ("job", "603", "gpu.2.xid=13"), HC],
-        "gpugate: health xid_repeat:gpu2=xid 13+31 in 3 jobs (want < 3 jobs within 24h)"),
+        "gpugate: health xid_repeat:gpu2=xids in >=3 jobs (want < 3 jobs within 24h)"),
 }
 
 

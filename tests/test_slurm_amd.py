@@ -81,7 +81,7 @@ def test_a_mixed_fleet_gates_repairs_and_audits_amd_nodes_beside_nvidia(mixed):
     drift_and_drain(cluster, "gpu03", "amd.gpu3.ras.umc.ue=+2", "amd.gpu3.log=ue:umc:2")
     reason = cluster.reason("gpu03")
     assert reason.startswith("gpugate: health ") and "ras:gpu3=umc=2 uncorrectable (want 0)" in reason, reason
-    assert "amdgpu_event:gpu3=ue umc x2 (want none)" in reason, reason
+    assert "amdgpu_event:gpu3=ue umc (want none)" in reason, reason
     assert cluster.state("gpu04") == "idle" and cluster.state("gpu01") == "idle"
 
     # The sweep resets the node's GPUs (amd-smi), verifies (RVS r1 -> r2, the RAS counters read

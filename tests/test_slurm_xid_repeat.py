@@ -57,7 +57,7 @@ def test_an_admins_resume_clears_the_history_and_the_keeper_drains_nothing_again
     out = json.loads(cluster.run([sys.executable, "-m", "gpugate", "budget", "--json", "--config",
                                   cluster.gpugate_conf]).stdout)
     assert out["drained"] == [node], out
-    assert "xid_repeat:gpu2=xid 31 in 3 jobs" in cluster.reason(node)
+    assert "xid_repeat:gpu2=xids in >=3 jobs" in cluster.reason(node)
     # A health check that sees the drain past the keeper's give-back (60 s) marks the GPU.
     cluster.wait_for(lambda: BUS in ((_history(path) or {}).get("drained") or {}), 90, "the drain to be marked")
     cluster.scontrol("update", "NodeName=" + node, "State=RESUME")

@@ -7,7 +7,9 @@ analyzer, the place decides, not the count: the same GPU (its PCI bus id:
 the slot, whatever the index) showing them in ``[health] xid_app_jobs_max``
 jobs of different users within ``xid_app_window_seconds`` is a ``health
 xid_repeat`` finding (its first rung: a GPU reset and the deep diagnostic,
-gpugate.sweep.plan).  What never counts:
+gpugate.sweep.plan), ``xid_repeat:gpu2=xids in >=3 jobs``: which Xids, how
+many jobs and whose are in its detail, so its reason (and the comment it
+publishes) changes only when the finding does.  What never counts:
 
 - one job twice: a crash loop inside one job (60 Xids, eight ranks dying
   together) is one entry, the job's, with its Xids;
@@ -180,15 +182,20 @@ def judge(history: Optional[dict], facts, now: float, policy) -> List[Finding]:
     out = []
     for bus, counted, users, aside in _found(history, now, policy):
         xids = sorted({x for e in counted.values() for x in e[2]})
-        detail = ("GPU %s: jobs %s of users %s (the application's Xids on the same GPU for different users: "
-                  "the GPU's; reset it and run the deep diagnostic)"
-                  % (bus, ", ".join(sorted(counted)[-10:]), ", ".join(_user(u) for u in users[-10:])))
+        vm = set(xids) == {VM_FAULT}
+        said = "+".join("vm_fault" if x == VM_FAULT else str(x) for x in xids)
+        # Which faults and how many jobs: in the detail.  The reason names the
+        # finding only, so it changes when the finding does, not at each job
+        # (a new published comment goes to the back of the keeper's queue).
+        detail = ("%s in %d jobs on GPU %s: jobs %s of users %s (the application's Xids on the same GPU for "
+                  "different users: the GPU's; reset it and run the deep diagnostic)"
+                  % (said if vm else "xid " + said, len(counted), bus,
+                     ", ".join(sorted(counted)[-10:]), ", ".join(_user(u) for u in users[-10:])))
         if aside:
             detail += "; not counted, the application's (their Xids follow them across GPUs): " + "; ".join(
                 "user %s on %s" % (_user(u), ", ".join(aside[u][:4])) for u in sorted(aside)[:3])
-        said = "+".join("vm_fault" if x == VM_FAULT else str(x) for x in xids)
-        out.append(Finding(HEALTH, "xid_repeat", "%s in %d jobs" % (said if xids[0] == VM_FAULT and len(xids) == 1
-                                                                    else "xid " + said, len(counted)),
+        out.append(Finding(HEALTH, "xid_repeat", "%s in >=%d jobs" % ("vm_faults" if vm else "xids",
+                                                                      policy.xid_app_jobs_max),
                            "< %d jobs within %gh" % (policy.xid_app_jobs_max, hours), RESET_GPU,
                            gpu=index.get(bus), detail=detail))
     return out

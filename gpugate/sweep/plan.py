@@ -188,7 +188,7 @@ def resettable(ours, options: Options) -> bool:
 
 def _amd_words(observed: str, words) -> bool:
     """Does an AMD finding's observed value name one of these? ("1 pending",
-    "ue umc x2", "bad_page_threshold x128", "threshold exceeded")."""
+    "ue umc", "bad_page_threshold", "threshold exceeded")."""
     said = observed.replace(":", " ").split()
     return any(w in said for w in words)
 
