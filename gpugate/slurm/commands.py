@@ -85,6 +85,8 @@ class CommandSlurm(NodeUpdates):
         # that node alone (REQUEST_NODE_INFO_SINGLE); `scontrol show node`
         # and `sinfo --json` load every node and filter here (Slurm's
         # scontrol/info_node.c, sinfo/sinfo.c).  A node's own check uses it.
+        # Each of them reads the partitions too: two RPCs, on every release
+        # (tests/test_slurm_node_read.py; issue 34's one is not reachable).
         single = bool(names) and not any(c in names for c in "[],")
         try:
             if not single and self.version() >= (23, 2):

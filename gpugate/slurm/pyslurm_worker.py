@@ -46,7 +46,7 @@ class Api:
         ps = self.pyslurm
         if name:
             try:
-                nodes = [ps.Node.load(name)]  # REQUEST_NODE_INFO_SINGLE, as `sinfo -n`
+                nodes = [ps.Node.load(name)]  # REQUEST_NODE_INFO_SINGLE and the partitions, as `sinfo -n`
             except ps.RPCError as exc:
                 if "does not exist" in str(exc) or "Invalid node name" in str(exc):
                     return []
