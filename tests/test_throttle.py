@@ -202,3 +202,17 @@ def test_check_and_metrics_list_clock_events_unchecked_on_an_old_binding(node_en
     assert run_entry("healthcheck", node_env).returncode == 0
     m = metrics(node_env["prom"])
     assert m[("gpugate_fact_unchecked", (("fact", "clock_events"),))] == 1
+
+
+def test_the_audit_says_where_clock_events_are_unchecked():
+    from gpugate.facts import to_jsonable
+    from gpugate.fleet.audit import PINNED, UNCHECKED, UNREADABLE, fold
+
+    old = ProbeFailure("nvml", "unchecked", "this nvidia-ml-py names no clock-event counter")
+    facts = {"gpu01": to_jsonable(_facts(_sample(0), _sample(0))),
+             "gpu02": to_jsonable(_facts(_sample(0), old)),
+             "gpu03": to_jsonable(_facts(ProbeFailure("nvml.clock_event_ns", "nvml", "Unknown", 999))),
+             "gpu04": {"nvml": {"gpus": [{"name": "H100"}]}}}  # facts from before the counters: no row
+    rows = {(r.value, r.nodes, r.status) for r in fold(facts).rows if r.component == "clock_events"}
+    assert rows == {("counted", ("gpu01",), PINNED), ("(unchecked)", ("gpu02",), UNCHECKED),
+                    ("(unreadable: nvml)", ("gpu03",), UNREADABLE)}

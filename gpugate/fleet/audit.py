@@ -21,6 +21,9 @@ NODE_COMPONENTS += ("job_devices",)
 # must be; "down"/"absent", or records the ring lost that it did not read
 # either, mean an Xid a flood pushed out of the ring may be missed there.
 NODE_COMPONENTS += ("kmsg_follower",)
+# Whether NVML counts the time each GPU spent slowed (gpugate.judges.throttle):
+# "counted", or "(unchecked)" where an older nvidia-ml-py or the GPU has no counter.
+NODE_COMPONENTS += ("clock_events",)
 # The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
 # must be, never a pin; one others could change reads "(unreadable: untrusted)".
 TRUSTED_INSTALL = "trusted"
@@ -90,6 +93,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         "install": _value(facts.get("install")),
         "job_devices": _value(facts.get("job_devices")),
         "kmsg_follower": follower_value(facts.get("kernel_log_follower")),
+        "clock_events": clock_events_value(nvml) if nvml_ok else None,
     }
     amd = facts.get("amd")
     if isinstance(amd, dict):  # an AMD node
@@ -102,6 +106,17 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
         out[component] = _value(services if not isinstance(services, dict) or "error" in services
                                 else services.get(role))
     return out
+
+
+def clock_events_value(nvml: Mapping) -> Optional[str]:
+    """"counted" where every GPU's clock-event counters were read; a GPU's
+    failure (unchecked: gpugate.facts.clock_events_unchecked) otherwise;
+    None without GPUs or from before the counters (no row)."""
+    values = [g.get("clock_event_ns") for g in nvml.get("gpus") or () if isinstance(g, Mapping)]
+    if not values or any(v is None for v in values):
+        return None
+    failed = [_value(v) for v in values if isinstance(v, Mapping) and "error" in v]
+    return next((f for f in failed if f.startswith("(unreadable")), failed[0]) if failed else "counted"
 
 
 def follower_value(cover) -> Optional[str]:
@@ -191,6 +206,8 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return PINNED if value == "constrained" else UNPINNED
     if component == "kmsg_follower":  # never drift, never a drain: whether an Xid can go unseen
         return PINNED if value == "following" else UNREADABLE
+    if component == "clock_events":  # never a pin: whether time spent slowed is judged
+        return PINNED
     if baseline is None or component in SERVICE_COMPONENTS:
         return UNPINNED
     pin, prev = baseline.pin, baseline.previous
