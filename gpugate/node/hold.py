@@ -10,7 +10,9 @@ stay the same its health checks and prologs ask the controller nothing,
 but once every REFRESH_SECONDS (gpugate.slurm.pending: it signs the finding
 again, or the keeper takes it for an old copy and never drains it).
 It reads its own record (the single-node RPC) when its findings change,
-and clears its part of the comment once fit."""
+and clears its part of the comment once fit, or once gpugate drained it for
+more (an acute finding, the sweep's rma or work): a drained node publishes
+nothing but the finding the keeper drained it for (gpugate.node.act)."""
 
 from __future__ import annotations
 
@@ -105,8 +107,9 @@ def publish(settings, slurm, node: str, state, reason: str) -> str:
 
 
 def unpublish(settings, slurm, node: str, state) -> None:
-    """Clear gpugate's part of the node's comment (fit, or drained for an
-    acute finding): the keeper must not drain it for old findings."""
+    """Clear gpugate's part of the node's comment (fit, or drained by
+    gpugate for more: acute, rma, the sweep's work): the keeper must not
+    drain it for old findings, nor may it read as waiting for the keeper."""
     from ..slurm import pending
 
     if state is not None and pending.read(state.comment) is not None:
