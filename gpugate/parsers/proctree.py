@@ -22,7 +22,7 @@ from typing import Callable, Optional, Tuple
 
 from ..errors import ParseError
 
-MAX_DEPTH = 4096  # ancestors read at most; deeper (or a loop) is unknown
+MAX_DEPTH = 1024  # ancestors read at most (~60 ms); deeper (or a loop) is unknown: real chains are tens
 _MAX_JOB = 0xFFFFFFFD  # Slurm's job ids are uint32; the top values are NO_VAL and friends
 _STEP = r"(?:[0-9]+|batch|extern|interactive|TDB)(?:\+[0-9]+)?(?: stepmgr)?"
 _TITLE = re.compile(r"slurmstepd: \[([1-9][0-9]{0,9})(?:\.%s|:namespace)\]\Z" % _STEP)
@@ -76,9 +76,9 @@ def ancestry_job(pid: int, parent: Callable[[int], Optional[int]],
     current = parent(pid)
     while current is not None and current > 1:
         if current in seen:
-            raise ParseError("pid %d: its ancestry loops at pid %d" % (pid, current))
+            raise ParseError("its ancestry loops at pid %d" % current)
         if len(seen) > depth:
-            raise ParseError("pid %d: more than %d ancestors" % (pid, depth))
+            raise ParseError("more than %d ancestors" % depth)
         seen.add(current)
         job = stepd_job(current)
         if job is not None:

@@ -48,11 +48,11 @@ def read(root: str, pids: Iterable[int], job: Optional[int]) -> JobProcesses:
     # In no job's cgroup (proctrack/linuxproc or pgid: no job cgroups): the job of the slurmstepd above it,
     # which lives while that job runs.
     pgid = None
-    by_parent = {}
+    by_parent, seen = {}, {}  # seen: what was read of each process, once for all pids
     for pid in [p for p, o in owners.items() if o is None]:
         if pgid is None:
             pgid = proctrack(os.path.dirname(proc)) == "proctrack/pgid"
-        by_parent[pid] = owners[pid] = _by_ancestry(proc, pid, pgid)
+        by_parent[pid] = owners[pid] = _by_ancestry(proc, pid, pgid, seen)
     others = {o for p, o in owners.items() if isinstance(o, int) and o != job and p not in by_parent}
     running = _running_jobs(proc) if others else set()
     out = []
@@ -82,7 +82,7 @@ def _owner(proc: str, pid: int) -> Any:
         return ProbeFailure("processes", "error", "pid %d: %s" % (pid, exc))
 
 
-def _by_ancestry(proc: str, pid: int, pgid: bool) -> Any:
+def _by_ancestry(proc: str, pid: int, pgid: bool, seen: dict) -> Any:
     """The job of the slurmstepd above pid (gpugate.parsers.proctree), None
     where none is (reparented to init: a leftover, as Slurm's linuxproc
     tracking sees it), _GONE, or a ProbeFailure.  Under proctrack/pgid an
@@ -91,17 +91,28 @@ def _by_ancestry(proc: str, pid: int, pgid: bool) -> Any:
     from ..parsers.proctree import ancestry_job, stat_pgrp
 
     owner = _stat(proc)
+
+    def parent(p):
+        if ("parent", p) not in seen:
+            seen["parent", p] = _parent(proc, p)
+        return seen["parent", p]
+
+    def stepd(p):
+        if ("stepd", p) not in seen:
+            seen["stepd", p] = _stepd_job(proc, p, owner)
+        return seen["stepd", p]
+
     try:
-        if _parent(proc, pid) is None:
+        if parent(pid) is None:
             return _GONE  # it exited after its cgroup was read
-        job = ancestry_job(pid, lambda p: _parent(proc, p), lambda p: _stepd_job(proc, p, owner))
+        job = ancestry_job(pid, parent, stepd)
         if job is None and pgid:
             try:
                 group = stat_pgrp(_read(proc, pid, "stat").decode("ascii", "replace"))
             except FileNotFoundError:
                 return _GONE
             if group not in (pid, 0, 1):
-                job = ancestry_job(group, lambda p: _parent(proc, p), lambda p: _stepd_job(proc, p, owner))
+                job = ancestry_job(group, parent, stepd)
     except ParseError as exc:
         return ProbeFailure("processes", "error", "pid %d: %s" % (pid, exc))
     except OSError as exc:
