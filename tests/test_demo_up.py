@@ -36,6 +36,15 @@ class FakeCluster:
     def nodeset(self):
         return "gpu[01-02]"
 
+    def stop_keeper(self):
+        self.calls.append("stop_keeper")
+
+    def stop(self):
+        self.calls.append("stop")
+
+    def remove(self):
+        self.calls.append("remove")
+
 
 @pytest.mark.parametrize("flags, keeper", [([], True), (["--no-keeper"], False)])
 def test_demo_up_starts_the_keeper_unless_told_not_to(monkeypatch, tmp_path, flags, keeper):
@@ -52,6 +61,23 @@ def test_demo_up_starts_the_keeper_unless_told_not_to(monkeypatch, tmp_path, fla
         assert "drain-budget keeper every 30 s" in result.output and "gpugate status --config" in result.output
     else:
         assert "no drain-budget keeper (--no-keeper)" in result.output
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_narrated_demo_left_running_keeps_its_keeper(monkeypatch, tmp_path, keep):
+    from gpugate.cli.main import main
+
+    monkeypatch.setattr("gpugate.testbed.Cluster", FakeCluster)
+    monkeypatch.setattr("gpugate.testbed.smoke_command", lambda directory: "true")
+    monkeypatch.setattr("gpugate.cli.demo._walkthrough", lambda cluster: cluster.calls.append("walkthrough"))
+    FakeCluster.made.clear()
+    result = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path)] + (["--keep"] if keep else []))
+    assert result.exit_code == 0, result.output
+    calls = FakeCluster.made[0].calls
+    if keep:
+        assert calls[-2:] == ["stop_keeper", ("keeper", 30)] and "drain-budget keeper every 30 s" in result.output
+    else:
+        assert ("keeper", 30) not in calls and calls[-2:] == ["stop", "remove"]
 
 
 def _gpugate(*args, timeout=120):

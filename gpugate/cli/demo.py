@@ -58,13 +58,18 @@ def demo(ctx, nodes, keep, directory):
     # The sweep's smoke job runs under slurmd; all_reduce_perf replays a recorded run.
     cluster = Cluster(directory, nodes=nodes, health_interval=DEMO_INTERVAL,
                       sweep={"smoke": smoke_command(directory), "smoke_deadline": 60})
+    done = False
     try:
         _walkthrough(cluster)
+        done = True
     finally:
         cluster.stop_keeper()
         if keep:
-            click.echo("\nThe cluster keeps running: SLURM_CONF=%s sinfo -R ; gpugate demo down --dir %s"
-                       % (cluster.conf, cluster.dir))
+            if done:  # left running, it runs what a site runs: the keeper at the timer's pace
+                cluster.start_keeper(KEEPER_EVERY)
+            click.echo("\nThe cluster keeps running%s: SLURM_CONF=%s sinfo -R ; gpugate demo down --dir %s"
+                       % (", with its drain-budget keeper every %d s" % KEEPER_EVERY if done else "",
+                          cluster.conf, cluster.dir))
         else:
             cluster.stop()
             cluster.remove()
