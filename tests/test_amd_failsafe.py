@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from hypothesis import given, settings as hsettings, strategies as st
 
 from conftest import ROOT, gpugate_cmd
 from test_amd_judges import CLEAN, baseline, gpu, node, reason, with_gpu
@@ -82,6 +83,20 @@ def test_job_processes_are_narrowed_to_the_jobs_gpus():
     assert _job_processes(amd, [0, 31]).kfd_processes == (4242,)
     broken = [gpu(i, processes=ProbeFailure("amdgpu_sysfs", "error", "topology")) for i in range(8)]
     assert _job_processes(replace(node(broken).amd, kfd_processes=(1,)), [0]).kfd_processes.kind == "error"
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(on=st.sets(st.integers(0, 7)), job=st.lists(st.integers(0, 63), min_size=1, max_size=8))
+def test_a_job_index_never_narrows_to_fewer_processes_than_its_gpus_hold(on, job):
+    """Property: the job's GPUs' processes, or every GPU's where an index
+    names no GPU of the node; never none where its GPUs hold some."""
+    from gpugate.probes import _job_processes
+
+    gpus = [gpu(i, processes=(1000 + i,) if i in on else ()) for i in range(8)]
+    amd = replace(node(gpus).amd, kfd_processes=tuple(sorted(1000 + i for i in on)))
+    got = set(_job_processes(amd, job).kfd_processes)
+    wanted = set(amd.kfd_processes) if any(i > 7 for i in job) else {1000 + i for i in on if i in job}
+    assert got == wanted
 
 
 def test_an_empty_fru_falls_back_to_the_nodesets_device_id_or_says_so():

@@ -120,6 +120,24 @@ def test_static_without_libdrm_reads_what_it_prints():
         .startswith("library not found: OSError: libamd_smi.so")
 
 
+@settings(max_examples=100, deadline=None)
+@given(lib=st.sampled_from(["libdrm_amdgpu.so", "libdrm_amdgpu.so.1", "libdrm.so.2"]),
+       verb=st.sampled_from(["Fail", "Failed"]), where=st.sampled_from(["stderr", "banner", "both"]),
+       rc=st.sampled_from([0, 1, 2, 255]), gpus=st.integers(1, 8))
+def test_a_libdrm_warning_never_decides_the_answer(lib, verb, where, rc, gpus):
+    """The warning anywhere (stderr, or before the JSON) leaves failure() and
+    the parsed answer as they are without it, whatever the exit code."""
+    doc = json.loads(read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt"))
+    doc["gpu_data"] = doc["gpu_data"][:gpus]
+    out = json.dumps(doc, indent=4)
+    line = "%s to open %s: %s: cannot open shared object file: No such file or directory" % (verb, lib, lib)
+    err = line if where in ("stderr", "both") else ""
+    warned = line + "\n" + out if where in ("banner", "both") else out
+    assert amdsmi.failure(rc, warned, err) == amdsmi.failure(rc, out, "")
+    if rc == 0:
+        assert amdsmi.parse_static(warned) == amdsmi.parse_static(out)
+
+
 def test_static_without_libdrm_never_takes_the_sysfs_vbios_string():
     # What amd_smi.cc does without libdrm where the part number is empty too
     # (name/date/part number -> the CLI's "N/A", version from sysfs

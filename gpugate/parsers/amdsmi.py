@@ -64,7 +64,8 @@ _VERSION_TEXT = {"amdsmi tool": "tool", "amdsmi library version": "amdsmi_librar
 def failure(rc: int, stdout: str, stderr: str) -> Optional[ProbeFailure]:
     """Why the whole command gave nothing to parse, or None to parse it."""
     out, err = stdout or "", stderr or ""
-    lines = [line.strip() for line in (out + "\n" + err).splitlines() if line.strip()]
+    lines = [line.strip() for line in (out + "\n" + err).splitlines()
+             if line.strip() and not _NO_LIBDRM.match(line.strip())]  # a warning, never why
     said = lines[0] if lines else "no output"
     try:
         payload = json_payload(out)[1]  # type: Any
@@ -75,7 +76,7 @@ def failure(rc: int, stdout: str, stderr: str) -> Optional[ProbeFailure]:
         return ProbeFailure(SOURCE, "missing", "driver not loaded: " + F.short(driver or said, 120))
     if any(_ROOT.search(line) for line in lines):
         return ProbeFailure(SOURCE, "error", "needs root")
-    library = next((line for line in lines if _LIBRARY.search(line) and not _NO_LIBDRM.match(line)), None)
+    library = next((line for line in lines if _LIBRARY.search(line)), None)
     if library:
         return ProbeFailure(SOURCE, "error", "library not found: " + F.short(library, 120))
     error = _error_document(payload)
