@@ -42,12 +42,16 @@ def _base_python() -> str:
 
 
 def interpreter(script: str) -> str:
-    """The interpreter an installed entry point's #! line names (pip
-    rewrites it to the environment's python): what slurmd really starts."""
+    """The Python an installed entry point starts: what slurmd really runs.
+    gpugate's own ("#!/bin/sh -e", the sh launcher) exec the python3 beside
+    them; another script's #! line names it (pip rewrites it to the
+    environment's python)."""
     with open(script, "rb") as handle:
         line = handle.readline().decode()
     if not line.startswith("#!"):
         raise RuntimeError("%s has no #! line" % script)
+    if line.split()[0] == "#!/bin/sh":
+        return os.path.join(os.path.dirname(os.path.realpath(script)), "python3")
     return line[2:].split()[0]
 
 

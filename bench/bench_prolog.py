@@ -8,7 +8,7 @@ of this tree, as the README installs it (--venv: an existing one, e.g.
 /opt/gpugate).  On a simulated healthy 8-GPU node it times, with only the
 variables slurmd sets (no PATH):
 
-  reference     the environment's `python3 -c pass` (the #! of the entry points)
+  reference     the environment's `python3 -c pass` (the python3 the entry points exec)
   NHC trivial   LBNL NHC from ../shared/vendor with four trivial checks
   prolog hot    gpugate-prolog reusing a fresh health-check verdict
   prolog cold   gpugate-prolog with no verdict to reuse (baseline read and checked)
@@ -126,11 +126,7 @@ def main() -> int:
     lastgood = []
     try:
         venv = args.venv or _venv.create(work, ROOT, args.python)
-        bindir = os.path.join(venv, "bin")
-        if not args.venv:  # README's install step: pip drops the entry points' "#!... -I"
-            subprocess.run(["sed", "-i", r"1s|^#!\([^ ]*\)$|#!\1 -I|"] + [
-                os.path.join(bindir, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")],
-                check=True, timeout=60)
+        bindir = os.path.join(venv, "bin")  # the entry points as pip installed them: nothing fixed after it
         prolog, healthcheck = os.path.join(bindir, "gpugate-prolog"), os.path.join(bindir, "gpugate-healthcheck")
         python = _venv.interpreter(prolog)
         foreign = _venv.foreign_site_packages(python, {"SLURMD_NODENAME": HOT})

@@ -105,11 +105,23 @@ def vouch_install() -> None:
                           % found.detail)
 
 
+# gpugate's own entry points: "#!/bin/sh -e", then sh lines (a string to
+# Python) that exec the Python beside the script with -I.  pip installs such
+# a script as it is; a "#!python -I" line it rewrites, dropping the -I.  (The
+# "-e": the sed older READMEs gave, adding -I to a bare "#!" line, leaves it.)
+_SH, _OPEN, _CLOSE = b"#!/bin/sh -e\n", b"''':'\n", b"'''\n"
+_EXEC = b'[ -x "$d/python3" ] && exec "$d/python3" -I -- "$0" "$@"\n'
+
+
 def isolated_shebang(script: str) -> bool:
-    """Does the script's "#!" line start Python isolated (-I, or a cluster of
-    flags holding I, such as -IS)?"""
+    """Does the script start Python isolated: its "#!" line with -I (or a
+    cluster of flags holding I, such as -IS), or gpugate's sh launcher
+    (its exec with -I before the first line of Python)?"""
     with open(script, "rb") as handle:
         line = handle.readline(512)
+        if line == _SH:
+            head = [handle.readline(512) for _ in range(16)]
+            return head[0] == _OPEN and _CLOSE in head and _EXEC in head[:head.index(_CLOSE)]
     words = line[2:].split() if line.startswith(b"#!") else []
     return any(w.startswith(b"-") and not w.startswith(b"--") and b"I" in w for w in words[1:])
 

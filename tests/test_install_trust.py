@@ -171,14 +171,20 @@ def test_the_real_install_is_walked_within_a_few_milliseconds():
 EVIL_MODULE = "open(%r, 'a').write(%r)\n"
 
 
-@pytest.fixture
-def installed(tmp_path):
-    """The three entry points as pip installs them in a venv: pip's own
-    fix_script turns the wheel's "#!python -I" (setuptools keeps the flag)
-    into the bare interpreter."""
+def _install(tmp_path, old=False):
+    """The three entry points as a wheel built from this tree and pip
+    install them in a venv: setuptools' build_scripts turns a "#!...python
+    FLAGS" line into "#!python FLAGS" in the wheel, and pip's own fix_script
+    rewrites "#!python..." to the bare interpreter, dropping the flags; any
+    other "#!" line both leave alone.  old=True: the entry points of a
+    gpugate before the sh launcher ("#!/usr/bin/env -S python3 -I")."""
+    try:  # setuptools before pip: pip imports distutils, which setuptools replaces
+        from setuptools._distutils.command.build_scripts import first_line_re
+    except ImportError:  # an older setuptools
+        from distutils.command.build_scripts import first_line_re
     from pip._internal.operations.install.wheel import fix_script
 
-    venv = tmp_path / "venv"
+    venv = tmp_path / ("venv-old" if old else "venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
                    check=True, timeout=120)
     python = str(venv / "bin" / "python")
@@ -188,22 +194,35 @@ def installed(tmp_path):
     (site,) = (venv / "lib").glob("python3*/site-packages")
     (site / "gpugate-under-test.pth").write_text(ROOT + "\n")
     scripts = {}
-    for mode, source in (("healthcheck", "healthcheck"), ("prolog", "prolog"), ("epilog", "epilog")):
-        with open(os.path.join(ROOT, source, "gpugate-" + mode)) as handle:
-            first, rest = handle.read().split("\n", 1)
-        assert first.startswith("#!") and first.split()[-1] == "-I"  # setuptools: "#!python -I"
+    for mode in ("healthcheck", "prolog", "epilog"):
+        with open(os.path.join(ROOT, mode, "gpugate-" + mode), "rb") as handle:
+            first, rest = handle.read().split(b"\n", 1)
+        if old:  # the Python after the launcher, under the old "#!" line
+            first, rest = b"#!/usr/bin/env -S python3 -I", rest.split(b"\n" + b"'" * 3 + b"\n", 1)[1]
+        match = first_line_re.match(first.decode())
         path = str(venv / "bin" / ("gpugate-" + mode))
-        with open(path, "w") as handle:
-            handle.write("#!python -I\n" + rest)
+        with open(path, "wb") as handle:
+            handle.write((b"#!python" + (match.group(1) or "").encode() if match else first) + b"\n" + rest)
         os.chmod(path, 0o755)
         fix_script(path)
-        with open(path) as handle:
-            first, rest = handle.read().split("\n", 1)
-        assert first == "#!" + sys.executable  # pip's own interpreter, and the -I is gone
-        with open(path, "w") as handle:  # in the venv, pip runs from the venv's
-            handle.write("#!%s\n%s" % (python, rest))
+        if old:
+            with open(path) as handle:
+                first, rest = handle.read().split("\n", 1)
+            assert first == "#!" + sys.executable  # pip's own interpreter, and the -I is gone
+            with open(path, "w") as handle:  # in the venv, pip runs from the venv's
+                handle.write("#!%s\n%s" % (python, rest))
         scripts[mode] = path
     return scripts
+
+
+@pytest.fixture
+def installed(tmp_path):
+    return _install(tmp_path)
+
+
+@pytest.fixture
+def installed_old(tmp_path):
+    return _install(tmp_path, old=True)
 
 
 @pytest.fixture
@@ -226,14 +245,41 @@ def _run(script, evil, extra_env=None):
     return subprocess.run([script, "--help"], cwd=evil, env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_as_pip_installs_them_the_entry_points_import_nothing_from_pythonpath_or_the_cwd(installed, hostile):
-    """pip drops "-I": the script starts again isolated before anything of
-    gpugate loads, so a gpugate package in PYTHONPATH or the current
-    directory never runs.  A sitecustomize on slurmd's own PYTHONPATH
-    still runs in that first interpreter, as root: so `gpugate slurm-conf`
-    refuses such an install (tested below)."""
+def test_as_pip_installs_them_the_entry_points_start_isolated_and_nothing_of_pythonpath_runs(installed, hostile):
+    """Issue 34: installed as pip installs them, with no step after it, the
+    entry points start their venv's Python isolated at once (the sh
+    launcher's exec ... -I): no sitecustomize or usercustomize on slurmd's
+    PYTHONPATH runs as root, no gpugate package in PYTHONPATH or the current
+    directory, no PYTHON* variable counts, and no second interpreter starts
+    (before: pip's bare "#!" interpreter ran site, then started again)."""
     evil, markers = hostile
     for mode, script in installed.items():
+        assert open(script).readline() == "#!/bin/sh -e\n"  # as the wheel has it: pip leaves it alone
+        assert install_trust.isolated_shebang(script)
+        done = _run(script, evil, {"PYTHONINSPECT": "", "PYTHONHOME": evil})
+        assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
+        assert not os.path.exists(markers["gpugate"]) and not os.path.exists(markers["site"]), mode
+    assert install_trust.shebang_fix(list(installed.values())) == ""
+    subprocess.run(["/bin/sh", "-c", "sed -i '1s|^#!\\([^ ]*\\)$|#!\\1 -I|' " + installed["prolog"]], check=True,
+                   timeout=30)  # the fix older READMEs gave, run after an upgrade: changes nothing
+    assert open(installed["prolog"]).readline() == "#!/bin/sh -e\n"
+    # Started through a link elsewhere (a prolog.d directory): the Python beside the real file.
+    link = os.path.join(evil, "prolog.d-gpugate")
+    os.symlink(installed["prolog"], link)
+    done = _run(link, evil)
+    assert done.returncode == 0 and "usage: gpugate-prolog" in done.stdout, done.stderr
+    assert not os.path.exists(markers["site"])
+
+
+def test_an_older_install_re_executes_isolated_and_imports_nothing_from_pythonpath(installed_old, hostile):
+    """An entry point of an older gpugate (pip dropped its "-I"): the script
+    starts again isolated before anything of gpugate loads, so a gpugate
+    package in PYTHONPATH or the current directory never runs.  A
+    sitecustomize on slurmd's own PYTHONPATH still runs in that first
+    interpreter, as root: so `gpugate slurm-conf` refuses such an install
+    (tested below)."""
+    evil, markers = hostile
+    for mode, script in installed_old.items():
         assert not install_trust.isolated_shebang(script)
         done = _run(script, evil)
         assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
@@ -241,36 +287,36 @@ def test_as_pip_installs_them_the_entry_points_import_nothing_from_pythonpath_or
     assert os.path.exists(markers["site"])  # why slurm-conf refuses it
 
 
-def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(installed, hostile):
+def test_with_the_fix_applied_nothing_of_pythonpath_or_the_cwd_runs_at_all(installed_old, hostile):
     """The one-line fix `gpugate slurm-conf` prints puts -I back: the first
     interpreter is isolated, no sitecustomize or usercustomize runs, no
     restart."""
     evil, markers = hostile
-    fix = install_trust.shebang_fix(list(installed.values()))
-    assert fix.startswith("sed -i ") and all(s in fix for s in installed.values())
+    fix = install_trust.shebang_fix(list(installed_old.values()))
+    assert fix.startswith("sed -i ") and all(s in fix for s in installed_old.values())
     subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)
     subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)  # idempotent
-    assert install_trust.shebang_fix(list(installed.values())) == ""
-    for mode, script in installed.items():
+    assert install_trust.shebang_fix(list(installed_old.values())) == ""
+    for mode, script in installed_old.items():
         assert open(script).readline().rstrip("\n").endswith(" -I")
         done = _run(script, evil, {"PYTHONINSPECT": "", "PYTHONHOME": evil})
         assert done.returncode == 0 and "usage: gpugate-%s" % mode in done.stdout, done.stderr
         assert not os.path.exists(markers["gpugate"]) and not os.path.exists(markers["site"]), mode
 
 
-def test_slurm_conf_refuses_while_an_entry_point_starts_python_without_isolation(installed, monkeypatch):
+def test_slurm_conf_refuses_while_an_entry_point_starts_python_without_isolation(installed_old, monkeypatch):
     """Issue 24 review: a warning was not enough, the sitecustomize above
     ran as root.  Exit 2 with the sed line that fixes it; then the fragment."""
     import sysconfig
 
     from gpugate.cli.main import main
 
-    fix = install_trust.shebang_fix(list(installed.values()) + ["/nonexistent/gpugate-prolog"])
+    fix = install_trust.shebang_fix(list(installed_old.values()) + ["/nonexistent/gpugate-prolog"])
     assert "/nonexistent" not in fix
     assert install_trust.isolated_shebang(os.path.join(ROOT, "prolog", "gpugate-prolog"))
-    assert stat.S_IMODE(os.stat(installed["prolog"]).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(installed_old["prolog"]).st_mode) == 0o755
     real = sysconfig.get_path
-    bin_dir = os.path.dirname(installed["prolog"])
+    bin_dir = os.path.dirname(installed_old["prolog"])
     monkeypatch.setattr(sysconfig, "get_path",
                         lambda name, *a, **k: bin_dir if name == "scripts" else real(name, *a, **k))
     out = CliRunner().invoke(main, ["slurm-conf"])
@@ -278,4 +324,4 @@ def test_slurm_conf_refuses_while_an_entry_point_starts_python_without_isolation
     assert "start Python without -I" in out.output and fix in out.output
     subprocess.run(["/bin/sh", "-c", fix], check=True, timeout=30)
     out = CliRunner().invoke(main, ["slurm-conf"])
-    assert out.exit_code == 0 and "HealthCheckProgram=%s" % installed["healthcheck"] in out.output, out.output
+    assert out.exit_code == 0 and "HealthCheckProgram=%s" % installed_old["healthcheck"] in out.output, out.output
