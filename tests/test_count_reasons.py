@@ -47,3 +47,17 @@ def test_an_xid_repeat_keeps_its_reason_and_its_place_as_jobs_and_xids_add_up():
     assert seen[2][0].detail.startswith("xid 31 in 3 jobs on GPU 0000:3a:00: jobs 101, 102, 103 of users")
     assert seen[4][0].detail.startswith("xid 13+31+43 in 5 jobs on GPU 0000:3a:00: ")
     assert _published_since(reasons[0], reasons[2]) == T0
+
+
+def test_non_fatal_sxids_keep_their_drain_reason_as_they_add_up():
+    """An NVSwitch's non-fatal SXids at the rate: 'x10', then 'x11', ... was
+    a new drain reason written at each health check."""
+    from test_xid_policy import POLICY as XID_POLICY
+    from test_xid_policy import judge as judge_xids
+
+    line = "nvidia-nvswitch2: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link 46 egress non-posted PRIV error"
+    most = XID_POLICY.xid_nonfatal_max
+    at, more = judge_xids([line] * most), judge_xids([line] * (most + 3))
+    assert render("gpugate:", "health", at) == render("gpugate:", "health", more)
+    assert at[0].observed == "nvswitch2 12028 non-fatal >=%d" % most
+    assert more[0].detail.startswith("%d non-fatal: " % (most + 3))

@@ -99,7 +99,8 @@ def test_sxid_fatal_drains_nonfatal_is_counted():
     assert finding.acute and finding.action == "reboot" and "0000:06:00" in finding.detail
     assert judge([nonfatal]) == []
     (finding,) = judge([nonfatal] * POLICY.xid_nonfatal_max)
-    assert finding.observed == "nvswitch2 12028 non-fatal x%d" % POLICY.xid_nonfatal_max
+    assert finding.observed == "nvswitch2 12028 non-fatal >=%d" % POLICY.xid_nonfatal_max
+    assert finding.detail.startswith("%d non-fatal: " % POLICY.xid_nonfatal_max)
     assert judge([fatal], fresh_from=1) == []  # before the cursor: already acted on
 
 

@@ -111,9 +111,11 @@ def _rate(policy, kind, group):
     last = group[-1]
     window = "%gs" % policy.xid_window_seconds if policy.xid_window_seconds else "this boot"
     if kind == "sxid":
-        observed = "%s %d non-fatal x%d" % (_switch(last), last.xid, len(group))
+        # The limit, not the count, in the reason: it changes only when the
+        # finding does, not at each SXid (each change is a write to slurmctld).
+        observed = "%s %d non-fatal >=%d" % (_switch(last), last.xid, policy.xid_nonfatal_max)
         return Finding(HEALTH, "sxid", observed, "< %d in %s" % (policy.xid_nonfatal_max, window), REBOOT,
-                       detail=_detail(last))
+                       detail=("%d non-fatal: " % len(group) + _detail(last))[:_DETAIL])
     # Observed stays the bare Xid code: the sweep reads it back (gpugate.sweep.plan).
     return Finding(HEALTH, "xid", str(last.xid), "< %d non-fatal in %s" % (policy.xid_nonfatal_max, window),
                    policy.xid_action(last.xid), gpu=last.gpu,
