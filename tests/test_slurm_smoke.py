@@ -204,7 +204,9 @@ def test_a_smoke_job_that_never_ends_is_cancelled_at_the_deadline(smoke_cluster)
     failed = [e for e in journal_events(cluster, "gpu01") if e[1] == "smoke" and e[2] == "failed"]
     assert failed
     # The rma reason names the evidence bundle kept before the retry (issue 28).
-    assert re.fullmatch(r"gpugate: rma smoke=all_reduce timeout after 15s \(want pass\); "
+    # A failed smoke job is budgeted: the rma says so and holds its budget (issue 33).
+    assert re.fullmatch(r"gpugate: rma budgeted=smoke \(want counted\); smoke=all_reduce timeout after 15s "
+                        r"\(want pass\); "
                         r"evidence=gpu01-\d{8}T\d{6}Z-a2", cluster.reason("gpu01")), cluster.reason("gpu01")
     assert no_smoke_job_left(cluster)
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
