@@ -5,6 +5,7 @@ read as if it waited for the keeper.  The keeper's own drain of the node's
 published finding keeps its span (the keeper's memory of what it drained,
 issue 33, goes with the span)."""
 
+import json
 import os
 import time
 
@@ -72,3 +73,24 @@ def test_the_keepers_own_drain_keeps_the_nodes_span(tmp_path, monkeypatch):
     seen = pending.read(slurm.states["gpu01"].comment)
     assert seen is not None and seen.reason == DRIFT and seen.since == since
     assert "drain" not in [c[0] for c in slurm.calls]
+
+
+@pytest.mark.parametrize("reason", [RMA, ACUTE])
+def test_a_node_kept_drained_asks_slurm_nothing_while_its_findings_stay(tmp_path, monkeypatch, reason):
+    """Publishing nothing must not cost a controller read on every run: the
+    same budgeted findings on a node gpugate holds drained for more ask Slurm
+    nothing again until the proof period ends, as a published hold does
+    (test_slurm_budget's steady state: no node asks anything)."""
+    cfg, slurm, out = _act(tmp_path, monkeypatch, node("gpu01", reason=reason, when=900, comment="rack 3"))
+    assert out["action"] == "keep" and out["rpc"]
+    calls = len(slurm.calls)
+    again = act_mod.act(cfg, "gpu01", _drift(cfg))
+    assert again["action"] == "keep" and not again["rpc"] and slurm.calls[calls:] == []
+    # Other findings, or the period over: read again.
+    kept = os.path.join(cfg.state_dir("gpu01"), "kept.json")
+    with open(kept) as handle:
+        record = json.load(handle)
+    record["at"] -= pending.REFRESH_SECONDS + 1
+    with open(kept, "w") as handle:
+        json.dump(record, handle)
+    assert act_mod.act(cfg, "gpu01", _drift(cfg))["rpc"] and len(slurm.calls) > calls

@@ -52,6 +52,9 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     why_held = hold.held_recently(settings, node, verdict)
     if why_held:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": False, "applied": True}
+    why_kept = hold.kept_recently(settings, node, verdict)
+    if why_kept:
+        return {"action": ownership.KEEP, "why": why_kept, "ok": True, "rpc": False, "applied": True}
     limit = float(settings.slurm["timeout_seconds"])
     if deadline is not None:
         limit = min(limit, max(deadline - time.monotonic(), 0.0))
@@ -99,6 +102,8 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
                 # once gpugate drained it for more (rma, the sweep's work, an
                 # acute finding): a span there reads as waiting for the keeper.
                 why_held = hold.publish(settings, slurm, node, state, verdict.reason)
+            elif budgeted and decision.kind == ownership.KEEP:
+                hold.remember_kept(settings, slurm, node, state, verdict.reason)
             elif decision.kind != ownership.UNKNOWN:
                 hold.unpublish(settings, slurm, node, state)
             if decision.kind == ownership.DRAIN and budgeted:

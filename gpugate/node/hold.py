@@ -31,6 +31,10 @@ HELD = "held"  # unfit for budgeted findings, published, not drained by the node
 UNPUBLISHED = ("Slurm did not answer: the budgeted finding is not published yet (retried next run); "
                "not drained, job not blocked")
 PUBLISHED = "published.json"
+# These budgeted findings seen on a node gpugate already holds drained for
+# more (acute, rma, the sweep's work): nothing is published, and the same
+# findings ask Slurm nothing again for REFRESH_SECONDS, as a published hold.
+KEPT = "kept.json"
 
 
 def applies(settings, verdict) -> bool:
@@ -61,6 +65,38 @@ def held_recently(settings, node: str, verdict) -> Optional[str]:
     if not 0 <= age < REFRESH_SECONDS:
         return None  # the keeper drains only a recent proof: sign it again
     return _why(record.get("since"), record.get("unsigned"))
+
+
+def kept_recently(settings, node: str, verdict) -> Optional[str]:
+    """Why nothing is published, when these very budgeted findings were
+    last seen on a node gpugate holds drained for more (no controller call
+    needed), or None."""
+    if not applies(settings, verdict):
+        return None
+    record = st.read_json(os.path.join(settings.state_dir(node), KEPT)) or {}
+    if record.get("reason") != verdict.reason:
+        return None
+    from ..slurm.pending import REFRESH_SECONDS
+
+    try:
+        age = time.time() - float(record["at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not 0 <= age < REFRESH_SECONDS:
+        return None  # read the node again now and then: an admin may have resumed it
+    return ("budgeted finding not published: gpugate holds the node drained for more (Slurm read %ds ago)"
+            % int(age))
+
+
+def remember_kept(settings, slurm, node: str, state, reason: str) -> None:
+    """gpugate holds the node drained for more than these budgeted
+    findings: clear any span published earlier, remember them (kept_recently)."""
+    unpublish(settings, slurm, node, state)
+    try:
+        st.write_json(os.path.join(settings.state_dir(node), KEPT), {"reason": reason, "at": time.time()},
+                      durable=False)
+    except OSError:
+        pass  # best effort: losing it costs one read on the next run
 
 
 def _why(since, unsigned=None) -> str:
@@ -103,6 +139,10 @@ def publish(settings, slurm, node: str, state, reason: str) -> str:
         st.write_json(path, record, durable=False)
     except OSError:
         pass  # best effort: losing it costs one read on the next run
+    try:
+        os.unlink(os.path.join(settings.state_dir(node), KEPT))  # no longer held drained for more
+    except OSError:
+        pass
     return _why(since, unsigned)
 
 
@@ -114,9 +154,10 @@ def unpublish(settings, slurm, node: str, state) -> None:
 
     if state is not None and pending.read(state.comment) is not None:
         slurm.set_comment(node, pending.clear(state.comment))
-    path = os.path.join(settings.state_dir(node), PUBLISHED)
-    try:
-        if os.path.exists(path):
-            os.unlink(path)
-    except OSError:
-        pass
+    for name in (PUBLISHED, KEPT):
+        path = os.path.join(settings.state_dir(node), name)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)
+        except OSError:
+            pass
