@@ -13,6 +13,19 @@ EXAMPLE_BASELINE = os.path.join(ROOT, "slurm_conf", "baseline.example.toml")
 SAMPLES = os.path.join(ROOT, "tests", "fixtures")
 
 
+def _worker_ports():
+    """pytest-xdist workers (gw0, gw1, ...) share one loopback: each gets its
+    own block of ports for the Slurm clusters it starts (testbed.free_ports),
+    below Linux's ephemeral range (32768-) that the ssh rig's port 0 draws from."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and "GPUGATE_TESTBED_PORTS" not in os.environ:
+        first = 17000 + 1500 * (int(worker[2:]) % 10)
+        os.environ["GPUGATE_TESTBED_PORTS"] = "%d-%d" % (first, first + 1499)
+
+
+_worker_ports()
+
+
 def gpugate_cmd(*args, check=False, timeout=120, env=None):
     """Run the installed `gpugate` command as an admin would."""
     full_env = dict(os.environ)

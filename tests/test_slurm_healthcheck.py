@@ -72,10 +72,13 @@ def test_probe_drain_clears_itself_other_classes_wait(cluster):
         assert later[-1]["slurm_in_service"] is True
 
 
-def _healthcheck_ages(node):
-    """How long each live gpugate health check slurmd started for ``node`` has
-    run, in seconds.  A check's own NVML reader (a forked child) is part of
-    that check, not another run."""
+def _healthcheck_ages(cluster, node):
+    """How long each live gpugate health check this cluster's slurmd started
+    for ``node`` has run, in seconds.  A check's own NVML reader (a forked
+    child) is part of that check, not another run; a check of another
+    cluster's node of the same name (a test running beside this one) is not
+    this node's: this cluster's shim sets its own GPUGATE_SLURM_TRACE."""
+    mine = b"GPUGATE_SLURM_TRACE=" + cluster.path("log", "slurm-calls.log").encode()
     ticks = os.sysconf("SC_CLK_TCK")
     with open("/proc/uptime") as handle:
         uptime = float(handle.read().split()[0])
@@ -90,7 +93,8 @@ def _healthcheck_ages(node):
                 environ = handle.read().split(b"\0")
         except OSError:
             continue
-        if b"gpugate-healthcheck" in cmdline and b"SLURMD_NODENAME=" + node.encode() in environ:
+        if b"gpugate-healthcheck" in cmdline and b"SLURMD_NODENAME=" + node.encode() in environ \
+                and mine in environ:
             try:
                 with open("/proc/%s/stat" % pid) as handle:
                     fields = handle.read().rsplit(") ", 1)[1].split()
@@ -116,7 +120,7 @@ def test_hanging_tool_ends_within_budget_no_pile_up_probe_class(cluster, node, h
     # kill at 60 s, one more every interval.
     oldest, most, deadline = 0.0, 0, time.monotonic() + 4 * INTERVAL
     while time.monotonic() < deadline:
-        ages = _healthcheck_ages(node)
+        ages = _healthcheck_ages(cluster, node)
         oldest, most = max([oldest] + ages), max(most, len(ages))
         time.sleep(0.25)
     assert oldest < 8 + 5 and most <= 3, (oldest, most)

@@ -28,12 +28,27 @@ def installed_entry_point(mode: str) -> str:
 
 
 def free_ports(count: int) -> List[int]:
-    """``count`` consecutive free loopback ports (slurmd ports must not clash)."""
-    for base in range(17000, 30000, 50):
+    """``count`` consecutive free loopback ports (slurmd ports must not clash).
+    They are searched in GPUGATE_TESTBED_PORTS ("FIRST-LAST", default
+    17000-29999): test runs side by side on one loopback (pytest-xdist
+    workers) each take a range of their own, so two clusters starting at once
+    never pick the same block between the check and slurmctld's bind."""
+    first, last = _port_range(os.environ.get("GPUGATE_TESTBED_PORTS", ""))
+    for base in range(first, last - count + 2, 50):
         ports = list(range(base, base + count))
         if all(_port_free(p) for p in ports):
             return ports
-    raise ClusterError("no %d free consecutive ports on 127.0.0.1" % count)
+    raise ClusterError("no %d free consecutive ports on 127.0.0.1 in %d-%d" % (count, first, last))
+
+
+def _port_range(text: str) -> Tuple[int, int]:
+    if not text.strip():
+        return 17000, 29999
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    first, last = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    if not 1024 <= first <= last <= 65535:
+        raise ClusterError("GPUGATE_TESTBED_PORTS=%r: want FIRST-LAST within 1024-65535" % text)
+    return first, last
 
 
 def _port_free(port: int) -> bool:
