@@ -134,11 +134,12 @@ class Cluster:
         return self.run([BIN + "/sinfo", "-h"], check=False).returncode == 0
 
     def _wait(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.005
         while time.monotonic() < deadline:
             if predicate():
                 return
-            time.sleep(0.3)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.3)  # quick for what is nearly there, then at most 0.3 s
         raise ClusterError("timed out waiting for %s; see %s/log" % (what, self.dir))
 
     def wait_nodes_up(self, timeout: float = 60.0) -> None:
@@ -247,9 +248,10 @@ class Cluster:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.005
         while time.monotonic() < deadline and _pid_alive(pid):
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
         if _pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
