@@ -44,6 +44,13 @@ def test_node_bad_after_health_check_prolog_drains_job_requeued_elsewhere(cluste
     assert all(r["verdict"] == "fit" for r in cluster.log_records("gpu01") if r["mode"] == "healthcheck")
     cluster.sim("set", "FLEET", "gpu01", "gpu.2.ecc.uncorrected.volatile=3")
     job = submit(cluster, "-x", "gpu[03-04]", "--wrap", "hostname")
+    # Slurm holds a requeued job for cred_expire (10 s on the rig) and then
+    # leaves it to the backfill scheduler's next pass (every 30 s): once it
+    # is requeued and waits for that begin time, start it now.
+    ended = ("COMPLETED", "FAILED", "CANCELLED")
+    cluster.wait_for(lambda: job_field(cluster, job, "Reason") == "BeginTime"
+                     or job_field(cluster, job, "JobState") in ended, 60, "job %s requeued" % job)
+    cluster.scontrol("update", "JobId=" + job, "StartTime=now", check=False)
     assert wait_job_done(cluster, job) == "COMPLETED"
     assert job_field(cluster, job, "NodeList") == "gpu02"
     assert int(job_field(cluster, job, "Restarts")) >= 1  # requeued
