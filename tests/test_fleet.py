@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DEMO_BASELINE, gpugate_cmd, make_cluster, sim_config
+from conftest import DEMO_BASELINE, check_now, gpugate_cmd, make_cluster, sim_config
 from gpugate.baseline import load_baseline
 from gpugate.fleet.audit import DRIFT, PINNED, UNREADABLE, fold, hostlist, to_json
 
@@ -96,8 +96,9 @@ def test_audit_and_metrics_on_the_real_cluster(tmp_path):
     cluster = make_cluster(tmp_path / "c", nodes=4, interval=5)
     try:
         cluster.sim("set", "FLEET", "gpu[02-03]", "driver=550.54.15")
-        cluster.wait_for(lambda: "drain" in cluster.state("gpu02") and "drain" in cluster.state("gpu03"), 60,
-                         "drift drained")
+        # Their health checks run now as slurmd runs them, not at slurmd's next tick.
+        cluster.wait_for(lambda: ("drain" in cluster.state("gpu02") and "drain" in cluster.state("gpu03"))
+                         or check_now(cluster, "gpu02", "gpu03"), 60, "drift drained")
         cluster.scontrol("update", "NodeName=gpu04", "State=DRAIN", "Reason=rack maintenance")
         result = subprocess.run([sys.executable, "-m", "gpugate", "audit", "--config", cluster.gpugate_conf, "--json"],
                                 capture_output=True, text=True, env=cluster.env, timeout=120)

@@ -6,10 +6,10 @@ budget, no drain is lost, nothing is wrongly resumed."""
 import json
 import os
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import run_entry
 
 from gpugate.testbed.files import rig_backend
 
@@ -34,16 +34,6 @@ FAULTS = {
         "scontrol": "#!/bin/sh\nif [ \"$1\" = --all ]; then echo '{\"nodes\": [{\"name\": 7}'; exit 0; fi\n"
                     "exec /usr/bin/scontrol \"$@\"\n"},
 }
-
-
-def run_entry(cluster, mode, node, job=None, timeout=120):
-    """What slurmd runs: the shim, no environment but the node (and job)."""
-    env = {"SLURMD_NODENAME": node}
-    if job:
-        env.update(SLURM_JOB_ID=job, SLURM_JOB_UID="0", SLURM_JOB_USER="root")
-    started = time.monotonic()
-    result = subprocess.run([cluster.path("bin", mode)], env=env, capture_output=True, text=True, timeout=timeout)
-    return result, time.monotonic() - started
 
 
 def last_state(cluster, node):

@@ -6,7 +6,7 @@ import pytest
 
 from gpugate import reason as reasons
 
-from conftest import DEMO_BASELINE, make_cluster
+from conftest import DEMO_BASELINE, check_now, make_cluster
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 5
@@ -33,9 +33,11 @@ def _fit_checks(cluster, node):
 def test_hca_port_down_drains_with_the_port_in_the_reason(ibcluster):
     c = ibcluster
     # One fit check first: the node's own record of its ACTIVE ports.
-    c.wait_for(lambda: _fit_checks(c, "gpu01"), 2 * INTERVAL + 15, "a fit health check on gpu01")
+    # Each check run now as slurmd runs it, not at slurmd's next tick.
+    c.wait_for(lambda: _fit_checks(c, "gpu01") or check_now(c, "gpu01"), 2 * INTERVAL + 15,
+               "a fit health check on gpu01")
     c.sim("set", "FLEET", "gpu01", "ib.mlx5_4.state=DOWN")
-    c.wait_for(lambda: "drain" in c.state("gpu01"), 2 * INTERVAL + 15, "gpu01 drained")
+    c.wait_for(lambda: "drain" in c.state("gpu01") or check_now(c, "gpu01"), 2 * INTERVAL + 15, "gpu01 drained")
     reason = c.reason("gpu01")
     assert reason == "gpugate: health ib_port=mlx5_4/1 DOWN/Disabled (want ACTIVE/LinkUp as before)"
     assert reasons.acute(reasons.parse(reason, "gpugate:"))  # outside the drain budget
@@ -46,8 +48,10 @@ def test_hca_port_down_drains_with_the_port_in_the_reason(ibcluster):
 def test_error_counter_burst_drains_between_two_checks(ibcluster):
     c = ibcluster
     seen = len(_fit_checks(c, "gpu02"))
-    c.wait_for(lambda: len(_fit_checks(c, "gpu02")) > seen, 2 * INTERVAL + 15, "another fit check on gpu02")
+    # The two checks run now as slurmd runs them, not at slurmd's next ticks.
+    c.wait_for(lambda: len(_fit_checks(c, "gpu02")) > seen or check_now(c, "gpu02"), 2 * INTERVAL + 15,
+               "another fit check on gpu02")
     c.sim("set", "FLEET", "gpu02", "ib.mlx5_7.counter.symbol_error=+500")
-    c.wait_for(lambda: "drain" in c.state("gpu02"), 2 * INTERVAL + 15, "gpu02 drained")
+    c.wait_for(lambda: "drain" in c.state("gpu02") or check_now(c, "gpu02"), 2 * INTERVAL + 15, "gpu02 drained")
     # 500 in minutes spends more than an hour's allowance ([health] ib_error_rate_max, 120 per hour).
     assert c.reason("gpu02") == "gpugate: health ib_errors=mlx5_7/1 symbol_error over its rate (want <= 120 per hour)"

@@ -4,6 +4,7 @@ import os
 import time
 
 import pytest
+from conftest import check_now, run_entry
 
 from gpugate.testbed import slurm_version
 from gpugate.testbed.files import rig_backend
@@ -151,17 +152,16 @@ def test_drain_is_not_lost_while_slurmctld_is_down(cluster):
     try:
         cluster.sim("set", "FLEET", node, "gpu.2.xid=79")
         # What slurmd would run: no environment but the node name.
-        import subprocess
-
-        shim = cluster.path("bin", "healthcheck")
-        result = subprocess.run([shim], env={"SLURMD_NODENAME": node}, capture_output=True, text=True, timeout=60)
+        result, _ = run_entry(cluster, "healthcheck", node, timeout=60)
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
         last = cluster.log_records(node)[-1]
         assert last["verdict"] == "unfit" and last["action"] == "failed" and last["slurm_error"]
     finally:
         cluster._spawn(["/usr/sbin/slurmctld", "-f", cluster.conf, "-i"], "slurmctld")
-    cluster.wait_for(drained(cluster, node), 60, "gpu01 drained once slurmctld is back")
+    # The node's next check, run now as slurmd runs it rather than at slurmd's next tick.
+    cluster.wait_for(lambda: drained(cluster, node)() or check_now(cluster, node), 60,
+                     "gpu01 drained once slurmctld is back")
     assert cluster.reason(node).startswith("gpugate: health xid:gpu2=79 (want none)")
 
 

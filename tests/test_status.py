@@ -13,7 +13,7 @@ from gpugate.slurm.nodestate import NodeState
 from gpugate.sweep.journal import Journal
 from gpugate.sweep.snapshot import take
 
-from conftest import make_cluster
+from conftest import check_now, make_cluster
 
 TAG = "gpugate:"
 NOW = 1_800_000_000.0
@@ -234,7 +234,9 @@ def test_status_matches_sinfo_and_leaves_others_alone(tmp_path):
     cluster = make_cluster(tmp_path, nodes=4, interval=5)
     try:
         cluster.sim("set", "FLEET", "gpu02", "driver=550.54.15")
-        cluster.wait_for(lambda: "drain" in cluster.state("gpu02"), 60, "gpu02 drained for drift")
+        # Its health check run now as slurmd runs it, not at slurmd's next tick.
+        cluster.wait_for(lambda: "drain" in cluster.state("gpu02") or check_now(cluster, "gpu02"), 60,
+                         "gpu02 drained for drift")
         cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=rack maintenance")
         result = subprocess.run([sys.executable, "-m", "gpugate", "status", "--config", cluster.gpugate_conf,
                                  "--json"], capture_output=True, text=True, timeout=60, env=cluster.env)
