@@ -62,11 +62,18 @@ def journal_rows(cluster):
 
 
 def journal_events(cluster, node=None):
+    """The sweep journal's events; none while the sweep that has just
+    created the file has not yet created its table (a poll every few
+    milliseconds sees that moment)."""
     path = cluster.path("state", "sweep.db")
-    db = sqlite3.connect(path, timeout=10)
+    db = sqlite3.connect("file:%s?mode=ro" % path, uri=True, timeout=10)
     try:
         query = "SELECT node, step, status, attempt FROM events" + (" WHERE node = ?" if node else "") + " ORDER BY id"
         return db.execute(query, (node,) if node else ()).fetchall()
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):
+            return []
+        raise
     finally:
         db.close()
 
