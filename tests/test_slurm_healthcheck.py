@@ -31,8 +31,8 @@ def test_drifted_node_drained_within_two_intervals_healthy_untouched(cluster):
         assert cluster.state(node) == "idle" and cluster.reason(node) == ""
     assert took < 2 * INTERVAL + 15
     # The log line names the Slurm backend that drained (the rig's: both on 25.11).
-    acted = [r for r in cluster.log_records("gpu02") if r.get("action") == "drain"]
-    assert acted and acted[-1]["backend"] == rig_backend(), acted[-1:]
+    acted = cluster.records_when("gpu02", lambda r: r.get("action") == "drain")
+    assert acted[-1]["backend"] == rig_backend(), acted[-1:]
 
 
 # long: ~20 s; out of the default run for its ten minutes (CI runs it on every release).
@@ -128,7 +128,7 @@ def test_hanging_tool_ends_within_budget_no_pile_up_probe_class(cluster, node, h
     cluster.wait_for(drained(cluster, node), 3 * INTERVAL + 10, node + " drained")
     assert cluster.reason(node).startswith("gpugate: probe ")
     assert "timeout" in cluster.reason(node)
-    runs = [r for r in cluster.log_records(node) if r.get("verdict") == "unfit"]
+    runs = cluster.records_when(node, lambda r: r.get("verdict") == "unfit")
     assert runs and max(r["duration"] for r in runs) < 8 + 2  # the configured budget
     # Runs overlapped (budget 8 s, interval 5 s): later ones found the lock and left.
     assert any(r.get("verdict") == "skipped" for r in cluster.log_records(node))

@@ -69,7 +69,7 @@ def test_epilog_catches_an_xid_raised_during_the_job(cluster):
     assert wait_job_done(cluster, job) == "COMPLETED"
     cluster.wait_for(lambda: "drain" in cluster.state("gpu03"), 30, "gpu03 drained by the epilog")
     assert cluster.reason("gpu03") == "gpugate: health xid:gpu5=79 (want none)"
-    epilog = [r for r in cluster.log_records("gpu03") if r["mode"] == "epilog" and r.get("job") == job][-1]
+    epilog = cluster.records_when("gpu03", lambda r: r["mode"] == "epilog" and r.get("job") == job)[-1]
     assert epilog["verdict"] == "unfit" and epilog["action"] == "drain"
     # The prolog of that job had been fit: the Xid came during the job.
     prolog = [r for r in cluster.log_records("gpu03") if r["mode"] == "prolog" and r.get("job") == job][-1]

@@ -187,6 +187,12 @@ class Cluster:
         except FileNotFoundError:
             return []
 
+    def records_when(self, node: str, match, timeout: float = 15.0) -> List[dict]:
+        """The node's log records that ``match``, once there is one: a run
+        writes its line as it ends, after the drain Slurm already shows."""
+        self._wait(lambda: any(match(r) for r in self.log_records(node)), timeout, "%s's log line" % node)
+        return [r for r in self.log_records(node) if match(r)]
+
     def sim(self, *args: str) -> str:
         """`gpugate sim ...` on this cluster's fleet."""
         return self.run([sys.executable, "-m", "gpugate", "sim"] + [a.replace("FLEET", self.fleet) for a in args]).stdout
