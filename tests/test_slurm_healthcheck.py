@@ -59,6 +59,7 @@ def test_probe_drain_clears_itself_other_classes_wait(cluster):
     assert cluster.reason("gpu04").startswith("gpugate: probe dcgm=missing")
     os.rename(dcgmi + ".away", dcgmi)
     cluster.wait_for(lambda: cluster.state("gpu04") == "idle", 2 * INTERVAL + 15, "gpu04 undrained")
+    cluster.records_when("gpu04", lambda r: r.get("action") == "undrain")  # the undrain's line, written as it ends
     records = cluster.log_records("gpu04")
     undrain = [i for i, r in enumerate(records) if r.get("action") == "undrain"]
     assert undrain

@@ -85,9 +85,19 @@ def _run_where(cluster, node, predicate, what):
     return found[0]
 
 
-def _drained_with(cluster, node, prefix):
+def _nhc_failed(record):
+    return record.get("nhc", {}).get("result") == "failed"
+
+
+def _drained_with(cluster, node, prefix, by=None):
+    """``node`` drained with a reason starting with ``prefix``, and the line
+    of the run that drained it written: a run writes it as it ends, after
+    the drain Slurm already shows.  ``by`` accepts that line; by default,
+    gpugate's drain with that reason."""
     cluster.wait_for(lambda: "drain" in cluster.state(node) and cluster.reason(node).startswith(prefix),
                      3 * INTERVAL + 15, "%s drained by %r" % (node, prefix))
+    by = by or (lambda r: r.get("action") == "drain" and (r.get("reason") or "").startswith(prefix))
+    cluster.records_when(node, lambda r: r.get("mode") == "healthcheck" and by(r))
     return cluster.reason(node)
 
 
@@ -95,7 +105,7 @@ def _drained_with(cluster, node, prefix):
 @pytest.mark.long
 def test_nhc_failing_alone_gpugate_keeps_hands_off(nhc_cluster):
     c = nhc_cluster
-    reason = _drained_with(c, "gpu01", "NHC:")
+    reason = _drained_with(c, "gpu01", "NHC:", _nhc_failed)
     assert "fail-gpu01" in reason
     later = _after_runs(c, "gpu01")
     assert c.reason("gpu01") == reason and "drain" in c.state("gpu01")
@@ -129,7 +139,7 @@ def test_gpugate_failing_alone_nhc_keeps_hands_off(nhc_cluster):
 @pytest.mark.slow
 def test_both_failing_first_reason_stays_each_lifts_only_its_own(nhc_cluster):
     c = nhc_cluster
-    reason = _drained_with(c, "gpu03", "NHC:")
+    reason = _drained_with(c, "gpu03", "NHC:", _nhc_failed)
     c.sim("set", "FLEET", "gpu03", "gpu.3.xid=79")
     record = _run_where(c, "gpu03", lambda r: r["verdict"] == "unfit", "gpugate unfit")
     # The first reason (NHC's) stays; gpugate's stands behind it.
@@ -178,4 +188,5 @@ def test_gpugate_probe_drain_waits_for_failing_nhc(nhc_cluster):
     assert "drain" in c.state("gpu01") and c.reason("gpu01") == reason
     _flag(c, "fail", "gpu01", False)
     c.wait_for(lambda: c.state("gpu01") == "idle", 3 * INTERVAL + 15, "gpu01 undrained by gpugate")
-    assert [r for r in _runs(c, "gpu01") if r.get("action") == "undrain"]
+    # The undrain's line, written as that run ends.
+    assert c.records_when("gpu01", lambda r: r.get("mode") == "healthcheck" and r.get("action") == "undrain")

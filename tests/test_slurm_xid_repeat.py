@@ -64,6 +64,8 @@ def test_an_admins_resume_clears_the_history_and_the_keeper_drains_nothing_again
     cluster.wait_for(lambda: not (_history(path) or {}).get("drained") and not published(), 6 * INTERVAL,
                      "the RESUME to clear the history and the published finding")
     assert not ((_history(path) or {"gpus": {}})["gpus"].get(BUS) or {}).get("jobs")
+    # The run that cleared them writes its line as it ends: wait for it.
+    cluster.records_when(node, lambda r: "returned to service" in (r.get("xid_history") or ""))
     records = [r for r in cluster.log_records(node) if "xid_history" in r]
     assert records and "returned to service" in records[-1]["xid_history"], records[-1:]
     out = json.loads(cluster.run([sys.executable, "-m", "gpugate", "budget", "--json", "--config",
