@@ -234,7 +234,12 @@ def test_a_smoke_output_dir_a_user_can_write_is_refused_and_no_node_resumes(tmp_
     """Before: a user planted gpugate-smoke-<node>-<next job>.out with made-up
     nccl-tests output and the node was resumed on it."""
     outdir = nobody_dir(top, "smoke")
-    as_nobody("cp", HEALTHY, os.path.join(outdir, "gpugate-smoke-gpu001-1.out"))
+    # The user's copy of a passing table, from a place the user can read
+    # (the checkout may sit under a 0700 directory, as mktemp -d makes).
+    readable = os.path.join(top, "healthy.out")
+    shutil.copyfile(HEALTHY, readable)
+    os.chmod(readable, 0o644)
+    as_nobody("cp", readable, os.path.join(outdir, "gpugate-smoke-gpu001-1.out"))
     slurm, sweeper, journal = sweep_with_smoke(tmp_path, outdir, write_output(""))
     report = sweeper.run()
     assert report.outcomes["gpu001"].result != "resumed" and not slurm.resumed
