@@ -191,10 +191,12 @@ _CONFIG = Table({
     "slurm": (Table({
         "backend": (Choice("commands", "pyslurm", "auto"), "commands"),  # see gpugate.slurm.connect
         "bin_dir": (_PATH, "/usr/bin"),
+        # libslurm for a node's one-RPC read of itself; "": found beside bin_dir (gpugate.slurm.libslurm)
+        "library": (_OPT_PATH, ""),
         "slurm_conf": (_OPT_PATH, ""),
         "timeout_seconds": (Number(1, 600), 10.0),
         "self_clearing": (ListOf(Choice("probe", "drift", "broken", "health")), ("probe",)),
-    }), lambda: {"backend": "commands", "bin_dir": "/usr/bin", "slurm_conf": "",
+    }), lambda: {"backend": "commands", "bin_dir": "/usr/bin", "library": "", "slurm_conf": "",
                  "timeout_seconds": 10.0, "self_clearing": ("probe",)}),
     "commands": (MapOf(_PATH, lambda k: None if k in DEFAULT_COMMANDS else
                        "unknown command; allowed: %s" % ", ".join(sorted(DEFAULT_COMMANDS))), dict),

@@ -106,10 +106,10 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
     # A span drained before and returned to service since waits for its node to sign it again.
     memory, waiting = keeper_memory.review(memory or {}, mine, tag, clock())
     decided = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, tag, share)
-    # Re-read each node before writing: the single-node RPC (read locks only).
+    # Re-read each node before writing: the single-node RPC alone (read locks only).
     groups = {}
     for name, reason in decided.drain:
-        now = slurm.nodes(name).get(name)
+        now = slurm.own_record(name)
         figures["single_reads"] += 1
         if now is not None:
             now = screen({name: now}, key, clock())[0][name]

@@ -42,10 +42,12 @@ class Result:
 
 def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None,
         ok_codes: Sequence[int] = (0,), input_text: Optional[str] = None, max_stdout: int = MAX_STDOUT,
-        max_stderr: int = MAX_STDERR) -> Result:
+        max_stderr: int = MAX_STDERR, pass_fds: Sequence[int] = ()) -> Result:
     """Run argv; return its Result when rc is in ok_codes, else raise
     CommandError (also when it prints more than max_stdout or max_stderr
-    bytes: it is killed there, with its process group)."""
+    bytes: it is killed there, with its process group).  pass_fds: the
+    caller's descriptors the child keeps (a checked file it opens as
+    /proc/self/fd/N)."""
     argv = [str(a) for a in argv]
     if not argv:
         raise CommandError(argv, "empty command")
@@ -56,7 +58,7 @@ def run(argv: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = 
         # argv[0] stays what the tool expects; the kernel runs the checked
         # inode (a "#!" interpreter gets /proc/self/fd/N, kept open by pass_fds).
         proc = subprocess.Popen(
-            argv, executable="/proc/self/fd/%d" % fd, pass_fds=(fd,),
+            argv, executable="/proc/self/fd/%d" % fd, pass_fds=(fd,) + tuple(pass_fds),
             stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env) if env is not None else None,
             start_new_session=True, close_fds=True)

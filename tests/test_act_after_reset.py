@@ -22,14 +22,15 @@ ECC = "gpugate: health ecc:gpu6=4 uncorrected (want <= 0)"
 class FakeSlurm:
     name = "fake"
     why = "configured"
+    node_read = "libslurm"
 
     def __init__(self):
         self.calls = []
 
-    def nodes(self, node):
+    def own_record(self, node):
         # Undrained, no reason: the sweep's smoke stage lifted its drain.
-        return {node: NodeState(name=node, state="IDLE", flags=frozenset(), reason="", reason_time=None,
-                                reason_user="", partitions=("gpu",))}
+        return NodeState(name=node, state="IDLE", flags=frozenset(), reason="", reason_time=None,
+                         reason_user="", partitions=())
 
     def drain(self, node, reason):
         self.calls.append(("drain", node, reason))

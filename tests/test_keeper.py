@@ -144,9 +144,13 @@ class MemorySlurm:
         self.calls = []
 
     def nodes(self, names=None, lean=False):
-        assert lean == (names is None)  # the keeper reads the fleet lean, a node as it is
+        assert lean and names is None  # the keeper reads the fleet lean, a node by own_record
         self.calls.append(("read", names))
-        return dict(self.states) if names is None else {names: self.states[names]} if names in self.states else {}
+        return dict(self.states)
+
+    def own_record(self, name):
+        self.calls.append(("read", name))
+        return replace(self.states[name], partitions=()) if name in self.states else None
 
     def drain(self, names, reason):
         from gpugate.names import parse_hostlist
@@ -197,15 +201,15 @@ def test_the_run_re_reads_each_node_before_it_writes(keeper_settings):
     fleet read and the write is left alone."""
     states = fleet(*[node("gpu%02d" % i, published=DRIFT, since=i) for i in range(1, 9)])
     slurm = MemorySlurm(states, lambda: 1000)
-    real = slurm.nodes
+    real = slurm.own_record
 
-    def racing(names=None, **kw):
-        if names == "gpu01":
+    def racing(name):
+        if name == "gpu01":
             slurm.states["gpu01"] = node("gpu01", reason="admin: cable", published=DRIFT, since=1)
-        if names == "gpu02":
+        if name == "gpu02":
             slurm.states["gpu02"] = node("gpu02")
-        return real(names, **kw)
-    slurm.nodes = racing
+        return real(name)
+    slurm.own_record = racing
     figures = keeper.run_once(keeper_settings, slurm, clock=lambda: 1000, sleep=lambda s: None)
     assert figures["drained"] == [] and set(figures["skipped"]) == {"gpu01", "gpu02"}
     assert slurm.states["gpu01"].reason == "admin: cable"
@@ -280,8 +284,9 @@ def test_a_draining_runs_re_read_serves_the_next_run_once(keeper_settings):
 
 def test_no_node_side_path_reads_the_fleet():
     """Issue 26, item 4: the health check, prolog and epilog (gpugate.node)
-    read only their own node: every `.nodes(...)` call there names one node,
-    and nothing there reaches the fleet-wide budget rule (admit/keep/plan).
+    read only their own node, in one RPC (issue 34): no `.nodes(...)` call
+    there at all, only `own_record(node)`, and nothing there reaches the
+    fleet-wide budget rule (admit/keep/plan).
     The real-cluster counterpart, by slurmctld's own counts and the Slurm
     call log: tests/test_slurm_budget.py, tests/test_slurm_scale.py."""
     import ast
@@ -295,13 +300,13 @@ def test_no_node_side_path_reads_the_fleet():
             tree = ast.parse(handle.read())
         for call in ast.walk(tree):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
-                if call.func.attr == "nodes":
+                assert call.func.attr != "nodes", "%s:%d reads nodes with more than one RPC" % (path, call.lineno)
+                if call.func.attr == "own_record":
                     checked += 1
-                    assert call.args and not any(k.arg == "lean" for k in call.keywords), (
-                        "%s:%d reads the whole node table" % (path, call.lineno))
+                    assert len(call.args) == 1 and not call.keywords
                 assert call.func.attr not in ("admit", "keep", "plan", "fleet_usage"), (
                     "%s:%d decides the fleet's budget on a node" % (path, call.lineno))
-    assert checked >= 1  # act.py reads its own node
+    assert checked >= 2  # act.py and xidhistory.py read their own node
 
 
 def test_pyslurm_clears_a_comment_through_scontrol():

@@ -8,7 +8,12 @@ import pytest
 
 from gpugate.errors import ParseError
 from gpugate.slurm.nodestate import parse_nodes_json, parse_nodes_text
+from gpugate.record import replace
 from gpugate.slurm.nodestate.records import parse_node_records
+from gpugate.slurm.nodestate.show_text import parse_show_node
+
+# The one-RPC read's answers (gpugate.slurm.libslurm): slurmctld sends no partitions.
+ONE_RPC = "libslurm-show-node.json"
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "slurm")
 RELEASES = sorted(d for d in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, d, "expected.json")))
@@ -25,6 +30,9 @@ def load(release):
             continue
         if name == "pyslurm-nodes.json":
             parsed[name] = parse_node_records(json.loads(text))
+        elif name == ONE_RPC:
+            texts = json.loads(text)
+            parsed[name] = {n: parse_show_node(texts[n]["text"], texts[n]["oneline"], n) for n in expected["nodes"]}
         elif name.endswith(".json"):
             parsed[name] = parse_nodes_json(text)
         elif name == "sinfo-text.txt":
@@ -56,6 +64,7 @@ def test_every_form_reads_what_each_node_was_put_in(release):
         assert "scontrol-show-node.json" in parsed
     if release == "25.11":
         assert "pyslurm-nodes.json" in parsed
+    assert ONE_RPC in parsed
     for name, nodes in parsed.items():
         assert set(nodes) == set(expected["nodes"]), name
         for node, want in expected["nodes"].items():
@@ -64,7 +73,8 @@ def test_every_form_reads_what_each_node_was_put_in(release):
             assert got.state == want["state"], where
             assert got.flags == frozenset(want["flags"]), where
             assert got.reason == want["reason"], where
-            assert got.partitions == ("gpu",), where
+            assert got.comment == want.get("comment", ""), where
+            assert got.partitions == (() if name == ONE_RPC else ("gpu",)), where
             if "reason_time" in want:
                 low, high = want["reason_time"]
                 assert got.reason_time is not None and low <= got.reason_time <= high, where
@@ -90,10 +100,29 @@ def test_grouped_sinfo_json_is_refused_not_misread(release):
 @pytest.mark.parametrize("release", RELEASES)
 def test_json_and_text_forms_agree(release):
     _, parsed = load(release)
-    forms = list(parsed.values())
-    assert len(forms) >= 2
+    # Partitions aside (the one-RPC read has none), and the user of no
+    # reason (23.02+'s JSON and sinfo name one, sprint names none).
+    forms = [{n: replace(st, partitions=(), reason_user=st.reason_user if st.reason_time else "")
+              for n, st in nodes.items()} for nodes in parsed.values()]
+    assert len(forms) >= 3
     for other in forms[1:]:
         assert other == forms[0]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_one_rpc_read_refuses_what_a_line_break_could_forge(release):
+    """A Comment with a line break and three spaces (it prints as a field
+    line of its own: here a second State=DOWN) and a reason of two lines:
+    refused, so the node is read the older way, never misread."""
+    expected, _ = load(release)
+    with open(os.path.join(FIXTURES, release, ONE_RPC)) as handle:
+        texts = json.load(handle)
+    refused = expected["files"][ONE_RPC]["refused"]
+    assert sorted(refused) == ["comment with a line break", "reason of two lines"]
+    for case in refused:
+        node = texts[case]["text"].split()[0][len("NodeName="):]
+        with pytest.raises(ParseError):
+            parse_show_node(texts[case]["text"], texts[case]["oneline"], node)
 
 
 @pytest.mark.parametrize("release", RELEASES)

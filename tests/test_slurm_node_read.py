@@ -1,16 +1,14 @@
 """What a node's own read costs slurmctld, counted by slurmctld itself
-(sdiag), on whichever release CI runs (issue 34).
+(sdiag), on whichever release CI runs (issue 34): one RPC.
 
-The node reads its own record when its findings change (gpugate.node.act).
-That read must never load the fleet's node table (REQUEST_NODE_INFO: every
-node packed under slurmctld's node lock, ~13 MB at 10,000 nodes; issue 26).
-`scontrol show node NAME` does just that, on every release, plus a
-partition read (Slurm 25.11's src/scontrol/info_node.c, measured on 22.05);
-`sinfo -n NAME` and pyslurm's `Node.load(NAME)` read the node alone
-(REQUEST_NODE_INFO_SINGLE) and the partitions (REQUEST_PARTITION_INFO:
-sinfo's `_query_server`, pyslurm's core/node.pyx): two RPCs, neither of
-them the fleet's.  No command reads one node in one RPC; issue 34's target
-of one is open (docs/reliability.md, Known limits)."""
+The node reads its own record when its findings change (gpugate.node.act),
+and the keeper re-reads a node before it drains it.  `sinfo -n NAME` and
+pyslurm's `Node.load(NAME)` read the node (REQUEST_NODE_INFO_SINGLE) and the
+partition table (REQUEST_PARTITION_INFO); `scontrol show node NAME` loads
+every node (Slurm 25.11's src/sinfo/sinfo.c, src/scontrol/info_node.c).
+`own_record` makes the single-node RPC alone, through libslurm
+(gpugate.slurm.libslurm), with either backend, and reads what the older
+read reads, partitions aside (slurmctld sends none)."""
 
 import importlib.util
 import os
@@ -31,26 +29,85 @@ def _sdiag(cluster):
     return bench.sdiag(cluster)
 
 
-@pytest.mark.parametrize("backend", ["commands", "pyslurm"])
-def test_a_nodes_own_read_is_one_node_never_the_fleet(cluster, backend):
+def _connect(cluster, backend, library=None):
     from gpugate.config import load_settings
     from gpugate.errors import SlurmError
     from gpugate.record import replace
     from gpugate.slurm import connect
 
     settings = load_settings(cluster.gpugate_conf)
-    settings = replace(settings, slurm=dict(settings.slurm, backend=backend))
+    slurm = dict(settings.slurm, backend=backend)
+    if library is not None:
+        slurm["library"] = library
     try:
-        slurm = connect(settings)
+        return connect(replace(settings, slurm=slurm))
     except SlurmError as exc:
         pytest.skip("no pyslurm for this release here: %s" % exc)
+
+
+def _reads(rpcs):
+    return {k: v for k, v in rpcs.items() if k.startswith(("REQUEST_NODE_INFO", "REQUEST_PARTITION_INFO"))}
+
+
+@pytest.mark.parametrize("backend", ["commands", "pyslurm"])
+def test_a_nodes_own_read_is_one_rpc(cluster, backend):
+    slurm = _connect(cluster, backend)
     try:
-        slurm.version() if backend == "commands" else None  # its own RPC-free call, before the count
+        slurm.version()  # the pyslurm worker's start and `sinfo --version` ask slurmctld nothing
         cluster.run(["/usr/bin/sdiag", "-r"])
-        state = slurm.nodes(cluster.nodes[0]).get(cluster.nodes[0])
+        state = slurm.own_record(cluster.nodes[0])
         rpcs = _sdiag(cluster)
+        how = slurm.node_read
     finally:
         slurm.close()
-    assert state is not None and state.name == cluster.nodes[0]
-    reads = {k: v for k, v in rpcs.items() if k.startswith(("REQUEST_NODE_INFO", "REQUEST_PARTITION_INFO"))}
-    assert reads == {"REQUEST_NODE_INFO_SINGLE": 1, "REQUEST_PARTITION_INFO": 1}, rpcs
+    assert state is not None and state.name == cluster.nodes[0] and state.partitions == ()
+    assert how == "libslurm"
+    assert _reads(rpcs) == {"REQUEST_NODE_INFO_SINGLE": 1}, rpcs
+
+
+@pytest.mark.parametrize("backend", ["commands", "pyslurm"])
+def test_it_reads_what_the_older_read_reads_and_refuses_what_it_cannot(cluster, backend):
+    """Drained with a reason an admin could write, a Comment, an undrain
+    (the leftover reason 24.11 keeps), a Comment with a line break and a
+    reason of two lines (the older read, and why in node_read), a node
+    slurmctld has none of."""
+    from gpugate.record import replace
+
+    node = cluster.nodes[1]
+    steps = [
+        (["State=DRAIN", 'Reason=gpugate: drift x=1 (want 2) | "q" [x@1]'], "libslurm"),
+        (['Comment=rack 3 [gpugate-pending @1764120000] x=1 [/gpugate-pending]'], "libslurm"),
+        (["State=UNDRAIN"], "libslurm"),
+        (["Comment=rack 3\n   State=DOWN"], "line break"),
+        (["Comment=", "State=DRAIN", "Reason=PSU swap\n   Comment=forged"], "several lines"),
+    ]
+    slurm = _connect(cluster, backend)
+    try:
+        for updates, how in steps:
+            cluster.scontrol("update", "NodeName=" + node, *updates)
+            one = slurm.own_record(node)
+            assert how in slurm.node_read, (updates, slurm.node_read)
+            older = slurm.nodes(node)[node]
+            assert one == (older if how != "libslurm" else replace(older, partitions=())), updates
+        assert slurm.own_record("nosuchnode") is None
+    finally:
+        cluster.scontrol("update", "NodeName=" + node, "Comment=")
+        cluster.scontrol("update", "NodeName=" + node, "State=RESUME")
+        slurm.close()
+
+
+def test_a_library_that_does_not_load_means_the_older_read_and_says_why(cluster):
+    """[slurm] library naming a file that is no library (a real ELF
+    executable: dlopen refuses it) or nothing: the node is read the older
+    way, two RPCs, and node_read says why; never a wrong state."""
+    for library, why in (("/bin/true", "libslurm /bin/true"), ("/nonexistent/libslurm.so", "no libslurm at")):
+        slurm = _connect(cluster, "commands", library)
+        try:
+            cluster.run(["/usr/bin/sdiag", "-r"])
+            state = slurm.own_record(cluster.nodes[0])
+            rpcs = _sdiag(cluster)
+            assert state == slurm.nodes(cluster.nodes[0])[cluster.nodes[0]]
+            assert why in slurm.node_read, slurm.node_read
+            assert _reads(rpcs) == {"REQUEST_NODE_INFO_SINGLE": 1, "REQUEST_PARTITION_INFO": 1}, rpcs
+        finally:
+            slurm.close()

@@ -74,6 +74,8 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
         outcome["backend"] = used[0].name
         if used[0].why != "configured":
             outcome["backend_why"] = used[0].why[:300]
+        if used[0].node_read not in ("", "libslurm"):
+            outcome["node_read"] = used[0].node_read[:300]  # read with two RPCs, and why
         used[0].close()
     return outcome
 
@@ -89,8 +91,8 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             slurm = connect(settings, deadline=deadline)
             used.append(slurm)
             budgeted = hold.applies(settings, verdict)
-            # The node's own record only (the single-node RPC): never the fleet.
-            state = slurm.nodes(node).get(node)
+            # The node's own record only, in one RPC: never the fleet, nor the partitions.
+            state = slurm.own_record(node)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
             stale = (decision.kind in (ownership.DRAIN, ownership.UPDATE)
                      and _reset_since(settings, node, read_at))

@@ -147,7 +147,7 @@ def observe(history, state, tag: str, wall: float, now: float, policy):
 
 
 def _own_record(settings, node: str):
-    """The node's own Slurm record (single-node read), or None."""
+    """The node's own Slurm record (one RPC), or None."""
     from ..errors import GpugateError
     from ..slurm import connect
 
@@ -155,7 +155,7 @@ def _own_record(settings, node: str):
         # Bounded well inside the health check's budget; no answer leaves the finding standing.
         slurm = connect(settings, timeout=min(float(settings.slurm["timeout_seconds"]), 5.0))
         try:
-            return slurm.nodes(node).get(node)
+            return slurm.own_record(node)
         finally:
             slurm.close()
     except (GpugateError, OSError):

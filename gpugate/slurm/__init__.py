@@ -25,8 +25,9 @@ def connect(settings, timeout=None, deadline=None):
     limit = min(limit, timeout) if timeout else limit
     args = (str(slurm["bin_dir"]), settings.slurm_env, limit)
     wanted = str(slurm.get("backend", COMMANDS))
+    library = str(slurm.get("library", ""))
     if wanted == COMMANDS:
-        backend = CommandSlurm(*args, deadline=deadline)
+        backend = CommandSlurm(*args, deadline=deadline, library=library)
         backend.why = "configured"
         return backend
     from ..errors import SlurmError
@@ -38,7 +39,7 @@ def connect(settings, timeout=None, deadline=None):
     except SlurmError as exc:  # pyslurm cannot be used, or its worker did not start in time
         if wanted == PYSLURM:
             raise
-        fallback = CommandSlurm(*args, deadline=deadline)
+        fallback = CommandSlurm(*args, deadline=deadline, library=library)
         fallback.why = "auto: %s" % exc
         return fallback
     backend.why = "configured" if wanted == PYSLURM else "auto: pyslurm %s matches this Slurm" % (

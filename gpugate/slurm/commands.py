@@ -1,18 +1,25 @@
 """The default Slurm backend: the scontrol and sinfo commands (present on
 every Slurm host, every version).  The only code that runs them."""
 
+import json
+import os
 import re
+import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import CommandError, ParseError, SlurmError
 from ..runner import run
+from . import libslurm
 from .base import NodeUpdates
 from .jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
 from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState,
                         parse_nodes_json, parse_nodes_text)
+from .nodestate.show_text import parse_show_node
+from .trace import append as trace_append
 from .wire import MAX_FRAME
 
+_OLDER = object()  # own_record: read the node the older way
 _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
 
 
@@ -24,8 +31,11 @@ class CommandSlurm(NodeUpdates):
     name = "commands"
 
     def __init__(self, bin_dir: str = "/usr/bin", env: Optional[Dict[str, str]] = None, timeout: float = 10.0,
-                 deadline: Optional[float] = None):
+                 deadline: Optional[float] = None, library: str = ""):
         self.bin_dir = bin_dir.rstrip("/")
+        self.library = library  # [slurm] library; "" = found beside bin_dir
+        # How own_record read the node last: "libslurm", or the older read and why.
+        self.node_read = ""
         self.env = dict(env or {"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
         self.timeout = timeout
         self.deadline = deadline  # time.monotonic(): no call outlives it
@@ -40,24 +50,27 @@ class CommandSlurm(NodeUpdates):
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def _run(self, tool: str, args, env_extra=None, timeout=None) -> str:
+        return self._exec([self.bin_dir + "/" + tool] + list(args), tool, env_extra, timeout).stdout
+
+    def _exec(self, argv, what: str, env_extra=None, timeout=None, ok_codes=(0,), pass_fds=()):
         env = dict(self.env)
         env.update(env_extra or {})
         limit = min(timeout or self.timeout, self.time_left())
         if limit < MIN_CALL_SECONDS:
             raise SlurmError("%s %s not started: no time left in this run's budget (gpugate retries on its "
-                             "next run)" % (tool, args[0] if args else ""))
+                             "next run)" % (what, argv[1] if len(argv) > 1 else ""))
         self.calls += 1
         started = time.monotonic()
         try:
             # A whole fleet's node table (sinfo --json: a few KB a node) may pass
             # the cap of a node's tools: the pyslurm worker's frame limit.
-            return run([self.bin_dir + "/" + tool] + list(args), limit, env=env, max_stdout=MAX_FRAME).stdout
+            return run(argv, limit, env=env, max_stdout=MAX_FRAME, ok_codes=ok_codes, pass_fds=pass_fds)
         except CommandError as exc:
             hint = ""
             if exc.timed_out or "Unable to contact slurm controller" in exc.stderr \
                     or "Connection refused" in exc.stderr:
                 hint = " (is slurmctld up? gpugate retries on its next run)"
-            raise SlurmError("%s%s" % (exc, hint)) from None
+            raise SlurmError("%s%s" % (exc, hint)) from exc
         finally:
             self.slowest = max(self.slowest, time.monotonic() - started)
 
@@ -103,6 +116,52 @@ class CommandSlurm(NodeUpdates):
             return parse_nodes_text(self._run("sinfo", args, SINFO_TEXT_ENV))
         except ParseError as exc:
             raise SlurmError("cannot read node states: %s" % exc) from None
+
+    def own_record(self, name: str) -> Optional[NodeState]:
+        """One node's record (None: slurmctld has no such node) in one RPC,
+        REQUEST_NODE_INFO_SINGLE alone (gpugate.slurm.libslurm), for a node
+        reading itself and the keeper's re-read before a drain.  Its
+        ``partitions`` are empty: slurmctld does not send them.  Where
+        libslurm cannot be used, or its answer not read exactly, the older
+        read (`sinfo -n`: the node and the partition table), and
+        ``node_read`` says why.  slurmctld refusing or not answering is a
+        SlurmError either way: the older read would only wait again."""
+        found = self._libslurm_read(name)
+        if found is not _OLDER:
+            self.node_read = "libslurm"
+            return found
+        return self.nodes(name).get(name)
+
+    def _libslurm_read(self, name: str):
+        try:
+            fd, path = libslurm.open_library(self.bin_dir, self.library)
+        except libslurm.Unusable as exc:
+            self.node_read = "sinfo -n (%s)" % exc
+            return _OLDER
+        try:
+            trace_append(("libslurm", "show", "node", name))
+            argv = [sys.executable, "-I", "-m", "gpugate.slurm.libslurm", "/proc/self/fd/%d" % fd, name]
+            try:
+                result = self._exec(argv, "libslurm", {"SLURM_TIME_FORMAT": "%s"},
+                                    ok_codes=(libslurm.FOUND, libslurm.MISSING), pass_fds=(fd,))
+            except SlurmError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, CommandError) or cause.timed_out or cause.rc == libslurm.RPC_FAILED:
+                    raise
+                # The library would not load, or the child died (another
+                # release's ABI, libslurm's fatal() on its slurm.conf).
+                self.node_read = "sinfo -n (libslurm %s: %s)" % (path, str(exc)[:200])
+                return _OLDER
+        finally:
+            os.close(fd)
+        if result.rc == libslurm.MISSING:
+            return None
+        try:
+            answer = json.loads(result.stdout)
+            return parse_show_node(answer["text"], answer["oneline"], name)
+        except (ValueError, KeyError, TypeError, ParseError) as exc:
+            self.node_read = "sinfo -n (libslurm's answer: %s)" % str(exc)[:200]
+            return _OLDER
 
     def update(self, names: str, state: str, reason: Optional[str] = None, extra=()) -> None:
         args = ["update", "NodeName=" + names, "State=" + state]

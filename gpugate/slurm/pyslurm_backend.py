@@ -15,7 +15,6 @@ Slurm release this host runs (`sinfo --version`), which pyslurm's own
 major.minor must equal."""
 
 import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -24,34 +23,14 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ParseError, SlurmError
+from . import trace
 from .base import NodeUpdates
 from .commands import MIN_CALL_SECONDS, CommandSlurm, _only
 from .jobs import ENDED, GONE, JobState
 from .nodestate import NodeState
 from .nodestate.records import parse_node_records
+from .nodestate.show_text import parse_show_node
 from .wire import WireClosed, WireTimeout, read_frame, write_frame
-
-def _trace(path: str, op: str, args: tuple) -> None:
-    from .trace import in_scontrol_words
-
-    # A path from the environment, appended to as root: never through a
-    # symlink someone planted there, never into a FIFO or someone else's file.
-    text = "".join("%s %s\n" % (os.environ.get("SLURMD_NODENAME", ""), words)
-                   for words in in_scontrol_words(op, args)).encode("utf-8", "replace")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                     0o600)
-    except OSError:
-        return  # a trace is for reading along, never a reason to fail a call
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-            os.write(fd, text)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
 
 # The worker's own start (interpreter, pyslurm, slurm.conf) gets at least
 # this long, whatever the call's share: a cold start on a busy controller.
@@ -100,6 +79,7 @@ class PyslurmSlurm(NodeUpdates):
         self.calls = 0  # requests answered or failed, worker starts not counted
         self.slowest = 0.0
         self.pyslurm_version = ""
+        self.node_read = ""  # as CommandSlurm's
         self._proc: Optional[subprocess.Popen] = None
         self._stderr = None
         # One request in flight on the worker's pipes: callers in threads wait their turn.
@@ -221,7 +201,7 @@ class PyslurmSlurm(NodeUpdates):
         self.calls += 1
         self._sent += 1
         if self.trace:
-            _trace(self.trace, op, args)
+            trace.write(self.trace, trace.in_scontrol_words(op, args))
         try:
             write_frame(self._proc.stdin.fileno(), (self._sent, op, args))
             answer = read_frame(self._proc.stdout.fileno(), time.monotonic() + limit)
@@ -273,6 +253,29 @@ class PyslurmSlurm(NodeUpdates):
             return _only(parse_node_records(records), names)
         except ParseError as exc:  # as the command backend says of output it cannot read
             raise SlurmError("cannot read node states: %s" % exc) from None
+
+    def own_record(self, name: str) -> Optional[NodeState]:
+        """As the command backend's (one RPC, no partitions), in the worker."""
+        answer = self._call("own_record", name)
+        why = "the worker's answer %r" % (answer[:1],)
+        if isinstance(answer, list) and answer:
+            if answer[0] == "missing":
+                return None
+            if answer[0] == "failed" and len(answer) == 2:
+                hint = " (is slurmctld up? gpugate retries on its next run)" if (
+                    "Unable to contact slurm controller" in str(answer[1])) else ""
+                raise SlurmError("pyslurm own_record: %s%s" % (answer[1], hint))
+            if answer[0] == "found" and len(answer) == 3:
+                try:
+                    found = parse_show_node(answer[1], answer[2], name)
+                    self.node_read = "libslurm"
+                    return found
+                except ParseError as exc:
+                    why = "libslurm's answer: %s" % exc
+            elif answer[0] == "older" and len(answer) == 2:
+                why = str(answer[1])
+        self.node_read = "Node.load (%s)" % why[:200]
+        return self.nodes(name).get(name)
 
     def update(self, names: str, state: str, reason: Optional[str] = None) -> None:
         self._call("update_nodes", names, state, reason)

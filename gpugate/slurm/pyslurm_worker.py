@@ -14,6 +14,7 @@ with kind ``"rpc"`` (slurmctld refused or did not answer), ``"refused"``
 an answer never reaches another request.  The first frame, unasked, is
 number 0: pyslurm's version, or why it does not load."""
 
+import ctypes
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ class Api:
 
     def __init__(self, pyslurm):
         self.pyslurm = pyslurm
+        self._lib = None  # libslurm through ctypes, for op_own_record
 
     def op_hello(self):
         return {"pyslurm": self.pyslurm.__version__, "pid": os.getpid()}
@@ -54,6 +56,36 @@ class Api:
         else:
             nodes = list(ps.Nodes.load().values())
         return [_node_record(n) for n in nodes]
+
+    def op_own_record(self, name):
+        """One node in one RPC (gpugate.slurm.libslurm) on the libslurm
+        pyslurm loaded: ["found", text, one line], ["missing"], ["failed",
+        why] (slurmctld's), or ["older", why] (read it the older way)."""
+        from . import libslurm
+
+        if self._lib is None:
+            path = libslurm.loaded_library()
+            if not path:
+                return ["older", "no libslurm in this worker's maps"]
+            try:
+                # RTLD_NOLOAD: only the library pyslurm already runs on.
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD, use_errno=True)
+                libslurm.bind(lib)
+            except (OSError, AttributeError) as exc:
+                return ["older", "libslurm %s: %s" % (path, exc)]
+            self._lib = lib
+        saved = os.environ.get("SLURM_TIME_FORMAT")
+        os.environ["SLURM_TIME_FORMAT"] = "%s"  # the reason's time in epoch seconds (read per call)
+        try:
+            code, value = libslurm.read_node(self._lib, name)
+        finally:
+            if saved is None:
+                del os.environ["SLURM_TIME_FORMAT"]
+            else:
+                os.environ["SLURM_TIME_FORMAT"] = saved
+        if code == libslurm.FOUND:
+            return ["found"] + list(value)
+        return ["missing"] if code == libslurm.MISSING else ["failed", value]
 
     def op_update_nodes(self, names, state, reason):
         ps = self.pyslurm

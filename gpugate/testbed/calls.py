@@ -6,7 +6,9 @@ shims, and GPUGATE_SLURM_TRACE of the pyslurm backend) costs slurmctld:
   (scontrol loads every node and filters itself), and the pyslurm worker's
   ``scontrol show node`` without one plain name;
 - ``single``: the single-node read (REQUEST_NODE_INFO_SINGLE): ``sinfo -n
-  NODE``, and the pyslurm worker's ``scontrol show node NODE``;
+  NODE``, the pyslurm worker's ``scontrol show node NODE``, and
+  ``libslurm show node NODE`` (gpugate.slurm.libslurm: that RPC alone, a
+  node's own read with either backend);
 - ``update``: ``scontrol update`` (a drain, an undrain, a comment);
 - ``other``: anything else (``sinfo --version``, jobs, reservations)."""
 
@@ -37,6 +39,8 @@ def about(line: str) -> str:
 
 def kind(line: str) -> str:
     _node, tool, args = split(line)
+    if tool == "libslurm":
+        return "single"
     if tool == "sinfo":
         if "--version" in args:
             return "other"

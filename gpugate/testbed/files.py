@@ -112,6 +112,9 @@ backend = "{backend}"
 slurm_conf = "{dir}/slurm.conf"
 # Logging shims in front of scontrol/sinfo: tests count gpugate's Slurm calls.
 bin_dir = "{dir}/slurm-bin"
+# The shims' directory has no lib/ beside it: the real Slurm's library, as a
+# site names it whose commands are wrappers.
+library = "{library}"
 
 [sim]
 fleet = "{dir}/fleet"
@@ -119,7 +122,8 @@ fleet = "{dir}/fleet"
 [sweep]
 {sweep}
 {extra}
-""".format(dir=cluster.dir, extra=extra, sweep=_sweep_toml(cluster), backend=rig_backend())
+""".format(dir=cluster.dir, extra=extra, sweep=_sweep_toml(cluster), backend=rig_backend(),
+           library=real_library())
     write_file(cluster.gpugate_conf, text)
 
 
@@ -137,6 +141,14 @@ def _sweep_toml(cluster) -> str:
     }
     values.update(cluster.sweep_overrides)
     return "\n".join("%s = %s" % (k, _toml_value(v)) for k, v in values.items())
+
+
+def real_library() -> str:
+    """The installed Slurm's libslurm, where gpugate looks for it beside
+    BIN (gpugate.slurm.libslurm.candidates); "" when there is none."""
+    from gpugate.slurm.libslurm import candidates
+
+    return next((path for path in candidates(BIN) if os.path.isfile(path)), "")
 
 
 def write_shims(cluster) -> None:
