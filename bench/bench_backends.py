@@ -6,8 +6,9 @@ drained with gpugate reasons, as a fleet under a sweep would be), then
 measures, interleaved, with each backend:
 
 - a read of the whole fleet's node states (what `gpugate status`, the
-  sweep's plan and a budgeted drain read), and of one node (a node's own
-  check, the sweep's waits);
+  sweep's plan and a budgeted drain read), of one node with its partitions
+  (the sweep's waits), and of one node in one RPC (``own_record``: a node's
+  own check, the keeper's re-read; issue 34);
 - slurmctld's own RPC count per read (``sdiag`` by message type);
 - a new process that imports gpugate, chooses the backend and reads one
   node (what a CLI run or a node-side drain costs once).
@@ -117,10 +118,13 @@ def main() -> int:
         fleets = {name: b.nodes() for name, b in backends.items()}
         assert fleets["commands"] == fleets["pyslurm"], "the backends read different states"
         assert len(fleets["commands"]) == args.nodes
-        times = {(name, what): [] for name in backends for what in ("fleet", "one", "process")}
+        assert backends["commands"].own_record(one) == backends["pyslurm"].own_record(one)
+        assert backends["commands"].node_read == backends["pyslurm"].node_read == "libslurm"
+        times = {(name, what): [] for name in backends for what in ("fleet", "one", "own", "process")}
         for _ in range(args.repeat):  # interleaved: the machine's load falls on both alike
             for name, backend in backends.items():
-                for what, read in (("fleet", backend.nodes), ("one", lambda: backend.nodes(one))):
+                for what, read in (("fleet", backend.nodes), ("one", lambda: backend.nodes(one)),
+                                   ("own", lambda: backend.own_record(one))):
                     t = time.monotonic()
                     read()
                     times[(name, what)].append(time.monotonic() - t)
@@ -129,7 +133,8 @@ def main() -> int:
                                env=dict(env, PYTHONPATH=ROOT))
                 times[(name, "process")].append(time.monotonic() - t)
         rpcs = {(name, what): rpcs_per_read(env, read) for name, backend in backends.items()
-                for what, read in (("fleet", backend.nodes), ("one", lambda b=backend: b.nodes(one)))}
+                for what, read in (("fleet", backend.nodes), ("one", lambda b=backend: b.nodes(one)),
+                                   ("own", lambda b=backend: b.own_record(one)))}
         size = len(subprocess.run(["/usr/bin/scontrol", "--all", "--json", "show", "node"], env=env,
                                   capture_output=True, timeout=60).stdout)
         print("Slurm %s, %d configured nodes (%d drained), median of %d interleaved runs; scontrol's JSON for the "
@@ -137,7 +142,8 @@ def main() -> int:
               % (".".join(map(str, backends["commands"].version())), args.nodes, len(cluster.nodes[::10]),
                  args.repeat, size / 1e6, worker_start * 1000))
         print("%-52s %12s %12s %8s   %s" % ("read", "commands", "pyslurm", "ratio", "RPCs per read (commands | pyslurm)"))
-        for what, label in (("fleet", "every node's state"), ("one", "one node's state (%s)" % one),
+        for what, label in (("fleet", "every node's state"), ("one", "one node's state, partitions (%s)" % one),
+                            ("own", "one node's state, one RPC (own_record)"),
                             ("process", "new process: import, choose, read one node")):
             c, p = median(times[("commands", what)]), median(times[("pyslurm", what)])
             rpc = ""

@@ -98,3 +98,14 @@ def test_the_health_check_passes_when_it_began_reading(tmp_path, monkeypatch):
     j.verdict = decide([], "gpugate:")
     healthcheck._act(None, "gpu01", j, time.monotonic() + 10, None)
     assert seen["read_at"] == 123.0
+
+
+def test_a_node_read_the_older_way_says_why_in_its_log_line(tmp_path, monkeypatch):
+    """Issue 34: where the one-RPC read fell back (`sinfo -n`, two RPCs),
+    the run's outcome (its log line) says so and why; not when it did not."""
+    settings, slurm, verdict = _setup(tmp_path, monkeypatch)
+    out = act_mod.act(settings, "gpu01", verdict, read_at=time.time())
+    assert "node_read" not in out
+    slurm.node_read = "sinfo -n (no libslurm at /usr/lib*/ beside /usr/bin (set [slurm] library))"
+    out = act_mod.act(settings, "gpu01", verdict, read_at=time.time())
+    assert out["node_read"] == slurm.node_read and out["action"] == "drain"

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# Not slow (a 2-node cluster, seconds): every release's run in CI holds it.
+pytestmark = [pytest.mark.slurm]
 CLUSTER = {"nodes": 2, "interval": 600}
 
 

@@ -140,7 +140,7 @@ class CommandSlurm(NodeUpdates):
             return _OLDER
         try:
             trace_append(("libslurm", "show", "node", name))
-            argv = [sys.executable, "-I", "-m", "gpugate.slurm.libslurm", "/proc/self/fd/%d" % fd, name]
+            argv = libslurm.command(sys.executable, "/proc/self/fd/%d" % fd, name)
             try:
                 result = self._exec(argv, "libslurm", {"SLURM_TIME_FORMAT": "%s"},
                                     ok_codes=(libslurm.FOUND, libslurm.MISSING), pass_fds=(fd,))

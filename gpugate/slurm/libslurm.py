@@ -7,9 +7,11 @@ src/scontrol/info_node.c).
 It never runs in gpugate's own process: libslurm retries an absent
 slurmctld for minutes inside one call, exits the process on a slurm.conf it
 cannot read, and a library whose structures differ could crash.  The
-command backend runs ``python -I -m gpugate.slurm.libslurm LIBRARY NODE``
-through gpugate.runner (a deadline, its process group killed); the pyslurm
-worker calls ``read_node`` on the library pyslurm loaded.
+command backend runs this file, ``python -I -S .../libslurm.py LIBRARY NODE``
+(``command``), through gpugate.runner (a deadline, its process group
+killed); the pyslurm worker calls ``read_node`` on the library pyslurm
+loaded.  The file imports the standard library only, so the child starts
+without site (-S: 20 ms less a read, no .pth file run).
 
 The answer is ``slurm_sprint_node_table``'s text, as `scontrol show node
 NAME` prints the same record (less its Partitions line: slurmctld does not
@@ -142,12 +144,19 @@ def loaded_library() -> Optional[str]:
     return None
 
 
+def command(python: str, library: str, node: str) -> List[str]:
+    """The child's argv: this very file (the one gpugate imported), isolated
+    (-I: no PYTHON* variables, no script directory on sys.path) and without
+    site (-S)."""
+    return [python, "-I", "-S", os.path.abspath(__file__), library, node]
+
+
 def main(argv: List[str]) -> int:
-    """python -I -m gpugate.slurm.libslurm LIBRARY NODE: the node's texts
+    """python -I -S libslurm.py LIBRARY NODE: the node's texts
     as JSON on stdout (exit FOUND), or MISSING, RPC_FAILED, UNUSABLE with
     why on stderr.  The library path was trust-checked by the caller."""
     if len(argv) != 3:
-        print("usage: python -I -m gpugate.slurm.libslurm LIBRARY NODE", file=sys.stderr)
+        print("usage: python -I -S libslurm.py LIBRARY NODE", file=sys.stderr)
         return 2
     answers = os.dup(1)
     os.dup2(2, 1)  # whatever libslurm prints goes to stderr, never into the answer
