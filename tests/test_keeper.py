@@ -138,6 +138,7 @@ class MemorySlurm:
     """An in-memory slurmctld: reads, drains and undrains, counted."""
 
     name = "memory"
+    node_read = "libslurm"  # how own_record read (gpugate.slurm.commands)
 
     def __init__(self, states, clock):
         self.states, self.clock = dict(states), clock

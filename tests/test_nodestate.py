@@ -888,18 +888,24 @@ def test_a_leftover_reason_on_a_node_in_service_is_no_reason():
 # --------------------------------------------------------------------------
 
 PUBLISHED = "rack 3 [gpugate-pending @1764120000] gpugate: drift driver=550.54.15 (want 580.65.06) [/gpugate-pending]"
+# What scripts/record-slurm-fixtures set on gpu02 (its COMMENT), in every release's recording.
+RECORDED = 'rack 3, row "B" [gpugate-pending @1764120000] x=1 [/gpugate-pending]'
 
 
 @pytest.mark.parametrize("release", ["22.05", "24.11", "25.11", "26.05"])
 def test_the_comment_is_read_from_every_releases_json(release):
-    """The recorded JSON carries "comment" ("" when unset, as recorded);
-    the same document with a comment set gives it back, one node only."""
+    """The recorded JSON carries "comment" (gpu02's as recorded, "" when
+    unset); the same document with another comment set gives it back, one
+    node only."""
     base = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", release)
     name = "sinfo.json" if release == "22.05" else "scontrol-show-node.json"
     with open(os.path.join(base, name)) as handle:
         doc = json.load(handle)
-    assert all(entry.get("comment") == "" for entry in doc["nodes"])
-    assert all(st.comment == "" for st in parse_nodes_json(json.dumps(doc)).values())
+    recorded = {e["name"]: e.get("comment") for e in doc["nodes"]}
+    assert recorded == {n: RECORDED if n == "gpu02" else "" for n in recorded}
+    assert {n: st.comment for n, st in parse_nodes_json(json.dumps(doc)).items()} == recorded
+    for entry in doc["nodes"]:
+        entry["comment"] = ""
     doc["nodes"][0]["comment"] = PUBLISHED
     nodes = parse_nodes_json(json.dumps(doc))
     assert nodes[doc["nodes"][0]["name"]].comment == PUBLISHED
@@ -915,7 +921,8 @@ def test_the_comment_is_read_from_pyslurm_records():
     base = os.path.join(os.path.dirname(__file__), "fixtures", "slurm", "25.11", "pyslurm-nodes.json")
     with open(base) as handle:
         records = json.load(handle)
-    assert all(st.comment == "" for st in parse_node_records(records).values())
+    assert {n: st.comment for n, st in parse_node_records(records).items()} == {
+        r["name"]: RECORDED if r["name"] == "gpu02" else "" for r in records}
     records[0]["comment"] = PUBLISHED
     assert parse_node_records(records)[records[0]["name"]].comment == PUBLISHED
 

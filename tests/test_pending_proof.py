@@ -137,13 +137,13 @@ def test_a_tag_replaced_by_a_paste_between_the_read_and_the_drain_is_not_drained
     since the fleet read", and gpu01 stays in service."""
     cfg = _settings(tmp_path)
     slurm = MemorySlurm(fleet(node("gpu01", published=DRIFT, since=NOW - 10), node("gpu02")), lambda: NOW)
-    real = slurm.nodes
+    real = slurm.own_record
 
-    def pasting(names=None, **kw):
-        if names == "gpu01":
+    def pasting(name):
+        if name == "gpu01":
             slurm.states["gpu01"] = node("gpu01", comment="[gpugate-pending @1] %s [/gpugate-pending]" % DRIFT)
-        return real(names, **kw)
-    slurm.nodes = pasting
+        return real(name)
+    slurm.own_record = pasting
     figures = _run(cfg, slurm)
     assert figures["drained"] == [] and figures["skipped"] == {"gpu01": "changed since the fleet read"}
     assert not slurm.states["gpu01"].drain

@@ -214,7 +214,7 @@ def settle(settings, node: str, result, record: Dict[str, Any], deadline: Option
         return True
     outcome = act(settings, node, verdict, deadline=deadline)
     record["action"] = outcome["action"]
-    for key in ("backend", "backend_why"):
+    for key in ("backend", "backend_why", "node_read"):
         if key in outcome:
             record[key] = outcome[key]
     if not outcome["ok"]:
