@@ -55,6 +55,14 @@ def _abs_path(value: str) -> Optional[str]:
     return None
 
 
+def _word(value: str, what: str) -> Optional[str]:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+        return "%s: letters, digits, '.', '_' and '-', at most 64" % what
+    return None
+
+
 def _tag(value: str) -> Optional[str]:
     if not (1 <= len(value) <= 16) or not all(33 <= ord(c) < 127 for c in value):
         return "expected 1 to 16 printable ASCII characters without spaces, e.g. \"gpugate:\""
@@ -174,6 +182,22 @@ _DRAIN_BUDGET = Table({
     "key_file": (_PATH, "/etc/gpugate/drain-budget.key"),
 })
 
+# The preflight (gpugate.preflight, docs/preflight.md): an active proof on a
+# job's fresh allocation, in the prolog, before the job's own code.  Off
+# until a partition or a job asks for it.
+_PREFLIGHT = Table({
+    "partitions": (ListOf(Str("gpu-train", lambda v: _word(v, "a partition name"))), ()),
+    # A job asks for it with this word in its --comment or --extra (data to
+    # gpugate: it can switch the preflight on, never off, never change what runs).
+    "job_word": (Str("gpugate-preflight", lambda v: _word(v, "one word")), "gpugate-preflight"),
+    "min_nodes": (Int(1, 1000000), 2),  # smaller jobs skip it
+    "dcgm_level": (Int(0, 4), 1),  # dcgmi diag -r N on the job's GPUs (RVS level on AMD); 0: none
+    # The single-node all_reduce, judged against the baseline's [smoke] min_busbw_gbps; () for none.
+    "allreduce": (_ARGV, ("/opt/nccl-tests/build/all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "{gpus}",
+                          "-c", "1", "-n", "20")),
+    "timeout_seconds": (Number(5, 3600), 120.0),  # the whole per-node proof; keep PrologEpilogTimeout above
+})
+
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
     "state_dir": (_PATH, "/var/lib/gpugate"),
@@ -218,6 +242,7 @@ _CONFIG = Table({
                                  "root's (chown root F; chmod go-w F) and delete this key"), None),
     "drain_budget": (_DRAIN_BUDGET, lambda: _DRAIN_BUDGET.check({}, "drain_budget")),
     "sweep": (_SWEEP, lambda: _SWEEP.check({}, "sweep")),
+    "preflight": (_PREFLIGHT, lambda: _PREFLIGHT.check({}, "preflight")),
     # The site's LBNL NHC, run inside the health check (gpugate.node.nhc); off when empty.
     "nhc": (Table({"command": (_ARGV, ()), "timeout_seconds": (Number(1, 3600), 20.0)}),
             lambda: {"command": (), "timeout_seconds": 20.0}),
@@ -246,6 +271,7 @@ class Settings:
     sweep: Mapping[str, object] = None
     drain_budget: Mapping[str, object] = None
     nhc: Mapping[str, object] = None
+    preflight: Mapping[str, object] = None
     source: str = ""
     last_good_dir: str = ""  # node-side runs: where the last good copies are kept (node.lastgood)
 
@@ -288,7 +314,7 @@ def parse_settings(data: object, source: str) -> Settings:
         verdict_max_age_seconds=raw["prolog"]["verdict_max_age_seconds"],
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
-        sweep=raw["sweep"], drain_budget=raw["drain_budget"], nhc=raw["nhc"],
+        sweep=raw["sweep"], drain_budget=raw["drain_budget"], nhc=raw["nhc"], preflight=raw["preflight"],
         source=source)
 
 

@@ -61,6 +61,7 @@ ACUTE = {
         "xid", "sxid", "gpu", "nvml", "fallen_off_bus", "ecc", "ecc_aggregate", "retired_pages",
         "row_remap", "nvlink", "pcie_gen", "pcie_width", "recovery", "dcgm_health",
         "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
+        "preflight",  # wrong values from the job's preflight all_reduce (gpugate.preflight.node); its busbw is budgeted
         "ib_port", "ib_errors",  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
         "amdgpu_event",  # the amdgpu driver's own kernel-log events (judges.amdevents)
         "ras", "ras_deferred", "bad_pages", "xgmi", "rvs"}),  # AMD GPUs' own faults (judges.amdgpus, amd)

@@ -126,6 +126,14 @@ _BY_COMPONENT = {
                     "members drained for it (members the drain budget held were never drained)"],
     "imex_service": ["this node's IMEX service is not READY: systemctl status nvidia-imex, "
                      "/var/log/nvidia-imex.log, /etc/nvidia-imex/config.cfg and nodes_config.cfg"],
+    "preflight": ["a job's preflight (gpugate.preflight: [preflight] allreduce on the job's GPUs, as root, "
+                  "before the job) read wrong values (#wrong or out of bounds) from the all_reduce: data "
+                  "corruption under load; the sweep reboots it and its verification (DCGM, the smoke job) "
+                  "proves it; again: RMA"],
+    "preflight_busbw": ["a job's preflight all_reduce on every GPU of the node averaged under the baseline's "
+                        "[smoke] min_busbw_gbps for its product: NVLink/NVSwitch or P2P (nvidia-smi topo -m, "
+                        "nvidia-smi nvlink -s, Fabric Manager); many nodes at once is the floor (fix the "
+                        "baseline): budgeted, so the keeper drains only its share"],
     "smoke": ["the node passed its checks but the sweep's smoke job (nccl-tests all_reduce_perf) failed "
               "twice and after the rollback: read its output (smoke_output_dir/gpugate-smoke-NODE-JOB.out)",
               "low busbw with correct results is NVLink/NVSwitch or P2P off (PCIe speed): nvidia-smi "

@@ -14,6 +14,7 @@ from ..findings import PROBE
 from ..judges import hca, iblinks, lost, throttle
 from ..probes import files
 from ..verdict import decide
+from ..preflight import memory as preflight_memory
 from . import nhc, state as st, xidhistory
 from .act import act
 from .hold import HELD
@@ -137,6 +138,8 @@ def _judge(settings, node: str, record: dict) -> _Judged:
         links, j.links = iblinks.step(j.last.get("ib_links"), facts, j.baseline.health, facts.collected_at)
         return (lost.judge(last_high, j.expected_gpus, facts) + found + links
                 + xidhistory.judged(settings, node, facts, j.baseline.health, record)
+                + preflight_memory.judged(settings, node, j.boot_id if isinstance(j.boot_id, str) else None,
+                                          facts.collected_at)
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
 
     j.read_at = time.time()  # before the first read: a GPU reset after it makes the verdict stale (act)
@@ -214,7 +217,7 @@ def _log_fields(record: dict, j: _Judged, outcome: dict) -> None:
         record.update(kernel_log_lost=j.facts.kernel_log_lost, kernel_log_follower=follower)
     if "jitter" in outcome:
         record["jitter"] = outcome["jitter"]
-    for key in ("backend", "backend_why"):
+    for key in ("backend", "backend_why", "node_read"):
         if key in outcome:
             record[key] = outcome[key]
     if not outcome["ok"]:

@@ -4,7 +4,9 @@ Healthy path: reuse the last health check (when fresh), re-read only what
 can change between runs and matters to this job (NVML answers, GPU count,
 Xid/ECC/remap of the job's GPUs), record the job's start counters for the
 epilog, exit 0.  No controller RPC.  Unfit: drain with the precise reason,
-then exit 1 so Slurm requeues the job."""
+then exit 1 so Slurm requeues the job.  A job whose partition or own
+comment asks for a preflight (gpugate.preflight) gets this node's active
+proof after the gate passed."""
 
 import os
 import time
@@ -73,9 +75,58 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     settle(settings, node, result, record, deadline)
     if record.get("action") == HELD:
         return 0  # the drain budget keeps this node in service: so does its job
+    if result.verdict.fit:
+        return _preflight(settings, baseline, node, gpus, result, record)
     # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
     # the job (and drains the node itself, "Prolog error", if ours failed).
     return result.verdict.exit_code
+
+
+def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
+    """The job's preflight, where a partition or the job asks for it
+    (gpugate.preflight): this node's own proof, after the passive gate
+    passed.  Acted on as the gate's verdict is: an acute finding drains and
+    exits 1 (Slurm requeues the job), a budgeted one is published and the
+    job runs, an undecided proof lets the job run."""
+    cfg, env = settings.preflight, os.environ
+    word = cfg["job_word"]
+    if not (set(env.get("SLURM_JOB_PARTITION", "").split(",")) & set(cfg["partitions"])
+            or word in env.get("SLURM_JOB_COMMENT", "") or word in env.get("SLURM_JOB_EXTRA", "")):
+        return 0  # nobody asked: every job's case, and nothing more is loaded for it
+    from ..preflight.select import wanted
+
+    run_it, why = wanted(cfg, env)
+    if why:
+        record["preflight"] = {"why": why}
+    if not run_it:
+        return 0
+    from ..preflight.node import prove
+    from ..verdict import decide
+    from .act import settle
+    from .check import ACT_RESERVE, CheckResult
+    from .hold import HELD
+
+    from ..preflight import memory
+    from ..probes import files
+
+    started = time.monotonic()
+    proof = prove(settings, baseline, node, gpus, started + float(settings.preflight["timeout_seconds"]))
+    passed = not proof.findings and not proof.undecided
+    record["preflight"] = dict(proof.to_json(), why=why, seconds_total=round(time.monotonic() - started, 3),
+                               passed=passed)
+    boot_id = files.boot_id(settings.node_root(node))
+    try:  # the health check judges a budgeted finding again (gpugate.preflight.memory)
+        memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
+                        boot_id if isinstance(boot_id, str) else None)
+    except OSError as exc:
+        record["state_error"] = str(exc)[:200]
+    if not proof.findings:
+        return 0
+    judged = CheckResult(gate.facts, decide(proof.findings, settings.reason_tag))
+    settle(settings, node, judged, record, time.monotonic() + ACT_RESERVE["prolog"])
+    if record.get("action") == HELD:
+        return 0
+    return judged.verdict.exit_code
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:

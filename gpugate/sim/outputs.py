@@ -99,15 +99,16 @@ def smi_query(model: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort", "pair-slow", "pair-abort")
+SMOKE = ("healthy", "pcie-degraded", "hang", "nccl-abort", "nccl-wrong", "pair-slow", "pair-abort")
 # AMD nodes' rccl-tests runs (gpugate/data/smoke/rccl-SOURCES.txt): a healthy 8 GiB run, a whole
 # 8 B-8 GiB sweep (its average below any large-size minimum) and an MI210 abort.
 RCCL_SMOKE = ("rccl-healthy-mi300x", "rccl-sweep-mi300x", "rccl-abort-mi210")
-_ABORTS = ("nccl-abort", "rccl-abort-mi210")
+_ABORTS = ("nccl-abort", "rccl-abort-mi210", "nccl-wrong")  # nccl-tests exits 1 on #wrong too
 # What a node brings to a 2-node run: the recording and how bad it is (the
 # replaying stub of the pair's first node plays the worse of the two).
 _PAIR = {"healthy": ("pair-healthy", 0), "pair-slow": ("pair-slow", 1), "pcie-degraded": ("pair-slow", 1),
-         "pair-abort": ("nccl-abort", 2), "nccl-abort": ("nccl-abort", 2), "hang": ("hang", 3),
+         "pair-abort": ("nccl-abort", 2), "nccl-abort": ("nccl-abort", 2), "nccl-wrong": ("nccl-wrong", 2),
+         "hang": ("hang", 3),
          "rccl-healthy-mi300x": ("rccl-healthy-mi300x", 0), "rccl-sweep-mi300x": ("rccl-sweep-mi300x", 1),
          "rccl-abort-mi210": ("rccl-abort-mi210", 2)}
 

@@ -1,0 +1,147 @@
+"""A node's own part of a job's preflight (issue 36, docs/preflight.md):
+the diagnostic at ``[preflight] dcgm_level`` on the job's GPUs (`dcgmi diag
+-r N`; RVS on an AMD node), then the single-node all_reduce
+(``[preflight] allreduce``: nccl-tests, rccl-tests on AMD) on them, judged
+as the sweep's smoke job is, against the baseline's ``[smoke]
+min_busbw_gbps`` for the node's product.  Root's commands from gpugate's
+configuration, under one deadline, with an environment of gpugate's own
+making (the job's GPUs, nothing of the job's).
+
+What a proof can pin on this node decides what it does:
+
+- a diagnostic test that fails, or wrong values from the all_reduce
+  (``#wrong``, out of bounds): the hardware under load.  Acute findings
+  (``dcgm_diag``/``rvs``, ``preflight``): drained at once, and the prolog's
+  exit 1 makes Slurm requeue the job.
+- a bus bandwidth under the product's floor: the floor is a file's, and a
+  wrong one would take every preflighted node at once, so a budgeted
+  finding (``preflight_busbw``): published for the keeper; the job runs.
+- anything else is undecided: an NCCL error or abort (the host's /dev/shm
+  filled by another job, a port taken), a timeout (the site's sizes for
+  its deadline), an exit code, no result, a tool missing or not root's.
+  No finding; the job runs; the log line says why.  A preflight that
+  cannot decide never takes capacity."""
+
+import time
+from typing import Dict, List, Optional
+
+from ..findings import HEALTH, INVESTIGATE, RESET_GPU, Finding
+from ..record import dataclass
+
+ACUTE_COMPONENT, BUSBW_COMPONENT = "preflight", "preflight_busbw"
+
+
+@dataclass
+class Proof:
+    findings: List[Finding]
+    undecided: List[str]  # why a part could not decide, for the log line
+    seconds: Dict[str, float]  # each part's wall time
+    busbw_gbps: Optional[float] = None
+    floor_judged: bool = False  # the bandwidth was held to the product's floor (a whole node's run)
+
+    def to_json(self) -> dict:
+        return {"findings": [f.to_json() for f in self.findings], "undecided": list(self.undecided),
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "busbw_gbps": self.busbw_gbps}
+
+
+def prove(settings, baseline, node: str, gpus: Optional[List[int]], deadline: float) -> Proof:
+    cfg = settings.preflight
+    proof = Proof([], [], {})
+    amd = baseline.vendor_for(node) == "amd"
+    whole = baseline.expect_for(node).gpus
+    level = int(cfg["dcgm_level"])
+    if level:
+        started = time.monotonic()
+        _diagnose(settings, node, level, gpus, whole, amd, deadline, proof)
+        proof.seconds["rvs" if amd else "dcgm"] = time.monotonic() - started
+    if cfg["allreduce"] and not proof.findings:  # a node that failed its diagnostic proves no more
+        started = time.monotonic()
+        _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof)
+        proof.seconds["allreduce"] = time.monotonic() - started
+    return proof
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -> None:
+    from ..judges.dcgm import diagnostic
+    from ..facts import ProbeFailure
+    from ..probes import commands, rvs
+
+    if _left(deadline) < 1.0:
+        proof.undecided.append("no time left for the diagnostic")
+        return
+    if amd:
+        # RVS takes no GPU list: it would test other jobs' GPUs too, and
+        # their load is not this node's fault.
+        if gpus and len(gpus) < whole:
+            proof.undecided.append("diagnostic: RVS tests every GPU; the job has %d of %d" % (len(gpus), whole))
+            return
+        diag = rvs.diag(settings.command("rvs", node), level, _left(deadline))
+        findings = diagnostic("rvs", diag, "rvs -r %d")
+    else:
+        diag = commands.dcgm_diag(settings.command("dcgmi", node), level, _left(deadline), gpus)
+        findings = diagnostic("dcgm_diag", diag, "r%d")
+    if isinstance(diag, ProbeFailure):
+        proof.undecided.append("diagnostic: %s" % diag.describe()[:200])
+        return
+    # Only a test that failed is the node's; "no test ran", an exit code
+    # without a failed test or a refusal (MIG) decides nothing.
+    failed = [f for f in findings if f.cls == HEALTH and f.observed[:5] != "exit "]
+    proof.findings += failed
+    if findings and not failed:
+        proof.undecided.append("diagnostic: %s" % findings[0].observed)
+
+
+def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proof) -> None:
+    from ..errors import CommandError
+    from ..judges.smoke import cannot_run, judge_smoke
+    from ..parsers.nccl import parse_nccl_tests
+    from ..runner import run
+    from ..sweep.smoke import template
+
+    left = _left(deadline)
+    if left < 1.0:
+        proof.undecided.append("no time left for the all_reduce")
+        return
+    count = len(gpus) if gpus else whole
+    argv = template(settings.preflight["allreduce"], node, count)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
+           # nvidia-smi's and NVML's numbering, not CUDA's fastest-first.
+           "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if gpus:
+        env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    timed_out, rc, text = False, None, ""
+    try:
+        result = run(argv, left, env=env, ok_codes=range(256))
+        rc, text = result.rc, result.stdout + result.stderr
+    except CommandError as exc:
+        if not exc.timed_out:
+            proof.undecided.append("all_reduce: %s" % str(exc)[:200])
+            return
+        timed_out = True
+    parsed = parse_nccl_tests(text) if text else None
+    site = "" if timed_out else cannot_run(parsed, rc, text)
+    if site:
+        proof.undecided.append("all_reduce: cannot run: %s" % site[:200])
+        return
+    # The floor is a whole node's (the sweep's smoke runs on every GPU): a
+    # job on some of the GPUs is judged on its values alone.
+    product = baseline.expect_for(node).product
+    full = not gpus or whole is None or len(gpus) >= whole
+    want = baseline.smoke_min_busbw.get(product) if product and full else None
+    verdict = judge_smoke(parsed, rc, timed_out, want, deadline_s=round(left))
+    proof.busbw_gbps = verdict.busbw_gbps
+    proof.floor_judged = want is not None
+    if verdict.passed:
+        return
+    if verdict.component in ("wrong", "out_of_bounds"):
+        proof.findings.append(Finding(HEALTH, ACUTE_COMPONENT, "all_reduce " + verdict.problem,
+                                      verdict.expected, RESET_GPU, detail=" ".join(argv)[:160]))
+    elif verdict.component == "busbw" and verdict.expected.startswith(">="):
+        proof.findings.append(Finding(HEALTH, BUSBW_COMPONENT, verdict.observed, verdict.expected, INVESTIGATE,
+                                      detail="product %s, [smoke] min_busbw_gbps" % product))
+    else:
+        proof.undecided.append("all_reduce: %s" % verdict.problem[:200])

@@ -1,0 +1,170 @@
+"""The preflight's selection and a node's own proof (issue 36,
+gpugate.preflight): which jobs get one, and what a proof on a simulated
+node (its dcgmi and all_reduce_perf replaying real recordings) pins on the
+node, budgets, or leaves undecided.  Through the prolog on a real
+slurmctld: tests/test_slurm_preflight.py."""
+
+import os
+import time
+
+import pytest
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from conftest import DEMO_BASELINE, gpugate_cmd
+from gpugate.findings import is_acute
+from gpugate.preflight.node import prove
+from gpugate.preflight.select import wanted
+from gpugate.verdict import decide
+
+CFG = {"partitions": ("train",), "job_word": "gpugate-preflight", "min_nodes": 2}
+
+
+@pytest.mark.parametrize("env, run_it", [
+    ({"SLURM_JOB_PARTITION": "train", "SLURM_JOB_NUM_NODES": "2"}, True),
+    ({"SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "8"}, False),
+    ({"SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "8", "SLURM_JOB_COMMENT": "run gpugate-preflight"},
+     True),
+    ({"SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_JOB_EXTRA": "gpugate-preflight"},
+     True),
+    ({"SLURM_JOB_PARTITION": "debug", "SLURM_NODELIST": "gpu[01-04]", "SLURM_JOB_COMMENT": "x,gpugate-preflight"},
+     True),
+    ({"SLURM_JOB_PARTITION": "train", "SLURM_JOB_NUM_NODES": "1"}, False),  # under min_nodes
+    ({"SLURM_JOB_PARTITION": "debug", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_COMMENT": "no-gpugate-preflight"},
+     False),  # a word, not a substring
+    ({"SLURM_JOB_PARTITION": "train"}, False),  # node count unknown
+])
+def test_who_gets_a_preflight(env, run_it):
+    assert wanted(CFG, env)[0] is run_it
+
+
+_TEXT = st.lists(st.sampled_from(["gpugate-preflight", "train", "debug", " ", ",", ";", "x", "-", "\n", "no"]),
+                 max_size=8).map("".join)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(partition=st.sampled_from(["train", "debug", "train,debug", ""]), comment=_TEXT, extra=_TEXT,
+       nodes=st.integers(0, 40), least=st.integers(1, 16))
+def test_the_jobs_words_switch_it_on_and_nothing_else(partition, comment, extra, nodes, least):
+    """A preflight runs exactly when the partition is listed or the word is
+    a word of the comment or extra, on at least min_nodes nodes; what the
+    user writes can add a preflight, never remove the partition's."""
+    import re
+
+    cfg = dict(CFG, min_nodes=least)
+    env = {"SLURM_JOB_PARTITION": partition, "SLURM_JOB_COMMENT": comment, "SLURM_JOB_EXTRA": extra,
+           "SLURM_JOB_NUM_NODES": str(nodes) if nodes else ""}
+    by_partition = "train" in partition.split(",")
+    by_job = any("gpugate-preflight" in re.split(r"[\s,;]+", text) for text in (comment, extra))
+    run_it, why = wanted(cfg, env)
+    assert run_it == ((by_partition or by_job) and nodes >= least and nodes > 0)
+    if by_partition:  # the user's words change nothing about the partition's ask
+        assert wanted(cfg, dict(env, SLURM_JOB_COMMENT="", SLURM_JOB_EXTRA=""))[0] == run_it
+    assert bool(why) == (by_partition or by_job)
+
+
+# ---------------------------------------------------------------- the proof
+
+@pytest.fixture
+def node_fleet(fleet):
+    """conftest's three healthy simulated nodes; the proofs run on gpu01."""
+    return fleet
+
+
+def _settings(settings_for, fleet, **preflight):
+    from gpugate.config import parse_settings
+    from gpugate.record import replace
+
+    cfg = dict(parse_settings({}, "(test)").preflight)
+    cfg["allreduce"] = (os.path.join(fleet, "{node}", "bin", "all_reduce_perf"), "-b", "8", "-e", "8G", "-g", "{gpus}")
+    cfg.update(preflight)
+    return replace(settings_for(fleet), preflight=cfg)
+
+
+def _prove(settings, gpus=None, seconds=60.0):
+    from gpugate.baseline import load_baseline
+
+    return prove(settings, load_baseline(DEMO_BASELINE), "gpu01", gpus, time.monotonic() + seconds)
+
+
+def _sim(fleet, *keys):
+    result = gpugate_cmd("sim", "set", fleet, "gpu01", *keys)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_healthy_node_passes_and_says_how_long_each_part_took(settings_for, node_fleet):
+    proof = _prove(_settings(settings_for, node_fleet))
+    assert proof.findings == [] and proof.undecided == []
+    assert proof.busbw_gbps and proof.busbw_gbps > 350
+    assert set(proof.seconds) == {"dcgm", "allreduce"}
+
+
+def test_a_failed_dcgm_test_is_the_nodes_and_drains_at_once(settings_for, node_fleet):
+    _sim(node_fleet, "dcgm.diag_fail=3")
+    proof = _prove(_settings(settings_for, node_fleet), gpus=[2, 3])
+    assert [f.component for f in proof.findings] == ["dcgm_diag"] and proof.findings[0].gpu == 3
+    assert "allreduce" not in proof.seconds  # a node that failed its diagnostic proves no more
+    verdict = decide(proof.findings, "gpugate:")
+    assert verdict.acute and verdict.reason.startswith("gpugate: health dcgm_diag:gpu3=")
+
+
+def test_wrong_values_under_load_are_the_nodes_and_drain_at_once(settings_for, node_fleet):
+    _sim(node_fleet, "smoke=nccl-wrong")
+    proof = _prove(_settings(settings_for, node_fleet))
+    assert [f.component for f in proof.findings] == ["preflight"] and is_acute("health", "preflight")
+    verdict = decide(proof.findings, "gpugate:")
+    assert verdict.acute and verdict.reason.startswith("gpugate: health preflight=all_reduce wrong=")
+
+
+def test_a_bandwidth_under_the_floor_is_budgeted_and_only_on_a_whole_node(settings_for, node_fleet):
+    """The floor is the baseline's: a wrong one must not drain every
+    preflighted node at once; and it is a whole node's (8 GPUs)."""
+    _sim(node_fleet, "smoke=pcie-degraded")
+    proof = _prove(_settings(settings_for, node_fleet))
+    assert [(f.component, f.observed, f.expected) for f in proof.findings] == [
+        ("preflight_busbw", "22.9GB/s", ">= 350")]
+    assert not decide(proof.findings, "gpugate:").acute
+    partial = _prove(_settings(settings_for, node_fleet), gpus=[0, 1, 2, 3])
+    assert partial.findings == [] and partial.undecided == []
+
+
+@pytest.mark.parametrize("kind, why", [("nccl-abort", "nccl error"), ("hang", "timeout")])
+def test_what_the_proof_cannot_pin_on_the_node_takes_nothing(settings_for, node_fleet, kind, why):
+    """An NCCL abort can be the host's (another job's /dev/shm), a timeout
+    the site's sizes: no finding, the reason in the log line."""
+    _sim(node_fleet, "smoke=" + kind)
+    proof = _prove(_settings(settings_for, node_fleet, dcgm_level=0), seconds=3.0)
+    assert proof.findings == [] and why in proof.undecided[0]
+
+
+def test_a_command_that_cannot_run_is_the_sites_not_the_nodes(settings_for, node_fleet, tmp_path):
+    settings = _settings(settings_for, node_fleet, allreduce=(str(tmp_path / "no-such-tool"), "-g", "{gpus}"))
+    proof = _prove(settings)
+    assert proof.findings == [] and "all_reduce" in proof.undecided[0] and "not found" in proof.undecided[0]
+
+
+def test_a_budgeted_finding_is_kept_for_the_health_check_until_a_pass_a_boot_or_a_day(settings_for, tmp_path):
+    """Only a proof under load shows it: the passive health check judges it
+    again from preflight.json, so it stays published for the keeper."""
+    from gpugate.findings import Finding
+    from gpugate.preflight import memory
+    from gpugate.record import replace
+
+    settings = replace(settings_for(str(tmp_path / "fleet")), state_dir_template=str(tmp_path / "state" / "{node}"))
+    os.makedirs(settings.state_dir("gpu01"))
+    slow = Finding("health", "preflight_busbw", "22.9GB/s", ">= 350", "investigate")
+    memory.remember(settings, "gpu01", [slow], False, "boot-a", now=1000.0)
+    assert memory.judged(settings, "gpu01", "boot-a", now=1000.0 + 3600) == [slow]
+    assert memory.judged(settings, "gpu01", "boot-b", now=1001.0) == []  # rebooted: the sweep proves it again
+    assert memory.judged(settings, "gpu01", "boot-a", now=1000.0 + memory.REMEMBER_SECONDS) == []
+    assert memory.judged(settings, "gpu01", None, now=1001.0) == []
+    memory.remember(settings, "gpu01", [], False, "boot-a", now=1002.0)  # undecided: changes nothing
+    assert memory.judged(settings, "gpu01", "boot-a", now=1003.0) == [slow]
+    memory.remember(settings, "gpu01", [], True, "boot-a", now=1004.0)  # a whole node's pass forgets it
+    assert memory.judged(settings, "gpu01", "boot-a", now=1005.0) == []
+    # Only what a preflight may leave is read back: an edited file cannot add another finding.
+    from gpugate.node import state as st
+
+    st.write_json(os.path.join(settings.state_dir("gpu01"), memory.NAME), {
+        "at": 1000.0, "boot_id": "boot-a", "findings": [dict(slow.to_json(), component="xid"), "junk"]})
+    assert memory.judged(settings, "gpu01", "boot-a", now=1001.0) == []
