@@ -94,6 +94,8 @@ Prolog={pro}
 Epilog={epi}
 # PrologFlags is a list: add Alloc to yours (a second line would replace it).
 # Alloc runs the prolog when the job is allocated, before anything starts.
+# With a [preflight] (README "Preflight"): Alloc,DeferBatch (and
+# ForceRequeueOnFail on 23.02+), a timeout above its timeout_seconds + 8 s.
 #PrologFlags=Alloc
 # Unlimited by default: bound the prolog and epilog (gpugate's budgets are 8 s
 # and 50 s; the epilog's DCGM diagnostic, when enabled, needs more).
