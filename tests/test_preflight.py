@@ -168,3 +168,38 @@ def test_a_budgeted_finding_is_kept_for_the_health_check_until_a_pass_a_boot_or_
     st.write_json(os.path.join(settings.state_dir("gpu01"), memory.NAME), {
         "at": 1000.0, "boot_id": "boot-a", "findings": [dict(slow.to_json(), component="xid"), "junk"]})
     assert memory.judged(settings, "gpu01", "boot-a", now=1001.0) == []
+
+
+# ------------------------------------------------------------------ AMD
+
+from test_amd_node import MIXED, amd_fleet  # noqa: E402,F401 - its fixture: mi[001-002] and gpu001
+
+
+def _prove_amd(settings, gpus=None):
+    from gpugate.baseline import load_baseline
+
+    return prove(settings, load_baseline(MIXED), "mi001", gpus, time.monotonic() + 60)
+
+
+def test_an_amd_node_proves_itself_with_rvs_and_rccl_tests(settings_for, amd_fleet):
+    settings = _settings(settings_for, amd_fleet)
+    proof = _prove_amd(settings)
+    assert proof.findings == [] and proof.undecided == [] and set(proof.seconds) == {"rvs", "allreduce"}
+    gpugate_cmd("sim", "set", amd_fleet, "mi001", "amd.rvs.fail.1=2")
+    proof = _prove_amd(settings)
+    assert {f.component for f in proof.findings} == {"rvs"} and 2 in {f.gpu for f in proof.findings}
+    assert decide(proof.findings, "gpugate:").acute
+
+
+def test_rvs_is_not_run_for_a_job_on_some_of_an_amd_nodes_gpus(settings_for, amd_fleet):
+    """RVS takes no GPU list: it would test other jobs' GPUs, whose load is
+    not this node's fault; the all_reduce still runs on the job's GPUs."""
+    gpugate_cmd("sim", "set", amd_fleet, "mi001", "amd.rvs.fail.1=2")
+    proof = _prove_amd(_settings(settings_for, amd_fleet), gpus=[0, 1])
+    assert proof.findings == [] and "RVS tests every GPU" in proof.undecided[0] and "allreduce" in proof.seconds
+
+
+def test_an_rccl_abort_decides_nothing(settings_for, amd_fleet):
+    gpugate_cmd("sim", "set", amd_fleet, "mi001", "smoke=rccl-abort-mi210")
+    proof = _prove_amd(_settings(settings_for, amd_fleet, dcgm_level=0))
+    assert proof.findings == [] and "nccl error" in proof.undecided[0]
