@@ -203,3 +203,33 @@ def test_an_rccl_abort_decides_nothing(settings_for, amd_fleet):
     gpugate_cmd("sim", "set", amd_fleet, "mi001", "smoke=rccl-abort-mi210")
     proof = _prove_amd(_settings(settings_for, amd_fleet, dcgm_level=0))
     assert proof.findings == [] and "nccl error" in proof.undecided[0]
+
+
+def test_the_outcomes_are_counted_for_the_nodes_metrics(settings_for, tmp_path):
+    from gpugate.findings import Finding
+    from gpugate.node.metrics import preflight_families
+    from gpugate.preflight import memory
+    from gpugate.promtext import render
+    from gpugate.record import replace
+
+    settings = replace(settings_for(str(tmp_path / "fleet")), state_dir_template=str(tmp_path / "state" / "{node}"))
+    os.makedirs(settings.state_dir("gpu01"))
+    assert memory.stats(settings, "gpu01") is None and preflight_families(None) == []
+    wrong = Finding("health", "preflight", "all_reduce wrong=3", "0", "reset_gpu")
+    slow = Finding("health", "preflight_busbw", "22.9GB/s", ">= 350", "investigate")
+    cases = [([], [], "passed"), ([wrong, slow], [], "acute"), ([slow], [], "budgeted"), ([], ["timeout"], "undecided"),
+             ([], [], "passed")]
+    for findings, undecided, want in cases:
+        assert memory.outcome(findings, undecided) == want
+        memory.count(settings, "gpu01", want, 1.5)
+    assert memory.stats(settings, "gpu01") == {"runs": {"passed": 2, "acute": 1, "budgeted": 1, "undecided": 1},
+                                               "seconds": 7.5}
+    text = render(preflight_families(memory.stats(settings, "gpu01")))
+    assert 'gpugate_preflight_runs_total{outcome="passed"} 2' in text
+    assert "# TYPE gpugate_preflight_runs_total counter" in text and "gpugate_preflight_seconds_total 7.5" in text
+    # A file someone broke counts again from nothing, never a traceback.
+    with open(os.path.join(settings.state_dir("gpu01"), memory.STATS), "w") as handle:
+        handle.write('{"runs": {"passed": "many"}, "seconds": [1]}')
+    memory.count(settings, "gpu01", "passed", 1.0)
+    assert memory.stats(settings, "gpu01") == {"runs": {"passed": 1, "acute": 0, "budgeted": 0, "undecided": 0},
+                                               "seconds": 1.0}

@@ -44,6 +44,14 @@ def test_a_healthy_node_passes_its_preflight_and_says_what_it_took(preflighted):
     assert pf["passed"] is True and pf["findings"] == [] and pf["busbw_gbps"] > 350
     assert set(pf["seconds"]) == {"dcgm", "allreduce"} and pf["why"] == "asked by job, 2 nodes"
     assert "drain" not in preflighted.state("gpu01")
+    assert _stats(preflighted, "gpu01")["runs"]["passed"] == 1  # the node's metrics count it
+
+
+def _stats(cluster, node):
+    from gpugate.config import load_settings
+    from gpugate.preflight import memory
+
+    return memory.stats(load_settings(cluster.gpugate_conf), node)
 
 
 def test_wrong_values_drain_the_node_at_once_and_the_prolog_exits_1(preflighted):
@@ -52,6 +60,7 @@ def test_wrong_values_drain_the_node_at_once_and_the_prolog_exits_1(preflighted)
     assert code == 1 and record["action"] == "drain"
     assert "drain" in preflighted.state("gpu02")
     assert preflighted.reason("gpu02").startswith("gpugate: health preflight=all_reduce wrong=")
+    assert _stats(preflighted, "gpu02")["runs"]["acute"] == 1
 
 
 def test_a_bandwidth_under_the_floor_is_published_for_the_keeper_and_the_job_runs(preflighted):

@@ -54,7 +54,8 @@ def run(settings, node: str, record: dict) -> int:
                                               config_error=bool(record.get("config_error")),
                                               nhc=(nhc_outcome or {}).get("result", ""),
                                               clocks=throttle.shares_over(judged.clocks),
-                                              stuck={s["lock"]: s["seconds"] for s in stuck})
+                                              stuck={s["lock"]: s["seconds"] for s in stuck},
+                                              preflight=preflight_memory.stats(settings, node))
             if not_written:  # logged; the verdict and the drain stand
                 record["metrics_error"] = not_written[:600]
         _log_fields(record, judged, outcome)

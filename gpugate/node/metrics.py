@@ -239,15 +239,17 @@ def hca_families(facts) -> list:
 
 
 def write_node_textfile(path: str, node: str, verdict, facts, baseline, held: bool = False,
-                        config_error: bool = False, nhc: str = "", clocks=None, stuck=None) -> str:
+                        config_error: bool = False, nhc: str = "", clocks=None, stuck=None, preflight=None) -> str:
     """Write the textfile; "" when written, else why not (logged by the
     caller: a metrics write never changes the verdict or the drain).  Its
     directory (node_exporter's, often not root's) must pass the trust walk:
     root writes nothing where someone else could plant a symlink.
     ``clocks``: reason -> the highest share of an interval a GPU spent
-    slowed, over the limit (judges.throttle.shares_over); None: not judged."""
+    slowed, over the limit (judges.throttle.shares_over); None: not judged.
+    ``preflight``: gpugate.preflight.memory.stats, or None."""
     families = node_families(node, verdict, facts, baseline, held, config_error, nhc, stuck)
-    return _write_textfile(path, render(families + clock_families(clocks) + unchecked_families(facts)))
+    return _write_textfile(path, render(families + clock_families(clocks) + unchecked_families(facts)
+                                        + preflight_families(preflight)))
 
 
 def unchecked_families(facts) -> list:
@@ -260,6 +262,19 @@ def unchecked_families(facts) -> list:
     return [("gpugate_fact_unchecked", "gauge",
              "1 for each fact this node cannot judge (gpugate check lists why): never taken for a good value.",
              samples)]
+
+
+def preflight_families(stats) -> list:
+    """What this node's job preflights came to (gpugate.preflight.memory):
+    how many by outcome and the time they took; none before a first one."""
+    if not stats:
+        return []
+    return [("gpugate_preflight_runs_total", "counter",
+             "Job preflights this node ran, by outcome: passed, acute (drained, the job requeued), budgeted "
+             "(published for the keeper, the job ran), undecided (nothing pinned on the node, the job ran).",
+             [("gpugate_preflight_runs_total", {"outcome": o}, n) for o, n in sorted(stats["runs"].items())]),
+            ("gpugate_preflight_seconds_total", "counter", "Wall time this node's job preflights took, in all.",
+             [("gpugate_preflight_seconds_total", {}, round(stats["seconds"], 3))])]
 
 
 def clock_families(over) -> list:

@@ -100,14 +100,13 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
         record["preflight"] = {"why": why}
     if not run_it:
         return 0
+    from ..preflight import memory
     from ..preflight.node import prove
+    from ..probes import files
     from ..verdict import decide
     from .act import settle
     from .check import ACT_RESERVE, CheckResult
     from .hold import HELD
-
-    from ..preflight import memory
-    from ..probes import files
 
     started = time.monotonic()
     proof = prove(settings, baseline, node, gpus, started + float(settings.preflight["timeout_seconds"]))
@@ -115,9 +114,11 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     record["preflight"] = dict(proof.to_json(), why=why, seconds_total=round(time.monotonic() - started, 3),
                                passed=passed)
     boot_id = files.boot_id(settings.node_root(node))
-    try:  # the health check judges a budgeted finding again (gpugate.preflight.memory)
+    try:  # the health check judges a budgeted finding again, and writes the counts (gpugate.preflight.memory)
         memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
                         boot_id if isinstance(boot_id, str) else None)
+        memory.count(settings, node, memory.outcome(proof.findings, proof.undecided),
+                     record["preflight"]["seconds_total"])
     except OSError as exc:
         record["state_error"] = str(exc)[:200]
     if not proof.findings:

@@ -57,3 +57,53 @@ def judged(settings, node: str, boot_id: Optional[str], now: Optional[float] = N
         if finding.cls == "health" and finding.component == "preflight_busbw":  # only what it may keep
             found.append(finding)
     return found
+
+
+# What a node's preflights came to, counted for its metrics (the health
+# check writes them: gpugate_preflight_runs_total, _seconds_total).
+STATS = "preflight-stats.json"
+OUTCOMES = ("passed", "acute", "budgeted", "undecided")
+
+
+def outcome(findings: List[Finding], undecided: List[str]) -> str:
+    if any(f.acute for f in findings):
+        return "acute"  # drained at once, the job requeued
+    if findings:
+        return "budgeted"
+    return "undecided" if undecided else "passed"
+
+
+def count(settings, node: str, result: str, seconds: float) -> None:
+    """One more preflight with this outcome, under a lock (two jobs'
+    prologs on one node at once must not lose a count)."""
+    import fcntl
+    import json
+
+    path = os.path.join(settings.state_dir(node), STATS)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            data = json.loads(os.pread(fd, _CAP, 0) or b"{}")
+        except ValueError:
+            data = {}
+        runs = data.get("runs") if isinstance(data, dict) and isinstance(data.get("runs"), dict) else {}
+        runs = {o: runs.get(o) if isinstance(runs.get(o), int) else 0 for o in OUTCOMES}
+        runs[result] += 1
+        total = data.get("seconds") if isinstance(data, dict) else 0.0
+        total = (total if isinstance(total, (int, float)) else 0.0) + max(seconds, 0.0)
+        text = json.dumps({"runs": runs, "seconds": round(total, 3)}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text, 0)
+    finally:
+        os.close(fd)
+
+
+def stats(settings, node: str) -> Optional[dict]:
+    """{"runs": {outcome: n}, "seconds": s}, or None before a first preflight."""
+    data = st.read_json(os.path.join(settings.state_dir(node), STATS), _CAP)
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+        return None
+    runs = {o: data["runs"].get(o) if isinstance(data["runs"].get(o), int) else 0 for o in OUTCOMES}
+    seconds = data.get("seconds") if isinstance(data.get("seconds"), (int, float)) else 0.0
+    return {"runs": runs, "seconds": seconds}
