@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import make_cluster
+from conftest import check_now, make_cluster
 from test_slurm_sweep import drift_and_drain, journal_events, run_sweep
 
 # Long (about 35 s of clusters): CI runs them (-m "slow or long" on 22.05, and every --release run);
@@ -79,6 +79,10 @@ def test_a_mixed_fleet_gates_repairs_and_audits_amd_nodes_beside_nvidia(mixed):
     assert cluster.reason("gpu03") == "" and cluster.reason("gpu01") == ""
     # An uncorrectable HBM error on GPU 3 of an MI300X node: amdgpu's counter and its kernel-log line.
     drift_and_drain(cluster, "gpu03", "amd.gpu3.ras.umc.ue=+2", "amd.gpu3.log=ue:umc:2")
+    # The counter and the log line are two files (as in the kernel): a check
+    # between their writes drains for one, the next one names both.
+    cluster.wait_for(lambda: "amdgpu_event:gpu3" in cluster.reason("gpu03") or check_now(cluster, "gpu03"), 60,
+                     "gpu03's reason naming the kernel-log event too")
     reason = cluster.reason("gpu03")
     assert reason.startswith("gpugate: health ") and "ras:gpu3=umc=2 uncorrectable (want 0)" in reason, reason
     assert "amdgpu_event:gpu3=ue umc (want none)" in reason, reason

@@ -39,7 +39,10 @@ def pci_devices(model: Dict[str, Any]) -> List[Tuple[str, Tuple[str, str, str]]]
 
 
 def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) -> None:
-    _render_pci(root, pci_devices(model), write)
+    # An AMD node's functions are gpugate.sim.amdnode's to write and prune:
+    # removed here and laid out again there, a check running meanwhile read
+    # a bus without them (GPUs "FRU empty", "not supported").
+    _render_pci(root, pci_devices(model), write, keep_amd=model.get("amd") is not None)
     module = os.path.join(root, "sys/module/nvidia/version")
     if model["module"]["resident"]:
         write(module, model["module"]["resident"] + "\n")
@@ -53,11 +56,13 @@ def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) 
         shutil.rmtree(systemd)
 
 
-def _render_pci(root: str, devices, write) -> None:
+def _render_pci(root: str, devices, write, keep_amd: bool = False) -> None:
     bus = os.path.join(root, _PCI_BUS)
     os.makedirs(bus, mode=0o755, exist_ok=True)
     wanted = {address for address, _ in devices}
     for gone in set(os.listdir(bus)) - wanted:  # a GPU that fell off the bus
+        if keep_amd and _vendor(root, gone) == "0x1002":
+            continue
         os.unlink(os.path.join(bus, gone))
         shutil.rmtree(os.path.join(root, _PCI_ROOT, gone), ignore_errors=True)
     for address, (vendor, device, cls) in devices:
@@ -66,6 +71,14 @@ def _render_pci(root: str, devices, write) -> None:
         link = os.path.join(bus, address)
         if not os.path.islink(link):  # as in sysfs: the bus lists links to the device tree
             os.symlink(os.path.join("../../..", _PCI_ROOT[len("sys/"):], address), link)
+
+
+def _vendor(root: str, address: str) -> str:
+    try:
+        with open(os.path.join(root, _PCI_ROOT, address, "vendor")) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def _render_processes(root: str, model: Dict[str, Any], write) -> None:
