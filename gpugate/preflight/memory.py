@@ -74,29 +74,28 @@ def outcome(findings: List[Finding], undecided: List[str]) -> str:
 
 
 def count(settings, node: str, result: str, seconds: float) -> None:
-    """One more preflight with this outcome, under a lock (two jobs'
-    prologs on one node at once must not lose a count)."""
-    import fcntl
-    import json
+    """One more preflight with this outcome.  Two jobs' prologs on one node
+    at once take turns (the node's "preflight" lock, a second at most); a
+    count that could not have it is written anyway (one lost count beats a
+    prolog waiting on another)."""
+    from ..errors import GpugateError
+    from ..node.lock import RunLock, lock_path
 
-    path = os.path.join(settings.state_dir(node), STATS)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    lock = RunLock(lock_path(settings.state_dir(node), "preflight"))
+    deadline = time.monotonic() + 1.0
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            data = json.loads(os.pread(fd, _CAP, 0) or b"{}")
-        except ValueError:
-            data = {}
-        runs = data.get("runs") if isinstance(data, dict) and isinstance(data.get("runs"), dict) else {}
-        runs = {o: runs.get(o) if isinstance(runs.get(o), int) else 0 for o in OUTCOMES}
+        while not lock.acquire() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except (GpugateError, OSError):  # no lock could be had: counted unlocked, as above
+        pass
+    try:
+        before = stats(settings, node) or {"runs": {o: 0 for o in OUTCOMES}, "seconds": 0.0}
+        runs = dict(before["runs"])
         runs[result] += 1
-        total = data.get("seconds") if isinstance(data, dict) else 0.0
-        total = (total if isinstance(total, (int, float)) else 0.0) + max(seconds, 0.0)
-        text = json.dumps({"runs": runs, "seconds": round(total, 3)}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, text, 0)
+        st.write_json(os.path.join(settings.state_dir(node), STATS),
+                      {"runs": runs, "seconds": round(before["seconds"] + max(seconds, 0.0), 3)}, durable=False)
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def stats(settings, node: str) -> Optional[dict]:
