@@ -233,3 +233,30 @@ def test_the_outcomes_are_counted_for_the_nodes_metrics(settings_for, tmp_path):
     memory.count(settings, "gpu01", "passed", 1.0)
     assert memory.stats(settings, "gpu01") == {"runs": {"passed": 1, "acute": 0, "budgeted": 0, "undecided": 0},
                                                "seconds": 1.0}
+
+
+def test_a_nodeset_without_a_gpu_count_is_never_held_to_a_whole_nodes_floor(settings_for, node_fleet, amd_fleet):
+    """[nodeset] gpus unset: a job's GPUs cannot be told from the node's, so
+    neither RVS (every GPU) nor the floor (a whole node's) applies to them."""
+    from gpugate.baseline import load_baseline
+    from gpugate.record import replace
+
+    class Unpinned:
+        """The baseline, its nodesets' gpus unset."""
+
+        def __init__(self, baseline):
+            self.baseline = baseline
+
+        def __getattr__(self, name):
+            return getattr(self.baseline, name)
+
+        def expect_for(self, node):
+            return replace(self.baseline.expect_for(node), gpus=None)
+
+    _sim(node_fleet, "smoke=pcie-degraded")
+    proof = prove(_settings(settings_for, node_fleet), Unpinned(load_baseline(DEMO_BASELINE)), "gpu01", [0, 1],
+                  time.monotonic() + 60)
+    assert proof.findings == [] and proof.floor_judged is False
+    proof = prove(_settings(settings_for, amd_fleet), Unpinned(load_baseline(MIXED)), "mi001", [0, 1],
+                  time.monotonic() + 60)
+    assert "RVS tests every GPU; the job has 2 of ?" in proof.undecided[0]

@@ -76,8 +76,8 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
     if amd:
         # RVS takes no GPU list: it would test other jobs' GPUs too, and
         # their load is not this node's fault.
-        if gpus and len(gpus) < whole:
-            proof.undecided.append("diagnostic: RVS tests every GPU; the job has %d of %d" % (len(gpus), whole))
+        if gpus and (whole is None or len(gpus) < whole):
+            proof.undecided.append("diagnostic: RVS tests every GPU; the job has %d of %s" % (len(gpus), whole or "?"))
             return
         diag = rvs.diag(settings.command("rvs", node), level, _left(deadline))
         findings = diagnostic("rvs", diag, "rvs -r %d")
@@ -130,7 +130,7 @@ def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proo
     # The floor is a whole node's (the sweep's smoke runs on every GPU): a
     # job on some of the GPUs is judged on its values alone.
     product = baseline.expect_for(node).product
-    full = not gpus or whole is None or len(gpus) >= whole
+    full = not gpus or (whole is not None and len(gpus) >= whole)  # a count the baseline does not pin: not whole
     want = baseline.smoke_min_busbw.get(product) if product and full else None
     verdict = judge_smoke(parsed, rc, timed_out, want, deadline_s=round(left))
     proof.busbw_gbps = verdict.busbw_gbps
