@@ -12,7 +12,7 @@ from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate.findings import is_acute
+from gpugate.findings import Finding, is_acute
 from gpugate.preflight.node import prove
 from gpugate.preflight.select import wanted
 from gpugate.verdict import decide
@@ -81,7 +81,11 @@ def _settings(settings_for, fleet, **preflight):
     return replace(settings_for(fleet), preflight=cfg)
 
 
-def _prove(settings, gpus=None, seconds=60.0):
+# A job with all eight GPUs of the node (SLURM_JOB_GPUS=0,...,7).
+EVERY_GPU = list(range(8))
+
+
+def _prove(settings, gpus=EVERY_GPU, seconds=60.0):
     from gpugate.baseline import load_baseline
 
     return prove(settings, load_baseline(DEMO_BASELINE), "gpu01", gpus, time.monotonic() + seconds)
@@ -97,6 +101,42 @@ def test_a_healthy_node_passes_and_says_how_long_each_part_took(settings_for, no
     assert proof.findings == [] and proof.undecided == []
     assert proof.busbw_gbps and proof.busbw_gbps > 350
     assert set(proof.seconds) == {"dcgm", "allreduce"}
+
+
+def test_a_job_whose_gpus_slurm_does_not_name_gets_no_proof(settings_for, node_fleet):
+    """No GPU GRES: every job on the node may use every GPU, so a proof
+    there would judge the others' load; nothing runs, nothing is pinned."""
+    _sim(node_fleet, "smoke=nccl-wrong", "dcgm.diag_fail=3")
+    proof = _prove(_settings(settings_for, node_fleet), gpus=None)
+    assert proof.findings == [] and proof.seconds == {} and "GPUs unknown" in proof.undecided[0]
+
+
+def test_a_process_on_the_jobs_gpus_is_not_the_nodes_fault():
+    """DCGM's Graphics Processes test fails for a process on the GPU: a
+    user's left behind (uid 65534's, escaped its cgroup) must not drain the
+    node through the next job's preflight; a failed memory test does."""
+    import json as jsonlib
+
+    from gpugate.judges.dcgm import diagnostic
+    from gpugate.parsers import dcgm
+    from gpugate.preflight.node import nodes_fault
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                           "dcgmi-diag-r1-json-dcgm3-virtualclient.json")) as handle:
+        doc = jsonlib.load(handle)
+    found = []
+    for category in doc["DCGM GPU Diagnostic"]["test_categories"]:
+        for test in category["tests"]:
+            if test["name"] == "Graphics Processes":
+                test["results"] = [{"status": "Fail", "gpu_ids": "0", "warnings": [
+                    {"warning": "GPU 0 has graphics processes running (pid 4242)", "error_id": 3}]}]
+                found.append(test["name"])
+    assert found == ["Graphics Processes"]
+    findings = diagnostic("dcgm_diag", dcgm.parse_diag_json(jsonlib.dumps(doc), 1, 226), "r%d")
+    assert [f.observed.split(" ")[0] for f in findings] == ["graphics_processes"]
+    assert not any(nodes_fault(f) for f in findings)
+    memory = Finding("health", "dcgm_diag", "memory fail", "pass (r3)", "investigate", gpu=0)
+    assert nodes_fault(memory)
 
 
 def test_a_failed_dcgm_test_is_the_nodes_and_drains_at_once(settings_for, node_fleet):
@@ -175,7 +215,7 @@ def test_a_budgeted_finding_is_kept_for_the_health_check_until_a_pass_a_boot_or_
 from test_amd_node import MIXED, amd_fleet  # noqa: E402,F401 - its fixture: mi[001-002] and gpu001
 
 
-def _prove_amd(settings, gpus=None):
+def _prove_amd(settings, gpus=EVERY_GPU):
     from gpugate.baseline import load_baseline
 
     return prove(settings, load_baseline(MIXED), "mi001", gpus, time.monotonic() + 60)

@@ -5,7 +5,6 @@ and the prolog exits 1 (Slurm requeues the job); a bandwidth under the
 baseline's floor is budgeted (published, the job runs); a job that does not
 ask, or is too small, gets none."""
 
-import os
 import subprocess
 
 import pytest
@@ -29,7 +28,8 @@ def preflighted(cluster):
 
 def _prolog(cluster, node, job, nodes="2", comment="gpugate-preflight"):
     env = {"SLURMD_NODENAME": node, "SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
-           "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_NUM_NODES": nodes, "SLURM_JOB_COMMENT": comment}
+           "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_NUM_NODES": nodes, "SLURM_JOB_COMMENT": comment,
+           "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}  # the whole node
     result = subprocess.run([cluster.path("bin", "prolog")], env=env, capture_output=True, text=True, timeout=120,
                             cwd=cluster.path("log"))
     assert "Traceback" not in result.stderr, result.stderr
@@ -87,4 +87,3 @@ def test_a_job_that_does_not_ask_or_is_too_small_gets_none(preflighted):
     code, record = _prolog(preflighted, "gpu04", "880005", nodes="1")
     assert code == 0 and record["preflight"] == {"why": "asked by job; 1 node, under min_nodes = 2"}
     assert "drain" not in preflighted.state("gpu04")
-    assert os.path.exists(preflighted.fleet)

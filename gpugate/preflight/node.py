@@ -47,6 +47,11 @@ class Proof:
 def prove(settings, baseline, node: str, gpus: Optional[List[int]], deadline: float) -> Proof:
     cfg = settings.preflight
     proof = Proof([], [], {})
+    if not gpus:
+        # Slurm named no GPUs for the job (no GPU GRES): every job on the
+        # node may use every GPU, so a proof there would judge the others'.
+        proof.undecided.append("the job's GPUs unknown (no SLURM_JOB_GPUS): not run")
+        return proof
     amd = baseline.vendor_for(node) == "amd"
     whole = baseline.expect_for(node).gpus
     level = int(cfg["dcgm_level"])
@@ -76,7 +81,7 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
     if amd:
         # RVS takes no GPU list: it would test other jobs' GPUs too, and
         # their load is not this node's fault.
-        if gpus and (whole is None or len(gpus) < whole):
+        if whole is None or len(gpus) < whole:
             proof.undecided.append("diagnostic: RVS tests every GPU; the job has %d of %s" % (len(gpus), whole or "?"))
             return
         diag = rvs.diag(settings.command("rvs", node), level, _left(deadline))
@@ -87,12 +92,19 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
     if isinstance(diag, ProbeFailure):
         proof.undecided.append("diagnostic: %s" % diag.describe()[:200])
         return
-    # Only a test that failed is the node's; "no test ran", an exit code
-    # without a failed test or a refusal (MIG) decides nothing.
-    failed = [f for f in findings if f.cls == HEALTH and f.observed[:5] != "exit "]
+    failed = [f for f in findings if nodes_fault(f)]
     proof.findings += failed
     if findings and not failed:
         proof.undecided.append("diagnostic: %s" % findings[0].observed)
+
+
+def nodes_fault(finding: Finding) -> bool:
+    """Only a test that failed is the node's; "no test ran", an exit code
+    without a failed test or a refusal (MIG) decides nothing, and neither
+    does DCGM's "Graphics Processes": a process on the job's GPUs is
+    someone's (a user's left behind: the epilog judges it by its owner)."""
+    return (finding.cls == HEALTH and not finding.observed.startswith("exit ")
+            and not finding.observed.startswith("graphics_processes"))
 
 
 def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proof) -> None:
@@ -106,13 +118,11 @@ def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proo
     if left < 1.0:
         proof.undecided.append("no time left for the all_reduce")
         return
-    count = len(gpus) if gpus else whole
-    argv = template(settings.preflight["allreduce"], node, count)
+    argv = template(settings.preflight["allreduce"], node, len(gpus))
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
            # nvidia-smi's and NVML's numbering, not CUDA's fastest-first.
            "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if gpus:
-        env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     timed_out, rc, text = False, None, ""
     try:
         result = run(argv, left, env=env, ok_codes=range(256))
@@ -130,7 +140,7 @@ def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proo
     # The floor is a whole node's (the sweep's smoke runs on every GPU): a
     # job on some of the GPUs is judged on its values alone.
     product = baseline.expect_for(node).product
-    full = not gpus or (whole is not None and len(gpus) >= whole)  # a count the baseline does not pin: not whole
+    full = whole is not None and len(gpus) >= whole  # a count the baseline does not pin: not whole
     want = baseline.smoke_min_busbw.get(product) if product and full else None
     verdict = judge_smoke(parsed, rc, timed_out, want, deadline_s=round(left))
     proof.busbw_gbps = verdict.busbw_gbps
