@@ -134,6 +134,9 @@ _BY_COMPONENT = {
                         "[smoke] min_busbw_gbps for its product: NVLink/NVSwitch or P2P (nvidia-smi topo -m, "
                         "nvidia-smi nvlink -s, Fabric Manager); many nodes at once is the floor (fix the "
                         "baseline): budgeted, so the keeper drains only its share"],
+    "preflight_setup": ["a job's preflight `dcgmi diag` failed a deployment test of software (a library, "
+                        "persistence mode, environment, denylist): fix the node's stack (many nodes at once is a "
+                        "package or setting pushed everywhere: budgeted, so the keeper drains only its share)"],
     "smoke": ["the node passed its checks but the sweep's smoke job (nccl-tests all_reduce_perf) failed "
               "twice and after the rollback: read its output (smoke_output_dir/gpugate-smoke-NODE-JOB.out)",
               "low busbw with correct results is NVLink/NVSwitch or P2P off (PCIe speed): nvidia-smi "

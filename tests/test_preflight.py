@@ -111,32 +111,53 @@ def test_a_job_whose_gpus_slurm_does_not_name_gets_no_proof(settings_for, node_f
     assert proof.findings == [] and proof.seconds == {} and "GPUs unknown" in proof.undecided[0]
 
 
-def test_a_process_on_the_jobs_gpus_is_not_the_nodes_fault():
-    """DCGM's Graphics Processes test fails for a process on the GPU: a
-    user's left behind (uid 65534's, escaped its cgroup) must not drain the
-    node through the next job's preflight; a failed memory test does."""
+def _r1_failing(*names):
+    """The judge's findings from a real `dcgmi diag -r 1 -j` (DCGM 3) with
+    these tests failed on GPU 0."""
     import json as jsonlib
 
     from gpugate.judges.dcgm import diagnostic
     from gpugate.parsers import dcgm
-    from gpugate.preflight.node import nodes_fault
 
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
                            "dcgmi-diag-r1-json-dcgm3-virtualclient.json")) as handle:
         doc = jsonlib.load(handle)
-    found = []
+    failed = []
     for category in doc["DCGM GPU Diagnostic"]["test_categories"]:
         for test in category["tests"]:
-            if test["name"] == "Graphics Processes":
+            if test["name"] in names:
                 test["results"] = [{"status": "Fail", "gpu_ids": "0", "warnings": [
-                    {"warning": "GPU 0 has graphics processes running (pid 4242)", "error_id": 3}]}]
-                found.append(test["name"])
-    assert found == ["Graphics Processes"]
-    findings = diagnostic("dcgm_diag", dcgm.parse_diag_json(jsonlib.dumps(doc), 1, 226), "r%d")
+                    {"warning": "%s failed on GPU 0" % test["name"], "error_id": 9}]}]
+                failed.append(test["name"])
+    assert sorted(failed) == sorted(names)
+    return diagnostic("dcgm_diag", dcgm.parse_diag_json(jsonlib.dumps(doc), 1, 226), "r%d")
+
+
+def test_a_process_on_the_jobs_gpus_is_not_the_nodes_fault():
+    """DCGM's Graphics Processes test fails for a process on the GPU: a
+    user's left behind (uid 65534's, escaped its cgroup) must not drain the
+    node through the next job's preflight; a failed memory test does."""
+    from gpugate.preflight.node import nodes_fault
+
+    findings = _r1_failing("Graphics Processes")
     assert [f.observed.split(" ")[0] for f in findings] == ["graphics_processes"]
     assert not any(nodes_fault(f) for f in findings)
     memory = Finding("health", "dcgm_diag", "memory fail", "pass (r3)", "investigate", gpu=0)
     assert nodes_fault(memory)
+
+
+def test_a_failed_software_deployment_test_is_budgeted():
+    """DCGM's r1 checks software too (CUDA main library, persistence mode):
+    a package pushed to every node fails it everywhere at once, so it must
+    stay within the drain budget; a GPU's own test does not."""
+    from gpugate.preflight.node import node_findings
+
+    findings = node_findings(_r1_failing("CUDA Main Library", "Persistence Mode"))
+    assert sorted(f.observed.split(" ")[0] for f in findings) == ["cuda_main_library", "persistence_mode"]
+    assert {f.component for f in findings} == {"preflight_setup"}
+    assert not decide(findings, "gpugate:").acute
+    gpu = Finding("health", "dcgm_diag", "memory fail", "pass (r3)", "investigate", gpu=0)
+    assert node_findings([gpu]) == [gpu] and decide([gpu], "gpugate:").acute
 
 
 def test_a_failed_dcgm_test_is_the_nodes_and_drains_at_once(settings_for, node_fleet):

@@ -54,7 +54,7 @@ def judged(settings, node: str, boot_id: Optional[str], now: Optional[float] = N
             finding = Finding.from_json(item)
         except (KeyError, TypeError, AttributeError):
             continue
-        if finding.cls == "health" and finding.component == "preflight_busbw":  # only what it may keep
+        if finding.cls == "health" and finding.component in ("preflight_busbw", "preflight_setup"):  # its own only
             found.append(finding)
     return found
 

@@ -12,7 +12,9 @@ What a proof can pin on this node decides what it does:
 - a diagnostic test that fails, or wrong values from the all_reduce
   (``#wrong``, out of bounds): the hardware under load.  Acute findings
   (``dcgm_diag``/``rvs``, ``preflight``): drained at once, and the prolog's
-  exit 1 makes Slurm requeue the job.
+  exit 1 makes Slurm requeue the job.  DCGM's deployment tests of software
+  (libraries, persistence mode, environment) are budgeted
+  (``preflight_setup``): a package pushed everywhere fails them everywhere.
 - a bus bandwidth under the product's floor: the floor is a file's, and a
   wrong one would take every preflighted node at once, so a budgeted
   finding (``preflight_busbw``): published for the keeper; the job runs.
@@ -28,7 +30,7 @@ from typing import Dict, List, Optional
 from ..findings import HEALTH, INVESTIGATE, RESET_GPU, Finding
 from ..record import dataclass
 
-ACUTE_COMPONENT, BUSBW_COMPONENT = "preflight", "preflight_busbw"
+ACUTE_COMPONENT, BUSBW_COMPONENT, SETUP_COMPONENT = "preflight", "preflight_busbw", "preflight_setup"
 
 
 @dataclass
@@ -92,10 +94,29 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
     if isinstance(diag, ProbeFailure):
         proof.undecided.append("diagnostic: %s" % diag.describe()[:200])
         return
-    failed = [f for f in findings if nodes_fault(f)]
+    failed = node_findings(findings)
     proof.findings += failed
     if findings and not failed:
         proof.undecided.append("diagnostic: %s" % findings[0].observed)
+
+
+# DCGM's deployment tests that check software, not the GPU (its r1
+# "Deployment" plugin): a package or a setting pushed to every node fails
+# them everywhere at once, so they are budgeted (preflight_setup), never
+# drained outside the budget.  Short names as judges.dcgm writes them.
+_SETUP_TESTS = ("denylist", "blacklist", "nvml_library", "cuda_main_library", "cuda_toolkit", "permissions_and_os",
+                "persistence_mode", "environment_variables", "fabric_manager")
+
+
+def node_findings(findings: List[Finding]) -> List[Finding]:
+    """What of a diagnostic's findings a preflight pins on the node, and how:
+    a software deployment test budgeted, a GPU's test acute, the rest none."""
+    return [_setup(f) if f.observed.startswith(_SETUP_TESTS) else f for f in findings if nodes_fault(f)]
+
+
+def _setup(finding: Finding) -> Finding:
+    return Finding(HEALTH, SETUP_COMPONENT, finding.observed, finding.expected, INVESTIGATE, gpu=finding.gpu,
+                   detail=finding.detail)
 
 
 def nodes_fault(finding: Finding) -> bool:
