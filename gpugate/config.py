@@ -63,6 +63,15 @@ def _word(value: str, what: str) -> Optional[str]:
     return None
 
 
+def _host(value: str) -> Optional[str]:
+    """A host name, an address, or a pattern with {node} (rank 0's name)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9.:_-]{0,200}", value.replace("{node}", "x", 1)) or not value:
+        return "a host name, an address or a pattern with {node} (e.g. {node}-ib)"
+    return None
+
+
 def _tag(value: str) -> Optional[str]:
     if not (1 <= len(value) <= 16) or not all(33 <= ord(c) < 127 for c in value):
         return "expected 1 to 16 printable ASCII characters without spaces, e.g. \"gpugate:\""
@@ -196,6 +205,14 @@ _PREFLIGHT = Table({
     "allreduce": (_ARGV, ("/opt/nccl-tests/build/all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "{gpus}",
                           "-c", "1", "-n", "20")),
     "timeout_seconds": (Number(5, 3600), 120.0),  # the whole per-node proof; keep PrologEpilogTimeout above
+    # The all_reduce across the job's nodes (gpugate.preflight.cross): each node
+    # runs its rank with {rank} {nranks} {root} {port} {nodes} {gpus}; () for none.
+    "allreduce_multi": (_ARGV, ()),
+    "rendezvous_host": (Str("{node}", _host), "{node}"),  # rank 0's address
+    "port": (Int(1024, 65000), 7150),  # the meeting's port: port + job id % ports (the collective's: one above)
+    "ports": (Int(1, 512), 64),
+    "across_seconds": (Number(5, 3600), 300.0),  # meeting, collective and culprit search, after timeout_seconds
+    "run_seconds": (Number(2, 3600), 60.0),  # one collective
 })
 
 _CONFIG = Table({

@@ -282,18 +282,20 @@ def test_the_outcomes_are_counted_for_the_nodes_metrics(settings_for, tmp_path):
              ([], [], "passed")]
     for findings, undecided, want in cases:
         assert memory.outcome(findings, undecided) == want
-        memory.count(settings, "gpu01", want, 1.5)
+        memory.count(settings, "gpu01", want, 1.5, across="culprit" if want == "acute" else "")
+    none = {"passed": 0, "culprit": 0, "undecided": 0, "not_run": 0}
     assert memory.stats(settings, "gpu01") == {"runs": {"passed": 2, "acute": 1, "budgeted": 1, "undecided": 1},
-                                               "seconds": 7.5}
+                                               "across": dict(none, culprit=1), "seconds": 7.5}
     text = render(preflight_families(memory.stats(settings, "gpu01")))
     assert 'gpugate_preflight_runs_total{outcome="passed"} 2' in text
     assert "# TYPE gpugate_preflight_runs_total counter" in text and "gpugate_preflight_seconds_total 7.5" in text
+    assert 'gpugate_preflight_across_total{outcome="culprit"} 1' in text
     # A file someone broke counts again from nothing, never a traceback.
     with open(os.path.join(settings.state_dir("gpu01"), memory.STATS), "w") as handle:
         handle.write('{"runs": {"passed": "many"}, "seconds": [1]}')
     memory.count(settings, "gpu01", "passed", 1.0)
     assert memory.stats(settings, "gpu01") == {"runs": {"passed": 1, "acute": 0, "budgeted": 0, "undecided": 0},
-                                               "seconds": 1.0}
+                                               "across": none, "seconds": 1.0}
 
 
 def test_a_nodeset_without_a_gpu_count_is_never_held_to_a_whole_nodes_floor(settings_for, node_fleet, amd_fleet):

@@ -273,6 +273,10 @@ def preflight_families(stats) -> list:
              "Job preflights this node ran, by outcome: passed, acute (drained, the job requeued), budgeted "
              "(published for the keeper, the job ran), undecided (nothing pinned on the node, the job ran).",
              [("gpugate_preflight_runs_total", {"outcome": o}, n) for o, n in sorted(stats["runs"].items())]),
+            ("gpugate_preflight_across_total", "counter",
+             "All_reduces across a job's nodes this node decided (as the job's first node), by outcome: passed, "
+             "culprit (one node pinned and drained), undecided, not_run.",
+             [("gpugate_preflight_across_total", {"outcome": o}, n) for o, n in sorted(stats["across"].items())]),
             ("gpugate_preflight_seconds_total", "counter", "Wall time this node's job preflights took, in all.",
              [("gpugate_preflight_seconds_total", {}, round(stats["seconds"], 3))])]
 

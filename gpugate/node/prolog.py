@@ -111,14 +111,19 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     started = time.monotonic()
     proof = prove(settings, baseline, node, gpus, started + float(settings.preflight["timeout_seconds"]))
     passed = not proof.findings and not proof.undecided
-    record["preflight"] = dict(proof.to_json(), why=why, seconds_total=round(time.monotonic() - started, 3),
-                               passed=passed)
+    record["preflight"] = dict(proof.to_json(), why=why, passed=passed)
+    across = _across(settings, baseline, node, gpus, proof, started)
+    if across is not None:
+        record["preflight"]["across"] = across.to_json()
+        if across.finding is not None:
+            proof.findings.append(across.finding)
+    record["preflight"]["seconds_total"] = round(time.monotonic() - started, 3)
     boot_id = files.boot_id(settings.node_root(node))
     try:  # the health check judges a budgeted finding again, and writes the counts (gpugate.preflight.memory)
         memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
                         boot_id if isinstance(boot_id, str) else None)
         memory.count(settings, node, memory.outcome(proof.findings, proof.undecided),
-                     record["preflight"]["seconds_total"])
+                     record["preflight"]["seconds_total"], across=_decided(across, node))
     except OSError as exc:
         record["state_error"] = str(exc)[:200]
     if not proof.findings:
@@ -128,6 +133,34 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     if record.get("action") == HELD:
         return 0
     return judged.verdict.exit_code
+
+
+def _across(settings, baseline, node: str, gpus, proof, started: float):
+    """The all_reduce across the job's nodes (gpugate.preflight.cross), where
+    the site set ``[preflight] allreduce_multi`` and the job has two nodes
+    or more; None otherwise."""
+    from ..preflight import memory
+    from ..preflight.cross import Member, prove_across, run_rank_command
+    from ..preflight.select import job_nodes
+
+    nodes = job_nodes(os.environ)
+    if not settings.preflight["allreduce_multi"] or len(nodes) < 2 or node not in nodes or not gpus:
+        return None
+    whole = baseline.expect_for(node).gpus
+    me = Member(node, memory.outcome(proof.findings, proof.undecided), whole is not None and len(gpus) >= whole)
+    run_rank = run_rank_command(settings, node, gpus, baseline.vendor_for(node) == "amd")
+    return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
+
+
+def _decided(across, node: str) -> str:
+    """The job's outcome across its nodes, counted by its first node only."""
+    if across is None or not across.first:
+        return ""
+    if across.culprits:
+        return "culprit"
+    if across.why.startswith("not run"):
+        return "not_run"
+    return "passed" if across.why.startswith("passed") else "undecided"
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:

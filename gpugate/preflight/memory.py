@@ -63,6 +63,9 @@ def judged(settings, node: str, boot_id: Optional[str], now: Optional[float] = N
 # check writes them: gpugate_preflight_runs_total, _seconds_total).
 STATS = "preflight-stats.json"
 OUTCOMES = ("passed", "acute", "budgeted", "undecided")
+# The proof across a job's nodes, counted once per job by its first node
+# (the one that decides, gpugate.preflight.cross).
+ACROSS = ("passed", "culprit", "undecided", "not_run")
 
 
 def outcome(findings: List[Finding], undecided: List[str]) -> str:
@@ -73,7 +76,7 @@ def outcome(findings: List[Finding], undecided: List[str]) -> str:
     return "undecided" if undecided else "passed"
 
 
-def count(settings, node: str, result: str, seconds: float) -> None:
+def count(settings, node: str, result: str, seconds: float, across: str = "") -> None:
     """One more preflight with this outcome.  Two jobs' prologs on one node
     at once take turns (the node's "preflight" lock, a second at most); a
     count that could not have it is written anyway (one lost count beats a
@@ -90,19 +93,25 @@ def count(settings, node: str, result: str, seconds: float) -> None:
         pass
     try:
         before = stats(settings, node) or {"runs": {o: 0 for o in OUTCOMES}, "seconds": 0.0}
-        runs = dict(before["runs"])
+        runs, jobs = dict(before["runs"]), dict(before.get("across") or {a: 0 for a in ACROSS})
         runs[result] += 1
+        if across:
+            jobs[across] += 1
         st.write_json(os.path.join(settings.state_dir(node), STATS),
-                      {"runs": runs, "seconds": round(before["seconds"] + max(seconds, 0.0), 3)}, durable=False)
+                      {"runs": runs, "across": jobs, "seconds": round(before["seconds"] + max(seconds, 0.0), 3)},
+                      durable=False)
     finally:
         lock.release()
 
 
 def stats(settings, node: str) -> Optional[dict]:
-    """{"runs": {outcome: n}, "seconds": s}, or None before a first preflight."""
+    """{"runs": {outcome: n}, "across": {outcome: n}, "seconds": s}, or
+    None before a first preflight."""
     data = st.read_json(os.path.join(settings.state_dir(node), STATS), _CAP)
     if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
         return None
     runs = {o: data["runs"].get(o) if isinstance(data["runs"].get(o), int) else 0 for o in OUTCOMES}
+    jobs = data.get("across") if isinstance(data.get("across"), dict) else {}
+    across = {o: jobs.get(o) if isinstance(jobs.get(o), int) else 0 for o in ACROSS}
     seconds = data.get("seconds") if isinstance(data.get("seconds"), (int, float)) else 0.0
-    return {"runs": runs, "seconds": seconds}
+    return {"runs": runs, "across": across, "seconds": seconds}

@@ -9,7 +9,7 @@ as words, they can switch the preflight on and nothing else; what runs, at
 which level, against which floor, comes from gpugate's configuration only."""
 
 import re
-from typing import Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 # slurmd's prolog environment (src/plugins/prep/script/prep_script_slurmd.c):
 # SLURM_JOB_PARTITION, _NUM_NODES and _COMMENT from 22.05, _EXTRA from 23.02,
@@ -17,20 +17,26 @@ from typing import Mapping, Optional, Tuple
 _WORDS = re.compile(r"[\s,;]+")
 
 
+def job_nodes(env: Mapping[str, str]) -> List[str]:
+    """The job's nodes in Slurm's order (the same list on every node of it),
+    or [] when the list is missing or unreadable."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        return []
+    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
+
+    try:
+        return list(NodeSet(nodelist, resolver=RESOLVER_NOGROUP))  # Slurm's list: no @groups
+    except (NodeSetException, ValueError, RecursionError):
+        return []
+
+
 def node_count(env: Mapping[str, str]) -> Optional[int]:
     """SLURM_JOB_NUM_NODES, else the node list's length; None when unknown."""
     raw = env.get("SLURM_JOB_NUM_NODES", "")
     if raw.isdigit() and int(raw) > 0:
         return int(raw)
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
-    if not nodelist:
-        return None
-    from ClusterShell.NodeSet import NodeSet, NodeSetException, RESOLVER_NOGROUP
-
-    try:
-        return len(NodeSet(nodelist, resolver=RESOLVER_NOGROUP)) or None  # Slurm's list: no @groups
-    except (NodeSetException, ValueError, RecursionError):
-        return None
+    return len(job_nodes(env)) or None
 
 
 def asked(cfg: Mapping[str, object], env: Mapping[str, str]) -> str:

@@ -49,8 +49,14 @@ def main():
 
 
 def _job_nodes():
-    """The nodes of a multi-node Slurm job this runs in (the batch script's
+    """The nodes of a multi-node run: a preflight's collective across a
+    job's nodes (GPUGATE_PREFLIGHT_NODES, "a,b,c", gpugate.preflight.cross)
+    or a multi-node Slurm job this runs in (the batch script's
     SLURM_JOB_NODELIST, e.g. "gpu[01-02]" or "gpu01,gpu03"), else []."""
+    ranks = os.environ.get("GPUGATE_PREFLIGHT_NODES")
+    if ranks is not None:
+        names = [n for n in ranks.split(",") if n]
+        return names if len(names) >= 2 else []
     try:
         if int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) < 2:
             return []

@@ -1,0 +1,338 @@
+"""The proof across a job's nodes (issue 36, docs/preflight.md): after each
+node's own proof, the job's prologs meet at its first node (rank 0,
+gpugate.preflight.meet), run ``[preflight] allreduce_multi`` as one
+collective over every node, and, when it fails, halve and re-pair until
+one node is pinned (gpugate.preflight.culprit).  Rank 0 decides; every
+node hears its verdict; the culprit's prolog drains it (acute) and exits 1,
+so Slurm requeues the job; the rest exit 0.  Nothing on the controller.
+
+Each rank of a collective runs the site's command as root with an
+environment of gpugate's making: the job's GPUs, and where to meet
+(GPUGATE_PREFLIGHT_RANK, _NRANKS, _ROOT, _PORT, _NODES; the same as
+``{rank}``, ``{nranks}``, ``{root}``, ``{port}``, ``{nodes}`` in its argv).
+Rank 0 of a group judges its output as the sweep's pair job is judged,
+against the baseline's ``[smoke] min_pair_busbw_gbps`` for the product.
+
+What cannot be decided pins nothing: a node that does not come, a node
+whose own proof already failed (Slurm requeues the job for it), a job on
+part of a node's GPUs (another job's traffic shares the fabric), a
+command that cannot run, a meeting that breaks."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..findings import HEALTH, INVESTIGATE, Finding
+from ..record import dataclass
+from . import culprit as search_mod
+from .meet import Channel, MeetError, connect, listen, port_for
+
+_OUTPUT_CAP = 64 * 1024
+_JOIN_GRACE = 15.0  # a peer's own proof ends within its timeout; prologs start within seconds
+
+
+@dataclass
+class Across:
+    """This node's view of the proof across the job's nodes."""
+    ran: bool  # a collective ran
+    finding: Optional[Finding]  # this node is the culprit
+    why: str  # what was decided, or why nothing could be
+    rounds: int = 0
+    culprits: Tuple[str, ...] = ()
+    busbw_gbps: Optional[float] = None  # the whole job's first run
+    seconds: float = 0.0
+    first: bool = False  # this node decided (the job's first node)
+
+    def to_json(self) -> dict:
+        return {"ran": self.ran, "culprit": self.finding is not None, "why": self.why, "rounds": self.rounds,
+                "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps, "seconds": round(self.seconds, 3),
+                "first": self.first}
+
+
+@dataclass(frozen=True)
+class Member:
+    """What a node brings to the meeting."""
+    node: str
+    own: str  # passed | acute | budgeted | undecided (its own proof, gpugate.preflight.memory.outcome)
+    whole: bool  # the job has every GPU of the node
+
+
+RunRank = Callable[[dict, float], dict]  # (run instruction, deadline) -> {"rc", "output", "timed_out", "error"}
+
+
+def prove_across(settings, baseline, job: str, nodes: Sequence[str], me: Member, run_rank: RunRank,
+                 started: float) -> Across:
+    """Rank 0 coordinates, the others join; ``started``: the prolog's
+    preflight start (monotonic), from which every deadline counts."""
+    from ..budgetkey import KeyUnavailable, load
+
+    cfg = settings.preflight
+    begun = time.monotonic()
+    deadline = started + float(cfg["timeout_seconds"]) + float(cfg["across_seconds"])
+    try:
+        key = load(settings)
+    except KeyUnavailable as exc:
+        return Across(False, None, "not run: %s" % exc)
+    port = port_for(int(cfg["port"]), int(cfg["ports"]), job)
+    try:
+        if me.node == nodes[0]:
+            result = _coordinate(settings, baseline, key, job, list(nodes), me, run_rank, port, deadline,
+                                 join_by=min(deadline - 2.0, started + float(cfg["timeout_seconds"]) + _JOIN_GRACE))
+        else:
+            result = _join(key, job, rendezvous(cfg, nodes[0]), port, me, run_rank, deadline)
+    except MeetError as exc:
+        result = Across(False, None, "undecided: the meeting broke: %s" % exc)
+    result.seconds, result.first = time.monotonic() - begun, me.node == nodes[0]
+    return result
+
+
+def rendezvous(cfg, node: str) -> str:
+    return str(cfg["rendezvous_host"]).replace("{node}", node)
+
+
+def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float) -> Across:
+    channel = Channel(connect(host, port, deadline), key, job)
+    try:
+        channel.receive(deadline, first=True)  # the greeting: rank 0 holds the key
+        channel.send("join", deadline, node=me.node, own=me.own, whole=me.whole)
+        while True:
+            body = channel.receive(deadline)
+            if body["kind"] == "run":
+                answer = run_rank(body, deadline)
+                channel.send("result", deadline, **answer)
+            elif body["kind"] == "verdict":
+                return _from_verdict(body)
+            else:
+                raise MeetError("an unknown message %r" % str(body["kind"])[:20])
+    finally:
+        channel.close()
+
+
+def _from_verdict(body: dict) -> Across:
+    finding = Finding.from_json(body["finding"]) if body.get("finding") else None
+    return Across(bool(body.get("ran")), finding, str(body.get("why", ""))[:300], int(body.get("rounds") or 0),
+                  tuple(body.get("culprits") or ()), body.get("busbw_gbps"))
+
+
+def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_rank: RunRank, port: int,
+                deadline: float, join_by: float) -> Across:
+    server = listen(port)
+    try:
+        members, joined = _gather(server, key, job, nodes, me, join_by)
+    finally:
+        server.close()
+    try:
+        verdicts = _decide(settings, baseline, nodes, me, members, joined, run_rank, port, deadline)
+        told = max(deadline, time.monotonic() + 2.0)  # the verdict goes out even after a round that ran late
+        for node, channel in members.items():
+            if channel is None:
+                continue
+            try:
+                channel.send("verdict", told, **verdicts[node].to_wire())
+            except MeetError:
+                pass  # that node decides nothing alone: undecided, and its job runs
+        return verdicts[me.node].across()
+    finally:
+        for channel in members.values():
+            if channel is not None:
+                channel.close()
+
+
+def _gather(server, key, job, nodes, me: Member, join_by: float
+            ) -> Tuple[Dict[str, Optional[Channel]], Dict[str, Member]]:
+    """Every other node's signed join, until ``join_by``; a connection that
+    does not verify is dropped (anyone may connect to a port)."""
+    import socket
+
+    members: Dict[str, Optional[Channel]] = {me.node: None}
+    joined: Dict[str, Member] = {me.node: me}
+    wanted = set(nodes)
+    while set(joined) != wanted and time.monotonic() < join_by:
+        server.settimeout(max(0.05, join_by - time.monotonic()))
+        try:
+            sock, _ = server.accept()
+        except socket.timeout:
+            break
+        except OSError:
+            continue
+        channel = Channel(sock, key, job)
+        try:
+            channel.send("greeting", min(join_by, time.monotonic() + 5))
+            body = channel.receive(min(join_by, time.monotonic() + 5), first=True)
+            node = body.get("node")
+            if body["kind"] != "join" or node not in wanted or node in joined:
+                raise MeetError("not a join of this job's")
+        except MeetError:
+            channel.close()
+            continue
+        members[node] = channel
+        joined[node] = Member(node, str(body.get("own")), bool(body.get("whole")))
+    return members, joined
+
+
+@dataclass
+class _Verdict:
+    ran: bool
+    finding: Optional[Finding]
+    why: str
+    rounds: int
+    culprits: Tuple[str, ...]
+    busbw_gbps: Optional[float]
+
+    def to_wire(self) -> dict:
+        return {"ran": self.ran, "finding": self.finding.to_json() if self.finding else None, "why": self.why,
+                "rounds": self.rounds, "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps}
+
+    def across(self) -> Across:
+        return Across(self.ran, self.finding, self.why, self.rounds, self.culprits, self.busbw_gbps)
+
+
+def _decide(settings, baseline, nodes, me, members, joined: Dict[str, Member], run_rank, port, deadline
+            ) -> Dict[str, _Verdict]:
+    why = _not_run(nodes, joined)
+    if why:
+        return {n: _Verdict(False, None, why, 0, (), None) for n in nodes}
+    channels = {n: c for n, c in members.items() if c is not None}
+    run_groups = _group_runner(settings, baseline, nodes, me, channels, run_rank, port, deadline)
+    found = search_mod.search(nodes, run_groups)
+    first = found.runs[0] if found.runs else None
+    busbw = _busbw(first.problem) if first is not None and first.outcome == search_mod.PASS else None
+    out = {}
+    for node in nodes:
+        finding = None
+        if found.verdicts.get(node) == search_mod.CULPRIT:
+            run = found.pinned_by[node]
+            partner = [n for n in run.nodes if n != node][0]
+            finding = Finding(HEALTH, "preflight", "across %s pair=%s" % (run.problem, partner),
+                              run.expected or "a pass", INVESTIGATE,
+                              detail="failed the all_reduce across %d nodes, then with %s (proven)" % (
+                                  len(nodes), partner))
+        if found.culprits:
+            text = "culprit %s in %d rounds" % (",".join(found.culprits), found.rounds)
+        elif first is not None and first.outcome == search_mod.PASS:
+            text = "passed: %d nodes%s" % (len(nodes), " busbw=%sGB/s" % busbw if busbw is not None else "")
+        else:
+            text = "undecided: %s" % found.why
+        out[node] = _Verdict(True, finding, text[:300], found.rounds, tuple(found.culprits), busbw)
+    return out
+
+
+def _not_run(nodes, joined: Dict[str, Member]) -> str:
+    missing = [n for n in nodes if n not in joined]
+    if missing:
+        return "undecided: %s did not come in time" % ",".join(missing[:5])
+    failed = [n for n in nodes if joined[n].own == "acute"]
+    if failed:
+        return "not run: %s failed its own proof (Slurm requeues the job)" % ",".join(failed[:5])
+    part = [n for n in nodes if not joined[n].whole]
+    if part:
+        return "not run: the job has part of %s's GPUs (the proof across nodes needs whole nodes)" % ",".join(
+            part[:5])
+    return ""
+
+
+def _busbw(problem: str) -> Optional[float]:
+    try:
+        return float(problem.partition("busbw=")[2].partition("GB/s")[0]) if "busbw=" in problem else None
+    except ValueError:
+        return None
+
+
+def _group_runner(settings, baseline, nodes, me, channels, run_rank, port, deadline):
+    cfg = settings.preflight
+
+    def run_groups(groups: List[Tuple[str, ...]]) -> List[search_mod.GroupRun]:
+        left = deadline - time.monotonic()
+        if left < 1.0:
+            return [search_mod.GroupRun(g, search_mod.UNDECIDED, "no time left") for g in groups]
+        until = time.monotonic() + min(float(cfg["run_seconds"]), left - 0.5)
+        jobs = []
+        for group in groups:
+            root = rendezvous(cfg, group[0])
+            for rank, node in enumerate(group):
+                jobs.append((group, node, {"rank": rank, "nranks": len(group), "root": root, "port": port + 1,
+                                           "nodes": ",".join(group)}))
+        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+            answers = list(pool.map(lambda j: _one_rank(j[1], j[2], me, channels, run_rank, until), jobs))
+        by_group: Dict[Tuple[str, ...], List[dict]] = {}
+        for (group, _, _), answer in zip(jobs, answers):
+            by_group.setdefault(group, []).append(answer)
+        return [_judge_group(baseline, group, by_group[group], until) for group in groups]
+
+    return run_groups
+
+
+def _one_rank(node, instruction, me, channels, run_rank, until) -> dict:
+    if node == me.node:
+        return run_rank(instruction, until)
+    channel = channels[node]
+    try:
+        channel.send("run", until, **instruction)
+        body = channel.receive(until + 5.0)  # the rank's own deadline is ``until``; the answer travels after it
+        if body["kind"] != "result":
+            raise MeetError("not a result")
+        return {k: body.get(k) for k in ("rc", "output", "timed_out", "error")}
+    except MeetError as exc:
+        return {"rc": None, "output": "", "timed_out": False, "error": "%s: %s" % (node, exc)}
+
+
+def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank:
+    """This node's rank of a collective: the site's ``allreduce_multi`` with
+    gpugate's environment only."""
+    from ..errors import CommandError
+    from ..runner import run
+    from ..sweep.smoke import template
+
+    def run_rank(instruction: dict, until: float) -> dict:
+        fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes")}
+        argv = []
+        for word in template(settings.preflight["allreduce_multi"], node, len(gpus), fields["nodes"]):
+            for name, value in fields.items():
+                word = word.replace("{%s}" % name, value)
+            argv.append(word)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        env.update({"GPUGATE_PREFLIGHT_" + k.upper(): v for k, v in fields.items()})
+        try:
+            result = run(argv, until - time.monotonic(), env=env, ok_codes=range(256),
+                         max_stdout=_OUTPUT_CAP, max_stderr=_OUTPUT_CAP)
+        except CommandError as exc:
+            return {"rc": None, "output": "", "timed_out": bool(exc.timed_out),
+                    "error": "" if exc.timed_out else str(exc)[:300]}
+        return {"rc": result.rc, "output": (result.stdout + result.stderr)[-_OUTPUT_CAP:], "timed_out": False,
+                "error": ""}
+
+    return run_rank
+
+
+def _judge_group(baseline, group, answers: List[dict], until: float) -> search_mod.GroupRun:
+    """Rank 0's output, judged as the sweep's pair job; a rank that could
+    not run or answer makes the run undecided."""
+    from ..judges.smoke import cannot_run, judge_smoke
+    from ..parsers.nccl import parse_nccl_tests
+
+    errors = [a["error"] for a in answers if a.get("error")]
+    if errors:
+        return search_mod.GroupRun(group, search_mod.UNDECIDED, errors[0][:200])
+    head = answers[0]
+    text = head.get("output") or ""
+    parsed = parse_nccl_tests(text) if text else None
+    rc = head.get("rc")
+    timed_out = any(a.get("timed_out") for a in answers)
+    site = "" if timed_out else cannot_run(parsed, rc, text)
+    if site:
+        return search_mod.GroupRun(group, search_mod.UNDECIDED, "cannot run: " + site)
+    products = {baseline.expect_for(n).product for n in group}
+    product = products.pop() if len(products) == 1 else None  # mixed products: no one floor
+    want = baseline.smoke_min_pair_busbw.get(product) if product else None
+    verdict = judge_smoke(parsed, rc, timed_out, want, deadline_s=round(max(0.0, until - time.monotonic())))
+    if verdict.passed:
+        shown = "busbw=%.1fGB/s" % verdict.busbw_gbps if verdict.busbw_gbps is not None else ""
+        return search_mod.GroupRun(group, search_mod.PASS, shown)
+    if verdict.component == "result" and rc == 0:
+        return search_mod.GroupRun(group, search_mod.UNDECIDED, verdict.problem)  # exit 0, nothing read
+    kind = {"wrong": "wrong", "out_of_bounds": "wrong", "busbw": "busbw", "timeout": "hang"}.get(
+        verdict.component, "abort")
+    observed = "%s=%s" % (verdict.component, verdict.observed) if verdict.observed else verdict.problem
+    return search_mod.GroupRun(group, search_mod.FAIL, observed, verdict.expected, kind)

@@ -1,0 +1,142 @@
+"""Where a job's prologs meet for the proof across its nodes (issue 36):
+one TCP connection from each node's prolog to the first node's, every
+message signed with the drain budget key (gpugate.budgetkey: root's on
+every node), so a job's user can neither join, answer for a node, nor
+replay an earlier job's messages.
+
+A message is one line of JSON, ``{"body": {...}, "mac": HEX}``: the MAC is
+HMAC-SHA256 over the body's canonical JSON, and the body carries the job
+id, both sides' random nonces and a sequence number, checked on receipt.
+Lines are capped; anything that does not verify ends the meeting for that
+connection (the node's part is then undecided, never a finding)."""
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import time
+from typing import Optional
+
+from ..errors import GpugateError
+
+LINE_CAP = 256 * 1024  # a rank's output is capped well below (gpugate.preflight.cross)
+
+
+class MeetError(GpugateError):
+    """The meeting broke: a peer gone, a deadline passed, a message that did
+    not verify.  What it stops is undecided, never a node's fault."""
+
+
+def port_for(base: int, slots: int, job: str) -> int:
+    """The job's meeting port: two jobs sharing a first node meet apart."""
+    return base + (int(job) % slots if job.isdigit() else 0)
+
+
+def nonce() -> str:
+    return os.urandom(16).hex()
+
+
+class Channel:
+    """One signed conversation over a connected socket."""
+
+    def __init__(self, sock: socket.socket, key: bytes, job: str):
+        self.sock, self.key, self.job = sock, key, job
+        self.ours, self.theirs = nonce(), ""
+        self.sent = self.received = 0
+        self._buffer = b""
+
+    def send(self, kind: str, deadline: float, **fields) -> None:
+        self.sent += 1
+        body = dict(fields, kind=kind, job=self.job, seq=self.sent, src=self.ours, dst=self.theirs)
+        text = _canonical(body)
+        line = json.dumps({"body": body, "mac": _mac(self.key, text)}, sort_keys=True).encode() + b"\n"
+        self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            self.sock.sendall(line)
+        except OSError as exc:
+            raise MeetError("send %s: %s" % (kind, exc)) from None
+
+    def receive(self, deadline: float, first: bool = False) -> dict:
+        """The next verified body.  ``first``: the peer's nonce is learnt
+        from this message (the greeting or the join), then held to."""
+        line = self._line(deadline)
+        try:
+            message = json.loads(line)
+            body, mac = message["body"], message["mac"]
+            if not isinstance(body, dict) or not isinstance(mac, str):
+                raise ValueError("not a message")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MeetError("an unreadable message: %s" % str(exc)[:100]) from None
+        if not hmac.compare_digest(_mac(self.key, _canonical(body)), mac):
+            raise MeetError("a message that does not verify (not signed with this site's drain budget key)")
+        if body.get("job") != self.job:
+            raise MeetError("a message for job %r, not %s" % (str(body.get("job"))[:20], self.job))
+        if first and not self.theirs and isinstance(body.get("src"), str) and len(body["src"]) == 32:
+            self.theirs = body["src"]
+        self.received += 1
+        if body.get("src") != self.theirs or body.get("seq") != self.received:
+            raise MeetError("a message out of order or replayed")
+        if body.get("dst") not in ("", self.ours) or (self.received > 1 and body.get("dst") != self.ours):
+            raise MeetError("a message meant for another conversation")
+        return body
+
+    def _line(self, deadline: float) -> bytes:
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MeetError("no answer in time")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise MeetError("no answer in time") from None
+            except OSError as exc:
+                raise MeetError("receive: %s" % exc) from None
+            if not chunk:
+                raise MeetError("the peer closed the connection")
+            self._buffer += chunk
+            if len(self._buffer) > LINE_CAP and b"\n" not in self._buffer:
+                raise MeetError("a message over %d bytes" % LINE_CAP)
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def listen(port: int, host: str = "") -> socket.socket:
+    """The first node's listening socket, or MeetError (the port taken: by
+    another job's meeting, or anyone's)."""
+    try:
+        server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((host, port))
+        server.listen(128)
+        return server
+    except OSError as exc:
+        raise MeetError("cannot listen on port %d: %s" % (port, exc)) from None
+
+
+def connect(host: str, port: int, deadline: float) -> socket.socket:
+    """A connection to the first node, tried until the deadline (its prolog
+    may start after this one)."""
+    last: Optional[Exception] = None
+    while time.monotonic() < deadline:
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        except OSError as exc:
+            last = exc
+            time.sleep(0.1)
+    raise MeetError("cannot reach %s port %d: %s" % (host, port, last or "no time left"))
+
+
+def _canonical(body: dict) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _mac(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
