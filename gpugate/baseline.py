@@ -197,7 +197,9 @@ class Baseline:
                 "previous": asdict(self.previous) if self.previous else None,
                 "rollout": self.rollout_in_progress, "expect": asdict(self.expect_for(node)),
                 "covered": self.covers(node), "health": asdict(self.health), "source": self.source,
-                "amd": asdict(self.amd_expect_for(node))}
+                "amd": asdict(self.amd_expect_for(node)),
+                # The preflight's floors (gpugate.preflight): the prolog holds a proof to them.
+                "smoke": {"min_busbw": dict(self.smoke_min_busbw), "min_pair_busbw": dict(self.smoke_min_pair_busbw)}}
 
 
 def from_resolved(data: Mapping[str, object]) -> Baseline:
@@ -211,12 +213,22 @@ def from_resolved(data: Mapping[str, object]) -> Baseline:
             health[key] = tuple(health[key])
     if "rvs" in health:
         health["rvs"] = dict(health["rvs"], verify=tuple(health["rvs"]["verify"]))
+    smoke = data.get("smoke")
+    if not isinstance(smoke, dict):
+        raise KeyError("smoke")  # a cache written before the preflight's floors: load the TOML
     return Baseline(name=data["name"], pin=Pins(**data["pin"]),
                     previous=Pins(**data["previous"]) if data["previous"] else None,
                     rollout_in_progress=bool(data["rollout"]), nodesets=(),
                     health=HealthPolicy(**health), source=str(data.get("source", "")),
                     resolved_expect=NodeExpect(**data["expect"]), resolved_covered=bool(data["covered"]),
-                    resolved_amd=AmdExpect(**data.get("amd") or {}))
+                    resolved_amd=AmdExpect(**data.get("amd") or {}),
+                    smoke_min_busbw=_floors(smoke["min_busbw"]), smoke_min_pair_busbw=_floors(smoke["min_pair_busbw"]))
+
+
+def _floors(table) -> Dict[str, float]:
+    if not isinstance(table, dict):
+        raise TypeError("a floor table")
+    return {str(k): float(v) for k, v in table.items()}
 
 
 def _pins(raw: Mapping[str, object], driver_default: Optional[str] = None) -> Pins:

@@ -219,6 +219,22 @@ def test_the_prolog_cache_keeps_whether_the_node_is_covered(tmp_path):
             from_resolved(cached)
 
 
+def test_the_prolog_cache_keeps_the_preflights_floors():
+    """The prolog's preflight holds its all_reduce to the baseline's floors;
+    it reads them from the cache the health check left (a cache without
+    them, from before, is not used: the TOML is read)."""
+    from gpugate.baseline import from_resolved
+
+    full = load_baseline(DEMO_BASELINE)
+    cached = from_resolved(json.loads(json.dumps(full.resolved_for("gpu01"))))
+    assert cached.smoke_min_busbw == full.smoke_min_busbw == {"NVIDIA H100 80GB HBM3": 350.0}
+    assert cached.smoke_min_pair_busbw == full.smoke_min_pair_busbw == {"NVIDIA H100 80GB HBM3": 50.0}
+    older = full.resolved_for("gpu01")
+    del older["smoke"]
+    with pytest.raises(KeyError):
+        from_resolved(older)
+
+
 # ---------------------------------------------------------------------------
 # the prediction is what `gpugate check` says
 

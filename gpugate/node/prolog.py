@@ -102,6 +102,7 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
         return 0
     from ..preflight import memory
     from ..preflight.node import prove
+    from ..preflight.select import exclusive_gpus
     from ..probes import files
     from ..verdict import decide
     from .act import settle
@@ -109,6 +110,7 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     from .hold import HELD
 
     started = time.monotonic()
+    gpus = gpus or exclusive_gpus(env, baseline.expect_for(node).gpus)
     proof = prove(settings, baseline, node, gpus, started + float(settings.preflight["timeout_seconds"]))
     passed = not proof.findings and not proof.undecided
     record["preflight"] = dict(proof.to_json(), why=why, passed=passed)

@@ -65,3 +65,13 @@ def wanted(cfg: Mapping[str, object], env: Mapping[str, str]) -> Tuple[bool, str
     if count < least:
         return False, "asked by %s; %d node%s, under min_nodes = %d" % (who, count, "" if count == 1 else "s", least)
     return True, "asked by %s, %d nodes" % (who, count)
+
+
+def exclusive_gpus(env: Mapping[str, str], count: Optional[int]) -> Optional[List[int]]:
+    """Every GPU of the node for a job that holds the whole node
+    (``--exclusive``: slurmd's SLURM_JOB_OVERSUBSCRIBE=NO, 23.02+) where
+    Slurm names no GPU GRES; None otherwise (the baseline pins no count,
+    or another job may share the node)."""
+    if env.get("SLURM_JOB_OVERSUBSCRIBE") != "NO" or not count:
+        return None
+    return list(range(count))

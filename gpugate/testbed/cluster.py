@@ -18,8 +18,12 @@ KEEPER = "budget"  # the keeper's pid file (run/budget.pid); `budget` is in its 
 
 class Cluster:
     def __init__(self, directory: str, nodes: int = 8, health_interval: int = 5,
-                 partitions: Optional[Dict[str, str]] = None, sweep: Optional[Dict[str, object]] = None):
+                 partitions: Optional[Dict[str, str]] = None, sweep: Optional[Dict[str, object]] = None,
+                 gpus: int = 0):
         self.dir = os.path.abspath(directory)
+        # GPU GRES on every node (gres.conf over character devices made here),
+        # so a job with --gres=gpu:N gets SLURM_JOB_GPUS as on a real node; 0: none.
+        self.gpus = gpus
         self.nodes = files.node_names(nodes)
         self.health_interval = health_interval
         self.partitions = partitions
@@ -54,6 +58,8 @@ class Cluster:
         files.write_gpugate_toml(self, gpugate_extra)
         ports = free_ports(len(self.nodes) + 1)
         files.write_file(self.conf, self.rig_slurm_conf(ports))
+        if self.gpus:
+            files.write_gres(self)
         if slurm_version() >= (24, 5):
             # 24.05+ slurmd loads a cgroup plugin even with proctrack/linuxproc
             # and task/none, and fails without a cgroup file system (chroot,

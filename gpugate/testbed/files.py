@@ -2,6 +2,7 @@
 simulated fleet), the shims slurmd runs, and the RebootProgram."""
 
 import os
+import stat
 import sys
 from typing import Dict, List
 
@@ -65,14 +66,31 @@ def rig_slurm_conf(cluster, ports: List[int]) -> str:
         # 26.05.2+: slurmd tells the health check whether slurmctld holds
         # the node in service (SLURM_NODE_IS_HEALTHY); default from 26.11.
         lines.append("SlurmctldParameters=health_check_report")
+    gres = ""
+    if getattr(cluster, "gpus", 0):
+        lines.append("GresTypes=gpu")
+        gres = " Gres=gpu:%d" % cluster.gpus
     for name, port in zip(cluster.nodes, ports[1:]):
         lines.append("NodeName=%s NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=1 "
-                     "RealMemory=100 State=UNKNOWN" % (name, port))
+                     "RealMemory=100%s State=UNKNOWN" % (name, port, gres))
     partitions = cluster.partitions or {"gpu": cluster.nodeset()}
     for i, (part, members) in enumerate(partitions.items()):
         lines.append("PartitionName=%s Nodes=%s Default=%s MaxTime=INFINITE State=UP"
                      % (part, members, "YES" if i == 0 else "NO"))
     return "\n".join(lines) + "\n"
+
+
+def write_gres(cluster) -> None:
+    """gres.conf for the rig's GPU GRES: slurmd wants a character device per
+    GPU (it reads the major and minor for the job's device cgroup); these are
+    nvidia's numbers (195, N) made in the rig's directory, never opened."""
+    dev = cluster.path("dev")
+    os.makedirs(dev, mode=0o755, exist_ok=True)
+    for i in range(cluster.gpus):
+        path = os.path.join(dev, "nvidia%d" % i)
+        if not os.path.exists(path):
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(195, i))
+    write_file(cluster.path("gres.conf"), "Name=gpu File=%s/nvidia[0-%d]\n" % (dev, cluster.gpus - 1))
 
 
 def rig_backend() -> str:

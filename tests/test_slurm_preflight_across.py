@@ -1,0 +1,86 @@
+"""A job's preflight across its nodes through real Slurm (issue 36): jobs
+submitted with sbatch to a real slurmctld, whose slurmds run gpugate's
+prolog on every node of the allocation at once (PrologFlags=Alloc); the
+prologs meet, run the simulated nodes' all_reduce_perf across the nodes
+(real 2-node recordings, the worst node of a run plays), and pin a slow
+node.  The job of one bad node among nine is requeued by Slurm and runs on
+eight good ones."""
+
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+CLUSTER = {"nodes": 9, "interval": 600, "gpus": 8}  # GPU GRES: jobs get SLURM_JOB_GPUS
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def across(cluster):
+    with open(cluster.gpugate_conf, "a") as handle:
+        handle.write(
+            '\n[preflight]\nmin_nodes = 2\ntimeout_seconds = 30\nacross_seconds = 60\nrun_seconds = 20\n'
+            'rendezvous_host = "127.0.0.1"\nport = %d\nports = 1\n'
+            'allreduce = ["%s/{node}/bin/all_reduce_perf", "-b", "8", "-e", "8G", "-g", "{gpus}"]\n'
+            'allreduce_multi = ["%s/{node}/bin/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]\n'
+            % (_free_port(), cluster.fleet, cluster.fleet))
+    return cluster
+
+
+def _submit(cluster, nodes, comment="gpugate-preflight"):
+    out = cluster.path("log", "job-%%j.out")
+    job = cluster.run(["/usr/bin/sbatch", "--parsable", "--exclusive", "--gres=gpu:8", "-N", str(nodes), "--comment", comment,
+                       "-o", out, "--wrap", "srun hostname"]).stdout.strip().split(";")[0]
+    return job
+
+
+def _job(cluster, job):
+    text = cluster.run(["/usr/bin/scontrol", "-o", "show", "job", job], check=False).stdout
+    return dict(word.split("=", 1) for word in text.split() if "=" in word)
+
+
+def _done(cluster, job, timeout=150):
+    cluster.wait_for(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), timeout,
+                     "job %s ends" % job)
+    return _job(cluster, job)
+
+
+def _prolog_records(cluster, job, nodes):
+    return {n: [r for r in cluster.log_records(n) if r.get("mode") == "prolog" and r.get("job") == job]
+            for n in nodes}
+
+
+def test_eight_healthy_nodes_pass_and_the_job_runs(across):
+    job = _submit(across, 8)
+    info = _done(across, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", info
+    nodes = across.nodes[:8]
+    records = _prolog_records(across, job, nodes)
+    for node in nodes:
+        pf = records[node][-1]["preflight"]
+        assert pf["passed"] and pf["across"]["ran"] and pf["across"]["culprits"] == [], (node, pf)
+        assert pf["across"]["why"].startswith("passed: 8 nodes busbw=70.")
+    assert records[nodes[0]][-1]["preflight"]["across"]["first"]
+    assert all("drain" not in across.state(n) for n in across.nodes)
+
+
+def test_one_slow_node_among_nine_is_drained_and_the_job_runs_on_eight_good(across):
+    across.sim("set", "FLEET", "gpu04", "smoke=pair-slow")
+    job = _submit(across, 8)
+    across.wait_for(lambda: "drain" in across.state("gpu04"), 150, "gpu04 drained by the preflight")
+    assert across.reason("gpu04").startswith("gpugate: health preflight=across busbw=17.")
+    info = _done(across, job, timeout=240)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, info
+    from ClusterShell.NodeSet import NodeSet
+
+    ran_on = set(NodeSet(info["NodeList"]))
+    assert "gpu04" not in ran_on and len(ran_on) == 8
+    others = [n for n in across.nodes if n != "gpu04"]
+    assert all("drain" not in across.state(n) for n in others)
+    first = _prolog_records(across, job, ["gpu04"])["gpu04"][0]
+    assert first["action"] == "drain" and first["preflight"]["across"]["culprit"]
