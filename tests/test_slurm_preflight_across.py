@@ -84,3 +84,22 @@ def test_one_slow_node_among_nine_is_drained_and_the_job_runs_on_eight_good(acro
     assert all("drain" not in across.state(n) for n in others)
     first = _prolog_records(across, job, ["gpu04"])["gpu04"][0]
     assert first["action"] == "drain" and first["preflight"]["across"]["culprit"]
+
+
+def test_status_says_what_the_preflights_came_to(across):
+    """After the two jobs above: the audit gathers the nodes' counts, status
+    sums them and names the node a preflight holds out."""
+    import json
+    import sys
+
+    def gpugate(*args):
+        result = across.run([sys.executable, "-m", "gpugate"] + list(args) + ["--config", across.gpugate_conf,
+                                                                             "--json"], check=False, timeout=120)
+        assert "Traceback" not in result.stderr, result.stderr
+        return json.loads(result.stdout)
+
+    gpugate("audit", "--max-age", "0")
+    pf = gpugate("status")["preflight"]
+    assert pf["held_now"] == ["gpu04"] and pf["unreadable"] == []
+    assert pf["across"]["passed"] >= 2 and pf["across"]["culprit"] == 1  # decided by each job's first node
+    assert pf["runs"]["acute"] == 1 and pf["runs"]["passed"] >= 16

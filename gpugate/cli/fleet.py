@@ -90,10 +90,14 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     # Nodes whose health check lock is held past a check's budget (gpugate.node.lock): `gpugate status` says so.
     stuck = {n: a["lock_stuck"] for n, a in answers.items()
              if isinstance(a, dict) and isinstance(a.get("lock_stuck"), dict)}
+    # Each node's job preflight counts (gpugate.preflight.memory): `gpugate status` sums them.
+    preflight = {n: a["preflight"] for n, a in answers.items()
+                 if isinstance(a, dict) and isinstance(a.get("preflight"), dict)}
     result = fold(fleet, baseline, errors)
     try:
         write_json(audit_path(settings), {"at": time.time(), "baseline": settings.baseline, "facts": fleet,
-                                          "partitions": member_of, "config_errors": errors, "locks_stuck": stuck})
+                                          "partitions": member_of, "config_errors": errors, "locks_stuck": stuck,
+                                          "preflight": preflight})
     except OSError as exc:
         click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
     if as_json:

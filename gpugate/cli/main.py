@@ -211,6 +211,9 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
 
     # null, or the health check lock held past a check's whole budget: no check runs on the node.
     out["lock_stuck"] = healthcheck_stuck(settings, node, time.time())
+    from ..preflight.memory import stats
+
+    out["preflight"] = stats(settings, node)  # null before a first job preflight; `gpugate status` sums them
     click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
 
 

@@ -88,6 +88,9 @@ def status(config, as_json, partition, nodes):
     from ..fleet.audit import kernel_log_watch
 
     summary["kernel_log"] = kernel_log_watch(last_audit)  # followers not running, records lost unread
+    from ..fleet.preflight_status import figures
+
+    summary["preflight"] = figures(last_audit, summary["gpugate"], settings.reason_tag, now)
     summary["repeat_offenders"] = repeat_offenders(
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))

@@ -243,6 +243,9 @@ def render_text(summary: dict) -> str:
                      "holder ends (log line lock_stuck=...). First: %s" % (
                          len(stuck["nodes"]), format_age(stuck.get("age")), stuck["hostlist"], stuck["first"]))
     lines += _kernel_log_lines(summary.get("kernel_log"))
+    from .preflight_status import lines as preflight_lines
+
+    lines += preflight_lines(summary.get("preflight"), format_age)
     backend = summary.get("slurm_backend")
     if backend:
         lines.append("")

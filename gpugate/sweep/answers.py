@@ -20,6 +20,7 @@ _FIELDS: Dict[str, Tuple[type, ...]] = {
     "error": _OPT_TEXT, "config_error": _OPT_TEXT, "findings": (list,), "pending": (list,),
     "baseline": (dict, type(None)), "facts": (dict, type(None)), "gpus": (list, type(None)), "steps": (list,),
     "parts": (list,), "lock_stuck": (dict, type(None)), "seconds": _NUMBER + (dict, type(None)),
+    "preflight": (dict, type(None)),
 }
 _SCALAR = (str, int, float, bool, type(None))  # rendered with str(): any scalar reads
 # A finding's class and component key tables (findings.py), its GPU sorts with others'.
