@@ -178,3 +178,14 @@ def test_a_stranger_on_the_port_cannot_join_or_answer(settings_for, fleet8, tmp_
     t.join(30)
     assert said and b'"kind": "greeting"' in said[0] and said[-1] == b"", said
     assert all(a.ran and a.why.startswith("passed") for a in out.values())
+
+
+def test_the_job_note_says_what_was_proved_and_stays_one_short_ascii_line():
+    from gpugate.preflight.note import job_note
+
+    note = job_note({"seconds": {"dcgm": 61.2, "allreduce": 4.04}, "seconds_total": 70.31, "passed": True,
+                     "across": {"culprits": ["gpu04"], "rounds": 4, "why": "culprit gpu04 in 4 rounds"}})
+    assert note == ("gpugate preflight 70.3s: this node: dcgm 61.2s, all_reduce 4.0s; across: culprit gpu04 "
+                    "drained, the job requeued (4 rounds)")
+    long = job_note({"seconds_total": 1, "across": {"why": "undecided: \u2028" + "x" * 400, "rounds": 1}})
+    assert len(long) <= 240 and long.isascii() and "\n" not in long and "\u2028" not in long

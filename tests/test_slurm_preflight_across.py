@@ -67,6 +67,10 @@ def test_eight_healthy_nodes_pass_and_the_job_runs(across):
         assert pf["across"]["why"].startswith("passed: 8 nodes busbw=70.")
     assert records[nodes[0]][-1]["preflight"]["across"]["first"]
     assert all("drain" not in across.state(n) for n in across.nodes)
+    # The first node says in the job's AdminComment what was proved and how long it took.
+    shown = across.run(["/usr/bin/scontrol", "show", "job", job]).stdout
+    assert "AdminComment=gpugate preflight " in shown and "across: passed: 8 nodes busbw=70." in shown, shown
+    assert "Comment=gpugate-preflight" in shown  # the user's own comment is left as it is
 
 
 def test_one_slow_node_among_nine_is_drained_and_the_job_runs_on_eight_good(across):

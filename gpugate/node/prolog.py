@@ -120,6 +120,8 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
         if across.finding is not None:
             proof.findings.append(across.finding)
     record["preflight"]["seconds_total"] = round(time.monotonic() - started, 3)
+    if across is not None and across.first:
+        _note_job(settings, record)
     boot_id = files.boot_id(settings.node_root(node))
     try:  # the health check judges a budgeted finding again, and writes the counts (gpugate.preflight.memory)
         memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
@@ -152,6 +154,27 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     me = Member(node, memory.outcome(proof.findings, proof.undecided), whole is not None and len(gpus) >= whole)
     run_rank = run_rank_command(settings, node, gpus, baseline.vendor_for(node) == "amd")
     return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
+
+
+def _note_job(settings, record: dict) -> None:
+    """The job's first node says in the job's AdminComment what was proved
+    and how long it took (one RPC per preflighted job, none per node; a
+    failure is only logged: the note is for people)."""
+    from ..errors import GpugateError
+    from ..preflight.note import job_note
+    from ..slurm import connect
+
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return
+    try:
+        slurm = connect(settings, timeout=5.0)
+        try:
+            slurm.note_job(job, job_note(record["preflight"]))
+        finally:
+            slurm.close()
+    except (GpugateError, OSError) as exc:
+        record["preflight"]["note_error"] = str(exc)[:200]
 
 
 def _decided(across, node: str) -> str:

@@ -173,6 +173,11 @@ class CommandSlurm(NodeUpdates):
         """The node's whole Comment (gpugate.slurm.pending builds it)."""
         self._run("scontrol", ["update", "NodeName=" + name, "Comment=" + comment])
 
+    def note_job(self, job: str, text: str) -> None:
+        """The job's AdminComment (root's, shown by scontrol show job and
+        sacct; the user's --comment is left as it is)."""
+        self._run("scontrol", ["update", "JobId=" + job, "AdminComment=" + text])
+
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
         self._run("scancel", ["--nodelist=" + names, "--full"])

@@ -291,6 +291,12 @@ class PyslurmSlurm(NodeUpdates):
         self.tools.deadline = self.deadline
         self.tools.set_comment(name, comment)
 
+    def note_job(self, job: str, text: str) -> None:
+        """The job's AdminComment, through scontrol: pyslurm's job update
+        sends a whole job description, which is more than a note needs."""
+        self.tools.deadline = self.deadline
+        self.tools.note_job(job, text)
+
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
         from ClusterShell.NodeSet import NodeSet
