@@ -189,3 +189,32 @@ def test_the_job_note_says_what_was_proved_and_stays_one_short_ascii_line():
                     "drained, the job requeued (4 rounds)")
     long = job_note({"seconds_total": 1, "across": {"why": "undecided: \u2028" + "x" * 400, "rounds": 1}})
     assert len(long) <= 240 and long.isascii() and "\n" not in long and "\u2028" not in long
+
+
+def test_amd_nodes_prove_themselves_across_with_rccl_tests(settings_for, tmp_path):
+    """Four MI300X nodes (the mixed example baseline, no pair floor: judged
+    on errors and values): one whose rccl-tests rank aborts is pinned."""
+    from gpugate.baseline import load_baseline
+
+    from conftest import ROOT
+
+    mixed = os.path.join(ROOT, "slurm_conf", "baseline.mixed.example.toml")
+    path = str(tmp_path / "amd")
+    assert gpugate_cmd("sim", "init", path, "--nodes", "mi[001-004]", "--baseline", mixed).returncode == 0
+    _sim(path, "mi003", "smoke=rccl-abort-mi210")
+    settings = _settings(settings_for, path, tmp_path)
+    baseline = load_baseline(mixed)
+    nodes = ["mi001", "mi002", "mi003", "mi004"]
+    out, started = {}, time.monotonic()
+
+    def one(node):
+        out[node] = prove_across(settings, baseline, "77", nodes, Member(node, "passed", True),
+                                 run_rank_command(settings, node, EVERY_GPU, True), started)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [n for n, a in out.items() if a.finding] == ["mi003"]
+    assert out["mi003"].finding.observed.startswith("across ")
