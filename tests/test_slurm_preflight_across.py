@@ -10,7 +10,8 @@ import socket
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+# long: out of the default run (a minute of real jobs); CI runs it on 22.05 and every --release.
+pytestmark = [pytest.mark.slurm, pytest.mark.long]
 CLUSTER = {"nodes": 9, "interval": 600, "gpus": 8}  # GPU GRES: jobs get SLURM_JOB_GPUS
 
 
