@@ -218,3 +218,16 @@ def test_amd_nodes_prove_themselves_across_with_rccl_tests(settings_for, tmp_pat
         t.join(120)
     assert [n for n, a in out.items() if a.finding] == ["mi003"]
     assert out["mi003"].finding.observed.startswith("across ")
+
+
+def test_a_rank_that_hangs_is_stopped_at_rank_0s_budget_and_pinned(settings_for, fleet8, tmp_path):
+    """A node whose rank never ends (a wedged HCA): every run it is in ends
+    at run_seconds on every node, so the next round's instruction is heard,
+    and halving pins it."""
+    _sim(fleet8, "gpu02", "smoke=hang")
+    started = time.monotonic()
+    out = _job(_settings(settings_for, fleet8, tmp_path, run_seconds=2), NODES[:4])
+    assert [n for n, a in out.items() if a.finding] == ["gpu02"]
+    assert out["gpu02"].finding.observed.startswith("across timeout=")
+    assert all(a.rounds == 3 for a in out.values())
+    assert time.monotonic() - started < 20  # three rounds of 2 s, not the whole deadline

@@ -148,10 +148,13 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     from ..preflight.select import job_nodes
 
     nodes = job_nodes(os.environ)
-    if not settings.preflight["allreduce_multi"] or len(nodes) < 2 or node not in nodes or not gpus:
+    if not settings.preflight["allreduce_multi"] or len(nodes) < 2 or node not in nodes:
         return None
-    whole = baseline.expect_for(node).gpus
-    me = Member(node, memory.outcome(proof.findings, proof.undecided), whole is not None and len(gpus) >= whole)
+    # A node whose GPUs for the job are unknown still comes to the meeting
+    # (as not whole): the others hear at once that no collective runs.
+    gpus, whole = gpus or [], baseline.expect_for(node).gpus
+    me = Member(node, memory.outcome(proof.findings, proof.undecided), bool(gpus) and whole is not None
+                and len(gpus) >= whole)
     run_rank = run_rank_command(settings, node, gpus, baseline.vendor_for(node) == "amd")
     return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
 

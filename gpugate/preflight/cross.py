@@ -82,6 +82,8 @@ def prove_across(settings, baseline, job: str, nodes: Sequence[str], me: Member,
             result = _join(key, job, rendezvous(cfg, nodes[0]), port, me, run_rank, deadline)
     except MeetError as exc:
         result = Across(False, None, "undecided: the meeting broke: %s" % exc)
+    except Exception as exc:  # noqa: BLE001 - a proof that cannot decide never takes capacity (no prolog error)
+        result = Across(False, None, "undecided: %s: %s" % (type(exc).__name__, str(exc)[:200]))
     result.seconds, result.first = time.monotonic() - begun, me.node == nodes[0]
     return result
 
@@ -98,7 +100,10 @@ def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float) 
         while True:
             body = channel.receive(deadline)
             if body["kind"] == "run":
-                answer = run_rank(body, deadline)
+                # Rank 0's budget for this run: a rank still running when rank 0 moved on would miss the next.
+                seconds = body.get("seconds")
+                seconds = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0
+                answer = run_rank(body, min(deadline, time.monotonic() + max(0.0, seconds)))
                 channel.send("result", deadline, **answer)
             elif body["kind"] == "verdict":
                 return _from_verdict(body)
@@ -122,7 +127,8 @@ def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_
     finally:
         server.close()
     try:
-        verdicts = _decide(settings, baseline, nodes, me, members, joined, run_rank, port, deadline)
+        # The rounds end before the deadline the other nodes wait to, so the verdict reaches them.
+        verdicts = _decide(settings, baseline, nodes, me, members, joined, run_rank, port, deadline - 3.0)
         told = max(deadline, time.monotonic() + 2.0)  # the verdict goes out even after a round that ran late
         for node, channel in members.items():
             if channel is None:
@@ -267,7 +273,7 @@ def _one_rank(node, instruction, me, channels, run_rank, until) -> dict:
         return run_rank(instruction, until)
     channel = channels[node]
     try:
-        channel.send("run", until, **instruction)
+        channel.send("run", until, seconds=round(until - time.monotonic(), 3), **instruction)
         body = channel.receive(until + 5.0)  # the rank's own deadline is ``until``; the answer travels after it
         if body["kind"] != "result":
             raise MeetError("not a result")
