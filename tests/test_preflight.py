@@ -323,3 +323,15 @@ def test_a_nodeset_without_a_gpu_count_is_never_held_to_a_whole_nodes_floor(sett
     proof = prove(_settings(settings_for, amd_fleet), Unpinned(load_baseline(MIXED)), "mi001", [0, 1],
                   time.monotonic() + 60)
     assert "RVS tests every GPU; the job has 2 of ?" in proof.undecided[0]
+
+
+def test_a_whole_node_job_without_gpu_gres_gets_every_gpu_and_a_shared_one_none():
+    from gpugate.preflight.select import exclusive_gpus, job_nodes
+
+    assert exclusive_gpus({"SLURM_JOB_OVERSUBSCRIBE": "NO"}, 8) == list(range(8))
+    for env, count in (({"SLURM_JOB_OVERSUBSCRIBE": "YES"}, 8), ({"SLURM_JOB_OVERSUBSCRIBE": "USER"}, 8),
+                       ({}, 8), ({"SLURM_JOB_OVERSUBSCRIBE": "NO"}, None)):
+        assert exclusive_gpus(env, count) is None  # shared, unknown, or a count the baseline does not pin
+    assert job_nodes({"SLURM_JOB_NODELIST": "gpu[03-04],gpu01"}) == ["gpu01", "gpu03", "gpu04"]
+    assert job_nodes({"SLURM_NODELIST": "gpu[01-02]"}) == ["gpu01", "gpu02"]  # 22.05's name
+    assert job_nodes({"SLURM_JOB_NODELIST": "gpu[01-"}) == [] and job_nodes({}) == []
