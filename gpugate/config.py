@@ -213,6 +213,9 @@ _PREFLIGHT = Table({
     "ports": (Int(1, 512), 64),
     "across_seconds": (Number(5, 3600), 300.0),  # meeting, collective and culprit search, after timeout_seconds
     "run_seconds": (Number(2, 3600), 60.0),  # one collective
+    # A failure across the nodes no node could be pinned for: the job starts,
+    # or is requeued once (its first start only: SLURM_JOB_RESTART_COUNT=0).
+    "undecided": (Choice("start", "requeue_once"), "start"),
 })
 
 _CONFIG = Table({

@@ -107,10 +107,15 @@ def test_nhc_failing_alone_gpugate_keeps_hands_off(nhc_cluster):
     c = nhc_cluster
     reason = _drained_with(c, "gpu01", "NHC:", _nhc_failed)
     assert "fail-gpu01" in reason
-    later = _after_runs(c, "gpu01")
+    later = _after_runs(c, "gpu01", 3)
     assert c.reason("gpu01") == reason and "drain" in c.state("gpu01")
-    assert all(r["verdict"] == "fit" and r["nhc"]["result"] == "failed" for r in later)
-    assert all(r["why"] == "NHC failed: gpugate lifts no drain this run" for r in later)
+    # A run that found slurmd's own check still running judged nothing (skipped); on a loaded
+    # machine NHC can pass its 3 s and be killed (timed out): neither lifts the drain.
+    judged = [r for r in later if r["verdict"] != "skipped"]
+    assert judged and all(r["verdict"] == "fit" for r in judged), later
+    assert {r["nhc"]["result"] for r in judged} <= {"failed", "timed out"}, later
+    failed = [r for r in judged if r["nhc"]["result"] == "failed"]
+    assert failed and all(r["why"] == "NHC failed: gpugate lifts no drain this run" for r in failed), later
     # NHC's fault clears: NHC lifts its own drain.
     _flag(c, "fail", "gpu01", False)
     c.wait_for(lambda: c.state("gpu01") == "idle", 3 * INTERVAL + 15, "gpu01 resumed by NHC")

@@ -121,7 +121,7 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
             proof.findings.append(across.finding)
     record["preflight"]["seconds_total"] = round(time.monotonic() - started, 3)
     if across is not None and across.first:
-        _note_job(settings, record)
+        _note_job(settings, record, _requeue_once(settings, across))
     boot_id = files.boot_id(settings.node_root(node))
     try:  # the health check judges a budgeted finding again, and writes the counts (gpugate.preflight.memory)
         memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
@@ -159,10 +159,17 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
 
 
-def _note_job(settings, record: dict) -> None:
+def _requeue_once(settings, across) -> bool:
+    """``[preflight] undecided = "requeue_once"``: a collective that failed
+    with no node pinned requeues the job on its first start only."""
+    return (settings.preflight["undecided"] == "requeue_once" and across.ran and not across.culprits
+            and not across.why.startswith("passed") and os.environ.get("SLURM_JOB_RESTART_COUNT") == "0")
+
+
+def _note_job(settings, record: dict, requeue: bool) -> None:
     """The job's first node says in the job's AdminComment what was proved
-    and how long it took (one RPC per preflighted job, none per node; a
-    failure is only logged: the note is for people)."""
+    and how long it took (one RPC per preflighted job, none per node), and
+    requeues it where the site asked; a failure is only logged."""
     from ..errors import GpugateError
     from ..preflight.note import job_note
     from ..slurm import connect
@@ -170,14 +177,18 @@ def _note_job(settings, record: dict) -> None:
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return
+    pf = record["preflight"]
     try:
         slurm = connect(settings, timeout=5.0)
         try:
-            slurm.note_job(job, job_note(record["preflight"]))
+            if requeue:
+                slurm.requeue_job(job)
+                pf["requeued"] = True
+            slurm.note_job(job, job_note(pf, requeued=requeue))
         finally:
             slurm.close()
     except (GpugateError, OSError) as exc:
-        record["preflight"]["note_error"] = str(exc)[:200]
+        pf["note_error"] = str(exc)[:200]
 
 
 def _decided(across, node: str) -> str:

@@ -5,7 +5,7 @@ the prolog's log record of the preflight in, one ASCII line out."""
 _CAP = 240
 
 
-def job_note(pf: dict) -> str:
+def job_note(pf: dict, requeued: bool = False) -> str:
     across = pf.get("across") or {}
     parts = []
     seconds = pf.get("seconds") or {}
@@ -17,8 +17,8 @@ def job_note(pf: dict) -> str:
         verdict = "culprit %s drained, the job requeued" % ",".join(across["culprits"][:4])
     else:
         verdict = str(across.get("why") or ("passed" if pf.get("passed") else "undecided"))
-    text = "gpugate preflight %.1fs: %s; across: %s (%d round%s)" % (
+    text = "gpugate preflight %.1fs: %s; across: %s (%d round%s)%s" % (
         float(pf.get("seconds_total") or 0.0), own, verdict, int(across.get("rounds") or 0),
-        "" if across.get("rounds") == 1 else "s")
+        "" if across.get("rounds") == 1 else "s", "; requeued once" if requeued else "")
     text = "".join(c if 32 <= ord(c) < 127 else "?" for c in text)
     return text if len(text) <= _CAP else text[:_CAP - 2] + ".."

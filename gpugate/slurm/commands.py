@@ -178,6 +178,10 @@ class CommandSlurm(NodeUpdates):
         sacct; the user's --comment is left as it is)."""
         self._run("scontrol", ["update", "JobId=" + job, "AdminComment=" + text])
 
+    def requeue_job(self, job: str) -> None:
+        """Put a running (or starting) batch job back in the queue."""
+        self._run("scontrol", ["requeue", job])
+
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
         self._run("scancel", ["--nodelist=" + names, "--full"])

@@ -297,6 +297,11 @@ class PyslurmSlurm(NodeUpdates):
         self.tools.deadline = self.deadline
         self.tools.note_job(job, text)
 
+    def requeue_job(self, job: str) -> None:
+        """Through scontrol, as note_job."""
+        self.tools.deadline = self.deadline
+        self.tools.requeue_job(job)
+
     def cancel_jobs(self, names: str) -> None:
         """Cancel every job on these nodes (the sweep's --force)."""
         from ClusterShell.NodeSet import NodeSet
