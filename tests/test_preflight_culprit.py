@@ -44,10 +44,12 @@ def test_one_bad_node_is_found_in_log2_rounds(n, data):
     found = search(nodes, _runner({bad}, calls))
     assert found.culprits == [bad]
     assert all(found.verdicts[x] == GOOD for x in nodes if x != bad)  # the rest proven, none left unknown
-    assert found.rounds <= math.ceil(math.log2(n)) + 2
-    assert bad in found.pinned_by[bad].nodes and found.pinned_by[bad].outcome == FAIL
-    partner = [x for x in found.pinned_by[bad].nodes if x != bad]
-    assert len(partner) == 1 and found.verdicts[partner[0]] == GOOD
+    assert found.rounds <= math.ceil(math.log2(n)) + 3
+    first, second = found.first_strike[bad], found.pinned_by[bad]
+    assert first.outcome == second.outcome == FAIL
+    # Two proven partners, the second hosting the run (its first node: the collective's rendezvous).
+    assert first.nodes[0] == bad and second.nodes[1] == bad and first.nodes[1] != second.nodes[0]
+    assert found.verdicts[first.nodes[1]] == GOOD and found.verdicts[second.nodes[0]] == GOOD
 
 
 @given(st.integers(2, 120), st.data())
@@ -73,9 +75,10 @@ def test_a_culprit_always_failed_with_a_partner_proven_in_a_passing_run(n, data)
     found = search(nodes, _runner(set(), [], lambda g: next(it)), max_rounds=20)
     passed = {x for r in found.runs if r.outcome == PASS for x in r.nodes}
     for culprit in found.culprits:
-        run = found.pinned_by[culprit]
-        assert run.outcome == FAIL and len(run.nodes) == 2 and run.nodes[0] == culprit
-        assert run.nodes[1] in passed and culprit not in passed
+        first, second = found.first_strike[culprit], found.pinned_by[culprit]
+        assert first.outcome == second.outcome == FAIL and len(first.nodes) == len(second.nodes) == 2
+        assert first.nodes[0] == culprit == second.nodes[1] and first.nodes[1] != second.nodes[0]
+        assert first.nodes[1] in passed and second.nodes[0] in passed and culprit not in passed
     for node, verdict in found.verdicts.items():
         assert verdict in (GOOD, CULPRIT, UNKNOWN)
         assert verdict != GOOD or node in passed
@@ -97,6 +100,7 @@ def test_three_nodes_with_the_bad_one_alone_are_told_apart():
     calls = []
     found = search(_names(3), _runner({"gpu001"}, calls))
     assert found.culprits == ["gpu001"] and calls[1] == [("gpu002", "gpu003")]
+    assert calls[2:] == [[("gpu001", "gpu002")], [("gpu003", "gpu001")]]  # two proven partners, one after the other
 
 
 def test_a_failure_that_follows_no_node_pins_none():

@@ -154,7 +154,7 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     # (as not whole): the others hear at once that no collective runs.
     gpus, whole = gpus or [], baseline.expect_for(node).gpus
     me = Member(node, memory.outcome(proof.findings, proof.undecided), bool(gpus) and whole is not None
-                and len(gpus) >= whole)
+                and len(gpus) >= whole, baseline.expect_for(node).product or "")
     run_rank = run_rank_command(settings, node, gpus, baseline.vendor_for(node) == "amd")
     return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
 
@@ -162,8 +162,8 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
 def _requeue_once(settings, across) -> bool:
     """``[preflight] undecided = "requeue_once"``: a collective that failed
     with no node pinned requeues the job on its first start only."""
-    return (settings.preflight["undecided"] == "requeue_once" and across.ran and not across.culprits
-            and not across.why.startswith("passed") and os.environ.get("SLURM_JOB_RESTART_COUNT") == "0")
+    return (settings.preflight["undecided"] == "requeue_once" and across.failed and not across.culprits
+            and os.environ.get("SLURM_JOB_RESTART_COUNT") == "0")
 
 
 def _note_job(settings, record: dict, requeue: bool) -> None:
@@ -178,17 +178,24 @@ def _note_job(settings, record: dict, requeue: bool) -> None:
     if not job.isdigit():
         return
     pf = record["preflight"]
-    try:
-        slurm = connect(settings, timeout=5.0)
-        try:
-            if requeue:
-                slurm.requeue_job(job)
-                pf["requeued"] = True
-            slurm.note_job(job, job_note(pf, requeued=requeue))
-        finally:
-            slurm.close()
+    try:  # both calls within 5 s: the prolog's own margin (README: PrologEpilogTimeout)
+        slurm = connect(settings, deadline=time.monotonic() + 5.0)
     except (GpugateError, OSError) as exc:
         pf["note_error"] = str(exc)[:200]
+        return
+    try:
+        if requeue:
+            try:
+                slurm.requeue_job(job)
+                pf["requeued"] = True
+            except (GpugateError, OSError) as exc:  # e.g. a --no-requeue job: the note still says what was found
+                pf["requeue_error"] = str(exc)[:200]
+        try:
+            slurm.note_job(job, job_note(pf, requeued=bool(pf.get("requeued"))))
+        except (GpugateError, OSError) as exc:
+            pf["note_error"] = str(exc)[:200]
+    finally:
+        slurm.close()
 
 
 def _decided(across, node: str) -> str:

@@ -18,6 +18,7 @@ whose own proof already failed (Slurm requeues the job for it), a job on
 part of a node's GPUs (another job's traffic shares the fabric), a
 command that cannot run, a meeting that breaks."""
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -27,7 +28,7 @@ from ..record import dataclass
 from . import culprit as search_mod
 from .meet import Channel, MeetError, connect, listen, port_for
 
-_OUTPUT_CAP = 64 * 1024
+_OUTPUT_CAP = 32 * 1024  # characters: a JSON-escaped answer stays under meet.LINE_CAP
 _JOIN_GRACE = 15.0  # a peer's own proof ends within its timeout; prologs start within seconds
 
 
@@ -42,11 +43,12 @@ class Across:
     busbw_gbps: Optional[float] = None  # the whole job's first run
     seconds: float = 0.0
     first: bool = False  # this node decided (the job's first node)
+    failed: bool = False  # the first run across every node failed (not merely undecided)
 
     def to_json(self) -> dict:
         return {"ran": self.ran, "culprit": self.finding is not None, "why": self.why, "rounds": self.rounds,
                 "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps, "seconds": round(self.seconds, 3),
-                "first": self.first}
+                "first": self.first, "failed": self.failed}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Member:
     node: str
     own: str  # passed | acute | budgeted | undecided (its own proof, gpugate.preflight.memory.outcome)
     whole: bool  # the job has every GPU of the node
+    product: str = ""  # the node's GPU product, for the floor ("": unknown, no floor)
 
 
 RunRank = Callable[[dict, float], dict]  # (run instruction, deadline) -> {"rc", "output", "timed_out", "error"}
@@ -74,12 +77,12 @@ def prove_across(settings, baseline, job: str, nodes: Sequence[str], me: Member,
     except KeyUnavailable as exc:
         return Across(False, None, "not run: %s" % exc)
     port = port_for(int(cfg["port"]), int(cfg["ports"]), job)
+    join_by = min(deadline - 2.0, started + float(cfg["timeout_seconds"]) + _JOIN_GRACE)
     try:
         if me.node == nodes[0]:
-            result = _coordinate(settings, baseline, key, job, list(nodes), me, run_rank, port, deadline,
-                                 join_by=min(deadline - 2.0, started + float(cfg["timeout_seconds"]) + _JOIN_GRACE))
+            result = _coordinate(settings, baseline, key, job, list(nodes), me, run_rank, port, deadline, join_by)
         else:
-            result = _join(key, job, rendezvous(cfg, nodes[0]), port, me, run_rank, deadline)
+            result = _join(key, job, rendezvous(cfg, nodes[0]), port, me, run_rank, deadline, join_by + 2.0)
     except MeetError as exc:
         result = Across(False, None, "undecided: the meeting broke: %s" % exc)
     except Exception as exc:  # noqa: BLE001 - a proof that cannot decide never takes capacity (no prolog error)
@@ -92,18 +95,24 @@ def rendezvous(cfg, node: str) -> str:
     return str(cfg["rendezvous_host"]).replace("{node}", node)
 
 
-def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float) -> Across:
-    channel = Channel(connect(host, port, deadline), key, job)
+def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float, join_by: float) -> Across:
+    channel = Channel(connect(host, port, join_by), key, job)
     try:
         channel.receive(deadline, first=True)  # the greeting: rank 0 holds the key
-        channel.send("join", deadline, node=me.node, own=me.own, whole=me.whole)
+        # The time this node has left: rank 0 ends its rounds within every node's.
+        channel.send("join", deadline, node=me.node, own=me.own, whole=me.whole, product=me.product,
+                     left=round(deadline - time.monotonic(), 3))
         while True:
             body = channel.receive(deadline)
             if body["kind"] == "run":
                 # Rank 0's budget for this run: a rank still running when rank 0 moved on would miss the next.
                 seconds = body.get("seconds")
                 seconds = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0
-                answer = run_rank(body, min(deadline, time.monotonic() + max(0.0, seconds)))
+                if time.monotonic() + seconds > deadline + 0.5:
+                    answer = {"rc": None, "output": "", "timed_out": False,
+                              "error": "%s: less time left than the run's %.0fs" % (me.node, seconds)}
+                else:
+                    answer = run_rank(body, time.monotonic() + max(0.0, seconds))
                 channel.send("result", deadline, **answer)
             elif body["kind"] == "verdict":
                 return _from_verdict(body)
@@ -116,20 +125,21 @@ def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float) 
 def _from_verdict(body: dict) -> Across:
     finding = Finding.from_json(body["finding"]) if body.get("finding") else None
     return Across(bool(body.get("ran")), finding, str(body.get("why", ""))[:300], int(body.get("rounds") or 0),
-                  tuple(body.get("culprits") or ()), body.get("busbw_gbps"))
+                  tuple(body.get("culprits") or ()), body.get("busbw_gbps"), failed=bool(body.get("failed")))
 
 
 def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_rank: RunRank, port: int,
                 deadline: float, join_by: float) -> Across:
     server = listen(port)
     try:
-        members, joined = _gather(server, key, job, nodes, me, join_by)
+        members, joined, left = _gather(server, key, job, nodes, me, join_by)
     finally:
         server.close()
     try:
-        # The rounds end before the deadline the other nodes wait to, so the verdict reaches them.
+        # The rounds end 3 s before the nearest of every node's own deadline, so the verdict reaches them all.
+        deadline = min([deadline] + [time.monotonic() + s for s in left])
         verdicts = _decide(settings, baseline, nodes, me, members, joined, run_rank, port, deadline - 3.0)
-        told = max(deadline, time.monotonic() + 2.0)  # the verdict goes out even after a round that ran late
+        told = max(deadline, time.monotonic() + 0.5)
         for node, channel in members.items():
             if channel is None:
                 continue
@@ -145,13 +155,16 @@ def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_
 
 
 def _gather(server, key, job, nodes, me: Member, join_by: float
-            ) -> Tuple[Dict[str, Optional[Channel]], Dict[str, Member]]:
-    """Every other node's signed join, until ``join_by``; a connection that
-    does not verify is dropped (anyone may connect to a port)."""
+            ) -> Tuple[Dict[str, Optional[Channel]], Dict[str, Member], List[float]]:
+    """Every other node's signed join, until ``join_by``, and the seconds
+    each has left; a connection that does not verify within 2 s is dropped
+    (anyone may connect to the port: a stranger costs the meeting that
+    much, and a meeting that runs out decides nothing)."""
     import socket
 
     members: Dict[str, Optional[Channel]] = {me.node: None}
     joined: Dict[str, Member] = {me.node: me}
+    left: List[float] = []
     wanted = set(nodes)
     while set(joined) != wanted and time.monotonic() < join_by:
         server.settimeout(max(0.05, join_by - time.monotonic()))
@@ -163,17 +176,21 @@ def _gather(server, key, job, nodes, me: Member, join_by: float
             continue
         channel = Channel(sock, key, job)
         try:
-            channel.send("greeting", min(join_by, time.monotonic() + 5))
-            body = channel.receive(min(join_by, time.monotonic() + 5), first=True)
+            channel.send("greeting", min(join_by, time.monotonic() + 2))
+            body = channel.receive(min(join_by, time.monotonic() + 2), first=True)
             node = body.get("node")
             if body["kind"] != "join" or node not in wanted or node in joined:
                 raise MeetError("not a join of this job's")
-        except MeetError:
+            seconds = body.get("left")
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+                raise MeetError("a join without its time left")
+        except Exception:  # noqa: BLE001 - whatever a stranger sends ends its connection, not the meeting
             channel.close()
             continue
         members[node] = channel
-        joined[node] = Member(node, str(body.get("own")), bool(body.get("whole")))
-    return members, joined
+        left.append(float(seconds))
+        joined[node] = Member(node, str(body.get("own")), bool(body.get("whole")), str(body.get("product") or ""))
+    return members, joined, left
 
 
 @dataclass
@@ -184,13 +201,16 @@ class _Verdict:
     rounds: int
     culprits: Tuple[str, ...]
     busbw_gbps: Optional[float]
+    failed: bool = False
 
     def to_wire(self) -> dict:
         return {"ran": self.ran, "finding": self.finding.to_json() if self.finding else None, "why": self.why,
-                "rounds": self.rounds, "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps}
+                "rounds": self.rounds, "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps,
+                "failed": self.failed}
 
     def across(self) -> Across:
-        return Across(self.ran, self.finding, self.why, self.rounds, self.culprits, self.busbw_gbps)
+        return Across(self.ran, self.finding, self.why, self.rounds, self.culprits, self.busbw_gbps,
+                      failed=self.failed)
 
 
 def _decide(settings, baseline, nodes, me, members, joined: Dict[str, Member], run_rank, port, deadline
@@ -199,7 +219,8 @@ def _decide(settings, baseline, nodes, me, members, joined: Dict[str, Member], r
     if why:
         return {n: _Verdict(False, None, why, 0, (), None) for n in nodes}
     channels = {n: c for n, c in members.items() if c is not None}
-    run_groups = _group_runner(settings, baseline, nodes, me, channels, run_rank, port, deadline)
+    run_groups = _group_runner(settings, baseline.smoke_min_pair_busbw, joined, me, channels, run_rank, port,
+                               deadline)
     found = search_mod.search(nodes, run_groups)
     first = found.runs[0] if found.runs else None
     busbw = _busbw(first.problem) if first is not None and first.outcome == search_mod.PASS else None
@@ -208,18 +229,19 @@ def _decide(settings, baseline, nodes, me, members, joined: Dict[str, Member], r
         finding = None
         if found.verdicts.get(node) == search_mod.CULPRIT:
             run = found.pinned_by[node]
-            partner = [n for n in run.nodes if n != node][0]
-            finding = Finding(HEALTH, "preflight", "across %s pair=%s" % (run.problem, partner),
+            partners = [n for r in (found.first_strike[node], run) for n in r.nodes if n != node]
+            finding = Finding(HEALTH, "preflight", "across %s pairs=%s" % (run.problem, ",".join(partners)),
                               run.expected or "a pass", INVESTIGATE,
-                              detail="failed the all_reduce across %d nodes, then with %s (proven)" % (
-                                  len(nodes), partner))
+                              detail="failed the all_reduce across %d nodes, then with %s (each proven)" % (
+                                  len(nodes), " and ".join(partners)))
         if found.culprits:
             text = "culprit %s in %d rounds" % (",".join(found.culprits), found.rounds)
         elif first is not None and first.outcome == search_mod.PASS:
             text = "passed: %d nodes%s" % (len(nodes), " busbw=%sGB/s" % busbw if busbw is not None else "")
         else:
             text = "undecided: %s" % found.why
-        out[node] = _Verdict(True, finding, text[:300], found.rounds, tuple(found.culprits), busbw)
+        out[node] = _Verdict(True, finding, text[:300], found.rounds, tuple(found.culprits), busbw,
+                             failed=first is not None and first.outcome == search_mod.FAIL)
     return out
 
 
@@ -244,7 +266,7 @@ def _busbw(problem: str) -> Optional[float]:
         return None
 
 
-def _group_runner(settings, baseline, nodes, me, channels, run_rank, port, deadline):
+def _group_runner(settings, floors, joined, me, channels, run_rank, port, deadline):
     cfg = settings.preflight
 
     def run_groups(groups: List[Tuple[str, ...]]) -> List[search_mod.GroupRun]:
@@ -255,15 +277,16 @@ def _group_runner(settings, baseline, nodes, me, channels, run_rank, port, deadl
         jobs = []
         for group in groups:
             root = rendezvous(cfg, group[0])
+            token = os.urandom(16).hex()  # the run's own secret, for a site's rank script to check its peers with
             for rank, node in enumerate(group):
                 jobs.append((group, node, {"rank": rank, "nranks": len(group), "root": root, "port": port + 1,
-                                           "nodes": ",".join(group)}))
+                                           "nodes": ",".join(group), "token": token}))
         with ThreadPoolExecutor(max(1, len(jobs))) as pool:
             answers = list(pool.map(lambda j: _one_rank(j[1], j[2], me, channels, run_rank, until), jobs))
         by_group: Dict[Tuple[str, ...], List[dict]] = {}
         for (group, _, _), answer in zip(jobs, answers):
             by_group.setdefault(group, []).append(answer)
-        return [_judge_group(baseline, group, by_group[group], until) for group in groups]
+        return [_judge_group(joined, floors, group, by_group[group], until) for group in groups]
 
     return run_groups
 
@@ -290,7 +313,7 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
     from ..sweep.smoke import template
 
     def run_rank(instruction: dict, until: float) -> dict:
-        fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes")}
+        fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes", "token")}
         argv = []
         for word in template(settings.preflight["allreduce_multi"], node, len(gpus), fields["nodes"]):
             for name, value in fields.items():
@@ -301,7 +324,7 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
         env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         env.update({"GPUGATE_PREFLIGHT_" + k.upper(): v for k, v in fields.items()})
         try:
-            result = run(argv, until - time.monotonic(), env=env, ok_codes=range(256),
+            result = run(argv, until - time.monotonic(), env=env, ok_codes=range(-64, 256),  # a signal too
                          max_stdout=_OUTPUT_CAP, max_stderr=_OUTPUT_CAP)
         except CommandError as exc:
             return {"rc": None, "output": "", "timed_out": bool(exc.timed_out),
@@ -312,7 +335,7 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
     return run_rank
 
 
-def _judge_group(baseline, group, answers: List[dict], until: float) -> search_mod.GroupRun:
+def _judge_group(joined, floors, group, answers: List[dict], until: float) -> search_mod.GroupRun:
     """Rank 0's output, judged as the sweep's pair job; a rank that could
     not run or answer makes the run undecided."""
     from ..judges.smoke import cannot_run, judge_smoke
@@ -329,9 +352,11 @@ def _judge_group(baseline, group, answers: List[dict], until: float) -> search_m
     site = "" if timed_out else cannot_run(parsed, rc, text)
     if site:
         return search_mod.GroupRun(group, search_mod.UNDECIDED, "cannot run: " + site)
-    products = {baseline.expect_for(n).product for n in group}
-    product = products.pop() if len(products) == 1 else None  # mixed products: no one floor
-    want = baseline.smoke_min_pair_busbw.get(product) if product else None
+    # Each node's own product, as it said in its join (a cached baseline knows its own node only):
+    # mixed or unknown products have no one floor.
+    products = {joined[n].product for n in group}
+    product = products.pop() if len(products) == 1 else ""
+    want = floors.get(product) if product else None
     verdict = judge_smoke(parsed, rc, timed_out, want, deadline_s=round(max(0.0, until - time.monotonic())))
     if verdict.passed:
         shown = "busbw=%.1fGB/s" % verdict.busbw_gbps if verdict.busbw_gbps is not None else ""

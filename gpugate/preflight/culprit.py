@@ -11,16 +11,18 @@ cluster-health-scanner and the sweep's pairs (gpugate.sweep.pairs):
 2. A failed group of three or more is halved; the halves of two or more
    run at once.  A half that passes proves its nodes good.
 3. A failed pair, or a half of one node, breaks up: each of its nodes runs
-   as a pair with a node already proven good (one not tried with it).  A node
-   that fails that pair failed every group it was in, the last one with a
-   proven partner: it is the culprit.  One that passes is good.
+   as a pair with a node already proven good (one not tried with it).  One
+   that passes is good.  One that fails runs once more, with another proven
+   partner which now hosts the run (the collective's rendezvous is the
+   first node's): failing again, it failed every group it was in and two
+   proven partners, and is the culprit; passing, it is good.
 4. Never pinned: a node no good partner was left for, a node whose runs
    could not decide, and every node when more than a quarter of the job
    (at least one) would be pinned: that many at once is the fabric or the
    floor, not the nodes.
 
-Work: a failed round 1 costs ceil(log2(N)) halving rounds and one pair
-round per culprit; each node is in one run per round; nothing grows with
+Work: a failed round 1 costs ceil(log2(N)) halving rounds and two pair
+rounds; each node is in one run per round; nothing grows with
 the job per node but the number of rounds."""
 
 from typing import Callable, Dict, List, Sequence, Set, Tuple
@@ -43,7 +45,8 @@ class GroupRun:
 @dataclass
 class Search:
     verdicts: Dict[str, str]  # node -> good | culprit | unknown
-    pinned_by: Dict[str, GroupRun]  # a culprit's failed pair run
+    pinned_by: Dict[str, GroupRun]  # a culprit's second failed pair run (its first: first_strike)
+    first_strike: Dict[str, GroupRun]
     runs: List[GroupRun]
     rounds: int
     why: str = ""  # why nothing was pinned, when a round failed
@@ -63,7 +66,7 @@ def search(nodes: Sequence[str], run_groups: RunGroups, max_rounds: int = 0) -> 
     undecided nodes unknown."""
     order = list(dict.fromkeys(nodes))
     verdicts = {n: UNKNOWN for n in order}
-    found = Search(verdicts, {}, [], 0)
+    found = Search(verdicts, {}, {}, [], 0)
     if not order:
         return found
     good: Set[str] = set()
@@ -77,7 +80,7 @@ def search(nodes: Sequence[str], run_groups: RunGroups, max_rounds: int = 0) -> 
             break
         groups = list(failing) if first else _halves(failing, singles)
         failing = []
-        pairs, singles = _pairs(singles, good, tried)
+        pairs, singles = _pairs(singles, good, tried, found.first_strike)
         if not groups and not pairs:
             found.why = "no node proven good to tell %s apart" % ", ".join(singles)[:200]
             break  # suspects left with no good partner: unknown
@@ -100,13 +103,17 @@ def search(nodes: Sequence[str], run_groups: RunGroups, max_rounds: int = 0) -> 
                 failing.append(group)
             # undecided: its nodes stay unknown, never pinned
         for pair, answer in zip(pairs, answers[len(groups):]):
-            suspect = pair[0]
-            tried.add(pair)
+            suspect, partner = (pair[1], pair[0]) if pair[1] in found.first_strike else pair
+            tried.add((suspect, partner))
             if answer.outcome == PASS:
+                found.first_strike.pop(suspect, None)
                 _good(pair, good, verdicts)
-            elif answer.outcome == FAIL:
+            elif answer.outcome == FAIL and suspect in found.first_strike:
                 verdicts[suspect] = CULPRIT
                 found.pinned_by[suspect] = answer
+            elif answer.outcome == FAIL:
+                found.first_strike[suspect] = answer
+                singles.append(suspect)  # once more, with another proven partner
     _cap(order, found)
     if not found.culprits and not found.why:
         found.why = "no node pinned: the failure followed no single node"
@@ -126,10 +133,11 @@ def _halves(failing: List[Tuple[str, ...]], singles: List[str]) -> List[Tuple[st
     return out
 
 
-def _pairs(singles: List[str], good: Set[str], tried: Set[Tuple[str, str]]
+def _pairs(singles: List[str], good: Set[str], tried: Set[Tuple[str, str]], struck: Dict[str, GroupRun]
            ) -> Tuple[List[Tuple[str, str]], List[str]]:
     """Each suspect with a proven node it has not run with, every node in
-    one pair at most; (pairs, suspects left waiting)."""
+    one pair at most: (suspect, partner) the first time, (partner, suspect)
+    the second; (pairs, suspects left waiting)."""
     used: Set[str] = set()
     pairs, waiting = [], []
     for suspect in singles:
@@ -138,7 +146,7 @@ def _pairs(singles: List[str], good: Set[str], tried: Set[Tuple[str, str]]
             waiting.append(suspect)
             continue
         used.add(partner)
-        pairs.append((suspect, partner))
+        pairs.append((partner, suspect) if suspect in struck else (suspect, partner))
     return pairs, waiting
 
 

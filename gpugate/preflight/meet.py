@@ -4,11 +4,13 @@ message signed with the drain budget key (gpugate.budgetkey: root's on
 every node), so a job's user can neither join, answer for a node, nor
 replay an earlier job's messages.
 
-A message is one line of JSON, ``{"body": {...}, "mac": HEX}``: the MAC is
-HMAC-SHA256 over the body's canonical JSON, and the body carries the job
-id, both sides' random nonces and a sequence number, checked on receipt.
-Lines are capped; anything that does not verify ends the meeting for that
-connection (the node's part is then undecided, never a finding)."""
+A message is one line, ``MAC BODY``: the MAC (64 hex digits) is
+HMAC-SHA256 over the body's bytes as sent, checked before the body is
+parsed (a stranger's bytes are never parsed), and the body, JSON, carries
+the job id, both sides' random nonces and a sequence number, checked on
+receipt.  Lines are capped.  Anything that does not verify or does not come
+in time breaks the channel for good (a late answer is never read as the
+next one's): that node's part is undecided, never a finding."""
 
 import hashlib
 import hmac
@@ -44,32 +46,41 @@ class Channel:
         self.sock, self.key, self.job = sock, key, job
         self.ours, self.theirs = nonce(), ""
         self.sent = self.received = 0
+        self.broken = ""  # why, once a send or receive failed: nothing more is read or sent
         self._buffer = b""
 
     def send(self, kind: str, deadline: float, **fields) -> None:
+        if self.broken:
+            raise MeetError("the channel broke earlier: %s" % self.broken)
         self.sent += 1
         body = dict(fields, kind=kind, job=self.job, seq=self.sent, src=self.ours, dst=self.theirs)
-        text = _canonical(body)
-        line = json.dumps({"body": body, "mac": _mac(self.key, text)}, sort_keys=True).encode() + b"\n"
+        text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
         self.sock.settimeout(max(0.05, deadline - time.monotonic()))
         try:
-            self.sock.sendall(line)
+            self.sock.sendall(_mac(self.key, text).encode() + b" " + text + b"\n")
         except OSError as exc:
-            raise MeetError("send %s: %s" % (kind, exc)) from None
+            raise self._break("send %s: %s" % (kind, exc)) from None
 
     def receive(self, deadline: float, first: bool = False) -> dict:
         """The next verified body.  ``first``: the peer's nonce is learnt
         from this message (the greeting or the join), then held to."""
-        line = self._line(deadline)
+        if self.broken:
+            raise MeetError("the channel broke earlier: %s" % self.broken)
         try:
-            message = json.loads(line)
-            body, mac = message["body"], message["mac"]
-            if not isinstance(body, dict) or not isinstance(mac, str):
-                raise ValueError("not a message")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MeetError("an unreadable message: %s" % str(exc)[:100]) from None
-        if not hmac.compare_digest(_mac(self.key, _canonical(body)), mac):
+            return self._verified(self._line(deadline), first)
+        except MeetError as exc:
+            raise self._break(str(exc)) from None
+
+    def _verified(self, line: bytes, first: bool) -> dict:
+        mac, _, text = line.partition(b" ")
+        if not hmac.compare_digest(_mac(self.key, text).encode(), mac):
             raise MeetError("a message that does not verify (not signed with this site's drain budget key)")
+        try:
+            body = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise MeetError("an unreadable message: %s" % str(exc)[:100]) from None
+        if not isinstance(body, dict):
+            raise MeetError("an unreadable message: not an object")
         if body.get("job") != self.job:
             raise MeetError("a message for job %r, not %s" % (str(body.get("job"))[:20], self.job))
         if first and not self.theirs and isinstance(body.get("src"), str) and len(body["src"]) == 32:
@@ -80,6 +91,11 @@ class Channel:
         if body.get("dst") not in ("", self.ours) or (self.received > 1 and body.get("dst") != self.ours):
             raise MeetError("a message meant for another conversation")
         return body
+
+    def _break(self, why: str) -> MeetError:
+        self.broken = why[:200]
+        self.close()
+        return MeetError(why)
 
     def _line(self, deadline: float) -> bytes:
         while b"\n" not in self._buffer:
@@ -134,9 +150,5 @@ def connect(host: str, port: int, deadline: float) -> socket.socket:
     raise MeetError("cannot reach %s port %d: %s" % (host, port, last or "no time left"))
 
 
-def _canonical(body: dict) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-def _mac(key: bytes, text: str) -> str:
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+def _mac(key: bytes, text: bytes) -> str:
+    return hmac.new(key, text, hashlib.sha256).hexdigest()

@@ -14,7 +14,8 @@ def job_note(pf: dict, requeued: bool = False) -> str:
             parts.append("%s %.1fs" % (label, seconds[name]))
     own = "this node: %s" % (", ".join(parts) or "nothing run")
     if across.get("culprits"):
-        verdict = "culprit %s drained, the job requeued" % ",".join(across["culprits"][:4])
+        verdict = "culprit %s (its prolog drains it and fails: Slurm requeues or ends the job)" % ",".join(
+            across["culprits"][:4])
     else:
         verdict = str(across.get("why") or ("passed" if pf.get("passed") else "undecided"))
     text = "gpugate preflight %.1fs: %s; across: %s (%d round%s)%s" % (
