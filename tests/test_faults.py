@@ -76,7 +76,10 @@ def test_baseline_rewritten_in_place_while_read_is_whole_or_an_error(tmp_path):
     # Every baseline read is one of the two whole files, never the half.
     assert seen and all(vbios for _, vbios in seen), seen
     assert {name for name, _ in seen} <= {"demo-h100-r580", "other-h100-r580"}
-    assert all("being rewritten" in e for e in errors), errors
+    # An error is safe (gpugate changes nothing): mostly "being rewritten"; a writer
+    # stalled past SETTLE_SECONDS mid-write on a loaded machine can leave a
+    # half that does not validate, which is refused as such, naming the file.
+    assert all(e.startswith(path + ":") for e in errors), errors
 
 
 def test_a_file_that_keeps_changing_is_an_error_naming_it(tmp_path, monkeypatch):
