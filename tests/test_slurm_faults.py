@@ -129,7 +129,8 @@ def test_garbage_never_resumes_a_node(cluster):
 
 def test_health_check_prolog_and_epilog_at_once(cluster):
     """slurmd does not serialise them: nine runs at once on a node that went
-    bad agree on one drain with the right reason, and none fails."""
+    bad agree on one drain with the right reason, and none fails but for
+    running out of time waiting for the others."""
     node = "gpu05"
     cluster.sim("set", "FLEET", node, "gpu.1.ecc.uncorrected.volatile=2")
     before = len(cluster.log_records(node))

@@ -94,6 +94,7 @@ def test_one_slow_node_among_five_is_drained_and_the_job_runs_on_four_good(acros
     assert first["action"] == "drain" and first["preflight"]["across"]["culprit"]
 
 
+@pytest.mark.slow  # controller-side figures: 22.05 only (the release runs keep their load down)
 def test_status_says_what_the_preflights_came_to(across):
     """After the two jobs above: the audit gathers the nodes' counts, status
     sums them and names the node a preflight holds out."""
@@ -113,6 +114,7 @@ def test_status_says_what_the_preflights_came_to(across):
     assert pf["runs"]["acute"] == 1 and pf["runs"]["passed"] >= 8
 
 
+@pytest.mark.slow  # 22.05 only, as above
 def test_a_failure_no_node_can_be_pinned_on_requeues_the_job_once_where_the_site_asks(across):
     """Two nodes that fail together cannot be told apart: nothing drains;
     with undecided = "requeue_once" the first node requeues the job on its
