@@ -55,15 +55,8 @@ def _submit(cluster, nodes: int, preflight: bool) -> str:
     return cluster.run(argv).stdout.strip().split(";")[0]
 
 
-def _job(cluster, job):
-    text = cluster.run(["/usr/bin/scontrol", "-o", "show", "job", job], check=False).stdout
-    return dict(w.split("=", 1) for w in text.split() if "=" in w)
-
-
 def _done(cluster, job, timeout=300.0):
-    cluster.wait_for(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), timeout,
-                     "job %s" % job)
-    info = _job(cluster, job)
+    info = cluster.wait_job_ended(job, timeout)
     # Every node idle again (epilogs done) before the next job: else the next
     # one waits for backfill's next pass, and that is Slurm's time, not ours.
     cluster.wait_for(lambda: not any("COMP" in s.upper() for s in cluster.node_states().values()), 60,

@@ -43,15 +43,8 @@ def _submit(cluster, nodes, comment="gpugate-preflight"):
     return job
 
 
-def _job(cluster, job):
-    text = cluster.run(["/usr/bin/scontrol", "-o", "show", "job", job], check=False).stdout
-    return dict(word.split("=", 1) for word in text.split() if "=" in word)
-
-
 def _done(cluster, job, timeout=150):
-    cluster.wait_for(lambda: _job(cluster, job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), timeout,
-                     "job %s ends" % job)
-    return _job(cluster, job)
+    return cluster.wait_job_ended(job, timeout)
 
 
 def _prolog_records(cluster, job, nodes):

@@ -223,6 +223,18 @@ class Cluster:
     def wait_for(self, predicate, timeout: float, what: str) -> None:
         self._wait(predicate, timeout, what)
 
+    def job(self, job: str) -> Dict[str, str]:
+        """`scontrol -o show job`'s KEY=VALUE fields (a value with spaces
+        keeps its first word only; {} once Slurm forgot the job)."""
+        text = self.run([BIN + "/scontrol", "-o", "show", "job", job], check=False).stdout
+        return dict(word.split("=", 1) for word in text.split() if "=" in word)
+
+    def wait_job_ended(self, job: str, timeout: float) -> Dict[str, str]:
+        """The job's fields once it completed, failed or was cancelled."""
+        self._wait(lambda: self.job(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), timeout,
+                   "job %s ends" % job)
+        return self.job(job)
+
     def pids(self) -> Dict[str, int]:
         out = {}
         for name in os.listdir(self.path("run")):

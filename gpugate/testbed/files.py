@@ -80,6 +80,10 @@ def rig_slurm_conf(cluster, ports: List[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class NoDeviceNodes(OSError):
+    """This machine refuses mknod: a rig with GPU GRES cannot be made."""
+
+
 def write_gres(cluster) -> None:
     """gres.conf for the rig's GPU GRES: slurmd wants a character device per
     GPU (it reads the major and minor for the job's device cgroup); these are
@@ -89,7 +93,10 @@ def write_gres(cluster) -> None:
     for i in range(cluster.gpus):
         path = os.path.join(dev, "nvidia%d" % i)
         if not os.path.exists(path):
-            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(195, i))
+            try:
+                os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(195, i))
+            except PermissionError as exc:  # no CAP_MKNOD (some containers): no GRES rig here
+                raise NoDeviceNodes("cannot make the rig's GPU device files (%s): %s" % (path, exc)) from None
     write_file(cluster.path("gres.conf"), "Name=gpu File=%s/nvidia[0-%d]\n" % (dev, cluster.gpus - 1))
 
 
