@@ -141,13 +141,36 @@ def connect(host: str, port: int, deadline: float) -> socket.socket:
     """A connection to the first node, tried until the deadline (its prolog
     may start after this one)."""
     last: Optional[Exception] = None
+    address = _resolve(host, port, max(0.1, min(5.0, deadline - time.monotonic())))
     while time.monotonic() < deadline:
         try:
-            return socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+            return socket.create_connection(address, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
         except OSError as exc:
             last = exc
             time.sleep(0.1)
     raise MeetError("cannot reach %s port %d: %s" % (host, port, last or "no time left"))
+
+
+def _resolve(host: str, port: int, seconds: float):
+    """(address, port) of the first node, or MeetError: getaddrinfo has no
+    timeout of its own, and a resolver that hangs must not hang the prolog
+    past slurmd's limit (Slurm would drain the node "Prolog error")."""
+    import threading
+
+    found: dict = {}
+
+    def lookup():
+        try:
+            found["info"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            found["error"] = exc
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not found.get("info"):
+        raise MeetError("cannot resolve %s: %s" % (host, found.get("error") or "no answer in %.0fs" % seconds))
+    return found["info"][0][4][:2]
 
 
 def _mac(key: bytes, text: bytes) -> str:
