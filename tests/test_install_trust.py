@@ -153,18 +153,11 @@ def test_the_untrusted_install_is_a_fact_a_probe_finding_and_a_refused_fragment(
     assert install_trust.fact() == install_trust.TRUSTED
 
 
-def test_the_real_install_is_walked_within_a_few_milliseconds():
-    """Cheap enough for every health check (the prolog never walks it)."""
-    import time
-
+def test_the_real_install_is_walked_whole():
+    """Every file of the real install is looked at (its cost, for every
+    health check, is measured by bench/bench_install_walk.py)."""
     path = install_trust.isolated_path()
     assert install_trust.check_install(path=path) > 100
-    best = float("inf")
-    for _ in range(5):
-        started = time.perf_counter()
-        install_trust.check_install(path=path)
-        best = min(best, time.perf_counter() - started)
-    assert best < 0.05, best  # ~3 ms on 2 busy cores
 
 
 # --------------------------------------------------- the entry points' -I

@@ -81,8 +81,9 @@ def test_a_mixed_fleet_gates_repairs_and_audits_amd_nodes_beside_nvidia(mixed):
     drift_and_drain(cluster, "gpu03", "amd.gpu3.ras.umc.ue=+2", "amd.gpu3.log=ue:umc:2")
     # The counter and the log line are two files (as in the kernel): a check
     # between their writes drains for one, the next one names both.
-    cluster.wait_for(lambda: "amdgpu_event:gpu3" in cluster.reason("gpu03") or check_now(cluster, "gpu03"), 60,
-                     "gpu03's reason naming the kernel-log event too")
+    both = ("ras:gpu3=umc=2 uncorrectable", "amdgpu_event:gpu3=ue umc")
+    cluster.wait_for(lambda: all(b in cluster.reason("gpu03") for b in both) or check_now(cluster, "gpu03"), 60,
+                     "gpu03's reason naming both the counter and the kernel-log event")
     reason = cluster.reason("gpu03")
     assert reason.startswith("gpugate: health ") and "ras:gpu3=umc=2 uncorrectable (want 0)" in reason, reason
     assert "amdgpu_event:gpu3=ue umc (want none)" in reason, reason
