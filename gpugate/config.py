@@ -218,8 +218,28 @@ _PREFLIGHT = Table({
     "undecided": (Choice("start", "requeue_once"), "start"),
 })
 
+# Kubernetes nodes (gpugate.kube, docs/kubernetes.md): where the node agent
+# and the keeper reach the API server.  Defaults: a pod's own ServiceAccount.
+_KUBERNETES = Table({
+    "server": (Str("https://10.0.0.1:6443", lambda v: None if v == "" or v.startswith(("https://", "http://"))
+                   else "expected https://HOST[:PORT] or \"\" (in a pod: KUBERNETES_SERVICE_HOST)"), ""),
+    "token_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/token"),
+    "ca_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+    "timeout_seconds": (Number(1, 600), 10.0),
+    # The drain budget's pools: the value of this node label, as Slurm's partitions ("": one pool).
+    "pool_label": (Str("nvidia.com/gpu.product"), ""),
+    # Acute findings taint NoSchedule; NoExecute too (running pods evicted) only where the site says.
+    "no_execute": (Bool(), False),
+    # The keeper's Lease (coordination.k8s.io/v1): one keeper acts at a time.
+    "namespace": (Str("gpugate", lambda v: _word(v, "a namespace")), "gpugate"),
+    "lease_seconds": (Number(5, 3600), 60.0),
+})
+
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
+    # Which scheduler the node agent and the keeper act through (gpugate.schedulers).
+    "scheduler": (Choice("slurm", "kubernetes"), "slurm"),
+    "kubernetes": (_KUBERNETES, lambda: _KUBERNETES.check({}, "kubernetes")),
     "state_dir": (_PATH, "/var/lib/gpugate"),
     "reason_tag": (Str("gpugate:", _tag), "gpugate:"),
     "sysroot": (_PATH, "/"),
@@ -292,6 +312,8 @@ class Settings:
     drain_budget: Mapping[str, object] = None
     nhc: Mapping[str, object] = None
     preflight: Mapping[str, object] = None
+    scheduler: str = "slurm"
+    kubernetes: Mapping[str, object] = None
     source: str = ""
     last_good_dir: str = ""  # node-side runs: where the last good copies are kept (node.lastgood)
 
@@ -335,7 +357,7 @@ def parse_settings(data: object, source: str) -> Settings:
         slurm=raw["slurm"], commands=commands, packages=raw["packages"], services=raw["services"],
         kernel_log=raw["kernel_log"]["path"], sim_fleet=raw["sim"]["fleet"],
         sweep=raw["sweep"], drain_budget=raw["drain_budget"], nhc=raw["nhc"], preflight=raw["preflight"],
-        source=source)
+        scheduler=raw["scheduler"], kubernetes=raw["kubernetes"], source=source)
 
 
 def config_path(explicit: Optional[str] = None) -> str:

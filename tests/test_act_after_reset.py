@@ -15,11 +15,12 @@ from gpugate.node.gpureset import MARKER
 from gpugate.node.state import write_json
 from gpugate.slurm.nodestate import NodeState
 from gpugate.verdict import decide
+from gpugate.slurm.base import NodeUpdates
 
 ECC = "gpugate: health ecc:gpu6=4 uncorrected (want <= 0)"
 
 
-class FakeSlurm:
+class FakeSlurm(NodeUpdates):  # the scheduler interface's defaults (report_verdict, lead)
     name = "fake"
     why = "configured"
     node_read = "libslurm"

@@ -16,6 +16,7 @@ from gpugate.config import parse_settings
 from gpugate.record import replace
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState
+from gpugate.slurm.base import NodeUpdates
 
 TAG = "gpugate:"
 DRIFT = "gpugate: drift driver=550.54.15 (want 580.95.05)"
@@ -134,7 +135,7 @@ def test_one_keeper_fills_each_budget_and_gives_nothing_back(case):
 
 
 # ------------------------------------------------------------ the run itself
-class MemorySlurm:
+class MemorySlurm(NodeUpdates):  # the scheduler interface's defaults (report_verdict, lead)
     """An in-memory slurmctld: reads, drains and undrains, counted."""
 
     name = "memory"

@@ -82,7 +82,8 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 
 def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
                        used: list, read_at: Optional[float] = None) -> Dict[str, Any]:
-    from ..slurm import connect, ownership
+    from ..schedulers import connect
+    from ..slurm import ownership
 
     try:
         # Health check, prolog and epilog may act at once: read, decide and
@@ -114,6 +115,8 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
                 slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
                 slurm.undrain(node)
+            if decision.kind != ownership.UNKNOWN:
+                slurm.report_verdict(node, verdict, state if decision.kind != ownership.UNDRAIN else None)
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
     if why_held and decision.kind == ownership.DRAIN:

@@ -43,7 +43,8 @@ def main(mode, argv, reader=None):
         else:
             sys.stderr.write("gpugate-%s: unknown argument %r\n%s\n" % (mode, arg, USAGE.format(mode=mode, what=_WHAT[mode])))
             return 2
-    node = os.environ.get("SLURMD_NODENAME") or _hostname()
+    # slurmd names its node; a Kubernetes DaemonSet passes the Node's name (spec.nodeName).
+    node = os.environ.get("SLURMD_NODENAME") or os.environ.get("GPUGATE_NODE_NAME") or _hostname()
     record = {"node": node, "mode": mode}
     settings = None
     if mode == "prolog" and reader is None:

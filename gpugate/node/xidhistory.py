@@ -149,7 +149,7 @@ def observe(history, state, tag: str, wall: float, now: float, policy):
 def _own_record(settings, node: str):
     """The node's own Slurm record (one RPC), or None."""
     from ..errors import GpugateError
-    from ..slurm import connect
+    from ..schedulers import connect
 
     try:
         # Bounded well inside the health check's budget; no answer leaves the finding standing.

@@ -15,3 +15,13 @@ class NodeUpdates:
 
     def resume(self, names: str) -> None:
         self.update(names, "RESUME")
+
+    def report_verdict(self, name: str, verdict, state) -> None:
+        """Slurm has nothing but the reason to carry a verdict (Kubernetes:
+        the GpugateHealthy condition, gpugate.kube.nodes)."""
+
+    def lead(self, who: str) -> str:
+        """Why this keeper must not act now ("": it may).  On Slurm two
+        keepers may both act: each run's re-read gives back what exceeds
+        the budget (gpugate.keeper); Kubernetes elects one through a Lease."""
+        return ""

@@ -1,0 +1,82 @@
+"""One budget keeper acts at a time on Kubernetes: a coordination.k8s.io/v1
+Lease, taken when free or expired, renewed by its holder each run.  Every
+write carries the resourceVersion read, so of two keepers that find the
+Lease free at once exactly one takes it (the other gets 409).
+
+A keeper that stops renews nothing: its Lease expires after
+leaseDurationSeconds and another takes over; until then nothing is
+drained by anyone, which is the fail-safe side (budgeted findings wait,
+published; acute ones never wait for the keeper)."""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+from .client import KubeError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+NAME = "gpugate-budget-keeper"
+
+
+def _micro(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + ".%06dZ" % int((at % 1) * 1e6)
+
+
+def _parse(text) -> Optional[float]:
+    if not isinstance(text, str) or len(text) < 20:
+        return None
+    try:
+        whole = calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+    frac = text[19:].rstrip("Z")
+    try:
+        return whole + (float(frac) if frac.startswith(".") else 0.0)
+    except ValueError:
+        return whole
+
+
+def acquire(client, namespace: str, identity: str, seconds: float, clock=time.time, name: str = NAME) -> str:
+    """"" when ``identity`` holds the Lease now (taken or renewed), else why
+    not (another holder, not yet expired; a race lost; the API refused)."""
+    path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (namespace, name)
+    now = clock()
+    try:
+        lease = client.get(path)
+    except KubeError as exc:
+        if exc.status != 404:
+            return "the keeper's Lease %s/%s cannot be read: %s" % (namespace, name, exc)
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(seconds),
+                         "acquireTime": _micro(now), "renewTime": _micro(now), "leaseTransitions": 0}}
+        try:
+            client.create("/apis/coordination.k8s.io/v1/namespaces/%s/leases" % namespace, body)
+        except KubeError as exc2:
+            return "the keeper's Lease %s/%s was not created: %s" % (namespace, name, exc2)
+        return ""
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    renewed = _parse(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    duration = float(duration) if isinstance(duration, (int, float)) else float(seconds)
+    if holder and holder != identity and renewed is not None and now < renewed + duration:
+        return ("another keeper leads: %s holds the Lease %s/%s, renewed %.0fs ago (expires after %.0fs)"
+                % (holder, namespace, name, now - renewed, duration))
+    changed = holder != identity
+    spec = dict(spec, holderIdentity=identity, leaseDurationSeconds=int(seconds), renewTime=_micro(now))
+    if changed:
+        spec["acquireTime"] = _micro(now)
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
+    lease["spec"] = spec
+    try:
+        client.replace(path, lease)  # its metadata.resourceVersion: the write fails if anyone wrote since
+    except KubeError as exc:
+        if exc.status == 409:
+            return "another keeper took or renewed the Lease %s/%s at the same moment" % (namespace, name)
+        return "the keeper's Lease %s/%s was not written: %s" % (namespace, name, exc)
+    return ""

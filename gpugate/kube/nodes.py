@@ -1,0 +1,138 @@
+"""Kubernetes as a scheduler backend: the Slurm backends' interface over
+Node objects (gpugate.kube.nodeview says how a Node reads as a NodeState
+and what each write is).  Node-side runs read their own Node (one GET) and
+write only on change; the keeper lists the nodes once per run, paginated.
+
+Names may be a hostlist (the keeper groups the nodes it drains): each node
+is one PATCH, carrying the resourceVersion of the read it was decided on;
+a node changed since (409) is left for the next run, never written over."""
+
+from __future__ import annotations
+
+import time
+
+from .. import reason as reasons
+from ..errors import GpugateError
+from . import nodeview as nv
+from .client import KubeError, node_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Optional
+
+
+def _expand(names: str):
+    from ClusterShell.NodeSet import NodeSet
+
+    return list(NodeSet(names))
+
+
+class KubeNodes:
+    """``client``: a gpugate.kube.client.KubeClient; ``kube``: gpugate.toml's
+    [kubernetes] table; ``tag``: the reason tag."""
+
+    name = "kubernetes"
+    node_read = ""
+
+    def __init__(self, client, kube, tag: str, clock=time.time):
+        self.client, self.tag, self.clock = client, tag, clock
+        self.kube = kube
+        self.pool_label = str(kube.get("pool_label") or "")
+        self.no_execute = bool(kube.get("no_execute"))
+        self.why = "configured"
+        self._seen: Dict[str, dict] = {}  # the Node objects last read, for the writes decided on them
+
+    def close(self) -> None:
+        self.client.close()
+
+    def lead(self, who: str) -> str:
+        """Why this keeper must not act now ("": it holds the Lease)."""
+        from .lease import acquire
+
+        return acquire(self.client, str(self.kube.get("namespace") or "gpugate"), who,
+                       float(self.kube.get("lease_seconds") or 60.0), self.clock)
+
+    # ------------------------------------------------------------- reads
+    def own_record(self, name: str):
+        try:
+            node = self.client.get(node_path(name))
+        except KubeError as exc:
+            if exc.status == 404:
+                self._seen.pop(name, None)
+                return None
+            raise
+        self._seen[name] = node
+        return nv.state_of(node, self.pool_label)
+
+    def nodes(self, names: Optional[str] = None, lean: bool = False):
+        wanted = set(_expand(names)) if names else None
+        states = {}
+        for node in self.client.list_pages("/api/v1/nodes"):
+            name = (node.get("metadata") or {}).get("name")
+            if not isinstance(name, str) or (wanted is not None and name not in wanted):
+                continue
+            self._seen[name] = node
+            states[name] = nv.state_of(node, self.pool_label)
+        return states
+
+    def node_object(self, name: str) -> dict:
+        """The Node as last read (read now when it was not)."""
+        if name not in self._seen:
+            if self.own_record(name) is None:
+                raise KubeError("kubernetes: no Node named %s" % name, 404, "NotFound")
+        return self._seen[name]
+
+    # ------------------------------------------------------------- writes
+    def _patch(self, name: str, patch, sub: str = "", kind: str = "merge") -> None:
+        try:
+            self._seen[name] = self.client.patch(node_path(name, sub), patch, kind)
+        except KubeError as exc:
+            self._seen.pop(name, None)  # read again before any other write
+            if exc.status == 409:
+                raise KubeError("kubernetes: Node %s changed since it was read: not written (the next run "
+                                "reads it again)" % name, 409, "Conflict") from None
+            raise
+
+    def drain(self, names: str, reason: str) -> None:
+        parsed = reasons.parse(reason, self.tag)
+        cls = parsed.cls if parsed is not None else "probe"
+        failed = []
+        for name in _expand(names):
+            try:
+                patch = nv.drain_patch(self.node_object(name), reason, cls, self.no_execute, int(self.clock()))
+                self._patch(name, patch)
+            except (ValueError, GpugateError) as exc:
+                failed.append("%s: %s" % (name, exc))
+        if failed:
+            raise KubeError("; ".join(failed)[:600])
+
+    def undrain(self, names: str) -> None:
+        failed = []
+        for name in _expand(names):
+            try:
+                self._patch(name, nv.undrain_patch(self.node_object(name)))
+            except GpugateError as exc:
+                failed.append("%s: %s" % (name, exc))
+        if failed:
+            raise KubeError("; ".join(failed)[:600])
+
+    resume = undrain  # one hold to lift on Kubernetes: gpugate's taint, cordon and record
+
+    def set_comment(self, name: str, text: str) -> None:
+        self._patch(name, nv.comment_patch(self.node_object(name), text))
+
+    def report_verdict(self, name: str, verdict, state) -> None:
+        """The GpugateHealthy condition, written only when it changes."""
+        held = state.reason if state is not None and verdict.fit and reasons.parse(
+            state.reason, self.tag) is not None else ""
+        wanted = nv.condition_for(verdict.fit, verdict.cls, verdict.reason, held)
+        now_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        patch = nv.condition_patch(self.node_object(name), wanted, now_iso)
+        if patch is not None:
+            self._patch(name, patch, sub="status", kind="strategic")
+
+
+def connect(settings, deadline: Optional[float] = None) -> KubeNodes:
+    from .client import connect as client_for
+
+    return KubeNodes(client_for(settings.kubernetes, deadline), settings.kubernetes, settings.reason_tag)

@@ -1,0 +1,179 @@
+"""A Kubernetes Node object as gpugate reads and writes it.  Pure functions.
+
+Reading: ``state_of`` turns a Node into the NodeState the ownership rules
+(gpugate.slurm.ownership), the budgeted publish (gpugate.node.hold) and
+the keeper (gpugate.keeper) already decide on, so one set of rules holds
+on both schedulers:
+
+- held ("DRAIN"): gpugate's own taint (``TAINT_KEY``, listed in the
+  ``OWNED`` annotation), or gpugate's own cordon; or someone else's hold:
+  a cordon gpugate did not make, or a taint with gpugate's key that its
+  annotation does not list.  Someone else's hold reads as a reason
+  without gpugate's tag, so it is never touched (KEEP_ADMIN);
+- the reason: gpugate's reason text, from its annotation;
+- the comment: the budgeted finding published for the keeper (``PENDING``);
+- the partition: the node's value of the pool label the site names.
+
+Writing: merge patches that carry the resourceVersion just read, so a
+change made in between fails the write (409) instead of being lost; a taint
+list is written whole, everyone else's taints as they were."""
+
+from __future__ import annotations
+
+import json
+
+from ..findings import CLASSES
+from ..slurm.nodestate.record import NodeState
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
+
+TAINT_KEY = "gpugate.io/unfit"
+OWNED = "gpugate.io/owned"  # what gpugate set on this node: reason, when, its taints' effects, its cordon
+PENDING = "gpugate.io/pending"  # a budgeted finding, signed, for the keeper (gpugate.slurm.pending's text)
+CONDITION = "GpugateHealthy"
+NO_POOL = "(no pool label)"
+FOREIGN_CORDON = "cordoned (spec.unschedulable) by someone else"
+
+
+def owned(node: Dict[str, Any]) -> Dict[str, Any]:
+    """gpugate's ownership record, or {} (absent or not gpugate's shape)."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(OWNED)
+    try:
+        record = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    if not isinstance(record, dict) or not isinstance(record.get("reason"), str):
+        return {}
+    effects = record.get("effects")
+    if not isinstance(effects, list) or not all(e in ("NoSchedule", "NoExecute") for e in effects):
+        return {}
+    return record
+
+
+def _taints(node) -> list:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return [t for t in taints if isinstance(t, dict)]
+
+
+def our_taints(node) -> list:
+    """The taints with gpugate's key that its annotation lists."""
+    effects = owned(node).get("effects") or []
+    return [t for t in _taints(node) if t.get("key") == TAINT_KEY and t.get("effect") in effects]
+
+
+def foreign_taints(node) -> list:
+    """Taints with gpugate's key that gpugate did not write (a copy, a paste)."""
+    mine = our_taints(node)
+    return [t for t in _taints(node) if t.get("key") == TAINT_KEY and t not in mine]
+
+
+def _ready(node) -> str:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return "Unknown"
+
+
+def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    record = owned(node)
+    cordoned = bool(spec.get("unschedulable"))
+    ours = bool(our_taints(node)) or (cordoned and record.get("cordon") is True)
+    reason = ""
+    if ours:
+        reason = record["reason"]
+    elif foreign_taints(node):
+        t = foreign_taints(node)[0]
+        reason = "taint %s=%s:%s not written by gpugate" % (TAINT_KEY, t.get("value", ""), t.get("effect", ""))
+    elif cordoned:
+        reason = FOREIGN_CORDON
+    flags = {"DRAIN"} if reason else set()
+    ready = _ready(node)
+    if ready == "Unknown":
+        flags.add("NOT_RESPONDING")
+    labels = meta.get("labels") or {}
+    pool = str(labels.get(pool_label) or NO_POOL) if pool_label else "all"
+    at = record.get("at") if ours else None
+    return NodeState(
+        name=str(meta.get("name", "")), state="IDLE" if ready == "True" else "DOWN", flags=frozenset(flags),
+        reason=reason, reason_time=int(at) if isinstance(at, (int, float)) else None, reason_user="",
+        partitions=(pool,), comment=str((meta.get("annotations") or {}).get(PENDING) or ""))
+
+
+def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, now: int) -> Dict[str, Any]:
+    """Hold the node for ``reason``: gpugate's taint (its value the class),
+    its cordon unless someone else's stands, its ownership record.  Raises
+    ValueError when a taint with gpugate's key is not gpugate's."""
+    if foreign_taints(node):
+        raise ValueError("a %s taint on the node was not written by gpugate: left alone" % TAINT_KEY)
+    record, spec = owned(node), node.get("spec") or {}
+    value = cls if cls in CLASSES else "probe"
+    effects = ["NoSchedule"] + (["NoExecute"] if no_execute else [])
+    mine = our_taints(node)
+    taints = [t for t in _taints(node) if t not in mine]
+    for effect in effects:
+        taint = {"key": TAINT_KEY, "value": value, "effect": effect}
+        same = [t for t in mine if t.get("effect") == effect and t.get("value") == value]
+        taints.append(same[0] if same else taint)  # (its timeAdded kept when unchanged)
+    cordon_ours = record.get("cordon") is True if spec.get("unschedulable") else True
+    keep_at = record.get("reason") == reason and isinstance(record.get("at"), (int, float))
+    new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": effects,
+           "cordon": cordon_ours}
+    return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)}),
+            "spec": {"taints": taints, "unschedulable": True}}
+
+
+def undrain_patch(node: Dict[str, Any]) -> Dict[str, Any]:
+    """Lift gpugate's hold only: its taints, its cordon (not someone
+    else's), its ownership record."""
+    record, spec = owned(node), node.get("spec") or {}
+    mine = our_taints(node)
+    patch = {"metadata": _precondition(node, {OWNED: None})}
+    body = {}
+    if mine:
+        body["taints"] = [t for t in _taints(node) if t not in mine]
+    if spec.get("unschedulable") and record.get("cordon") is True:
+        body["unschedulable"] = False
+    if body:
+        patch["spec"] = body
+    return patch
+
+
+def comment_patch(node: Dict[str, Any], text: str) -> Dict[str, Any]:
+    return {"metadata": _precondition(node, {PENDING: text or None})}
+
+
+def _precondition(node, annotations) -> Dict[str, Any]:
+    meta = {"annotations": annotations}
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    if version:
+        meta["resourceVersion"] = version
+    return meta
+
+
+def condition_for(fit: bool, cls: str, reason: str, held: str = "") -> Tuple[str, str, str]:
+    """(status, reason, message) of the GpugateHealthy condition: the
+    reason a CamelCase word (Fit, Drift, Health, ...), the message
+    gpugate's reason text (and, when fit but still held, what holds it)."""
+    if fit:
+        return ("True", "FitHeld" if held else "Fit",
+                ("fit now; held by gpugate until the sweep proves it: " + held) if held else "fit")
+    return "False", (cls if cls in CLASSES else "probe").capitalize(), reason
+
+
+def condition_patch(node: Dict[str, Any], wanted: Tuple[str, str, str], now_iso: str) -> Optional[Dict[str, Any]]:
+    """The status patch that sets GpugateHealthy, or None when it already
+    says the same (written only on change)."""
+    status, reason, message = wanted
+    old = {}
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == CONDITION:
+            old = cond
+    if (old.get("status"), old.get("reason"), old.get("message")) == wanted:
+        return None
+    moved = old.get("status") != status or not old.get("lastTransitionTime")
+    cond = {"type": CONDITION, "status": status, "reason": reason, "message": message[:1024],
+            "lastHeartbeatTime": now_iso, "lastTransitionTime": now_iso if moved else old["lastTransitionTime"]}
+    return {"status": {"conditions": [cond]}}

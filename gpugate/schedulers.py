@@ -1,0 +1,15 @@
+"""The scheduler a node agent and the keeper act through ([scheduler] in
+gpugate.toml): Slurm (gpugate.slurm's backends) or Kubernetes
+(gpugate.kube.nodes).  Both offer the same interface: own_record, nodes,
+drain, undrain, resume, set_comment, report_verdict, lead, close; the
+ownership rules, the budget and the keeper are written once above it."""
+
+
+def connect(settings, timeout=None, deadline=None):
+    if getattr(settings, "scheduler", "slurm") == "kubernetes":
+        from .kube.nodes import connect as kube_connect
+
+        return kube_connect(settings, deadline=deadline)
+    from .slurm import connect as slurm_connect
+
+    return slurm_connect(settings, timeout=timeout, deadline=deadline)

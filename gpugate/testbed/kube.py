@@ -1,0 +1,143 @@
+"""A real Kubernetes API server for the tests and the demo: etcd and
+kube-apiserver as scripts/kube-build built them (no controller-manager,
+scheduler or kubelet: envtest's model, DESIGN.md section 10).
+
+Users come from a static token file: ``admin`` (system:masters) for the
+test's own writes, and the ServiceAccount users the manifests bind
+(deploy/kubernetes), so a test's node agent or keeper runs with exactly the
+RBAC the manifests grant."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Dict, List, Optional
+
+from .procs import ClusterError, free_ports
+
+CACHE_ENV = "GPUGATE_KUBE_CACHE"
+DEFAULT_CACHE = "/var/cache/gpugate/kube"
+NAMESPACE = "gpugate"
+# Token -> (user, groups): the node agent's and the keeper's ServiceAccounts (deploy/kubernetes).
+USERS = {
+    "admin": ("admin", "system:masters"),
+    "agent": ("system:serviceaccount:%s:gpugate-node-agent" % NAMESPACE, "system:serviceaccounts"),
+    "keeper": ("system:serviceaccount:%s:gpugate-keeper" % NAMESPACE, "system:serviceaccounts"),
+    "stranger": ("system:serviceaccount:default:someone", "system:serviceaccounts"),
+}
+
+
+def cache_dir() -> str:
+    return os.environ.get(CACHE_ENV, DEFAULT_CACHE)
+
+
+def built_versions() -> List[str]:
+    """The releases built here (newest last)."""
+    root = cache_dir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [n for n in names if os.access(os.path.join(root, n, "kube-apiserver"), os.X_OK)
+             and os.access(os.path.join(root, n, "etcd"), os.X_OK)]
+    return sorted(found, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+
+
+class KubeAPI:
+    def __init__(self, workdir: str, version: Optional[str] = None):
+        versions = built_versions()
+        if not versions:
+            raise ClusterError("no kube-apiserver built in %s: run scripts/kube-build" % cache_dir())
+        self.version = version or versions[-1]
+        self.bin = os.path.join(cache_dir(), self.version)
+        self.dir = workdir
+        self.procs: Dict[str, subprocess.Popen] = {}
+        self.server = ""
+        self.ca_file = os.path.join(workdir, "certs", "apiserver.crt")
+
+    def token_file(self, who: str) -> str:
+        return os.path.join(self.dir, "token-" + who)
+
+    def start(self, timeout: float = 90.0) -> "KubeAPI":
+        os.makedirs(os.path.join(self.dir, "certs"), exist_ok=True)
+        etcd_port, peer_port, api_port = free_ports(3)
+        key = os.path.join(self.dir, "sa.key")
+        subprocess.run(["openssl", "genrsa", "-out", key, "2048"], check=True, capture_output=True, timeout=60)
+        with open(os.path.join(self.dir, "tokens.csv"), "w") as handle:
+            for i, (who, (user, groups)) in enumerate(sorted(USERS.items())):
+                handle.write('%s-token,%s,uid-%d,"%s"\n' % (who, user, i, groups))
+                with open(self.token_file(who), "w") as tok:
+                    tok.write("%s-token\n" % who)
+        etcd_url, peer_url = "http://127.0.0.1:%d" % etcd_port, "http://127.0.0.1:%d" % peer_port
+        self._spawn("etcd", [os.path.join(self.bin, "etcd"), "--name", "default",
+                             "--data-dir", os.path.join(self.dir, "etcd"), "--listen-client-urls", etcd_url,
+                             "--advertise-client-urls", etcd_url, "--listen-peer-urls", peer_url,
+                             "--initial-advertise-peer-urls", peer_url,
+                             "--initial-cluster", "default=" + peer_url, "--unsafe-no-fsync"])
+        self._spawn("kube-apiserver", [
+            os.path.join(self.bin, "kube-apiserver"), "--etcd-servers", etcd_url,
+            "--cert-dir", os.path.join(self.dir, "certs"), "--secure-port", str(api_port),
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--service-account-issuer", "https://kubernetes.default.svc",
+            "--service-account-key-file", key, "--service-account-signing-key-file", key,
+            "--authorization-mode", "RBAC", "--token-auth-file", os.path.join(self.dir, "tokens.csv"),
+            "--disable-admission-plugins", "ServiceAccount", "--service-cluster-ip-range", "10.0.0.0/24",
+            "--allow-privileged=true", "--anonymous-auth=false"])
+        self.server = "https://127.0.0.1:%d" % api_port
+        self._wait_ready(timeout)
+        self.admin().create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        return self
+
+    def _spawn(self, name: str, argv: List[str]) -> None:
+        log = open(os.path.join(self.dir, name + ".log"), "wb")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        log.close()
+
+    def _wait_ready(self, timeout: float) -> None:
+        from ..kube.client import KubeError
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise ClusterError("%s exited (%s): see %s" % (name, proc.returncode,
+                                                                  os.path.join(self.dir, name + ".log")))
+            if os.path.exists(self.ca_file):
+                try:
+                    self.admin().get("/readyz")
+                    return
+                except KubeError as exc:
+                    last = str(exc)
+                except ValueError as exc:  # /readyz answers "ok", not JSON
+                    last = str(exc)
+            time.sleep(0.2)
+        raise ClusterError("kube-apiserver not ready in %.0fs (%s): see %s" % (timeout, last[:200], self.dir))
+
+    def client(self, who: str = "admin", **kwargs):
+        from ..kube.client import KubeClient
+
+        with open(self.token_file(who)) as handle:
+            return KubeClient(self.server, handle.read().strip(), self.ca_file, **kwargs)
+
+    def admin(self):
+        return self.client("admin")
+
+    def kube_settings(self, who: str) -> Dict[str, object]:
+        """gpugate.toml's [kubernetes] for one of USERS."""
+        return {"server": self.server, "token_file": self.token_file(who), "ca_file": self.ca_file}
+
+    def stop(self) -> None:
+        for name in ("kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+        shutil.rmtree(os.path.join(self.dir, "etcd"), ignore_errors=True)
