@@ -83,7 +83,8 @@ class KubeAPI:
             "--service-account-key-file", key, "--service-account-signing-key-file", key,
             "--authorization-mode", "RBAC", "--token-auth-file", os.path.join(self.dir, "tokens.csv"),
             "--disable-admission-plugins", "ServiceAccount", "--service-cluster-ip-range", "10.0.0.0/24",
-            "--allow-privileged=true", "--anonymous-auth=false"])
+            "--allow-privileged=true", "--anonymous-auth=false",
+            "--endpoint-reconciler-type", "none"])  # a loopback advertise address: no Endpoints reconciling
         self.server = "https://127.0.0.1:%d" % api_port
         self._wait_ready(timeout)
         self.admin().create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})

@@ -1,0 +1,296 @@
+"""Kubernetes GPU nodes under the same gate (issue 37), against a real
+kube-apiserver and etcd (gpugate.testbed.kube; no kubelet: the tests create
+the Node objects and write their Ready condition, as a kubelet would).
+
+The node agent is gpugate-healthcheck as installed, run on simulated GPUs
+with ``scheduler = "kubernetes"`` and the node agent's own ServiceAccount
+token, so the RBAC of deploy/kubernetes/rbac.yaml is all it has.  The
+manifests are applied to the same server with strict field validation."""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpugate.kube import nodeview as nv
+from gpugate.kube.client import KubeError, node_path
+
+pytestmark = pytest.mark.kube
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
+DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
+NODES = ("gpu01", "gpu02", "gpu03")
+_PATHS = {  # kind -> collection path (namespaced ones under gpugate)
+    "Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+}
+
+
+def _require_kube():
+    from gpugate.testbed.kube import built_versions, cache_dir
+
+    if built_versions():
+        return
+    message = "no kube-apiserver built in %s (scripts/kube-build; scripts/test builds it with --kube)" % cache_dir()
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + "; CI=true: CI builds it", pytrace=False)
+    pytest.skip(message)
+
+
+def apply_manifests(admin):
+    import yaml
+
+    applied = []
+    for path in sorted(glob.glob(os.path.join(MANIFESTS, "*.yaml"))):
+        with open(path) as handle:
+            for doc in yaml.safe_load_all(handle):
+                if not doc:
+                    continue
+                where = _PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
+                try:
+                    admin.request("POST", where, doc, query={"fieldValidation": "Strict"})
+                except KubeError as exc:
+                    if not (exc.status == 409 and doc["kind"] == "Namespace"):  # the testbed made it
+                        raise
+                applied.append((doc["kind"], doc["metadata"]["name"]))
+    return applied
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    _require_kube()
+    from gpugate.testbed.kube import KubeAPI
+
+    server = KubeAPI(str(tmp_path_factory.mktemp("kube"))).start()
+    try:
+        apply_manifests(server.admin())
+        yield server
+    finally:
+        server.stop()
+
+
+def make_node(admin, name, labels=None):
+    try:
+        admin.request("DELETE", node_path(name))
+    except KubeError:
+        pass
+    admin.create("/api/v1/nodes", {"metadata": {"name": name, "labels": dict(labels or {})},
+                                   "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
+    # What the kubelet would write: Ready, and 8 GPUs.
+    admin.patch(node_path(name, "status"), {"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test",
+                        "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
+        "capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}, "strategic")
+
+
+@pytest.fixture
+def site(api, tmp_path):
+    """A simulated fleet of three healthy nodes, their Node objects, and
+    gpugate.toml for the node agent (its token) and the keeper (its own)."""
+    fleet = str(tmp_path / "fleet")
+    init = subprocess.run([sys.executable, "-m", "gpugate", "sim", "init", fleet, "--nodes", "gpu[01-03]",
+                           "--baseline", DEMO_BASELINE], capture_output=True, text=True, timeout=120)
+    assert init.returncode == 0, init.stderr
+    key = tmp_path / "drain-budget.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(str(key), 0o600)
+    admin = api.admin()
+    for name in NODES:
+        make_node(admin, name, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+
+    def config(who, share=1.0):
+        kube = api.kube_settings(who)
+        path = tmp_path / ("gpugate-%s.toml" % who)
+        path.write_text(
+            'baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\nscheduler = "kubernetes"\n'
+            '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n'
+            '[sweep]\njournal = "%s/controller/sweep.db"\n'
+            '[drain_budget]\nkey_file = "%s"\nmax_share = %s\n'
+            '[kubernetes]\nserver = "%s"\ntoken_file = "%s"\nca_file = "%s"\npool_label = "nvidia.com/gpu.product"\n'
+            'lease_seconds = 30\n'
+            % (DEMO_BASELINE, tmp_path, fleet, tmp_path, key, share, kube["server"], kube["token_file"],
+               kube["ca_file"]))
+        return str(path)
+
+    class Site:
+        pass
+    s = Site()
+    s.fleet, s.admin, s.config, s.dir = fleet, admin, config, str(tmp_path)
+    return s
+
+
+def healthcheck(config, node):
+    from gpugate.testbed.procs import installed_entry_point
+
+    result = subprocess.run([installed_entry_point("healthcheck"), "--config", config],
+                            env={"GPUGATE_NODE_NAME": node}, capture_output=True, text=True, timeout=120)
+    return result
+
+
+def last_record(site, node):
+    path = os.path.join(site.dir, "state", node, "gpugate.log")
+    for candidate in (path,) + tuple(glob.glob(os.path.join(site.dir, "state", node, "*.log"))):
+        if os.path.exists(candidate):
+            with open(candidate) as handle:
+                lines = [line for line in handle if line.strip()]
+            return json.loads(lines[-1].split(" ", 1)[-1] if not lines[-1].startswith("{") else lines[-1])
+    return {}
+
+
+def condition(node_obj):
+    for cond in node_obj["status"].get("conditions") or []:
+        if cond["type"] == nv.CONDITION:
+            return cond
+    return None
+
+
+def sim(site, node, *assignments):
+    out = subprocess.run([sys.executable, "-m", "gpugate", "sim", "set", site.fleet, node] + list(assignments),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
+    admin = api.admin()
+    make_node(admin, "gpu09")
+    agent, keeper, stranger = api.client("agent"), api.client("keeper"), api.client("stranger")
+    assert agent.get(node_path("gpu09"))["metadata"]["name"] == "gpu09"
+    agent.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "1"}}})
+    for who, call in ((agent, lambda c: c.get("/api/v1/nodes")),  # the agent reads its own node, never the fleet
+                      (agent, lambda c: c.get("/api/v1/namespaces/gpugate/secrets")),
+                      (agent, lambda c: c.get("/api/v1/pods")),
+                      (keeper, lambda c: c.get("/api/v1/pods")),
+                      (stranger, lambda c: c.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "2"}}}))):
+        with pytest.raises(KubeError) as info:
+            call(who)
+        assert info.value.status == 403, info.value
+    assert keeper.get("/api/v1/nodes")["items"]
+    # The server's own validation took them: the DaemonSet and the Deployment exist as written.
+    ds = admin.get("/apis/apps/v1/namespaces/gpugate/daemonsets/gpugate-node-agent")
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "gpugate-node-agent"
+    assert admin.get("/apis/apps/v1/namespaces/gpugate/deployments/gpugate-keeper")["spec"]["replicas"] == 2
+    with pytest.raises(KubeError) as info:  # strict validation is real: an unknown field is refused
+        admin.request("POST", "/api/v1/namespaces/gpugate/serviceaccounts",
+                      {"metadata": {"name": "x"}, "bogus": 1}, query={"fieldValidation": "Strict"})
+    assert info.value.status in (400, 422)
+
+
+def test_an_acute_finding_taints_and_cordons_its_node_only_and_fit_nodes_say_so(site):
+    sim(site, "gpu01", "gpu.3.ecc.uncorrected.volatile=2")  # a counter: the finding stands run after run
+    agent = site.config("agent")
+    for name in NODES:
+        result = healthcheck(agent, name)
+        assert result.returncode in (0, 1), result.stderr
+    n1 = site.admin.get(node_path("gpu01"))
+    ours = nv.our_taints(n1)
+    assert [(t["key"], t["value"], t["effect"]) for t in ours] == [(nv.TAINT_KEY, "health", "NoSchedule")]
+    assert {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"} in n1["spec"]["taints"]  # the site's stays
+    assert n1["spec"]["unschedulable"] is True
+    reason = json.loads(n1["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert reason.startswith("gpugate: health ecc:gpu3="), reason
+    cond = condition(n1)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Health", reason)
+    for name in ("gpu02", "gpu03"):
+        other = site.admin.get(node_path(name))
+        assert not other["spec"].get("unschedulable") and nv.our_taints(other) == []
+        assert (condition(other)["status"], condition(other)["reason"]) == ("True", "Fit")
+    # Written only on change: a second run with the same findings writes nothing.
+    version = n1["metadata"]["resourceVersion"]
+    healthcheck(agent, "gpu01")
+    assert site.admin.get(node_path("gpu01"))["metadata"]["resourceVersion"] == version
+
+
+def test_a_one_time_event_leaves_the_node_held_and_says_it_is_fit_now(site):
+    """An Xid is read once: the next run finds the node fit, and health is
+    not a class that clears itself: held until the sweep proves it, which
+    the condition says."""
+    agent = site.config("agent")
+    sim(site, "gpu03", "gpu.2.xid=79")
+    healthcheck(agent, "gpu03")
+    reason = json.loads(site.admin.get(node_path("gpu03"))["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert reason.startswith("gpugate: health xid:gpu2=79"), reason
+    healthcheck(agent, "gpu03")
+    n3 = site.admin.get(node_path("gpu03"))
+    assert [t["value"] for t in nv.our_taints(n3)] == ["health"] and n3["spec"]["unschedulable"] is True
+    cond = condition(n3)
+    assert (cond["status"], cond["reason"]) == ("True", "FitHeld") and reason in cond["message"]
+
+
+def test_a_probe_finding_clears_itself_and_lifts_only_gpugates_hold(site):
+    agent = site.config("agent")
+    before = site.admin.get(node_path("gpu02"))["spec"]["taints"]  # the site's, and the API server's own
+    garbage = os.path.join(site.dir, "garbage")
+    with open(garbage, "w") as handle:
+        handle.write("Error: unable to establish a connection to the host engine\n")
+    replay = [sys.executable, "-m", "gpugate", "sim", "replay", site.fleet, "gpu02"]
+    subprocess.run(replay + ["--stdout-file", garbage, "--exit-code", "255", "--", "dcgmi", "health", "-c", "-j"],
+                   check=True, timeout=60, capture_output=True)  # DCGM's host engine is down: could not tell
+    healthcheck(agent, "gpu02")
+    n2 = site.admin.get(node_path("gpu02"))
+    reason = json.loads(n2["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert reason.startswith("gpugate: probe dcgm_health="), reason
+    assert [t["value"] for t in nv.our_taints(n2)] == ["probe"] and n2["spec"]["unschedulable"] is True
+    subprocess.run(replay + ["--clear", "--", "dcgmi", "health", "-c", "-j"], check=True, timeout=60, capture_output=True)
+    healthcheck(agent, "gpu02")  # DCGM answers again: fit, and probe clears itself
+    n2 = site.admin.get(node_path("gpu02"))
+    assert nv.our_taints(n2) == [] and not n2["spec"].get("unschedulable")
+    assert n2["spec"]["taints"] == before
+    assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit")
+
+
+def test_an_admins_cordon_is_left_alone_and_gpugate_holds_the_node_once_it_is_lifted(site):
+    site.admin.patch(node_path("gpu02"), {"spec": {"unschedulable": True}})
+    sim(site, "gpu02", "gpu.1.xid=79")
+    agent = site.config("agent")
+    healthcheck(agent, "gpu02")
+    n2 = site.admin.get(node_path("gpu02"))
+    assert nv.our_taints(n2) == [] and nv.OWNED not in (n2["metadata"].get("annotations") or {})
+    assert condition(n2)["status"] == "False"  # the verdict is published all the same
+    site.admin.patch(node_path("gpu02"), {"spec": {"unschedulable": None}})  # the admin uncordons
+    healthcheck(agent, "gpu02")
+    n2 = site.admin.get(node_path("gpu02"))
+    assert [t["value"] for t in nv.our_taints(n2)] == ["health"] and n2["spec"]["unschedulable"] is True
+
+
+def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budget(site):
+    sim(site, "gpu[01-03]", "driver=550.54.15")
+    agent = site.config("agent", share=0.34)
+    for name in NODES:
+        result = healthcheck(agent, name)
+        assert result.returncode in (0, 1), result.stderr
+    for name in NODES:
+        node = site.admin.get(node_path(name))
+        assert nv.our_taints(node) == [] and not node["spec"].get("unschedulable")  # held, not drained
+        assert node["metadata"]["annotations"].get(nv.PENDING)  # published, signed, for the keeper
+        assert condition(node)["reason"] == "Drift"
+    keeper = site.config("keeper", share=0.34)
+    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    figures = json.loads(run.stdout)
+    assert run.returncode == 0 and figures["fleet_reads"] >= 1, (run.stdout, run.stderr)
+    tainted = [n for n in NODES if nv.our_taints(site.admin.get(node_path(n)))]
+    assert tainted == figures["drained"] and len(tainted) == 1, figures  # 34% of a pool of three
+    assert json.loads(site.admin.get(node_path(tainted[0]))["metadata"]["annotations"][nv.OWNED])[
+        "reason"].startswith("gpugate: drift driver=550.54.15")
+    # A second keeper elsewhere finds the Lease held and drains nothing.
+    lease = site.admin.get("/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/gpugate-budget-keeper")
+    assert lease["spec"]["holderIdentity"] == socket.gethostname()
+    site.admin.replace("/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/gpugate-budget-keeper",
+                       dict(lease, spec=dict(lease["spec"], holderIdentity="keeper-on-another-host",
+                                             renewTime=time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()))))
+    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    figures = json.loads(run.stdout)
+    assert figures.get("standby", "").startswith("another keeper leads: keeper-on-another-host"), figures
+    assert figures["drained"] == []
