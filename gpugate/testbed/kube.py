@@ -49,7 +49,11 @@ class KubeAPI:
         versions = built_versions()
         if not versions:
             raise ClusterError("no kube-apiserver built in %s: run scripts/kube-build" % cache_dir())
-        self.version = version or versions[-1]
+        # GPUGATE_KUBE_VERSION: the release a run tests (scripts/test --kube runs each one built).
+        self.version = version or os.environ.get("GPUGATE_KUBE_VERSION") or versions[-1]
+        if self.version not in versions:
+            raise ClusterError("kube-apiserver %s is not built in %s (built: %s): scripts/kube-build %s"
+                               % (self.version, cache_dir(), ", ".join(versions), self.version))
         self.bin = os.path.join(cache_dir(), self.version)
         self.dir = workdir
         self.procs: Dict[str, subprocess.Popen] = {}
