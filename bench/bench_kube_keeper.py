@@ -85,6 +85,7 @@ def main() -> int:
     os.chmod(os.path.join(work, "key"), 0o600)
     api = KubeAPI(os.path.join(work, "api")).start()
     try:
+        api.apply(os.path.join(ROOT, "deploy", "kubernetes"))  # the keeper's RBAC is all it has
         names = ["gpu%05d" % i for i in range(args.nodes)]
         now = int(time.time())
         started = time.perf_counter()

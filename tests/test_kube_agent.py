@@ -26,15 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
 DEMO_BASELINE = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")
 NODES = ("gpu01", "gpu02", "gpu03")
-_PATHS = {  # kind -> collection path (namespaced ones under gpugate)
-    "Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
-    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
-    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
-}
 
 
 def _require_kube():
@@ -48,25 +39,6 @@ def _require_kube():
     pytest.skip(message)
 
 
-def apply_manifests(admin):
-    import yaml
-
-    applied = []
-    for path in sorted(glob.glob(os.path.join(MANIFESTS, "*.yaml"))):
-        with open(path) as handle:
-            for doc in yaml.safe_load_all(handle):
-                if not doc:
-                    continue
-                where = _PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
-                try:
-                    admin.request("POST", where, doc, query={"fieldValidation": "Strict"})
-                except KubeError as exc:
-                    if not (exc.status == 409 and doc["kind"] == "Namespace"):  # the testbed made it
-                        raise
-                applied.append((doc["kind"], doc["metadata"]["name"]))
-    return applied
-
-
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     _require_kube()
@@ -74,7 +46,7 @@ def api(tmp_path_factory):
 
     server = KubeAPI(str(tmp_path_factory.mktemp("kube"))).start()
     try:
-        apply_manifests(server.admin())
+        server.apply(MANIFESTS)
         yield server
     finally:
         server.stop()

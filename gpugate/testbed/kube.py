@@ -28,6 +28,18 @@ USERS = {
 }
 
 
+# kind -> its collection's path (namespaced ones under {ns}): what deploy/kubernetes uses.
+_COLLECTIONS = {
+    "Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+}
+
+
 def cache_dir() -> str:
     return os.environ.get(CACHE_ENV, DEFAULT_CACHE)
 
@@ -129,6 +141,31 @@ class KubeAPI:
 
     def admin(self):
         return self.client("admin")
+
+    def apply(self, directory: str) -> List[tuple]:
+        """Every manifest (*.yaml) in ``directory``, created by the admin with
+        strict server-side field validation (an unknown field is refused).
+        Returns the (kind, name) applied."""
+        import glob
+
+        import yaml
+
+        from ..kube.client import KubeError
+
+        admin, applied = self.admin(), []
+        for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+            with open(path) as handle:
+                for doc in yaml.safe_load_all(handle):
+                    if not doc:
+                        continue
+                    where = _COLLECTIONS[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
+                    try:
+                        admin.request("POST", where, doc, query={"fieldValidation": "Strict"})
+                    except KubeError as exc:
+                        if not (exc.status == 409 and doc["kind"] == "Namespace"):  # start() made it
+                            raise
+                    applied.append((doc["kind"], doc["metadata"]["name"]))
+        return applied
 
     def kube_settings(self, who: str) -> Dict[str, object]:
         """gpugate.toml's [kubernetes] for one of USERS."""
