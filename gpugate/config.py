@@ -232,7 +232,11 @@ _KUBERNETES = Table({
     "no_execute": (Bool(), False),
     # The keeper's Lease (coordination.k8s.io/v1): one keeper acts at a time.
     "namespace": (Str("gpugate", lambda v: _word(v, "a namespace")), "gpugate"),
-    "lease_seconds": (Number(5, 3600), 60.0),
+    # Longer than a keeper run (25 s) and the watch interval (30 s) together: a leader renews in time.
+    "lease_seconds": (Number(60, 3600), 60.0),
+    # The nodes the keeper reads and budgets: a label selector ("": every Node; GPU Feature Discovery's
+    # "nvidia.com/gpu.present=true" keeps CPU and control-plane nodes out of the pools).
+    "node_selector": (Str("nvidia.com/gpu.present=true"), ""),
 })
 
 _CONFIG = Table({

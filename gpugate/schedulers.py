@@ -4,12 +4,23 @@ gpugate.toml): Slurm (gpugate.slurm's backends) or Kubernetes
 drain, undrain, resume, set_comment, report_verdict, lead, close; the
 ownership rules, the budget and the keeper are written once above it."""
 
+from .errors import ConfigError
+
+
+def require_slurm(settings, what: str) -> None:
+    """The controller commands not built for Kubernetes yet refuse, saying
+    so, rather than reach for a Slurm that is not there."""
+    if getattr(settings, "scheduler", "slurm") != "slurm":
+        raise ConfigError("%s acts on Slurm only so far; this gpugate.toml says scheduler = %r "
+                          "(docs/kubernetes.md: what is built for Kubernetes: the node agent and "
+                          "`gpugate budget`)" % (what, settings.scheduler))
+
 
 def connect(settings, timeout=None, deadline=None):
     if getattr(settings, "scheduler", "slurm") == "kubernetes":
         from .kube.nodes import connect as kube_connect
 
-        return kube_connect(settings, deadline=deadline)
+        return kube_connect(settings, deadline=deadline, timeout=timeout)
     from .slurm import connect as slurm_connect
 
     return slurm_connect(settings, timeout=timeout, deadline=deadline)

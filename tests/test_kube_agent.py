@@ -81,7 +81,7 @@ def site(api, tmp_path):
     for name in NODES:
         make_node(admin, name, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
 
-    def config(who, share=1.0):
+    def config(who, share=1.0, extra=""):
         kube = api.kube_settings(who)
         path = tmp_path / ("gpugate-%s.toml" % who)
         path.write_text(
@@ -90,9 +90,9 @@ def site(api, tmp_path):
             '[sweep]\njournal = "%s/controller/sweep.db"\n'
             '[drain_budget]\nkey_file = "%s"\nmax_share = %s\n'
             '[kubernetes]\nserver = "%s"\ntoken_file = "%s"\nca_file = "%s"\npool_label = "nvidia.com/gpu.product"\n'
-            'lease_seconds = 30\n'
+            '%s\n'
             % (DEMO_BASELINE, tmp_path, fleet, tmp_path, key, share, kube["server"], kube["token_file"],
-               kube["ca_file"]))
+               kube["ca_file"], extra))
         return str(path)
 
     class Site:
@@ -266,3 +266,44 @@ def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budg
     figures = json.loads(run.stdout)
     assert figures.get("standby", "").startswith("another keeper leads: keeper-on-another-host"), figures
     assert figures["drained"] == []
+
+
+def test_an_admins_cordon_then_a_fit_node_the_condition_follows_the_verdict(site):
+    """Held by someone else, gpugate writes only its condition; once the
+    node is fit again the condition says so, though gpugate held nothing."""
+    site.admin.patch(node_path("gpu01"), {"spec": {"unschedulable": True}})
+    agent = site.config("agent")
+    sim(site, "gpu01", "gpu.4.ecc.uncorrected.volatile=3")
+    healthcheck(agent, "gpu01")
+    assert condition(site.admin.get(node_path("gpu01")))["status"] == "False"
+    sim(site, "gpu01", "gpu.4.ecc.uncorrected.volatile=0")  # the admin replaced the GPU
+    healthcheck(agent, "gpu01")
+    n1 = site.admin.get(node_path("gpu01"))
+    assert (condition(n1)["status"], condition(n1)["reason"]) == ("True", "Fit")
+    assert n1["spec"]["unschedulable"] is True and nv.our_taints(n1) == []  # the admin's cordon, theirs
+
+
+def test_no_execute_only_for_an_acute_finding_where_the_site_asks(site):
+    agent = site.config("agent", extra="no_execute = true")
+    sim(site, "gpu01", "gpu.3.ecc.uncorrected.volatile=2")
+    sim(site, "gpu02", "kernel=6.8.0-1")  # drift: budgeted; the budget is off here, so the node drains itself
+    for name in ("gpu01", "gpu02"):
+        healthcheck(agent, name)
+    effects = {n: sorted(t["effect"] for t in nv.our_taints(site.admin.get(node_path(n)))) for n in ("gpu01", "gpu02")}
+    assert effects == {"gpu01": ["NoExecute", "NoSchedule"], "gpu02": ["NoSchedule"]}, effects
+
+
+def test_a_keeper_that_cannot_hold_its_lease_fails_its_run_and_drains_nothing(site):
+    """Wrong namespace (its RBAC is gpugate's): not a quiet standby, a
+    failed run, so the keeper-stale alert fires."""
+    sim(site, "gpu[01-03]", "driver=550.54.15")
+    agent = site.config("agent", share=0.34)
+    for name in NODES:
+        healthcheck(agent, name)
+    keeper = site.config("keeper", share=0.34, extra='namespace = "kube-system"')
+    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    figures = json.loads(run.stdout)
+    assert run.returncode != 0 and figures["ok"] is False and "Lease" in figures["error"], figures
+    assert "403" in figures["error"] and figures["drained"] == []
+    assert not any(nv.our_taints(site.admin.get(node_path(n))) for n in NODES)

@@ -104,6 +104,45 @@ def test_drain_then_undrain_leaves_everyone_elses_taints_and_cordon_as_they_were
     assert not nv.state_of(back).drain or nv.state_of(back).reason == nv.FOREIGN_CORDON
 
 
+def test_a_record_left_behind_owns_no_later_cordon_and_no_place_in_the_queue():
+    """An admin lifted gpugate's hold by hand (taint removed, uncordoned)
+    and the annotation stayed; weeks later the admin cordons the node: that
+    cordon is the admin's, never lifted by gpugate, and a new drain starts
+    its own time (the keeper's oldest-first order)."""
+    held = merge(node(), nv.drain_patch(node(), DRIFT, "drift", False, 1000))
+    by_hand = merge(held, {"spec": {"taints": [], "unschedulable": True}})  # the admin's cordon now
+    state = nv.state_of(by_hand)
+    assert state.reason == nv.FOREIGN_CORDON and state.reason_time is None
+    assert ownership.decide(state, ECC_VERDICT, TAG, ("probe",)).kind == ownership.KEEP_ADMIN
+    assert "unschedulable" not in nv.undrain_patch(by_hand).get("spec", {})
+    again = merge(by_hand, {"spec": {"unschedulable": None}})  # the admin uncordons
+    redrained = merge(again, nv.drain_patch(again, DRIFT, "drift", False, 5000))
+    assert nv.state_of(redrained).reason_time == 5000
+
+
+def test_a_node_read_without_a_resource_version_is_never_written():
+    blind = node()
+    del blind["metadata"]["resourceVersion"]
+    for write in (lambda: nv.drain_patch(blind, ECC, "health", False, 1), lambda: nv.undrain_patch(blind),
+                  lambda: nv.comment_patch(blind, "x")):
+        try:
+            write()
+        except ValueError as exc:
+            assert "resourceVersion" in str(exc)
+        else:
+            raise AssertionError("a write without a precondition")
+
+
+def test_only_what_gpugate_reads_is_kept_of_a_node():
+    big = node(labels={"a": "b"})
+    big["status"]["images"] = [{"names": ["x" * 100], "sizeBytes": 1}] * 50
+    big["metadata"]["managedFields"] = [{"manager": "kubelet"}] * 20
+    small = nv.slim(big)
+    assert "images" not in small["status"] and "managedFields" not in small["metadata"]
+    assert nv.state_of(small) == nv.state_of(big)
+    assert nv.drain_patch(small, ECC, "health", True, 1) == nv.drain_patch(big, ECC, "health", True, 1)
+
+
 def test_every_write_carries_the_resource_version_read():
     n = node()
     for patch in (nv.drain_patch(n, ECC, "health", False, 1), nv.undrain_patch(n), nv.comment_patch(n, "x")):
@@ -113,7 +152,7 @@ def test_every_write_carries_the_resource_version_read():
 def test_the_pool_is_the_label_the_site_names():
     labelled = node(labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
     assert nv.state_of(labelled, "nvidia.com/gpu.product").partitions == ("NVIDIA-H100-80GB-HBM3",)
-    assert nv.state_of(node(), "nvidia.com/gpu.product").partitions == (nv.NO_POOL,)
+    assert nv.state_of(node(), "nvidia.com/gpu.product").partitions == ()  # in no pool: the keeper holds it
     assert nv.state_of(node()).partitions == ("all",)
 
 

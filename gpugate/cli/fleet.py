@@ -28,9 +28,15 @@ def _select_nodes(settings, nodes, partitions):
     a hostlist was given (the audit goes on without them)."""
     from ..errors import SlurmError
     from ..names import parse_hostlist
+    from ..schedulers import require_slurm
     from ..slurm import connect
 
     wanted = set(parse_hostlist(nodes)) if nodes else None
+    if wanted is None or partitions:
+        require_slurm(settings, "gpugate audit without -w, or with -p,")
+    if getattr(settings, "scheduler", "slurm") != "slurm":  # -w alone: the nodes named, no partitions
+        click.echo("gpugate audit: no partitions recorded (scheduler = %r)" % settings.scheduler, err=True)
+        return sorted(wanted), None
     try:
         states = connect(settings).nodes()
     except SlurmError as exc:

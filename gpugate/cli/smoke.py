@@ -36,11 +36,13 @@ def smoke(config, nodes, pairs, as_json):
     from ClusterShell.NodeSet import NodeSet
 
     from ..config import load_checked_baseline, load_settings
+    from ..schedulers import require_slurm
     from ..slurm import connect
     from ..sweep.byhand import smoke_by_hand
     from ..sweep.pairs import UNPAIRED
 
     settings = load_settings(config, missing_ok=config is None)
+    require_slurm(settings, "gpugate smoke")
     baseline = load_checked_baseline(settings)
     if not settings.sweep["smoke"]:
         raise click.ClickException("no smoke job configured ([sweep] smoke = [])")

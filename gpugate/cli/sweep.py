@@ -11,9 +11,11 @@ import click
 
 def _context(config):
     from ..config import load_checked_baseline, load_settings
+    from ..schedulers import require_slurm
     from ..slurm import connect
 
     settings = load_settings(config, missing_ok=config is None)
+    require_slurm(settings, "gpugate sweep")
     return settings, load_checked_baseline(settings), connect(settings)
 
 
@@ -157,12 +159,14 @@ def sweep_forgive(ctx, config, nodes):
     """
     from ..config import load_settings
     from ..names import parse_hostlist
+    from ..schedulers import require_slurm
     from ..slurm import connect
     from ..sweep import run
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X forgive N` too
     names = sorted(parse_hostlist(nodes, "NODES"))
     settings = load_settings(config, missing_ok=config is None)
+    require_slurm(settings, "gpugate sweep forgive")
     journal = run.open_journal(settings)
     try:
         for line in run.forgive(settings, connect(settings), journal, names, who=os.environ.get("SUDO_USER", "")):

@@ -95,8 +95,10 @@ class KubeClient:
         return limit
 
     def request(self, method: str, path: str, body=None, content_type: str = "application/json",
-                query: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """The decoded JSON answer; KubeError for anything but 2xx."""
+                query: Optional[Dict[str, Any]] = None, text: bool = False) -> Dict[str, Any]:
+        """The decoded JSON answer; KubeError for anything but 2xx, and for
+        a 2xx that is not a JSON object (a proxy's page must never read as
+        an empty Node).  text: the answer is plain text ({"text": ...})."""
         url = path + ("?" + urlencode(query) if query else "")
         headers = {"Accept": "application/json", "User-Agent": "gpugate"}
         if self.token:
@@ -119,18 +121,22 @@ class KubeClient:
         if len(raw) > _MAX_BODY:
             self.close()
             raise KubeError("kubernetes %s %s: answer larger than %d bytes" % (method, path, _MAX_BODY))
+        if text and 200 <= response.status < 300:
+            return {"text": raw.decode("utf-8", "replace")}
         try:
-            answer = json.loads(raw) if raw else {}
+            answer = json.loads(raw)
         except ValueError:
-            answer = {}
+            answer = None
         if not 200 <= response.status < 300:
             reason = answer.get("reason", "") if isinstance(answer, dict) else ""
-            message = answer.get("message", "") if isinstance(answer, dict) else raw[:200].decode("utf-8", "replace")
+            message = (answer.get("message", "") if isinstance(answer, dict)
+                       else raw[:200].decode("utf-8", "replace"))
             raise KubeError("kubernetes %s %s: %d %s: %s" % (method, path, response.status, reason or
                                                              response.reason, message[:300]),
                             response.status, reason)
         if not isinstance(answer, dict):
-            raise KubeError("kubernetes %s %s: the answer is not a JSON object" % (method, path))
+            raise KubeError("kubernetes %s %s: %d, but the answer is not a JSON object: %r"
+                            % (method, path, response.status, raw[:120]))
         return answer
 
     # ------------------------------------------------------------ verbs

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from typing import Optional
 
 NAME = "gpugate-budget-keeper"
+# Hosts' clocks differ: a Lease counts as expired only this long after
+# renewTime + leaseDurationSeconds by ours (client-go times expiry from when
+# it saw the last change; a keeper started by a timer has no such memory).
+SKEW_SECONDS = 10.0
 
 
 def _micro(at: float) -> str:
@@ -42,14 +46,17 @@ def _parse(text) -> Optional[float]:
 
 def acquire(client, namespace: str, identity: str, seconds: float, clock=time.time, name: str = NAME) -> str:
     """"" when ``identity`` holds the Lease now (taken or renewed), else why
-    not (another holder, not yet expired; a race lost; the API refused)."""
+    it stands by (another holder, not yet expired; a race lost to another
+    keeper).  KubeError when the Lease cannot be read, created or written,
+    or says something it cannot judge: a failed run, never a quiet standby."""
     path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (namespace, name)
     now = clock()
     try:
         lease = client.get(path)
     except KubeError as exc:
         if exc.status != 404:
-            return "the keeper's Lease %s/%s cannot be read: %s" % (namespace, name, exc)
+            raise KubeError("the keeper's Lease %s/%s cannot be read: %s" % (namespace, name, exc),
+                            exc.status, exc.reason) from None
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(seconds),
@@ -57,16 +64,24 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
         try:
             client.create("/apis/coordination.k8s.io/v1/namespaces/%s/leases" % namespace, body)
         except KubeError as exc2:
-            return "the keeper's Lease %s/%s was not created: %s" % (namespace, name, exc2)
+            if exc2.status == 409:
+                return "another keeper created the Lease %s/%s at the same moment" % (namespace, name)
+            raise KubeError("the keeper's Lease %s/%s was not created: %s" % (namespace, name, exc2),
+                            exc2.status, exc2.reason) from None
         return ""
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity") or ""
     renewed = _parse(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
     duration = float(duration) if isinstance(duration, (int, float)) else float(seconds)
-    if holder and holder != identity and renewed is not None and now < renewed + duration:
-        return ("another keeper leads: %s holds the Lease %s/%s, renewed %.0fs ago (expires after %.0fs)"
-                % (holder, namespace, name, now - renewed, duration))
+    if holder and holder != identity:
+        if renewed is None:
+            raise KubeError("the keeper's Lease %s/%s is held by %s with a renewTime that cannot be read (%r): "
+                            "not taken; delete the Lease if that keeper is gone"
+                            % (namespace, name, holder, spec.get("renewTime")))
+        if now < renewed + duration + SKEW_SECONDS:
+            return ("another keeper leads: %s holds the Lease %s/%s, renewed %.0fs ago (expires after %.0fs)"
+                    % (holder, namespace, name, now - renewed, duration))
     changed = holder != identity
     spec = dict(spec, holderIdentity=identity, leaseDurationSeconds=int(seconds), renewTime=_micro(now))
     if changed:
@@ -78,5 +93,6 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
     except KubeError as exc:
         if exc.status == 409:
             return "another keeper took or renewed the Lease %s/%s at the same moment" % (namespace, name)
-        return "the keeper's Lease %s/%s was not written: %s" % (namespace, name, exc)
+        raise KubeError("the keeper's Lease %s/%s was not written: %s" % (namespace, name, exc),
+                        exc.status, exc.reason) from None
     return ""

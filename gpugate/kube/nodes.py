@@ -33,11 +33,13 @@ class KubeNodes:
 
     name = "kubernetes"
     node_read = ""
+    reports_verdict = True  # the GpugateHealthy condition: act keeps a fit run reading until it says so
 
     def __init__(self, client, kube, tag: str, clock=time.time):
         self.client, self.tag, self.clock = client, tag, clock
         self.kube = kube
         self.pool_label = str(kube.get("pool_label") or "")
+        self.selector = str(kube.get("node_selector") or "")  # the keeper's nodes: the GPU nodes gpugate judges
         self.no_execute = bool(kube.get("no_execute"))
         self.why = "configured"
         self._seen: Dict[str, dict] = {}  # the Node objects last read, for the writes decided on them
@@ -46,7 +48,9 @@ class KubeNodes:
         self.client.close()
 
     def lead(self, who: str) -> str:
-        """Why this keeper must not act now ("": it holds the Lease)."""
+        """Why this keeper must not act now ("": it holds the Lease);
+        KubeError when the Lease cannot be read or written (a failed run,
+        never a quiet standby: the keeper-stale alert must fire)."""
         from .lease import acquire
 
         return acquire(self.client, str(self.kube.get("namespace") or "gpugate"), who,
@@ -61,17 +65,21 @@ class KubeNodes:
                 self._seen.pop(name, None)
                 return None
             raise
-        self._seen[name] = node
+        meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
+        if node.get("kind") not in (None, "Node") or meta.get("name") != name:
+            raise KubeError("kubernetes: GET %s answered something that is not that Node" % node_path(name))
+        self._seen[name] = nv.slim(node)
         return nv.state_of(node, self.pool_label)
 
     def nodes(self, names: Optional[str] = None, lean: bool = False):
         wanted = set(_expand(names)) if names else None
         states = {}
-        for node in self.client.list_pages("/api/v1/nodes"):
+        query = {"labelSelector": self.selector} if self.selector else {}
+        for node in self.client.list_pages("/api/v1/nodes", **query):
             name = (node.get("metadata") or {}).get("name")
             if not isinstance(name, str) or (wanted is not None and name not in wanted):
                 continue
-            self._seen[name] = node
+            self._seen[name] = nv.slim(node)
             states[name] = nv.state_of(node, self.pool_label)
         return states
 
@@ -85,7 +93,7 @@ class KubeNodes:
     # ------------------------------------------------------------- writes
     def _patch(self, name: str, patch, sub: str = "", kind: str = "merge") -> None:
         try:
-            self._seen[name] = self.client.patch(node_path(name, sub), patch, kind)
+            self._seen[name] = nv.slim(self.client.patch(node_path(name, sub), patch, kind))
         except KubeError as exc:
             self._seen.pop(name, None)  # read again before any other write
             if exc.status == 409:
@@ -96,10 +104,13 @@ class KubeNodes:
     def drain(self, names: str, reason: str) -> None:
         parsed = reasons.parse(reason, self.tag)
         cls = parsed.cls if parsed is not None else "probe"
+        # NoExecute (running pods evicted) for an acute finding only, where the site asked:
+        # a budgeted drift, or a probe that could not tell, lets running pods finish.
+        no_execute = self.no_execute and reasons.acute(parsed)
         failed = []
         for name in _expand(names):
             try:
-                patch = nv.drain_patch(self.node_object(name), reason, cls, self.no_execute, int(self.clock()))
+                patch = nv.drain_patch(self.node_object(name), reason, cls, no_execute, int(self.clock()))
                 self._patch(name, patch)
             except (ValueError, GpugateError) as exc:
                 failed.append("%s: %s" % (name, exc))
@@ -132,7 +143,10 @@ class KubeNodes:
             self._patch(name, patch, sub="status", kind="strategic")
 
 
-def connect(settings, deadline: Optional[float] = None) -> KubeNodes:
+def connect(settings, deadline: Optional[float] = None, timeout: Optional[float] = None) -> KubeNodes:
     from .client import connect as client_for
 
-    return KubeNodes(client_for(settings.kubernetes, deadline), settings.kubernetes, settings.reason_tag)
+    kube = dict(settings.kubernetes)
+    if timeout:
+        kube["timeout_seconds"] = min(float(kube.get("timeout_seconds", 10.0)), float(timeout))
+    return KubeNodes(client_for(kube, deadline), settings.kubernetes, settings.reason_tag)

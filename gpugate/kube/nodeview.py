@@ -33,7 +33,6 @@ TAINT_KEY = "gpugate.io/unfit"
 OWNED = "gpugate.io/owned"  # what gpugate set on this node: reason, when, its taints' effects, its cordon
 PENDING = "gpugate.io/pending"  # a budgeted finding, signed, for the keeper (gpugate.slurm.pending's text)
 CONDITION = "GpugateHealthy"
-NO_POOL = "(no pool label)"
 FOREIGN_CORDON = "cordoned (spec.unschedulable) by someone else"
 
 
@@ -80,7 +79,10 @@ def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     record = owned(node)
     cordoned = bool(spec.get("unschedulable"))
-    ours = bool(our_taints(node)) or (cordoned and record.get("cordon") is True)
+    # gpugate writes its taint and its cordon together: without its taint, a
+    # record left behind (an admin lifted the hold by hand) owns nothing,
+    # and a cordon there now is whoever's made it.
+    ours = bool(our_taints(node))
     reason = ""
     if ours:
         reason = record["reason"]
@@ -94,18 +96,22 @@ def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
     if ready == "Unknown":
         flags.add("NOT_RESPONDING")
     labels = meta.get("labels") or {}
-    pool = str(labels.get(pool_label) or NO_POOL) if pool_label else "all"
+    # The budget's pools: the label's value; a node without it is in none,
+    # so the keeper holds its findings ("in no partition") and drains nothing there.
+    pools = ((str(labels[pool_label]),) if labels.get(pool_label) else ()) if pool_label else ("all",)
     at = record.get("at") if ours else None
     return NodeState(
         name=str(meta.get("name", "")), state="IDLE" if ready == "True" else "DOWN", flags=frozenset(flags),
         reason=reason, reason_time=int(at) if isinstance(at, (int, float)) else None, reason_user="",
-        partitions=(pool,), comment=str((meta.get("annotations") or {}).get(PENDING) or ""))
+        partitions=pools, comment=str((meta.get("annotations") or {}).get(PENDING) or ""))
 
 
 def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, now: int) -> Dict[str, Any]:
     """Hold the node for ``reason``: gpugate's taint (its value the class),
-    its cordon unless someone else's stands, its ownership record.  Raises
-    ValueError when a taint with gpugate's key is not gpugate's."""
+    its cordon unless someone else's stands, its ownership record.
+    no_execute: a NoExecute taint too (the caller passes it for an acute
+    finding only, where the site asked).  Raises ValueError when a taint
+    with gpugate's key is not gpugate's, or the read has no resourceVersion."""
     if foreign_taints(node):
         raise ValueError("a %s taint on the node was not written by gpugate: left alone" % TAINT_KEY)
     record, spec = owned(node), node.get("spec") or {}
@@ -117,8 +123,9 @@ def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, n
         taint = {"key": TAINT_KEY, "value": value, "effect": effect}
         same = [t for t in mine if t.get("effect") == effect and t.get("value") == value]
         taints.append(same[0] if same else taint)  # (its timeAdded kept when unchanged)
-    cordon_ours = record.get("cordon") is True if spec.get("unschedulable") else True
-    keep_at = record.get("reason") == reason and isinstance(record.get("at"), (int, float))
+    held = bool(mine)  # a record without gpugate's taint is a leftover: it owns no cordon and no time
+    cordon_ours = (held and record.get("cordon") is True) if spec.get("unschedulable") else True
+    keep_at = held and record.get("reason") == reason and isinstance(record.get("at"), (int, float))
     new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": effects,
            "cordon": cordon_ours}
     return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)}),
@@ -134,7 +141,7 @@ def undrain_patch(node: Dict[str, Any]) -> Dict[str, Any]:
     body = {}
     if mine:
         body["taints"] = [t for t in _taints(node) if t not in mine]
-    if spec.get("unschedulable") and record.get("cordon") is True:
+    if spec.get("unschedulable") and mine and record.get("cordon") is True:
         body["unschedulable"] = False
     if body:
         patch["spec"] = body
@@ -146,11 +153,25 @@ def comment_patch(node: Dict[str, Any], text: str) -> Dict[str, Any]:
 
 
 def _precondition(node, annotations) -> Dict[str, Any]:
-    meta = {"annotations": annotations}
+    """Every write carries the resourceVersion it was decided on: without
+    one a merge patch would replace the node's whole taint list blind."""
     version = (node.get("metadata") or {}).get("resourceVersion")
-    if version:
-        meta["resourceVersion"] = version
-    return meta
+    if not isinstance(version, str) or not version:
+        raise ValueError("the Node read has no resourceVersion: nothing is written on it")
+    return {"annotations": annotations, "resourceVersion": version}
+
+
+def slim(node: Dict[str, Any]) -> Dict[str, Any]:
+    """Only what gpugate reads or writes of a Node (a real one carries its
+    images and more, 10-20 KB; the keeper holds thousands)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    keep = {"metadata": {k: meta[k] for k in ("name", "resourceVersion", "labels", "annotations") if k in meta},
+            "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+            "status": {"conditions": status.get("conditions") or []}}
+    for key in ("kind", "apiVersion"):
+        if key in node:
+            keep[key] = node[key]
+    return keep
 
 
 def condition_for(fit: bool, cls: str, reason: str, held: str = "") -> Tuple[str, str, str]:

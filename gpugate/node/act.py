@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Any, Dict, Optional
 
 MARKER = "drained-by-gpugate"
+# Kubernetes: the node's GpugateHealthy condition says unfit; a fit run must
+# read the node (and set it True) even when gpugate holds nothing there.
+REPORTED_UNFIT = "reported-unfit"
 
 
 def marker_path(settings, node: str) -> str:
@@ -41,7 +44,8 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
-    if verdict.fit and not check_fit and not os.path.exists(marker) and not hold.published(settings, node):
+    if (verdict.fit and not check_fit and not os.path.exists(marker) and not hold.published(settings, node)
+            and not os.path.exists(os.path.join(settings.state_dir(node), REPORTED_UNFIT))):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
     if verdict.fit and in_service and not hold.published(settings, node):
         # slurmctld says the node is in service: no drain of ours to clear.
@@ -115,10 +119,34 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
                 slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
                 slurm.undrain(node)
-            if decision.kind != ownership.UNKNOWN:
-                slurm.report_verdict(node, verdict, state if decision.kind != ownership.UNDRAIN else None)
+            reported = _report(settings, slurm, node, verdict, state if decision.kind != ownership.UNDRAIN
+                               else None) if decision.kind != ownership.UNKNOWN else ""
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
+    outcome = _decided(settings, verdict, decision, state, marker, why_held)
+    if reported:
+        outcome["condition_error"] = reported
+    return outcome
+
+
+def _report(settings, slurm, node: str, verdict, state) -> str:
+    """The verdict where the scheduler carries one (Kubernetes' condition):
+    best effort, after the drain or lift it describes, which stands either
+    way; "" or why it was not written (the log line says so; the next run
+    that reads the node writes it)."""
+    if not slurm.reports_verdict:
+        return ""
+    try:
+        slurm.report_verdict(node, verdict, state)
+    except (GpugateError, OSError) as exc:
+        return str(exc)[:300]
+    _set_marker(os.path.join(settings.state_dir(node), REPORTED_UNFIT), not verdict.fit)
+    return ""
+
+
+def _decided(settings, verdict, decision, state, marker: str, why_held) -> Dict[str, Any]:
+    from ..slurm import ownership
+
     if why_held and decision.kind == ownership.DRAIN:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": True, "applied": True}
     if decision.kind == ownership.UNKNOWN:

@@ -3,6 +3,8 @@ in terms of each backend's own ``update``."""
 
 
 class NodeUpdates:
+    reports_verdict = False  # Slurm carries no verdict but a drain's reason (Kubernetes: a condition)
+
     def update(self, names: str, state: str, reason=None) -> None:
         raise NotImplementedError
 

@@ -124,11 +124,9 @@ class KubeAPI:
                                                                   os.path.join(self.dir, name + ".log")))
             if os.path.exists(self.ca_file):
                 try:
-                    self.admin().get("/readyz")
+                    self.admin().request("GET", "/readyz", text=True)  # "ok", not JSON
                     return
                 except KubeError as exc:
-                    last = str(exc)
-                except ValueError as exc:  # /readyz answers "ok", not JSON
                     last = str(exc)
             time.sleep(0.2)
         raise ClusterError("kube-apiserver not ready in %.0fs (%s): see %s" % (timeout, last[:200], self.dir))

@@ -1,0 +1,42 @@
+"""gpugate.toml's Kubernetes settings, and the controller commands not built
+for Kubernetes yet refusing clearly (issue 37): no API server needed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpugate.config import ConfigError, parse_settings
+
+DEMO_BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpugate", "data",
+                             "demo-baseline.toml")
+
+
+def test_the_kubernetes_table_is_validated():
+    s = parse_settings({"scheduler": "kubernetes", "kubernetes": {"server": "https://10.0.0.1:6443",
+                                                                  "node_selector": "nvidia.com/gpu.present=true"}},
+                       "(test)")
+    assert s.scheduler == "kubernetes" and s.kubernetes["lease_seconds"] == 60.0
+    assert s.kubernetes["token_file"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    for bad, why in (({"scheduler": "nomad"}, "scheduler"), ({"kubernetes": {"server": "10.0.0.1"}}, "https://"),
+                     ({"kubernetes": {"lease_seconds": 10}}, "lease_seconds"),
+                     ({"kubernetes": {"token_file": "token"}}, "token_file"),
+                     ({"kubernetes": {"bogus": 1}}, "bogus")):
+        with pytest.raises(ConfigError) as info:
+            parse_settings(bad, "(test)")
+        assert why in str(info.value), info.value
+
+
+@pytest.mark.parametrize("argv", [["sweep"], ["status"], ["audit"], ["smoke", "-w", "gpu01"],
+                                  ["sweep", "forgive", "gpu01"]])
+def test_controller_commands_not_built_for_kubernetes_refuse_and_say_so(tmp_path, argv):
+    config = tmp_path / "gpugate.toml"
+    config.write_text('scheduler = "kubernetes"\nbaseline = "%s"\n[sweep]\njournal = "%s/sweep.db"\n'
+                      'smoke = ["/bin/true"]\n' % (DEMO_BASELINE, tmp_path))
+    cmd = [sys.executable, "-m", "gpugate"] + argv[:1] + ["--config", str(config)] + argv[1:]
+    if argv[:2] == ["sweep", "forgive"]:
+        cmd = [sys.executable, "-m", "gpugate", "sweep", "--config", str(config), "forgive", "gpu01"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "acts on Slurm only so far" in out.stderr and "docs/kubernetes.md" in out.stderr, out.stderr
