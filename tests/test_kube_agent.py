@@ -7,7 +7,6 @@ with ``scheduler = "kubernetes"`` and the node agent's own ServiceAccount
 token, so the RBAC of deploy/kubernetes/rbac.yaml is all it has.  The
 manifests are applied to the same server with strict field validation."""
 
-import glob
 import json
 import os
 import socket
@@ -52,72 +51,18 @@ def api(tmp_path_factory):
         server.stop()
 
 
-def make_node(admin, name, labels=None):
-    try:
-        admin.request("DELETE", node_path(name))
-    except KubeError:
-        pass
-    admin.create("/api/v1/nodes", {"metadata": {"name": name, "labels": dict(labels or {})},
-                                   "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}})
-    # What the kubelet would write: Ready, and 8 GPUs.
-    admin.patch(node_path(name, "status"), {"status": {
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test",
-                        "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
-        "capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}}, "strategic")
+DEDICATED = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}  # the site's own taint
 
 
 @pytest.fixture
 def site(api, tmp_path):
-    """A simulated fleet of three healthy nodes, their Node objects, and
-    gpugate.toml for the node agent (its token) and the keeper (its own)."""
-    fleet = str(tmp_path / "fleet")
-    init = subprocess.run([sys.executable, "-m", "gpugate", "sim", "init", fleet, "--nodes", "gpu[01-03]",
-                           "--baseline", DEMO_BASELINE], capture_output=True, text=True, timeout=120)
-    assert init.returncode == 0, init.stderr
-    key = tmp_path / "drain-budget.key"
-    key.write_bytes(os.urandom(32))
-    os.chmod(str(key), 0o600)
-    admin = api.admin()
-    for name in NODES:
-        make_node(admin, name, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+    """Three healthy simulated GPU nodes that are Kubernetes nodes
+    (gpugate.testbed.kube.KubeFleet), each with the site's own taint."""
+    from gpugate.testbed.kube import KubeFleet
 
-    def config(who, share=1.0, extra=""):
-        kube = api.kube_settings(who)
-        path = tmp_path / ("gpugate-%s.toml" % who)
-        path.write_text(
-            'baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\nscheduler = "kubernetes"\n'
-            '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n'
-            '[sweep]\njournal = "%s/controller/sweep.db"\n'
-            '[drain_budget]\nkey_file = "%s"\nmax_share = %s\n'
-            '[kubernetes]\nserver = "%s"\ntoken_file = "%s"\nca_file = "%s"\npool_label = "nvidia.com/gpu.product"\n'
-            '%s\n'
-            % (DEMO_BASELINE, tmp_path, fleet, tmp_path, key, share, kube["server"], kube["token_file"],
-               kube["ca_file"], extra))
-        return str(path)
-
-    class Site:
-        pass
-    s = Site()
-    s.fleet, s.admin, s.config, s.dir = fleet, admin, config, str(tmp_path)
-    return s
-
-
-def healthcheck(config, node):
-    from gpugate.testbed.procs import installed_entry_point
-
-    result = subprocess.run([installed_entry_point("healthcheck"), "--config", config],
-                            env={"GPUGATE_NODE_NAME": node}, capture_output=True, text=True, timeout=120)
-    return result
-
-
-def last_record(site, node):
-    path = os.path.join(site.dir, "state", node, "gpugate.log")
-    for candidate in (path,) + tuple(glob.glob(os.path.join(site.dir, "state", node, "*.log"))):
-        if os.path.exists(candidate):
-            with open(candidate) as handle:
-                lines = [line for line in handle if line.strip()]
-            return json.loads(lines[-1].split(" ", 1)[-1] if not lines[-1].startswith("{") else lines[-1])
-    return {}
+    fleet = KubeFleet(api, str(tmp_path), NODES, DEMO_BASELINE,
+                      labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, taints=[DEDICATED])
+    return fleet
 
 
 def condition(node_obj):
@@ -127,15 +72,11 @@ def condition(node_obj):
     return None
 
 
-def sim(site, node, *assignments):
-    out = subprocess.run([sys.executable, "-m", "gpugate", "sim", "set", site.fleet, node] + list(assignments),
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-
-
 def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
     admin = api.admin()
-    make_node(admin, "gpu09")
+    from gpugate.testbed.kube import add_node
+
+    add_node(admin, "gpu09")
     agent, keeper, stranger = api.client("agent"), api.client("keeper"), api.client("stranger")
     assert agent.get(node_path("gpu09"))["metadata"]["name"] == "gpu09"
     agent.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "1"}}})
@@ -159,15 +100,15 @@ def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
 
 
 def test_an_acute_finding_taints_and_cordons_its_node_only_and_fit_nodes_say_so(site):
-    sim(site, "gpu01", "gpu.3.ecc.uncorrected.volatile=2")  # a counter: the finding stands run after run
+    site.sim("gpu01", "gpu.3.ecc.uncorrected.volatile=2")  # a counter: the finding stands run after run
     agent = site.config("agent")
     for name in NODES:
-        result = healthcheck(agent, name)
+        result = site.healthcheck(agent, name)
         assert result.returncode in (0, 1), result.stderr
     n1 = site.admin.get(node_path("gpu01"))
     ours = nv.our_taints(n1)
     assert [(t["key"], t["value"], t["effect"]) for t in ours] == [(nv.TAINT_KEY, "health", "NoSchedule")]
-    assert {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"} in n1["spec"]["taints"]  # the site's stays
+    assert DEDICATED in n1["spec"]["taints"]  # the site's stays
     assert n1["spec"]["unschedulable"] is True
     reason = json.loads(n1["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason.startswith("gpugate: health ecc:gpu3="), reason
@@ -179,7 +120,7 @@ def test_an_acute_finding_taints_and_cordons_its_node_only_and_fit_nodes_say_so(
         assert (condition(other)["status"], condition(other)["reason"]) == ("True", "Fit")
     # Written only on change: a second run with the same findings writes nothing.
     version = n1["metadata"]["resourceVersion"]
-    healthcheck(agent, "gpu01")
+    site.healthcheck(agent, "gpu01")
     assert site.admin.get(node_path("gpu01"))["metadata"]["resourceVersion"] == version
 
 
@@ -188,11 +129,11 @@ def test_a_one_time_event_leaves_the_node_held_and_says_it_is_fit_now(site):
     not a class that clears itself: held until the sweep proves it, which
     the condition says."""
     agent = site.config("agent")
-    sim(site, "gpu03", "gpu.2.xid=79")
-    healthcheck(agent, "gpu03")
+    site.sim("gpu03", "gpu.2.xid=79")
+    site.healthcheck(agent, "gpu03")
     reason = json.loads(site.admin.get(node_path("gpu03"))["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason.startswith("gpugate: health xid:gpu2=79"), reason
-    healthcheck(agent, "gpu03")
+    site.healthcheck(agent, "gpu03")
     n3 = site.admin.get(node_path("gpu03"))
     assert [t["value"] for t in nv.our_taints(n3)] == ["health"] and n3["spec"]["unschedulable"] is True
     cond = condition(n3)
@@ -208,13 +149,13 @@ def test_a_probe_finding_clears_itself_and_lifts_only_gpugates_hold(site):
     replay = [sys.executable, "-m", "gpugate", "sim", "replay", site.fleet, "gpu02"]
     subprocess.run(replay + ["--stdout-file", garbage, "--exit-code", "255", "--", "dcgmi", "health", "-c", "-j"],
                    check=True, timeout=60, capture_output=True)  # DCGM's host engine is down: could not tell
-    healthcheck(agent, "gpu02")
+    site.healthcheck(agent, "gpu02")
     n2 = site.admin.get(node_path("gpu02"))
     reason = json.loads(n2["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason.startswith("gpugate: probe dcgm_health="), reason
     assert [t["value"] for t in nv.our_taints(n2)] == ["probe"] and n2["spec"]["unschedulable"] is True
     subprocess.run(replay + ["--clear", "--", "dcgmi", "health", "-c", "-j"], check=True, timeout=60, capture_output=True)
-    healthcheck(agent, "gpu02")  # DCGM answers again: fit, and probe clears itself
+    site.healthcheck(agent, "gpu02")  # DCGM answers again: fit, and probe clears itself
     n2 = site.admin.get(node_path("gpu02"))
     assert nv.our_taints(n2) == [] and not n2["spec"].get("unschedulable")
     assert n2["spec"]["taints"] == before
@@ -223,23 +164,23 @@ def test_a_probe_finding_clears_itself_and_lifts_only_gpugates_hold(site):
 
 def test_an_admins_cordon_is_left_alone_and_gpugate_holds_the_node_once_it_is_lifted(site):
     site.admin.patch(node_path("gpu02"), {"spec": {"unschedulable": True}})
-    sim(site, "gpu02", "gpu.1.xid=79")
+    site.sim("gpu02", "gpu.1.xid=79")
     agent = site.config("agent")
-    healthcheck(agent, "gpu02")
+    site.healthcheck(agent, "gpu02")
     n2 = site.admin.get(node_path("gpu02"))
     assert nv.our_taints(n2) == [] and nv.OWNED not in (n2["metadata"].get("annotations") or {})
     assert condition(n2)["status"] == "False"  # the verdict is published all the same
     site.admin.patch(node_path("gpu02"), {"spec": {"unschedulable": None}})  # the admin uncordons
-    healthcheck(agent, "gpu02")
+    site.healthcheck(agent, "gpu02")
     n2 = site.admin.get(node_path("gpu02"))
     assert [t["value"] for t in nv.our_taints(n2)] == ["health"] and n2["spec"]["unschedulable"] is True
 
 
 def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budget(site):
-    sim(site, "gpu[01-03]", "driver=550.54.15")
+    site.sim("gpu[01-03]", "driver=550.54.15")
     agent = site.config("agent", share=0.34)
     for name in NODES:
-        result = healthcheck(agent, name)
+        result = site.healthcheck(agent, name)
         assert result.returncode in (0, 1), result.stderr
     for name in NODES:
         node = site.admin.get(node_path(name))
@@ -247,10 +188,8 @@ def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budg
         assert node["metadata"]["annotations"].get(nv.PENDING)  # published, signed, for the keeper
         assert condition(node)["reason"] == "Drift"
     keeper = site.config("keeper", share=0.34)
-    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
-                         capture_output=True, text=True, timeout=120)
-    figures = json.loads(run.stdout)
-    assert run.returncode == 0 and figures["fleet_reads"] >= 1, (run.stdout, run.stderr)
+    figures = site.keeper(keeper)
+    assert figures["_exit"] == 0 and figures["fleet_reads"] >= 1, figures
     tainted = [n for n in NODES if nv.our_taints(site.admin.get(node_path(n)))]
     assert tainted == figures["drained"] and len(tainted) == 1, figures  # 34% of a pool of three
     assert json.loads(site.admin.get(node_path(tainted[0]))["metadata"]["annotations"][nv.OWNED])[
@@ -261,9 +200,7 @@ def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budg
     site.admin.replace("/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/gpugate-budget-keeper",
                        dict(lease, spec=dict(lease["spec"], holderIdentity="keeper-on-another-host",
                                              renewTime=time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()))))
-    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
-                         capture_output=True, text=True, timeout=120)
-    figures = json.loads(run.stdout)
+    figures = site.keeper(keeper)
     assert figures.get("standby", "").startswith("another keeper leads: keeper-on-another-host"), figures
     assert figures["drained"] == []
 
@@ -273,11 +210,11 @@ def test_an_admins_cordon_then_a_fit_node_the_condition_follows_the_verdict(site
     node is fit again the condition says so, though gpugate held nothing."""
     site.admin.patch(node_path("gpu01"), {"spec": {"unschedulable": True}})
     agent = site.config("agent")
-    sim(site, "gpu01", "gpu.4.ecc.uncorrected.volatile=3")
-    healthcheck(agent, "gpu01")
+    site.sim("gpu01", "gpu.4.ecc.uncorrected.volatile=3")
+    site.healthcheck(agent, "gpu01")
     assert condition(site.admin.get(node_path("gpu01")))["status"] == "False"
-    sim(site, "gpu01", "gpu.4.ecc.uncorrected.volatile=0")  # the admin replaced the GPU
-    healthcheck(agent, "gpu01")
+    site.sim("gpu01", "gpu.4.ecc.uncorrected.volatile=0")  # the admin replaced the GPU
+    site.healthcheck(agent, "gpu01")
     n1 = site.admin.get(node_path("gpu01"))
     assert (condition(n1)["status"], condition(n1)["reason"]) == ("True", "Fit")
     assert n1["spec"]["unschedulable"] is True and nv.our_taints(n1) == []  # the admin's cordon, theirs
@@ -285,10 +222,10 @@ def test_an_admins_cordon_then_a_fit_node_the_condition_follows_the_verdict(site
 
 def test_no_execute_only_for_an_acute_finding_where_the_site_asks(site):
     agent = site.config("agent", extra="no_execute = true")
-    sim(site, "gpu01", "gpu.3.ecc.uncorrected.volatile=2")
-    sim(site, "gpu02", "kernel=6.8.0-1")  # drift: budgeted; the budget is off here, so the node drains itself
+    site.sim("gpu01", "gpu.3.ecc.uncorrected.volatile=2")
+    site.sim("gpu02", "kernel=6.8.0-1")  # drift: budgeted; the budget is off here, so the node drains itself
     for name in ("gpu01", "gpu02"):
-        healthcheck(agent, name)
+        site.healthcheck(agent, name)
     effects = {n: sorted(t["effect"] for t in nv.our_taints(site.admin.get(node_path(n)))) for n in ("gpu01", "gpu02")}
     assert effects == {"gpu01": ["NoExecute", "NoSchedule"], "gpu02": ["NoSchedule"]}, effects
 
@@ -296,14 +233,12 @@ def test_no_execute_only_for_an_acute_finding_where_the_site_asks(site):
 def test_a_keeper_that_cannot_hold_its_lease_fails_its_run_and_drains_nothing(site):
     """Wrong namespace (its RBAC is gpugate's): not a quiet standby, a
     failed run, so the keeper-stale alert fires."""
-    sim(site, "gpu[01-03]", "driver=550.54.15")
+    site.sim("gpu[01-03]", "driver=550.54.15")
     agent = site.config("agent", share=0.34)
     for name in NODES:
-        healthcheck(agent, name)
+        site.healthcheck(agent, name)
     keeper = site.config("keeper", share=0.34, extra='namespace = "kube-system"')
-    run = subprocess.run([sys.executable, "-m", "gpugate", "budget", "--config", keeper, "--json"],
-                         capture_output=True, text=True, timeout=120)
-    figures = json.loads(run.stdout)
-    assert run.returncode != 0 and figures["ok"] is False and "Lease" in figures["error"], figures
+    figures = site.keeper(keeper)
+    assert figures["_exit"] != 0 and figures["ok"] is False and "Lease" in figures["error"], figures
     assert "403" in figures["error"] and figures["drained"] == []
     assert not any(nv.our_taints(site.admin.get(node_path(n))) for n in NODES)

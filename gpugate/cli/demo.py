@@ -255,3 +255,8 @@ def demo_down(directory):
     cluster.nodes = node_names_from_conf(cluster.conf)
     cluster.stop()
     click.echo("stopped %s" % directory)
+
+
+from .demo_kube import demo_kubernetes  # noqa: E402  (a subcommand of the group above)
+
+demo.add_command(demo_kubernetes)

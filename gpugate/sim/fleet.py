@@ -13,6 +13,7 @@ rewrites root/ and replay.json from the model after every change.
 
 import json
 import os
+import stat
 import sys
 import time
 import uuid
@@ -284,11 +285,24 @@ def _install_executables(bindir: str, absent=()) -> None:
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
-    """Atomic replace: a probe never reads a half-written simulated file."""
+    """Atomic replace: a probe never reads a half-written simulated file.
+    A file that already says the same is left alone: a change rewrites
+    only what it changes, so the moment a check could read it half-done
+    (between its first and last write; quiet.wait_quiet keeps runs already
+    going out of it) is a few files long, not the whole node's hundreds."""
     from ..safeio import write_atomic
 
+    data = text.encode()
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode and st.st_size == len(data):
+            with open(path, "rb") as handle:
+                if handle.read(len(data) + 1) == data:
+                    return
+    except OSError:
+        pass
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    write_atomic(path, text.encode(), mode=mode, durable=False, exact_mode=True)  # random O_EXCL temp name
+    write_atomic(path, data, mode=mode, durable=False, exact_mode=True)  # random O_EXCL temp name
 
 
 def _remove(path: str) -> None:

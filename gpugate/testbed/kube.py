@@ -169,6 +169,12 @@ class KubeAPI:
         """gpugate.toml's [kubernetes] for one of USERS."""
         return {"server": self.server, "token_file": self.token_file(who), "ca_file": self.ca_file}
 
+    def write_pids(self) -> None:
+        """Left running (the demo's --keep): each process's pid, to stop it by hand."""
+        for name, proc in self.procs.items():
+            with open(os.path.join(self.dir, name + ".pid"), "w") as handle:
+                handle.write("%d\n" % proc.pid)
+
     def stop(self) -> None:
         for name in ("kube-apiserver", "etcd"):
             proc = self.procs.pop(name, None)
@@ -181,3 +187,88 @@ class KubeAPI:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=15)
         shutil.rmtree(os.path.join(self.dir, "etcd"), ignore_errors=True)
+
+
+def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(), gpus: int = 8) -> None:
+    """A Node object as a kubelet would register it (created fresh), and
+    the Ready condition and GPU capacity it would report."""
+    from ..kube.client import KubeError, node_path
+
+    try:
+        admin.request("DELETE", node_path(name))
+    except KubeError:
+        pass
+    admin.create("/api/v1/nodes", {"metadata": {"name": name, "labels": dict(labels or {})},
+                                   "spec": {"taints": [dict(t) for t in taints]}})
+    admin.patch(node_path(name, "status"), {"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpugate testbed",
+                        "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
+        "capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)}}}, "strategic")
+
+
+class KubeFleet:
+    """Simulated GPU nodes that are Kubernetes nodes: a sim fleet (gpugate
+    sim init, the demo baseline), their Node objects, the drain budget key,
+    and gpugate.toml for the node agent or the keeper (each with its own
+    ServiceAccount's token: the manifests' RBAC is all it has)."""
+
+    def __init__(self, api: KubeAPI, directory: str, names, baseline: str, labels=None, taints=()):
+        import sys
+
+        self.api, self.dir, self.names, self.baseline = api, directory, list(names), baseline
+        self.fleet = os.path.join(directory, "fleet")
+        self.python = sys.executable
+        init = subprocess.run([self.python, "-m", "gpugate", "sim", "init", self.fleet, "--nodes",
+                               ",".join(self.names), "--baseline", baseline], capture_output=True, text=True,
+                              timeout=120)
+        if init.returncode != 0:
+            raise ClusterError("gpugate sim init failed: %s" % init.stderr.strip()[:300])
+        self.key = os.path.join(directory, "drain-budget.key")
+        with open(self.key, "wb") as handle:
+            handle.write(os.urandom(32))
+        os.chmod(self.key, 0o600)
+        self.admin = api.admin()
+        for name in self.names:
+            add_node(self.admin, name, labels, taints)
+
+    def config(self, who: str, share: float = 1.0, extra: str = "") -> str:
+        kube = self.api.kube_settings(who)
+        path = os.path.join(self.dir, "gpugate-%s.toml" % who)
+        with open(path, "w") as handle:
+            handle.write(
+                'baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\nscheduler = "kubernetes"\n'
+                '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n'
+                '[sweep]\njournal = "%s/controller/sweep.db"\n'
+                '[drain_budget]\nkey_file = "%s"\nmax_share = %s\n'
+                '[kubernetes]\nserver = "%s"\ntoken_file = "%s"\nca_file = "%s"\n'
+                'pool_label = "nvidia.com/gpu.product"\n%s\n'
+                % (self.baseline, self.dir, self.fleet, self.dir, self.key, share, kube["server"],
+                   kube["token_file"], kube["ca_file"], extra))
+        return path
+
+    def healthcheck(self, config: str, node: str) -> subprocess.CompletedProcess:
+        """gpugate-healthcheck as installed, as the DaemonSet runs it."""
+        from .procs import installed_entry_point
+
+        return subprocess.run([installed_entry_point("healthcheck"), "--config", config],
+                              env={"GPUGATE_NODE_NAME": node}, capture_output=True, text=True, timeout=120)
+
+    def sim(self, nodes: str, *assignments: str) -> None:
+        out = subprocess.run([self.python, "-m", "gpugate", "sim", "set", self.fleet, nodes] + list(assignments),
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise ClusterError("gpugate sim set: %s" % out.stderr.strip()[:300])
+
+    def keeper(self, config: str) -> dict:
+        """One `gpugate budget --json` run; its figures."""
+        import json
+
+        out = subprocess.run([self.python, "-m", "gpugate", "budget", "--config", config, "--json"],
+                             capture_output=True, text=True, timeout=120)
+        try:
+            figures = json.loads(out.stdout)
+        except ValueError:
+            raise ClusterError("gpugate budget printed no figures (exit %d): %s"
+                               % (out.returncode, out.stderr.strip()[:300])) from None
+        figures["_exit"] = out.returncode
+        return figures
