@@ -226,16 +226,12 @@ _KUBERNETES = Table({
     "token_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/token"),
     "ca_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
     "timeout_seconds": (Number(1, 600), 10.0),
-    # The drain budget's pools: the value of this node label, as Slurm's partitions ("": one pool).
-    "pool_label": (Str("nvidia.com/gpu.product"), ""),
-    # Acute findings taint NoSchedule; NoExecute too (running pods evicted) only where the site says.
-    "no_execute": (Bool(), False),
-    # The keeper's Lease (coordination.k8s.io/v1): one keeper acts at a time.
-    "namespace": (Str("gpugate", lambda v: _word(v, "a namespace")), "gpugate"),
-    # Longer than a keeper run (25 s) and the watch interval (30 s) together: a leader renews in time.
+    "pool_label": (Str("nvidia.com/gpu.product"), ""),  # the budget's pools, as partitions ("": one pool)
+    "no_execute": (Bool(), False),  # NoExecute too (running pods evicted), for acute findings only
+    "namespace": (Str("gpugate", lambda v: _word(v, "a namespace")), "gpugate"),  # the keeper's Lease
+    # > a keeper run (25 s) + the watch interval (30 s): the leader renews in time
     "lease_seconds": (Number(60, 3600), 60.0),
-    # The nodes the keeper reads and budgets: a label selector ("": every Node; GPU Feature Discovery's
-    # "nvidia.com/gpu.present=true" keeps CPU and control-plane nodes out of the pools).
+    # The nodes the keeper reads and budgets ("": every Node; "nvidia.com/gpu.present=true": GPU nodes only).
     "node_selector": (Str("nvidia.com/gpu.present=true"), ""),
 })
 
