@@ -242,3 +242,17 @@ def test_a_keeper_that_cannot_hold_its_lease_fails_its_run_and_drains_nothing(si
     assert figures["_exit"] != 0 and figures["ok"] is False and "Lease" in figures["error"], figures
     assert "403" in figures["error"] and figures["drained"] == []
     assert not any(nv.our_taints(site.admin.get(node_path(n))) for n in NODES)
+
+
+def test_a_condition_that_cannot_be_written_leaves_the_drain_standing_and_says_why(site):
+    """The condition is best effort after the write it describes: an agent
+    whose token may patch Nodes but not their status (the keeper's here)
+    still taints the node, and its log line names the refusal."""
+    site.sim("gpu02", "gpu.5.ecc.uncorrected.volatile=1")
+    result = site.healthcheck(site.config("keeper"), "gpu02")
+    assert result.returncode == 1, result.stderr
+    n2 = site.admin.get(node_path("gpu02"))
+    assert [t["value"] for t in nv.our_taints(n2)] == ["health"] and condition(n2) is None
+    with open(os.path.join(site.dir, "state", "gpu02", "gpugate.log")) as handle:
+        record = json.loads(handle.read().strip().splitlines()[-1])
+    assert record["action"] == "drain" and "403" in record["condition_error"], record

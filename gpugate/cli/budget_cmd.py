@@ -11,6 +11,8 @@ def _render(status: dict) -> str:
         return "budget keeper: FAILED: %s (last good run: %s)\n" % (status.get("error"), _when(status.get("last_ok")))
     if status.get("why"):
         return "budget keeper: %s\n" % status["why"]
+    if status.get("standby"):  # Kubernetes: another keeper holds the Lease
+        return "budget keeper: standing by, draining nothing: %s\n" % status["standby"]
     lines = ["budget keeper: %d fleet read(s), %d single-node read(s) in %.2f s" % (
         status.get("fleet_reads", 0), status.get("single_reads", 0), status.get("took", 0.0))]
     for part, fig in sorted(status.get("partitions", {}).items()):
@@ -54,10 +56,16 @@ def budget(config, watch, as_json):
     unverified tag (pasted, copied, old) is held and named.  Exit 1 when
     Slurm failed or the key is missing or refused (nothing drained).
 
+    With `scheduler = "kubernetes"` the same on Node objects: one paginated
+    list, the pools by `[kubernetes] pool_label`, a drain is gpugate's
+    taint and cordon; one keeper acts at a time (the Lease
+    gpugate/gpugate-budget-keeper), the others stand by (exit 0).
+
     \b
     Examples:
       gpugate budget
       gpugate budget --watch 30
+      gpugate budget --json | jq '.drained, .standby'
     """
     from ..config import load_settings
     from ..keeper import run

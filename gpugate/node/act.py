@@ -245,7 +245,7 @@ def settle(settings, node: str, result, record: Dict[str, Any], deadline: Option
         return True
     outcome = act(settings, node, verdict, deadline=deadline)
     record["action"] = outcome["action"]
-    for key in ("backend", "backend_why", "node_read"):
+    for key in ("backend", "backend_why", "node_read", "condition_error"):
         if key in outcome:
             record[key] = outcome[key]
     if not outcome["ok"]:
