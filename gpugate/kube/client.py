@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import ssl
 import time
 from urllib.parse import quote, urlencode, urlsplit
@@ -107,17 +108,24 @@ class KubeClient:
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
             headers["Content-Type"] = content_type
-        limit = self._time_left()
-        self.requests += 1
-        try:
-            conn = self._connection(limit)
-            conn.request(method, url, body=data, headers=headers)
-            response = conn.getresponse()
-            raw = response.read(_MAX_BODY + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()  # a half-read connection is never reused
-            raise KubeError("kubernetes %s %s: no answer from %s within %.1fs: %s"
-                            % (method, path, self.server, limit, exc)) from None
+        for attempt in (1, 2):
+            limit = self._time_left()
+            reused = self._conn is not None and self._conn.sock is not None
+            self.requests += 1
+            try:
+                conn = self._connection(limit)
+                conn.request(method, url, body=data, headers=headers)
+                response = conn.getresponse()
+                raw = response.read(_MAX_BODY + 1)
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()  # a half-read connection is never reused
+                # A kept-alive connection the server closed meanwhile: a GET
+                # (which changes nothing) is asked once more on a new one.
+                if attempt == 1 and reused and method == "GET" and not isinstance(exc, socket.timeout):
+                    continue
+                raise KubeError("kubernetes %s %s: no answer from %s within %.1fs: %s"
+                                % (method, path, self.server, limit, exc)) from None
         if len(raw) > _MAX_BODY:
             self.close()
             raise KubeError("kubernetes %s %s: answer larger than %d bytes" % (method, path, _MAX_BODY))
