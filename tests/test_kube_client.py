@@ -95,3 +95,21 @@ def test_a_refusal_says_the_servers_reason_or_its_text(serve):
     with pytest.raises(KubeError) as info:
         client.get("/api/v1/nodes")
     assert info.value.status == 502 and "bad gateway from the proxy" in str(info.value)
+
+
+def test_a_node_answered_without_a_resource_version_is_never_written(serve):
+    """What a proxy or a broken server could answer: the backend refuses
+    every write on it with KubeError (the run fails and is retried), and
+    no PATCH reaches the server."""
+    from gpugate.kube.nodes import KubeNodes
+
+    node = {"kind": "Node", "metadata": {"name": "gpu01"}, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {}}
+    server = serve(lambda n: (200, json.dumps(node).encode(), False))
+    backend = KubeNodes(KubeClient(server.url, timeout=5), {}, "gpugate:")
+    for write in (lambda: backend.drain("gpu01", "gpugate: health ecc:gpu1=1 uncorrected (want <= 0)"),
+                  lambda: backend.undrain("gpu01"), lambda: backend.set_comment("gpu01", "x")):
+        with pytest.raises(KubeError) as info:
+            write()
+        assert "no resourceVersion" in str(info.value)
+    assert [c for c, _ in server.handler.seen if c != "GET"] == []

@@ -122,7 +122,7 @@ class KubeNodes:
         for name in _expand(names):
             try:
                 self._patch(name, nv.undrain_patch(self.node_object(name)))
-            except GpugateError as exc:
+            except (ValueError, GpugateError) as exc:  # ValueError: a read with no resourceVersion
                 failed.append("%s: %s" % (name, exc))
         if failed:
             raise KubeError("; ".join(failed)[:600])
@@ -130,7 +130,11 @@ class KubeNodes:
     resume = undrain  # one hold to lift on Kubernetes: gpugate's taint, cordon and record
 
     def set_comment(self, name: str, text: str) -> None:
-        self._patch(name, nv.comment_patch(self.node_object(name), text))
+        try:
+            patch = nv.comment_patch(self.node_object(name), text)
+        except ValueError as exc:  # a read with no resourceVersion: nothing written
+            raise KubeError("kubernetes: Node %s: %s" % (name, exc)) from None
+        self._patch(name, patch)
 
     def report_verdict(self, name: str, verdict, state) -> None:
         """The GpugateHealthy condition, written only when it changes."""
