@@ -44,6 +44,11 @@ def _parse(text) -> Optional[float]:
         return whole
 
 
+def _refused(namespace: str, name: str, what: str, exc: KubeError) -> KubeError:
+    """The API's refusal, said as the keeper's: a failed run, never a standby."""
+    return KubeError("the keeper's Lease %s/%s %s: %s" % (namespace, name, what, exc), exc.status, exc.reason)
+
+
 def acquire(client, namespace: str, identity: str, seconds: float, clock=time.time, name: str = NAME) -> str:
     """"" when ``identity`` holds the Lease now (taken or renewed), else why
     it stands by (another holder, not yet expired; a race lost to another
@@ -55,8 +60,7 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
         lease = client.get(path)
     except KubeError as exc:
         if exc.status != 404:
-            raise KubeError("the keeper's Lease %s/%s cannot be read: %s" % (namespace, name, exc),
-                            exc.status, exc.reason) from None
+            raise _refused(namespace, name, "cannot be read", exc) from None
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"holderIdentity": identity, "leaseDurationSeconds": int(seconds),
@@ -66,8 +70,7 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
         except KubeError as exc2:
             if exc2.status == 409:
                 return "another keeper created the Lease %s/%s at the same moment" % (namespace, name)
-            raise KubeError("the keeper's Lease %s/%s was not created: %s" % (namespace, name, exc2),
-                            exc2.status, exc2.reason) from None
+            raise _refused(namespace, name, "was not created", exc2) from None
         return ""
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity") or ""
@@ -93,6 +96,5 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
     except KubeError as exc:
         if exc.status == 409:
             return "another keeper took or renewed the Lease %s/%s at the same moment" % (namespace, name)
-        raise KubeError("the keeper's Lease %s/%s was not written: %s" % (namespace, name, exc),
-                        exc.status, exc.reason) from None
+        raise _refused(namespace, name, "was not written", exc) from None
     return ""
