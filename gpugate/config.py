@@ -8,6 +8,7 @@ import os
 from .errors import ConfigError
 from . import trust
 from .record import dataclass
+from .kube.settings import table as kube_table
 from .schema import (AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
 
@@ -218,22 +219,8 @@ _PREFLIGHT = Table({
     "undecided": (Choice("start", "requeue_once"), "start"),
 })
 
-# Kubernetes nodes (gpugate.kube, docs/kubernetes.md): where the node agent
-# and the keeper reach the API server.  Defaults: a pod's own ServiceAccount.
-_KUBERNETES = Table({
-    "server": (Str("https://10.0.0.1:6443", lambda v: None if v == "" or v.startswith(("https://", "http://"))
-                   else "expected https://HOST[:PORT] or \"\" (in a pod: KUBERNETES_SERVICE_HOST)"), ""),
-    "token_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/token"),
-    "ca_file": (_OPT_PATH, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
-    "timeout_seconds": (Number(1, 600), 10.0),
-    "pool_label": (Str("nvidia.com/gpu.product"), ""),  # the budget's pools, as partitions ("": one pool)
-    "no_execute": (Bool(), False),  # NoExecute too (running pods evicted), for acute findings only
-    "namespace": (Str("gpugate", lambda v: _word(v, "a namespace")), "gpugate"),  # the keeper's Lease
-    # > a keeper run (25 s) + the watch interval (30 s): the leader renews in time
-    "lease_seconds": (Number(60, 3600), 60.0),
-    # The nodes the keeper reads and budgets ("": every Node; "nvidia.com/gpu.present=true": GPU nodes only).
-    "node_selector": (Str("nvidia.com/gpu.present=true"), ""),
-})
+# Kubernetes nodes (gpugate.kube.settings, docs/kubernetes.md).
+_KUBERNETES = kube_table(_OPT_PATH, _word)
 
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),

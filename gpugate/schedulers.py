@@ -12,8 +12,8 @@ def require_slurm(settings, what: str) -> None:
     so, rather than reach for a Slurm that is not there."""
     if getattr(settings, "scheduler", "slurm") != "slurm":
         raise ConfigError("%s acts on Slurm only so far; this gpugate.toml says scheduler = %r "
-                          "(docs/kubernetes.md: what is built for Kubernetes: the node agent and "
-                          "`gpugate budget`)" % (what, settings.scheduler))
+                          "(docs/kubernetes.md: what is built for Kubernetes: the node agent, "
+                          "`gpugate budget` and `gpugate sweep`)" % (what, settings.scheduler))
 
 
 def connect(settings, timeout=None, deadline=None):

@@ -28,15 +28,24 @@ def test_the_kubernetes_table_is_validated():
         assert why in str(info.value), info.value
 
 
-@pytest.mark.parametrize("argv", [["sweep"], ["status"], ["audit"], ["smoke", "-w", "gpu01"],
-                                  ["sweep", "forgive", "gpu01"]])
+@pytest.mark.parametrize("argv", [["status"], ["audit"], ["smoke", "-w", "gpu01"]])
 def test_controller_commands_not_built_for_kubernetes_refuse_and_say_so(tmp_path, argv):
     config = tmp_path / "gpugate.toml"
     config.write_text('scheduler = "kubernetes"\nbaseline = "%s"\n[sweep]\njournal = "%s/sweep.db"\n'
                       'smoke = ["/bin/true"]\n' % (DEMO_BASELINE, tmp_path))
     cmd = [sys.executable, "-m", "gpugate"] + argv[:1] + ["--config", str(config)] + argv[1:]
-    if argv[:2] == ["sweep", "forgive"]:
-        cmd = [sys.executable, "-m", "gpugate", "sweep", "--config", str(config), "forgive", "gpu01"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
     assert "acts on Slurm only so far" in out.stderr and "docs/kubernetes.md" in out.stderr, out.stderr
+
+
+def test_sweep_force_is_refused_on_kubernetes_before_anything_is_read(tmp_path):
+    """--force cancels Slurm jobs; on Kubernetes nothing may bypass a PodDisruptionBudget."""
+    config = tmp_path / "gpugate.toml"
+    config.write_text('scheduler = "kubernetes"\nbaseline = "%s"\n[sweep]\njournal = "%s/sweep.db"\n'
+                      '[kubernetes]\nserver = "https://127.0.0.1:1"\n' % (DEMO_BASELINE, tmp_path))
+    out = subprocess.run([sys.executable, "-m", "gpugate", "sweep", "--config", str(config), "--apply", "--force"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "PodDisruptionBudget is never bypassed" in out.stderr, out.stderr
+    assert not os.path.exists(tmp_path / "sweep.db")

@@ -9,13 +9,14 @@ import click
 
 
 
-def _context(config):
+def _context(config, force=False):
     from ..config import load_checked_baseline, load_settings
-    from ..schedulers import require_slurm
-    from ..slurm import connect
+    from ..schedulers import connect
 
     settings = load_settings(config, missing_ok=config is None)
-    require_slurm(settings, "gpugate sweep")
+    if force and settings.scheduler == "kubernetes":
+        raise click.UsageError("--force cancels Slurm jobs; on Kubernetes pods leave through the Eviction API and "
+                               "a PodDisruptionBudget is never bypassed (a blocked node is deferred, held)")
     return settings, load_checked_baseline(settings), connect(settings)
 
 
@@ -55,7 +56,7 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
     from ..sweep.transport import make as make_transport
     from .sweep_render import plan_json, plan_text, report_json, report_text
 
-    settings, baseline, slurm = _context(config)
+    settings, baseline, slurm = _context(config, force)
     options = run.options(settings, baseline, partition, nodes, max_batch)
     transport = make_transport(settings)
     held = run.lock(settings) if apply_ else None
@@ -159,14 +160,12 @@ def sweep_forgive(ctx, config, nodes):
     """
     from ..config import load_settings
     from ..names import parse_hostlist
-    from ..schedulers import require_slurm
-    from ..slurm import connect
+    from ..schedulers import connect
     from ..sweep import run
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X forgive N` too
     names = sorted(parse_hostlist(nodes, "NODES"))
     settings = load_settings(config, missing_ok=config is None)
-    require_slurm(settings, "gpugate sweep forgive")
     journal = run.open_journal(settings)
     try:
         for line in run.forgive(settings, connect(settings), journal, names, who=os.environ.get("SUDO_USER", "")):

@@ -16,8 +16,15 @@ def _commands(batch, settings):
     cfg = settings.sweep
     nodes = list(batch.nodes)
     out = []
+    kube = getattr(settings, "scheduler", "slurm") == "kubernetes"
     if batch.remedy == "escalate":
+        if kube:
+            return ["taint %s gpugate.io/unfit=rma:NoSchedule, reason '%s rma ...'" % (_hostlist(nodes),
+                                                                                    settings.reason_tag)]
         return ["scontrol update NodeName=%s State=DRAIN Reason='%s rma ...'" % (_hostlist(nodes), settings.reason_tag)]
+    if kube:
+        out.append("evict the pods on %s through the Eviction API (PodDisruptionBudgets respected; at %ss a "
+                   "blocked node is deferred, held)" % (_hostlist(nodes), cfg["drain_timeout"]))
     if batch.remedy == "reconverge" and cfg["converge"]:
         groups = [[n] for n in nodes] if cfg["converge_per"] == "node" else [nodes]
         out += [" ".join(expand(cfg["converge"], g)) for g in groups[:3]]
@@ -31,10 +38,21 @@ def _commands(batch, settings):
     if batch.remedy == "reset":
         out.append("%s reset-gpus --gpu N ... --json   (on each node; falls to the reboot if it fails)"
                    % " ".join(cfg["gpugate"]))
+    elif kube:
+        reboot = settings.kubernetes.get("reboot") or []
+        out.append(" ".join(expand(reboot, nodes[:1])) + "   (each node; then a new bootID and Ready)" if reboot
+                   else "(no [kubernetes] reboot command: the sweep stops here, the nodes held)")
     else:
         out.append("scontrol reboot ASAP nextstate=DOWN reason=<gpugate reason> %s" % _hostlist(nodes))
     out.append("%s check --mode verify --json   (on each node, %s transport)"
                % (" ".join(cfg["gpugate"]), cfg["transport"]))
+    if kube:
+        if cfg["smoke"]:
+            out.append("smoke Pod on each node: %s %s" % (settings.kubernetes.get("smoke_image") or
+                                                          "(no [kubernetes] smoke_image: the sweep stops here)",
+                                                          " ".join(str(a) for a in cfg["smoke"])[:100]))
+        out.append("lift gpugate's taint and cordon on the verified nodes   (only if the hold is still gpugate's)")
+        return out
     out.append("scontrol update NodeName=<verified nodes> State=RESUME   (only if the reason is still gpugate's)")
     return out
 

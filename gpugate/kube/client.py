@@ -139,6 +139,11 @@ class KubeClient:
             reason = answer.get("reason", "") if isinstance(answer, dict) else ""
             message = (answer.get("message", "") if isinstance(answer, dict)
                        else raw[:200].decode("utf-8", "replace"))
+            # A refused eviction names the PodDisruptionBudget in its causes only.
+            details = answer.get("details") if isinstance(answer, dict) else None
+            causes = [c["message"] for c in (details.get("causes") or [] if isinstance(details, dict) else [])
+                      if isinstance(c, dict) and isinstance(c.get("message"), str)]
+            message = "; ".join([message] + causes[:3])
             raise KubeError("kubernetes %s %s: %d %s: %s" % (method, path, response.status, reason or
                                                              response.reason, message[:300]),
                             response.status, reason)

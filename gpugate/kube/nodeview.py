@@ -167,7 +167,8 @@ def slim(node: Dict[str, Any]) -> Dict[str, Any]:
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     keep = {"metadata": {k: meta[k] for k in ("name", "resourceVersion", "labels", "annotations") if k in meta},
             "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
-            "status": {"conditions": status.get("conditions") or []}}
+            "status": {"conditions": status.get("conditions") or [],
+                       "nodeInfo": {"bootID": (status.get("nodeInfo") or {}).get("bootID") or ""}}}
     for key in ("kind", "apiVersion"):
         if key in node:
             keep[key] = node[key]

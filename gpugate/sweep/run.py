@@ -126,12 +126,23 @@ def preview(settings, current: Plan) -> Tuple[List[str], str]:
 def apply(settings, baseline, slurm, transport, journal, opts: Options, argv: Sequence[str], force: bool = False,
           say: Callable[[str], None] = lambda text: None):
     """Run the sweep (the caller holds the lock); the journal records the run."""
-    from .engine import Sweeper
-
     journal.start_run(list(argv))
-    report = Sweeper(settings, baseline, slurm, transport, journal, opts, force=force, say=say).run()
+    report = sweeper_class(settings)(settings, baseline, slurm, transport, journal, opts, force=force, say=say).run()
     journal.end_run("stopped" if report.stopped else "ok")
     return report
+
+
+def sweeper_class(settings):
+    """The sweep engine for the scheduler gpugate.toml names: Slurm's, or
+    Kubernetes' (the same planner, journal and ladder; its own evictions,
+    reboot proof and smoke Pod: gpugate.kube.sweeper)."""
+    if getattr(settings, "scheduler", "slurm") == "kubernetes":
+        from ..kube.sweeper import KubeSweeper
+
+        return KubeSweeper
+    from .engine import Sweeper
+
+    return Sweeper
 
 
 def forgive(settings, slurm, journal, names: Sequence[str], who: str = "") -> List[str]:

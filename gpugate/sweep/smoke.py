@@ -240,12 +240,18 @@ def finding(problem: str) -> Finding:
 class SmokeStep:
     """Mixed into engine.Sweeper (next to steps.Steps)."""
 
+    smoke_unit = "job"  # what runs the proof, in the journal: a Slurm job (a Pod on Kubernetes)
+
     def _step_smoke(self, nodes, records) -> None:
         self._begin(nodes, "smoke")
         if not self.cfg["smoke"]:
             for name in nodes:
                 self._done(name, "smoke", "no smoke job configured")
             return
+        self._smoke_nodes(nodes, records)
+
+    def _smoke_nodes(self, nodes, records) -> None:
+        """The proof itself (Slurm: a job per node in the batch's reservation)."""
         by_reservation: Dict[str, List[str]] = {}
         for name in nodes:
             by_reservation.setdefault(records[name].reservation, []).append(name)
@@ -341,7 +347,8 @@ class SmokeStep:
         site = ""
         for name in nodes:
             res = results[name]
-            detail = "job %s %s in %.0fs" % (res.job or "-", "passed" if res.passed else res.problem, res.seconds)
+            detail = "%s %s %s in %.0fs" % (self.smoke_unit, res.job or "-", "passed" if res.passed else res.problem,
+                                             res.seconds)
             self.journal.stage(name, "smoke single", jr.DONE if res.passed else jr.FAILED, detail)
             site = site or (res.site and "%s on %s: %s" % (_command(self.cfg["smoke"]), name, res.site))
             mine = [r for r in runs if name in r.nodes]

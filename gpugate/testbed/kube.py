@@ -24,6 +24,7 @@ USERS = {
     "admin": ("admin", "system:masters"),
     "agent": ("system:serviceaccount:%s:gpugate-node-agent" % NAMESPACE, "system:serviceaccounts"),
     "keeper": ("system:serviceaccount:%s:gpugate-keeper" % NAMESPACE, "system:serviceaccounts"),
+    "sweep": ("system:serviceaccount:%s:gpugate-sweep" % NAMESPACE, "system:serviceaccounts"),
     "stranger": ("system:serviceaccount:default:someone", "system:serviceaccounts"),
 }
 
@@ -37,6 +38,8 @@ _COLLECTIONS = {
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
+    "PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
 }
 
 
@@ -203,7 +206,8 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
     admin.patch(node_path(name, "status"), {"status": {
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpugate testbed",
                         "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
-        "capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)}}}, "strategic")
+        "capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)},
+        "nodeInfo": {"bootID": "boot-0-%s" % name}}}, "strategic")
 
 
 class KubeFleet:
@@ -231,20 +235,40 @@ class KubeFleet:
         for name in self.names:
             add_node(self.admin, name, labels, taints)
 
-    def config(self, who: str, share: float = 1.0, extra: str = "") -> str:
+    def config(self, who: str, share: float = 1.0, extra: str = "", sweep: str = "") -> str:
+        """extra: more [kubernetes] lines; sweep: more [sweep] lines."""
         kube = self.api.kube_settings(who)
         path = os.path.join(self.dir, "gpugate-%s.toml" % who)
         with open(path, "w") as handle:
             handle.write(
                 'baseline = "%s"\nstate_dir = "%s/state/{node}"\nlog = "file"\nscheduler = "kubernetes"\n'
                 '[healthcheck]\nboot_grace_seconds = 0\n[sim]\nfleet = "%s"\n'
-                '[sweep]\njournal = "%s/controller/sweep.db"\n'
+                '[sweep]\njournal = "%s/controller/sweep.db"\n%s\n'
                 '[drain_budget]\nkey_file = "%s"\nmax_share = %s\n'
                 '[kubernetes]\nserver = "%s"\ntoken_file = "%s"\nca_file = "%s"\n'
                 'pool_label = "nvidia.com/gpu.product"\n%s\n'
-                % (self.baseline, self.dir, self.fleet, self.dir, self.key, share, kube["server"],
+                % (self.baseline, self.dir, self.fleet, self.dir, sweep, self.key, share, kube["server"],
                    kube["token_file"], kube["ca_file"], extra))
         return path
+
+    def sweep_settings(self, poll: float = 0.3, drain_timeout: float = 20, smoke: bool = True) -> str:
+        """The sweep's [sweep] and [kubernetes] lines for this fleet: the
+        local transport, `gpugate sim converge`, the test kubelet's reboot
+        (gpugate.testbed.kubelet), the replayed all_reduce_perf in a Pod."""
+        import json
+
+        gpugate = [self.python, "-m", "gpugate"]
+        converge = gpugate + ["sim", "converge", self.fleet, "{nodes}", "--baseline", self.baseline]
+        kube = self.api.kube_settings("admin")
+        reboot = [self.python, "-m", "gpugate.testbed.kubelet", "reboot", "--fleet", self.fleet, "--server",
+                  kube["server"], "--token-file", kube["token_file"], "--ca-file", kube["ca_file"], "{node}"]
+        smoke_argv = [os.path.join(self.fleet, "{node}", "bin", "all_reduce_perf"), "-b", "1G", "-e", "8G", "-f",
+                      "2", "-g", "{gpus}"] if smoke else []
+        sweep = {"transport": "local", "gpugate": gpugate, "converge": converge, "poll_seconds": poll,
+                 "drain_timeout": drain_timeout, "reboot_timeout": 60, "verify_timeout": 120, "smoke": smoke_argv,
+                 "smoke_deadline": 60}
+        lines = "\n".join("%s = %s" % (k, json.dumps(v)) for k, v in sweep.items())
+        return lines, 'reboot = %s\nsmoke_image = "registry.example.com/nccl-tests:2.13"' % json.dumps(reboot)
 
     def healthcheck(self, config: str, node: str) -> subprocess.CompletedProcess:
         """gpugate-healthcheck as installed, as the DaemonSet runs it."""

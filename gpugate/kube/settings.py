@@ -1,0 +1,32 @@
+"""gpugate.toml's [kubernetes] table: where the node agent, the keeper and
+the sweep reach the API server, and what the sweep needs that Slurm gave
+it (a reboot command, the smoke Pod's image).  Defaults: a pod's own
+ServiceAccount.  The validators for paths and words are config.py's."""
+
+from ..schema import Bool, ListOf, Number, Str, Table
+
+
+def table(opt_path, word) -> Table:
+    return Table({
+        "server": (Str("https://10.0.0.1:6443", lambda v: None if v == "" or v.startswith(("https://", "http://"))
+                       else "expected https://HOST[:PORT] or \"\" (in a pod: KUBERNETES_SERVICE_HOST)"), ""),
+        "token_file": (opt_path, "/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        "ca_file": (opt_path, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        "timeout_seconds": (Number(1, 600), 10.0),
+        "pool_label": (Str("nvidia.com/gpu.product"), ""),  # the budget's pools, as partitions ("": one pool)
+        "no_execute": (Bool(), False),  # NoExecute too (running pods evicted), for acute findings only
+        "namespace": (Str("gpugate", lambda v: word(v, "a namespace")), "gpugate"),  # the Lease, the smoke Pods
+        # > a keeper run (25 s) + the watch interval (30 s): the leader renews in time
+        "lease_seconds": (Number(60, 3600), 60.0),
+        # The nodes the keeper and the sweep read ("": every Node; "nvidia.com/gpu.present=true": GPU nodes only).
+        "node_selector": (Str("nvidia.com/gpu.present=true"), ""),
+        # The sweep's reboot: Kubernetes has no reboot verb, so the site's own
+        # command (run on the sweep's host, {node} the Node's name), e.g. a BMC
+        # tool or ["ssh", "{node}", "systemctl", "reboot"].  []: a node that
+        # needs a reboot stops the sweep, held, with this named.
+        "reboot": (ListOf(Str("systemctl")), []),
+        # The smoke all_reduce as a Pod pinned to the node ("": no smoke on Kubernetes).
+        "smoke_image": (Str("nvcr.io/nvidia/pytorch:25.01-py3"), ""),
+        "smoke_resource": (Str("nvidia.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
+                           "nvidia.com/gpu"),  # amd.com/gpu on AMD nodes
+    })

@@ -1,0 +1,140 @@
+"""The sweep's smoke all_reduce on a Kubernetes node: a Pod bound to the
+node by name (spec.nodeName: no scheduler decides, and the node's cordon
+and gpugate's taint keep every other pod off), all of the node's GPUs
+through the device plugin's resource, no API token, restartPolicy Never and
+activeDeadlineSeconds (one try: a retry would hide a flaky node).
+
+A Pod rather than a Job: the sweep owns its whole life (made, waited for
+within smoke_deadline, judged, deleted), and a Job's retries and controller
+add nothing here.  The result comes back in the container's termination
+message (the API server keeps it in the Pod's status; no kubelet log
+stream is needed): a small sh wrapper runs the command and leaves the
+nccl-tests table and summary there (the per-rank device lines dropped,
+spaces squeezed: Kubernetes keeps 4096 bytes).  The image is the site's
+(nccl-tests or rccl-tests, and a POSIX sh, grep, tr and tail)."""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import quote
+
+from .client import KubeError
+from .evict import SMOKE_LABEL
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
+
+TERMINATION_LOG = "/dev/termination-log"
+MESSAGE_BYTES = 4000  # under the kubelet's 4096
+# $1: the termination message file; the rest: the command.  Its exit code is the Pod's.
+WRAPPER = ('out=/dev/shm/gpugate-smoke.out; log="$1"; shift; "$@" >"$out" 2>&1; rc=$?; '
+           'grep -v "^# *Rank " "$out" | tr -s " " | tail -c %d >"$log"; cat "$out"; exit $rc' % MESSAGE_BYTES)
+
+
+def pod_name(node: str, nonce: str) -> str:
+    """gpugate-smoke-NODE-NONCE, within a Pod name's 253 characters."""
+    return ("gpugate-smoke-%s" % node)[:240].rstrip(".-") + "-" + nonce
+
+
+def pod_spec(name: str, node: str, namespace: str, image: str, argv, gpus: Optional[int], resource: str,
+             deadline: int) -> dict:
+    limits = {resource: str(gpus)} if gpus else {}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {SMOKE_LABEL: "all_reduce"},
+                     "annotations": {"gpugate.io/node": node}},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Never", "activeDeadlineSeconds": int(deadline),
+            "automountServiceAccountToken": False, "enableServiceLinks": False,
+            # Bound by name it passes no scheduler; a NoExecute taint would still evict it.
+            "tolerations": [{"key": "gpugate.io/unfit", "operator": "Exists"},
+                            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}],
+            "containers": [{
+                "name": "smoke", "image": image, "command": ["/bin/sh", "-c", WRAPPER, "gpugate-smoke",
+                                                             TERMINATION_LOG] + [str(a) for a in argv],
+                "terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File",
+                "resources": {"limits": limits},
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
+            # NCCL's shared-memory transport needs more than a container's 64 MiB /dev/shm.
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]}}
+
+
+def ended(pod: dict) -> Optional[Tuple[Optional[int], str, str]]:
+    """(exit code, termination message, why) once the Pod has ended, else
+    None.  exit code None: it never ran its command to an end."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    if phase not in ("Succeeded", "Failed"):
+        return None
+    for cs in status.get("containerStatuses") or []:
+        term = ((cs or {}).get("state") or {}).get("terminated") if isinstance(cs, dict) else None
+        if isinstance(term, dict):
+            code = term.get("exitCode")
+            return (code if isinstance(code, int) else None, str(term.get("message") or ""),
+                    str(term.get("reason") or phase))
+    return None, "", str(status.get("reason") or phase)  # e.g. DeadlineExceeded before it started
+
+
+def waiting_reason(pod: dict) -> str:
+    """Why a Pod has not started: ErrImagePull, ImagePullBackOff, ... ("" when unknown)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        wait = ((cs or {}).get("state") or {}).get("waiting") if isinstance(cs, dict) else None
+        if isinstance(wait, dict) and wait.get("reason"):
+            return str(wait["reason"])
+    return ""
+
+
+class SmokePods:
+    """Make, wait for and delete the smoke Pods of one batch."""
+
+    def __init__(self, client, namespace: str, sleep=time.sleep):
+        self.client, self.namespace, self.sleep = client, namespace, sleep
+        self.base = "/api/v1/namespaces/%s/pods" % quote(namespace, safe="")
+
+    def run(self, specs: Dict[str, dict], deadline: float, poll: float) -> Dict[str, dict]:
+        """{node: {"exit", "message", "why", "seconds", "pod", "late"}}; every Pod deleted after."""
+        made: Dict[str, str] = {}
+        out: Dict[str, dict] = {}
+        started = time.monotonic()
+        try:
+            for node, spec in specs.items():
+                self.client.create(self.base, spec)
+                made[node] = spec["metadata"]["name"]
+            waiting = set(made)
+            while waiting:
+                for node in sorted(waiting):
+                    pod = self.client.get("%s/%s" % (self.base, quote(made[node], safe="")))
+                    end = ended(pod)
+                    if end is not None:
+                        out[node] = {"exit": end[0], "message": end[1], "why": end[2], "pod": made[node],
+                                     "seconds": time.monotonic() - started, "late": False}
+                        waiting.discard(node)
+                    else:
+                        out[node] = {"exit": None, "message": "", "why": waiting_reason(pod) or "not started",
+                                     "pod": made[node], "seconds": time.monotonic() - started, "late": True}
+                left = deadline - (time.monotonic() - started)
+                if not waiting or left <= 0:
+                    break
+                self.sleep(min(poll, left))
+            return out
+        finally:
+            self.delete(made.values())
+
+    def delete(self, names) -> None:
+        for name in names:
+            try:
+                self.client.request("DELETE", "%s/%s" % (self.base, quote(name, safe="")),
+                                    {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+
+    def leftovers(self) -> List[str]:
+        """Smoke Pods an interrupted sweep left (they would hold GPUs)."""
+        return [p["metadata"]["name"] for p in self.client.list_pages(self.base, labelSelector=SMOKE_LABEL)]
+
+
+def nonce() -> str:
+    return os.urandom(4).hex()

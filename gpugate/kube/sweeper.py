@@ -1,0 +1,251 @@
+"""`gpugate sweep` on Kubernetes: the Slurm sweep's planner, journal,
+ladder, verification, escalation and history (gpugate.sweep.engine), with
+the steps that are Slurm's done the Kubernetes way:
+
+- wait_drained: the node's pods leave through the Eviction API
+  (gpugate.kube.evict); a PodDisruptionBudget that refuses is asked again
+  each poll until drain_timeout, then the node is deferred, held, with the
+  budget named.  Never bypassed: --force is refused on Kubernetes;
+- reboot / wait_up: the site's [kubernetes] reboot command; the reboot is
+  proven by a new bootID in the Node's status and Ready again (the bootID
+  before it is journaled, so a sweeper killed in between proves it after);
+- smoke: a Pod bound to the node (gpugate.kube.smokepod), judged as the
+  Slurm job is;
+- reservations: none; gpugate's taint and cordon keep every pod off while
+  the sweep has the node, and resume lifts only those (KubeNodes.resume).
+
+Verification, evidence and GPU resets go through the same transport as on
+Slurm ([sweep] transport: gpugate on the node over ssh, or local)."""
+
+from __future__ import annotations
+
+from .. import reason as reasons
+from ..errors import CommandError
+from ..runner import run
+from ..sweep import journal as jr
+from ..sweep.engine import Sweeper
+from ..sweep.smoke import SmokeResult, _command_key, _want, finding, template
+from ..sweep.steps import hostlist
+from ..sweep.transport import expand
+from . import evict
+from .client import KubeError
+from .smokepod import SmokePods, nonce, pod_name, pod_spec
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict
+
+# A Pod that never started for these reasons says nothing of the node: the site's image or spec.
+_SITE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError", "ErrImageNeverPull")
+
+
+def _boot_of(detail: str) -> str:
+    for word in detail.split():
+        if word.startswith("boot_id="):
+            return word[len("boot_id="):]
+    return ""
+
+
+class KubeSweeper(Sweeper):
+    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes."""
+
+    smoke_unit = "pod"
+
+    # ------------------------------------------------------- no reservations
+    def cleanup_reservations(self) -> None:
+        """Smoke Pods an interrupted sweeper left behind go first (they hold GPUs)."""
+        pods = SmokePods(self.slurm.client, self._namespace())
+        left = pods.leftovers()
+        if left:
+            self.say("deleting %d smoke Pod(s) an interrupted sweep left: %s" % (len(left), ", ".join(left)))
+            pods.delete(left)
+
+    def _reserve(self, nodes) -> None:
+        return None
+
+    def _release_reservations(self, nodes) -> None:
+        return None
+
+    def _namespace(self) -> str:
+        return str(self.settings.kubernetes.get("namespace") or "gpugate")
+
+    # ------------------------------------------------------------- evictions
+    def _step_wait_drained(self, nodes, records) -> None:
+        self._begin(nodes, "wait_drained")
+        refused: Dict[str, str] = {}
+        still: Dict[str, list] = {}
+
+        def settle(states, waiting):
+            for name in sorted(waiting):
+                st = states.get(name)
+                if st is None or not st.drain or reasons.parse(st.reason, self.tag) is None:
+                    self._leave(name, "its hold is no longer gpugate's: %r" % (st.reason if st else "gone"))
+                    yield name
+                    continue
+                left, why = evict.evict_round(self.slurm.client, name)
+                if not left:
+                    self._done(name, "wait_drained", "no pod left to evict")
+                    yield name
+                    continue
+                still[name] = left
+                if why:
+                    refused[name] = "; ".join("%s: %s" % item for item in sorted(why.items())[:2])
+                else:
+                    refused.pop(name, None)
+
+        for name in sorted(self._wait(nodes, settle, float(self.cfg["drain_timeout"]))):
+            why = ("eviction refused at the drain timeout (PodDisruptionBudgets are respected, never bypassed): "
+                   + refused[name]) if name in refused else (
+                "pods still terminating at the drain timeout: " + ", ".join(still.get(name, [])[:3]))
+            self.journal.record(name, "deferred", jr.DONE, detail=why)
+            self._finish(name, "deferred", why + "; held for the next run")
+            self.say("  %s: deferred: %s" % (name, why))
+
+    def _still_held(self, nodes, before: str) -> list:
+        """The nodes gpugate still holds; any other is left (its hold is someone else's now)."""
+        states, out = self._states(nodes), []
+        for name in nodes:
+            st = states.get(name)
+            if st is None or reasons.parse(st.reason, self.tag) is None:
+                self._leave(name, "its hold changed before %s: %r" % (before, st.reason if st else "gone"))
+            else:
+                out.append(name)
+        return out
+
+    # --------------------------------------------------------------- reboot
+    def _step_reboot(self, nodes, records) -> None:
+        template_ = list(self.settings.kubernetes.get("reboot") or [])
+        if not template_:
+            for name in nodes:
+                self.journal.record(name, "reboot", jr.STARTED, detail="no [kubernetes] reboot command")
+            self.report.stopped = ("%s need a reboot and gpugate.toml sets no [kubernetes] reboot command (the site's "
+                                   "own: a BMC tool, or ssh {node} systemctl reboot): they stay held; set it, then run "
+                                   "gpugate sweep again" % hostlist(nodes))
+            return
+        ready = []
+        for name in self._still_held(nodes, "the reboot"):
+            before = self._boot_before(name) if records[name].step == "reboot" else ""
+            now = self.slurm.boot_id(name)
+            if before and now and now != before:
+                self._done(name, "reboot", "boot_id=%s (rebooted before the sweeper was interrupted)" % before)
+            elif not now:
+                self._leave(name, "the Node reports no bootID (status.nodeInfo.bootID): its reboot could not be "
+                                  "proven; held")
+            else:
+                ready.append(name)
+        for (_, reason_text), group in self._work_groups(ready, records).items():
+            self.slurm.drain(hostlist(group), reason_text)  # the sweep's work reason while it has the node
+        timeout = float(self.cfg["converge_timeout"])
+        for name in ready:
+            boot = self.slurm.boot_id(name)
+            self.journal.record(name, "reboot", jr.STARTED, detail="boot_id=" + boot)
+            try:
+                run(expand(template_, [name]), timeout)
+            except CommandError as exc:
+                self.failures.add(name)
+                self.journal.record(name, "reboot", jr.FAILED, detail="boot_id=%s %s" % (boot, exc))
+                self._attempt_failed(name, records[name], "the reboot command failed: %s" % exc)
+                continue
+            self._done(name, "reboot", "boot_id=" + boot)
+
+    def _boot_before(self, name: str) -> str:
+        """The bootID journaled when this attempt's reboot was issued."""
+        for event in reversed(self.journal.events(name)):
+            if event[2] == "reboot" and _boot_of(event[6] or ""):
+                return _boot_of(event[6])
+            if event[2] == "planned":
+                break
+        return ""
+
+    def _step_wait_up(self, nodes, records) -> None:
+        before = {name: self._boot_before(name) for name in nodes}
+        self._begin(nodes, "wait_up")
+
+        def settle(states, waiting):
+            back = []
+            for name in sorted(waiting):
+                st = states.get(name)
+                if st is None or st.state != "IDLE" or not st.responding:
+                    continue  # not Ready (yet)
+                if st.reason and reasons.parse(st.reason, self.tag) is None:
+                    self._leave(name, "its hold changed during the reboot: %r" % st.reason)
+                    yield name
+                    continue
+                now = self.slurm.boot_id(name)
+                if now and before[name] and now != before[name]:
+                    back.append(name)
+            for (_, reason_text), group in self._work_groups(back, records).items():
+                # Held again (a Node registered anew has lost gpugate's taint): out until proven.
+                self.slurm.drain(hostlist(group), reason_text)
+                for name in group:
+                    self._done(name, "wait_up", "boot_id %s -> %s" % (before[name], self.slurm.boot_id(name)))
+                    yield name
+
+        for name in sorted(self._wait(nodes, settle, float(self.cfg["reboot_timeout"]))):
+            self.failures.add(name)
+            self.journal.record(name, "wait_up", jr.FAILED, detail="no new bootID with Ready=True in time")
+            self._attempt_failed(name, records[name], "did not come back from the reboot (no new bootID, Ready)")
+
+    # ---------------------------------------------------------------- smoke
+    def _smoke_nodes(self, nodes, records) -> None:
+        kube = self.settings.kubernetes
+        if not kube.get("smoke_image"):
+            return self._smoke_cannot_run(nodes, "[sweep] smoke is set but [kubernetes] smoke_image is not")
+        group = self._still_held(nodes, "the smoke Pod")
+        if not group:
+            return
+        deadline = float(self.cfg["smoke_deadline"])
+        specs, argvs = {}, {}
+        for name in group:
+            argvs[name] = self.cfg[_command_key(self.baseline, name, False)]
+            gpus = self.baseline.expect_for(name).gpus
+            specs[name] = pod_spec(pod_name(name, nonce()), name, self._namespace(), str(kube["smoke_image"]),
+                                   template(argvs[name], name, gpus), gpus, str(kube["smoke_resource"]),
+                                   int(deadline))
+            self.say("  %s: smoke Pod %s" % (name, specs[name]["metadata"]["name"]))
+        try:
+            answers = SmokePods(self.slurm.client, self._namespace(), self.sleep).run(
+                specs, deadline, float(self.cfg["poll_seconds"]))
+        except KubeError as exc:
+            return self._smoke_cannot_run(group, "the smoke Pod cannot be made or read: %s" % exc)
+        results = {name: self._judge(name, answers[name], deadline, argvs[name]) for name in group}
+        site = self._journal_smoke(group, results, [], {})
+        if site:
+            return self._smoke_cannot_run(group, site)
+        for name in group:
+            res = results[name]
+            detail = "pod %s %s in %.0fs" % (res.job, "passed" if res.passed else res.problem, res.seconds)
+            if res.passed:
+                self._done(name, "smoke", detail)
+                continue
+            self.failures.add(name)
+            self.last_findings[name] = [finding(res.problem)]
+            self.journal.record(name, "smoke", jr.FAILED, detail=detail)
+            self._attempt_failed(name, records[name], "smoke all_reduce " + res.problem)
+
+    def _judge(self, name: str, answer: dict, deadline: float, argv) -> SmokeResult:
+        import os
+
+        from ..judges.smoke import cannot_run, judge_smoke
+        from ..parsers.nccl import parse_nccl_tests
+
+        res = SmokeResult(name, answer["pod"], seconds=answer["seconds"])
+        want = _want(self.baseline, [name])
+        if answer["late"] and answer["why"] in _SITE_WAITING:
+            res.problem = res.site = "the smoke Pod never started: %s (the image [kubernetes] smoke_image)" % (
+                answer["why"])
+            return res
+        if answer["late"] or answer["why"] == "DeadlineExceeded":
+            res.problem = judge_smoke(None, None, True, want, deadline_s=deadline).problem
+            return res
+        text, code = answer["message"], answer["exit"]
+        parsed = parse_nccl_tests(text)
+        site = cannot_run(parsed, code, text)
+        if site:
+            res.problem, res.site = "cannot run: " + site, site
+            return res
+        nccl_tests = any(os.path.basename(str(word)).endswith("_perf") for word in argv)
+        verdict = judge_smoke(parsed, code, False, want, require_result=nccl_tests)
+        res.passed, res.problem = verdict.passed, verdict.problem
+        return res

@@ -1,0 +1,199 @@
+"""`gpugate sweep` on Kubernetes (issue 37), against a real kube-apiserver
+and etcd: the sweep runs with its own ServiceAccount's token (the RBAC of
+deploy/kubernetes/rbac.yaml is all it has), evicts through the Eviction API
+(PodDisruptionBudgets as the API server enforces them), reboots through the
+site's command, proves the reboot by the Node's bootID, verifies through
+the transport and runs the smoke all_reduce as a Pod bound to the node.
+gpugate.testbed.kubelet does what the absent kubelets would: ends deleted
+pods, runs the smoke Pod's command on the simulated node, reports a reboot."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpugate.kube import nodeview as nv
+from gpugate.kube.client import KubeError, node_path
+from test_kube_agent import DEDICATED, DEMO_BASELINE, NODES, api  # noqa: F401 (the module's API server)
+
+pytestmark = pytest.mark.kube
+
+
+@pytest.fixture
+def site(api, tmp_path):  # noqa: F811
+    from gpugate.testbed.kube import KubeFleet
+    from gpugate.testbed.kubelet import Kubelets
+
+    fleet = KubeFleet(api, str(tmp_path), NODES, DEMO_BASELINE,
+                      labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, taints=[DEDICATED])
+    kubelets = Kubelets(api, NODES)
+    kubelets.start()
+    fleet.kubelets = kubelets
+    try:
+        yield fleet
+    finally:
+        kubelets.stop()
+        for ns in ("default", "gpugate"):
+            for pod in fleet.admin.list_pages("/api/v1/namespaces/%s/pods" % ns):
+                fleet.admin.request("DELETE", "/api/v1/namespaces/%s/pods/%s" % (ns, pod["metadata"]["name"]),
+                                    {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+        for pdb in fleet.admin.list_pages("/apis/policy/v1/namespaces/default/poddisruptionbudgets"):
+            fleet.admin.request("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/"
+                                + pdb["metadata"]["name"])
+
+
+def workload(admin, name, node, labels=None, daemonset=False):
+    """A running pod bound to ``node`` (as the scheduler and kubelet would leave it)."""
+    meta = {"name": name, "namespace": "default", "labels": dict(labels or {"app": name})}
+    if daemonset:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dcgm-exporter",
+                                    "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]
+    admin.create("/api/v1/namespaces/default/pods", {"metadata": meta, "spec": {
+        "nodeName": node, "containers": [{"name": "main", "image": "registry.example.com/train:1"}]}})
+    admin.patch("/api/v1/namespaces/default/pods/%s/status" % name, {"status": {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, "strategic")
+
+
+def pdb(admin, name, app, allowed):
+    """A PodDisruptionBudget and the status the disruption controller would write."""
+    path = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+    try:
+        admin.create(path, {"metadata": {"name": name}, "spec": {"minAvailable": 1,
+                                                                   "selector": {"matchLabels": {"app": app}}}})
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+    current = admin.get(path + "/" + name)
+    admin.patch(path + "/%s/status" % name, {"status": {
+        "observedGeneration": current["metadata"].get("generation", 1), "disruptionsAllowed": allowed,
+        "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}, "merge")
+
+
+def pods(admin, node):
+    return sorted(p["metadata"]["name"] for p in admin.list_pages("/api/v1/pods", fieldSelector="spec.nodeName=" + node))
+
+
+def sweep(site, *args, smoke=True, drain_timeout=20):
+    lines, kube = site.sweep_settings(drain_timeout=drain_timeout, smoke=smoke)
+    config = site.config("sweep", sweep=lines, extra=kube)
+    out = subprocess.run([sys.executable, "-m", "gpugate", "sweep", "--config", config, "--apply", "--json"]
+                         + list(args), capture_output=True, text=True, timeout=600)
+    try:
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise AssertionError("gpugate sweep printed no report (exit %d): %s" % (out.returncode, out.stderr[-2000:]))
+    return out, report, config
+
+
+def journal(site, node):
+    """(step, status, detail) of each of the node's journal events."""
+    import os
+
+    from gpugate.sweep.journal import Journal
+
+    kept = Journal(os.path.join(site.dir, "controller", "sweep.db"))
+    try:
+        return [(step, status, detail) for _, _, step, status, _, _, detail in kept.events(node)]
+    finally:
+        kept.close()
+
+
+def held(admin, node):
+    return nv.our_taints(admin.get(node_path(node)))
+
+
+def test_a_drifted_node_is_evicted_repaired_rebooted_proven_and_returned(site):
+    admin = site.admin
+    agent = site.config("agent")
+    taints = admin.get(node_path("gpu01"))["spec"]["taints"]  # the site's (and the API server's not-ready)
+    site.sim("gpu01", "driver=550.54.15")  # drift; the budget is off here, so the node holds itself
+    for name in NODES:
+        site.healthcheck(agent, name)
+    assert [t["value"] for t in held(admin, "gpu01")] == ["drift"]
+    workload(admin, "train-0", "gpu01")
+    workload(admin, "exporter-0", "gpu01", daemonset=True)
+    before = admin.get(node_path("gpu01"))["status"]["nodeInfo"]["bootID"]
+
+    out, report, config = sweep(site)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert report["outcomes"].get("gpu01", {}).get("result") == "resumed", (report, out.stdout[-3000:])
+    node = admin.get(node_path("gpu01"))
+    # Returned: gpugate's taint, cordon and record gone; the site's own taint kept.
+    assert held(admin, "gpu01") == [] and not node["spec"].get("unschedulable"), node["spec"]
+    assert node["spec"]["taints"] == taints and DEDICATED in taints
+    assert nv.OWNED not in (node["metadata"].get("annotations") or {})
+    # The workload left through the Eviction API; the DaemonSet's pod stayed; no smoke Pod is left.
+    assert pods(admin, "gpu01") == ["exporter-0"]
+    assert list(admin.list_pages("/api/v1/namespaces/gpugate/pods")) == []
+    # Rebooted (a new bootID) and proven by a smoke Pod that ran on gpu01 and passed.
+    assert node["status"]["nodeInfo"]["bootID"] != before
+    assert [(n, code) for _, n, code in site.kubelets.ran] == [("gpu01", 0)]
+    events = journal(site, "gpu01")
+    assert [d for step, _, d in events if step == "wait_up"][-1] == "boot_id %s -> %s" % (
+        before, node["status"]["nodeInfo"]["bootID"]), events
+    assert any(step == "smoke single" and d.startswith("pod gpugate-smoke-gpu01-") and "passed" in d
+               for step, _, d in events), events
+    # The node agent says it is fit again.
+    site.healthcheck(agent, "gpu01")
+    cond = [c for c in admin.get(node_path("gpu01"))["status"]["conditions"] if c["type"] == nv.CONDITION][0]
+    assert (cond["status"], cond["reason"]) == ("True", "Fit"), cond
+
+
+
+def test_a_pod_its_disruption_budget_protects_defers_the_node_held_then_it_goes_when_allowed(site):
+    admin = site.admin
+    agent = site.config("agent")
+    site.sim("gpu02", "gpu.1.xid=79")  # fallen off the bus: acute, the node holds itself; a reboot repairs it
+    site.healthcheck(agent, "gpu02")
+    assert [t["value"] for t in held(admin, "gpu02")] == ["health"]
+    workload(admin, "db-0", "gpu02", labels={"app": "db"})
+    pdb(admin, "db", "db", allowed=0)
+
+    out, report, _ = sweep(site, drain_timeout=3)
+    assert out.returncode == 0, out.stderr[-2000:]
+    outcome = report["outcomes"]["gpu02"]
+    assert outcome["result"] == "deferred", report
+    assert "default/db-0" in outcome["detail"] and "disruption budget" in outcome["detail"], outcome
+    # Never bypassed: the pod is there and not terminating; the node still held, not rebooted.
+    pod = admin.get("/api/v1/namespaces/default/pods/db-0")
+    assert "deletionTimestamp" not in pod["metadata"]
+    assert [t["value"] for t in held(admin, "gpu02")] == ["health"]
+    assert site.kubelets.ran == []
+
+    pdb(admin, "db", "db", allowed=1)  # the budget allows one now
+    out, report, _ = sweep(site)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert report["outcomes"]["gpu02"]["result"] == "resumed", report
+    assert pods(admin, "gpu02") == [] and held(admin, "gpu02") == []
+
+
+def test_a_node_that_fails_its_smoke_pod_is_escalated_and_stays_held(site):
+    admin = site.admin
+    agent = site.config("agent")
+    site.sim("gpu03", "gpu.1.xid=79", "smoke=pcie-degraded")  # verifies, but its all_reduce is slow
+    site.healthcheck(agent, "gpu03")
+    out, report, _ = sweep(site)
+    outcome = report["outcomes"]["gpu03"]
+    assert outcome["result"] == "escalated", report
+    taints = held(admin, "gpu03")
+    assert [t["value"] for t in taints] == ["rma"], taints
+    reason = json.loads(admin.get(node_path("gpu03"))["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert reason.startswith("gpugate: rma ") and "smoke=all_reduce busbw=22.9GB/s (want >= 350)" in reason, reason
+    # Two attempts (the retry), each proven by its own Pod on gpu03; none is left.
+    assert [(n, code) for _, n, code in site.kubelets.ran] == [("gpu03", 0), ("gpu03", 0)]
+    assert list(admin.list_pages("/api/v1/namespaces/gpugate/pods")) == []
+
+
+def test_without_a_reboot_command_the_sweep_stops_and_the_node_stays_held(site):
+    admin = site.admin
+    agent = site.config("agent")
+    site.sim("gpu01", "gpu.1.xid=79")
+    site.healthcheck(agent, "gpu01")
+    lines, _ = site.sweep_settings()
+    config = site.config("sweep", sweep=lines)  # no [kubernetes] reboot
+    out = subprocess.run([sys.executable, "-m", "gpugate", "sweep", "--config", config, "--apply"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "[kubernetes] reboot" in out.stderr, (out.stdout, out.stderr)
+    assert [t["value"] for t in held(admin, "gpu01")] == ["health"]
+    assert admin.get(node_path("gpu01"))["status"]["nodeInfo"]["bootID"] == "boot-0-gpu01"
