@@ -197,3 +197,14 @@ def test_without_a_reboot_command_the_sweep_stops_and_the_node_stays_held(site):
     assert out.returncode == 1 and "[kubernetes] reboot" in out.stderr, (out.stdout, out.stderr)
     assert [t["value"] for t in held(admin, "gpu01")] == ["health"]
     assert admin.get(node_path("gpu01"))["status"]["nodeInfo"]["bootID"] == "boot-0-gpu01"
+
+
+def test_the_kubernetes_demo_ends_with_nodes_returned_after_their_proof(api, tmp_path):  # noqa: F811
+    """`gpugate demo kubernetes` (its own API server): a node tainted with
+    the reason, the budget holding the rest, and nodes returned by the sweep."""
+    out = subprocess.run([sys.executable, "-m", "gpugate", "demo", "kubernetes", "--nodes", "4", "--dir",
+                          str(tmp_path / "demo")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "gpugate.io/unfit=drift:NoSchedule" in out.stdout and "held in service" in out.stdout
+    returned = [line for line in out.stdout.splitlines() if line.strip().startswith("returned: ")]
+    assert returned and returned[0].split("returned: ")[1].split(".")[0] not in ("", "none"), out.stdout[-2000:]

@@ -27,6 +27,34 @@ def _table(fleet, keeper_note="") -> None:
                                                        pending))
 
 
+def _sweep(fleet):
+    """One `gpugate sweep --apply` with the sweep's ServiceAccount; the nodes it returned."""
+    import json
+    import subprocess
+
+    from ..testbed.kubelet import Kubelets
+
+    lines, kube = fleet.sweep_settings()
+    config = fleet.config("sweep", 0.34, extra=kube, sweep=lines)
+    kubelets = Kubelets(fleet.api, fleet.names)  # what the absent kubelets do: end pods, run the smoke Pod
+    kubelets.start()
+    try:
+        out = subprocess.run([fleet.python, "-m", "gpugate", "sweep", "--config", config, "--apply", "--json"],
+                             capture_output=True, text=True, timeout=900)
+    finally:
+        kubelets.stop()
+    try:
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise click.ClickException("gpugate sweep printed no report (exit %d): %s"
+                                   % (out.returncode, out.stderr.strip()[-600:])) from None
+    for name, outcome in sorted(report.get("outcomes", {}).items()):
+        click.echo("  %s: %s (%s) %s" % (name, outcome.get("result"), outcome.get("remedy"),
+                                         (outcome.get("detail") or "")[:100]))
+    click.echo("  smoke Pods run: %s" % (", ".join("%s on %s exit %d" % r for r in kubelets.ran) or "none"))
+    return sorted(n for n, o in report.get("outcomes", {}).items() if o.get("result") == "resumed")
+
+
 def _say(text: str) -> None:
     click.echo(click.style("\n== " + text, bold=True))
 
@@ -77,8 +105,8 @@ def demo_kubernetes(nodes, keep, directory):
             fleet.healthcheck(agent, name)
         _table(fleet)
 
-        _say("2. A wrong driver pin pushed to every node: each node agent publishes, none drains itself")
-        fleet.sim(",".join(names), "driver=550.54.15")
+        _say("2. A wrong driver pin pushed to all but the last node: each node agent publishes, none drains itself")
+        fleet.sim(",".join(names[:-1]), "driver=550.54.15")
         for name in names:
             fleet.healthcheck(agent, name)
         _table(fleet)
@@ -91,17 +119,22 @@ def demo_kubernetes(nodes, keep, directory):
                                               figures.get("held", 0)))
         _table(fleet)
 
-        _say("4. An Xid 79 (fallen off the bus) on a held node: acute, its agent taints it at once, "
+        _say("4. An Xid 79 (fallen off the bus) on the last node: acute, its agent taints it at once, "
              "outside the budget")
         held = [n for n in names if n not in (figures.get("drained") or [])]
         fleet.sim(held[-1], "gpu.2.xid=79")
         fleet.healthcheck(agent, held[-1])
         _table(fleet)
 
-        _say("5. What is not built yet on Kubernetes: the sweep (evict, repair, prove, return)")
-        click.echo("  docs/kubernetes.md lists it; until then a held node is returned by hand after its "
-                   "repair: lift the gpugate.io/unfit taint and uncordon (the agent taints again if the "
-                   "finding stands).")
+        _say("5. gpugate sweep --apply (its own ServiceAccount): evict through the Eviction API, reconverge, "
+             "reboot, prove (DCGM, a smoke Pod on the node), and only then lift gpugate's hold")
+        returned = _sweep(fleet)
+        for name in returned:
+            fleet.healthcheck(agent, name)  # each node agent's next run: its condition says Fit again
+        _table(fleet)
+        click.echo("  returned: %s. The drifted nodes still in service stay published: the keeper's next run "
+                   "takes the next ones within the budget, and the sweep repairs them in turn."
+                   % (",".join(returned) or "none"))
     finally:
         if keep:
             click.echo("\nThe API server keeps running: %s (admin token %s; stop: kill the pids in %s/*.pid)"
