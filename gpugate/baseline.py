@@ -136,6 +136,7 @@ class Baseline:
     smoke_min_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_busbw_gbps
     smoke_min_pair_busbw: Mapping[str, float] = field(default_factory=dict)  # [smoke] min_pair_busbw_gbps
     resolved_amd: Optional[AmdExpect] = None  # set when loaded from a node's cache
+    operator: Mapping[str, object] = field(default_factory=dict)  # [operator] (gpugate.judges.operator)
 
     def _sections_for(self, node: str):
         if not self.nodesets:
@@ -199,7 +200,8 @@ class Baseline:
                 "covered": self.covers(node), "health": asdict(self.health), "source": self.source,
                 "amd": asdict(self.amd_expect_for(node)),
                 # The preflight's floors (gpugate.preflight): the prolog holds a proof to them.
-                "smoke": {"min_busbw": dict(self.smoke_min_busbw), "min_pair_busbw": dict(self.smoke_min_pair_busbw)}}
+                "smoke": {"min_busbw": dict(self.smoke_min_busbw), "min_pair_busbw": dict(self.smoke_min_pair_busbw)},
+                "operator": dict(self.operator)}
 
 
 def from_resolved(data: Mapping[str, object]) -> Baseline:
@@ -222,7 +224,8 @@ def from_resolved(data: Mapping[str, object]) -> Baseline:
                     health=HealthPolicy(**health), source=str(data.get("source", "")),
                     resolved_expect=NodeExpect(**data["expect"]), resolved_covered=bool(data["covered"]),
                     resolved_amd=AmdExpect(**data.get("amd") or {}),
-                    smoke_min_busbw=_floors(smoke["min_busbw"]), smoke_min_pair_busbw=_floors(smoke["min_pair_busbw"]))
+                    smoke_min_busbw=_floors(smoke["min_busbw"]), smoke_min_pair_busbw=_floors(smoke["min_pair_busbw"]),
+                    operator=dict(data["operator"]))  # KeyError: a cache from before [operator]
 
 
 def _floors(table) -> Dict[str, float]:
@@ -273,7 +276,7 @@ def parse_baseline(data: object, source: str) -> Baseline:
                     rollout_in_progress=raw["rollout"]["in_progress"],
                     nodesets=tuple(raw["nodes"].items()), health=HealthPolicy(**health),
                     source=source, smoke_min_busbw=dict(raw["smoke"]["min_busbw_gbps"]),
-                    smoke_min_pair_busbw=dict(raw["smoke"]["min_pair_busbw_gbps"]))
+                    smoke_min_pair_busbw=dict(raw["smoke"]["min_pair_busbw_gbps"]), operator=dict(raw["operator"]))
 
 
 def load_baseline(path: str) -> Baseline:

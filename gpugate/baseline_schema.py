@@ -120,6 +120,12 @@ BASELINE = Table({
     "health": (_HEALTH, lambda: _HEALTH.check({}, "health")),
     # The sweep's smoke job passes at or above this average bus bandwidth, per GPU product.
     # min_pair_busbw_gbps: the 2-node pair run's (inter-node line rate, not NVLink).
+    # What a Kubernetes GPU operator publishes on each Node (gpugate.judges.operator): its labels
+    # must be there (labels = true), and the MIG strategy it runs ("": not judged).  Its driver and
+    # CUDA labels are always held to [pin] where they are present.
+    "operator": (Table({"labels": (Bool(), False),
+                        "mig_strategy": (Choice("", "none", "single", "mixed"), "")}),
+                 lambda: {"labels": False, "mig_strategy": ""}),
     "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict),
                      "min_pair_busbw_gbps": (MapOf(Number(0, 100000)), dict)}),
               lambda: {"min_busbw_gbps": {}, "min_pair_busbw_gbps": {}}),

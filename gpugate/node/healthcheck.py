@@ -11,11 +11,11 @@ import time
 from ..errors import GpugateError
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import hca, iblinks, lost, throttle
+from ..judges import hca, iblinks, lost, operator, throttle
 from ..probes import files
 from ..verdict import decide
 from ..preflight import memory as preflight_memory
-from . import nhc, state as st, xidhistory
+from . import nhc, operator_labels, state as st, xidhistory
 from .act import act
 from .hold import HELD
 from .check import ACT_RESERVE, run_check
@@ -134,6 +134,8 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     last_high = lost.high_for(j.last, j.baseline.vendor_for(node))
     j.clocks, j.links = j.last.get("clocks"), j.last.get("ib_links")
 
+    labels, label_error = operator_labels.read(settings, node)  # Kubernetes: the operator's view of the node
+
     def history(facts):  # what this node showed before: GPUs, HCA ports and counters, clock-event time
         found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
         links, j.links = iblinks.step(j.last.get("ib_links"), facts, j.baseline.health, facts.collected_at)
@@ -141,7 +143,8 @@ def _judge(settings, node: str, record: dict) -> _Judged:
                 + xidhistory.judged(settings, node, facts, j.baseline.health, record)
                 + preflight_memory.judged(settings, node, j.boot_id if isinstance(j.boot_id, str) else None,
                                           facts.collected_at)
-                + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max))
+                + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max)
+                + operator.judge(j.baseline, node, labels, label_error))
 
     j.read_at = time.time()  # before the first read: a GPU reset after it makes the verdict stale (act)
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)
