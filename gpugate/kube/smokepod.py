@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 TERMINATION_LOG = "/dev/termination-log"
 MESSAGE_BYTES = 4000  # under the kubelet's 4096
 # $1: the termination message file; the rest: the command.  Its exit code is the Pod's.
-WRAPPER = ('out=/dev/shm/gpugate-smoke.out; log="$1"; shift; "$@" >"$out" 2>&1; rc=$?; '
-           'grep -v "^# *Rank " "$out" | tr -s " " | tail -c %d >"$log"; cat "$out"; exit $rc' % MESSAGE_BYTES)
+WRAPPER = ('out=/dev/shm/gpugate-smoke.$$; log="$1"; shift; "$@" >"$out" 2>&1; rc=$?; '
+           'grep -v "^# *Rank " "$out" | tr -s " " | tail -c %d >"$log"; cat "$out"; rm -f "$out"; exit $rc'
+           % MESSAGE_BYTES)
 
 
 def pod_name(node: str, nonce: str) -> str:

@@ -193,6 +193,10 @@ class KubeSweeper(Sweeper):
         if not kube.get("smoke_image"):
             return self._smoke_cannot_run(nodes, "[sweep] smoke is set but [kubernetes] smoke_image is not")
         group = self._still_held(nodes, "the smoke Pod")
+        uncounted = [n for n in group if not self.baseline.expect_for(n).gpus]
+        if uncounted:  # a Pod asking for no GPUs would fail the node for the baseline's gap
+            return self._smoke_cannot_run(group, "the baseline names no GPU count for %s: the smoke Pod cannot "
+                                                 "ask for the node's GPUs" % hostlist(uncounted))
         if not group:
             return
         deadline = float(self.cfg["smoke_deadline"])
