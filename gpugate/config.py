@@ -8,7 +8,7 @@ import os
 from .errors import ConfigError
 from . import trust
 from .record import dataclass
-from .kube.settings import table as kube_table
+from .config_kube import table as kube_table
 from .schema import (AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
 
@@ -219,7 +219,7 @@ _PREFLIGHT = Table({
     "undecided": (Choice("start", "requeue_once"), "start"),
 })
 
-# Kubernetes nodes (gpugate.kube.settings, docs/kubernetes.md).
+# Kubernetes nodes (gpugate.config_kube, docs/kubernetes.md).
 _KUBERNETES = kube_table(_OPT_PATH, _word)
 
 _CONFIG = Table({

@@ -41,8 +41,10 @@ NOT_ON_THE_HOT_PATH = {
 # 45: gpugate.safeio (os, stat, errno only), the prolog's job file written
 # through a random O_EXCL|O_NOFOLLOW temporary name and its state read capped;
 # 46: gpugate.iblimits, the [health] IB keys the baseline's table holds (it
-# imports only gpugate.schema; kept apart to hold baseline.py under 400 lines).
-MAX_GPUGATE_MODULES = 46
+# imports only gpugate.schema; kept apart to hold baseline.py under 400 lines);
+# 47: gpugate.config_kube, gpugate.toml's [kubernetes] table (it imports only
+# gpugate.schema; kept apart to hold config.py under 400 lines).
+MAX_GPUGATE_MODULES = 47
 
 # What the interpreter loaded at start (site, .pth files, an editable
 # install's finder) is the environment's, not the prolog's.

@@ -256,3 +256,23 @@ def test_a_condition_that_cannot_be_written_leaves_the_drain_standing_and_says_w
     with open(os.path.join(site.dir, "state", "gpu02", "gpugate.log")) as handle:
         record = json.loads(handle.read().strip().splitlines()[-1])
     assert record["action"] == "drain" and "403" in record["condition_error"], record
+
+
+def test_the_gpu_operator_s_labels_are_held_to_the_same_pin(site):
+    """GPU Feature Discovery's labels on the Node (as GFD writes them) say
+    another driver than the pin: drift, with the label's value in the
+    reason; a Node whose labels agree is fit."""
+    gfd = {"nvidia.com/cuda.driver-version.full": "580.65.06", "nvidia.com/cuda.runtime-version.full": "13.0",
+           "nvidia.com/mig.strategy": "single"}
+    site.admin.patch(node_path("gpu01"), {"metadata": {"labels": dict(
+        gfd, **{"nvidia.com/cuda.driver-version.full": "570.172.08"})}})
+    site.admin.patch(node_path("gpu02"), {"metadata": {"labels": gfd}})
+    agent = site.config("agent")
+    for name in ("gpu01", "gpu02"):
+        site.healthcheck(agent, name)
+    n1 = site.admin.get(node_path("gpu01"))
+    reason = json.loads(n1["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert reason == "gpugate: drift operator_driver=570.172.08 (want 580.65.06)", reason
+    assert (condition(n1)["status"], condition(n1)["reason"]) == ("False", "Drift")
+    n2 = site.admin.get(node_path("gpu02"))
+    assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit") and nv.our_taints(n2) == []

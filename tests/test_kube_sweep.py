@@ -77,12 +77,8 @@ def pods(admin, node):
 def sweep(site, *args, smoke=True, drain_timeout=20):
     lines, kube = site.sweep_settings(drain_timeout=drain_timeout, smoke=smoke)
     config = site.config("sweep", sweep=lines, extra=kube)
-    out = subprocess.run([sys.executable, "-m", "gpugate", "sweep", "--config", config, "--apply", "--json"]
-                         + list(args), capture_output=True, text=True, timeout=600)
-    try:
-        report = json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise AssertionError("gpugate sweep printed no report (exit %d): %s" % (out.returncode, out.stderr[-2000:]))
+    out, report = site.sweep(config, *args)
+    assert report is not None, "gpugate sweep printed no report (exit %d): %s" % (out.returncode, out.stderr[-2000:])
     return out, report, config
 
 

@@ -29,9 +29,6 @@ def _table(fleet, keeper_note="") -> None:
 
 def _sweep(fleet):
     """One `gpugate sweep --apply` with the sweep's ServiceAccount; the nodes it returned."""
-    import json
-    import subprocess
-
     from ..testbed.kubelet import Kubelets
 
     lines, kube = fleet.sweep_settings()
@@ -39,15 +36,12 @@ def _sweep(fleet):
     kubelets = Kubelets(fleet.api, fleet.names)  # what the absent kubelets do: end pods, run the smoke Pod
     kubelets.start()
     try:
-        out = subprocess.run([fleet.python, "-m", "gpugate", "sweep", "--config", config, "--apply", "--json"],
-                             capture_output=True, text=True, timeout=900)
+        out, report = fleet.sweep(config)
     finally:
         kubelets.stop()
-    try:
-        report = json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    if report is None:
         raise click.ClickException("gpugate sweep printed no report (exit %d): %s"
-                                   % (out.returncode, out.stderr.strip()[-600:])) from None
+                                   % (out.returncode, out.stderr.strip()[-600:]))
     for name, outcome in sorted(report.get("outcomes", {}).items()):
         click.echo("  %s: %s (%s) %s" % (name, outcome.get("result"), outcome.get("remedy"),
                                          (outcome.get("detail") or "")[:100]))

@@ -283,6 +283,17 @@ class KubeFleet:
         if out.returncode != 0:
             raise ClusterError("gpugate sim set: %s" % out.stderr.strip()[:300])
 
+    def sweep(self, config: str, *args: str):
+        """One `gpugate sweep --apply --json` run: (the process, its report; None when it printed none)."""
+        import json
+
+        out = subprocess.run([self.python, "-m", "gpugate", "sweep", "--config", config, "--apply", "--json"]
+                             + list(args), capture_output=True, text=True, timeout=900)
+        try:
+            return out, json.loads(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return out, None
+
     def keeper(self, config: str) -> dict:
         """One `gpugate budget --json` run; its figures."""
         import json

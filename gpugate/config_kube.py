@@ -3,7 +3,7 @@ the sweep reach the API server, and what the sweep needs that Slurm gave
 it (a reboot command, the smoke Pod's image).  Defaults: a pod's own
 ServiceAccount.  The validators for paths and words are config.py's."""
 
-from ..schema import Bool, ListOf, Number, Str, Table
+from .schema import Bool, ListOf, Number, Str, Table
 
 
 def table(opt_path, word) -> Table:
