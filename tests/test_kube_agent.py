@@ -79,12 +79,17 @@ def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
     add_node(admin, "gpu09")
     agent, keeper, stranger = api.client("agent"), api.client("keeper"), api.client("stranger")
     assert agent.get(node_path("gpu09"))["metadata"]["name"] == "gpu09"
-    agent.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "1"}}})
+    agent.patch(node_path("gpu09"), {"metadata": {"annotations": {"gpugate.io/x": "1"}}})
+    sweep = api.client("sweep")
     for who, call in ((agent, lambda c: c.get("/api/v1/nodes")),  # the agent reads its own node, never the fleet
                       (agent, lambda c: c.get("/api/v1/namespaces/gpugate/secrets")),
                       (agent, lambda c: c.get("/api/v1/pods")),
                       (keeper, lambda c: c.get("/api/v1/pods")),
-                      (stranger, lambda c: c.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "2"}}}))):
+                      (stranger, lambda c: c.patch(node_path("gpu09"), {"metadata": {"annotations": {"x": "2"}}})),
+                      # The sweep evicts; it never deletes another's pod nor reads secrets.
+                      (sweep, lambda c: c.request("DELETE", "/api/v1/namespaces/default/pods/any")),
+                      (sweep, lambda c: c.get("/api/v1/namespaces/gpugate/secrets")),
+                      (sweep, lambda c: c.create("/api/v1/namespaces/default/pods", {"metadata": {"name": "x"}}))):
         with pytest.raises(KubeError) as info:
             call(who)
         assert info.value.status == 403, info.value
@@ -276,3 +281,27 @@ def test_the_gpu_operator_s_labels_are_held_to_the_same_pin(site):
     assert (condition(n1)["status"], condition(n1)["reason"]) == ("False", "Drift")
     n2 = site.admin.get(node_path("gpu02"))
     assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit") and nv.our_taints(n2) == []
+
+
+def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site):
+    """deploy/kubernetes/agent-policy.yaml, on the real API server: the
+    agent's token may set gpugate's taint, annotations and condition (the
+    other tests here run under it), and nothing else of a Node."""
+    agent = site.api.client("agent")
+    node = site.admin.get(node_path("gpu01"))
+    version = node["metadata"]["resourceVersion"]
+    refused = [({"spec": {"taints": []}}, "gpugate.io/unfit taints"),  # the site's dedicated taint removed
+               ({"metadata": {"labels": {"nvidia.com/gpu.product": "other"}}}, "labels"),
+               ({"metadata": {"annotations": {"example.com/owner": "me"}}}, "gpugate.io/ annotations")]
+    for patch, said in refused:
+        with pytest.raises(KubeError) as info:
+            agent.patch(node_path("gpu01"), patch)
+        assert info.value.status in (403, 422) and said in str(info.value), info.value
+    with pytest.raises(KubeError) as info:
+        agent.patch(node_path("gpu01", "status"), {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "x", "message": "x"}]}}, "strategic")
+    assert "GpugateHealthy" in str(info.value), info.value
+    assert site.admin.get(node_path("gpu01"))["metadata"]["resourceVersion"] == version  # nothing written
+    # Its own fields it may write (the other tests drain and clear through the same policy).
+    agent.patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/pending": "x"}}})
+    assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/pending"] == "x"

@@ -39,6 +39,8 @@ _COLLECTIONS = {
     "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
     "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
     "PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
 }
 
