@@ -216,7 +216,6 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         "proc/sys/kernel/osrelease": model["kernel"] + "\n",
         "proc/sys/kernel/random/boot_id": model["boot_id"] + "\n",
         "proc/stat": "cpu  0 0 0 0\nbtime %d\n" % model["boot_time"],
-        "dev/kmsg": ring_text(model),
     }
     if model["image"] is not None:  # None: no golden-image record on this node
         files["etc/cluster-image.json"] = json.dumps(model["image"]) + "\n"
@@ -249,6 +248,11 @@ def render(directory: str, model: Dict[str, Any]) -> None:
     if model.get("amd") is not None and not (model["amd"].get("rvs") or {}).get("installed", True):
         absent += ("rvs",)
     _install_executables(os.path.join(directory, "bin"), absent=absent)
+    # The kernel log last, as the kernel writes it: a driver logs a fault
+    # after its state shows it (amdgpu's RAS count, a GPU off the bus), so a
+    # check between two writes may see the state without its line, never
+    # the line without its state.
+    _write(os.path.join(root, "dev/kmsg"), ring_text(model))
 
 
 def _amd_replays(model: Dict[str, Any]) -> Dict[str, Any]:
