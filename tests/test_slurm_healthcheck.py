@@ -130,7 +130,11 @@ def test_hanging_tool_ends_within_budget_no_pile_up_probe_class(cluster, node, h
     assert cluster.reason(node).startswith("gpugate: probe ")
     assert "timeout" in cluster.reason(node)
     runs = cluster.records_when(node, lambda r: r.get("verdict") == "unfit")
-    assert runs and max(r["duration"] for r in runs) < 8 + 2  # the configured budget
+    # The configured budget (8 s), and what a run may still spend after its
+    # deadline: a drain RPC cut at the deadline is killed and waited for,
+    # then the log line and state are written (10.9 s once on a 2-core
+    # machine running three CI chains).  Far below slurmd's 60 s kill.
+    assert runs and max(r["duration"] for r in runs) < 8 + 4
     # Runs overlapped (budget 8 s, interval 5 s): later ones found the lock and left.
     assert any(r.get("verdict") == "skipped" for r in cluster.log_records(node))
     # The hung simulated tool was killed with its process group.
