@@ -13,7 +13,7 @@ def require_slurm(settings, what: str) -> None:
     if getattr(settings, "scheduler", "slurm") != "slurm":
         raise ConfigError("%s acts on Slurm only so far; this gpugate.toml says scheduler = %r "
                           "(docs/kubernetes.md: what is built for Kubernetes: the node agent, "
-                          "`gpugate budget` and `gpugate sweep`)" % (what, settings.scheduler))
+                          "`gpugate budget`, `sweep` and `status`)" % (what, settings.scheduler))
 
 
 def connect(settings, timeout=None, deadline=None):

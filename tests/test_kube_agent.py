@@ -305,3 +305,23 @@ def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site)
     # Its own fields it may write (the other tests drain and clear through the same policy).
     agent.patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/pending": "x"}}})
     assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/pending"] == "x"
+
+
+def test_gpugate_status_shows_the_kubernetes_fleet_as_it_shows_slurm_s(site):
+    """`gpugate status` with scheduler = "kubernetes": one list of the Nodes
+    (the keeper's RBAC), each held node under its class, the budget's
+    published nodes, and the pools as partitions."""
+    site.sim("gpu01", "gpu.3.ecc.uncorrected.volatile=2")  # acute: held at once
+    site.sim("gpu02", "driver=550.54.15")  # drift: published within the budget
+    agent = site.config("agent", share=0.34)
+    for name in ("gpu01", "gpu02"):
+        site.healthcheck(agent, name)
+    out = subprocess.run([sys.executable, "-m", "gpugate", "status", "--json", "--config",
+                          site.config("keeper", share=0.34)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["slurm_backend"]["name"] == "kubernetes"
+    text = json.dumps(summary["gpugate"])
+    assert "gpu01" in text and "ecc" in text, summary["gpugate"]
+    assert "gpu02" in json.dumps(summary.get("held")), summary.get("held")
+    assert "NVIDIA-H100-80GB-HBM3" in summary["partitions"], summary["partitions"]

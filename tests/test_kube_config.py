@@ -28,7 +28,7 @@ def test_the_kubernetes_table_is_validated():
         assert why in str(info.value), info.value
 
 
-@pytest.mark.parametrize("argv", [["status"], ["audit"], ["smoke", "-w", "gpu01"]])
+@pytest.mark.parametrize("argv", [["audit"], ["smoke", "-w", "gpu01"]])
 def test_controller_commands_not_built_for_kubernetes_refuse_and_say_so(tmp_path, argv):
     config = tmp_path / "gpugate.toml"
     config.write_text('scheduler = "kubernetes"\nbaseline = "%s"\n[sweep]\njournal = "%s/sweep.db"\n'
