@@ -28,5 +28,7 @@ def table(opt_path, word) -> Table:
         # The smoke all_reduce as a Pod pinned to the node ("": no smoke on Kubernetes).
         "smoke_image": (Str("nvcr.io/nvidia/pytorch:25.01-py3"), ""),
         "smoke_resource": (Str("nvidia.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
-                           "nvidia.com/gpu"),  # amd.com/gpu on AMD nodes
+                           "nvidia.com/gpu"),  # what the device plugin calls the GPUs of an NVIDIA node
+        "smoke_resource_amd": (Str("amd.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
+                               "amd.com/gpu"),  # ... and of an AMD node (the baseline's vendor)
     })

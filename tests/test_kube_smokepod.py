@@ -75,3 +75,17 @@ def test_which_pods_an_eviction_takes():
     assert evict.must_go(pod(ownerReferences=[{"kind": "ReplicaSet", "controller": True, "name": "x"}]))
     assert not evict.must_go(pod(annotations={"kubernetes.io/config.mirror": "abc"}))
     assert not evict.must_go({"metadata": {"name": "p"}, "status": {"phase": "Succeeded"}})
+
+
+def test_each_node_asks_for_its_vendor_s_gpu_resource():
+    from gpugate.baseline import parse_baseline
+    from gpugate.config import parse_settings
+    from gpugate.kube.sweeper import resource_for
+
+    mixed = parse_baseline({"name": "mixed", "pin": {"driver": "580.65.06", "amdgpu": "6.12.12"},
+                            "nodes": {"mi[01-02]": {"vendor": "amd", "gpus": 8}, "gpu[01-02]": {"gpus": 8}}},
+                           "baseline.toml")
+    kube = parse_settings({"scheduler": "kubernetes"}, "(test)").kubernetes
+    assert resource_for(kube, mixed, "gpu01") == "nvidia.com/gpu" and resource_for(kube, mixed, "mi01") == "amd.com/gpu"
+    site = parse_settings({"kubernetes": {"smoke_resource_amd": "amd.com/gpu-partition"}}, "(test)").kubernetes
+    assert resource_for(site, mixed, "mi02") == "amd.com/gpu-partition"

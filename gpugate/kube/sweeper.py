@@ -40,6 +40,13 @@ _SITE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Create
                  "CreateContainerError", "ErrImageNeverPull")
 
 
+def resource_for(kube, baseline, node: str) -> str:
+    """The device plugin's resource for the node's GPUs, by its vendor in the baseline."""
+    vendor_for = getattr(baseline, "vendor_for", None)
+    amd = vendor_for is not None and vendor_for(node) == "amd"
+    return str(kube.get("smoke_resource_amd" if amd else "smoke_resource") or "")
+
+
 def _boot_of(detail: str) -> str:
     for word in detail.split():
         if word.startswith("boot_id="):
@@ -205,7 +212,7 @@ class KubeSweeper(Sweeper):
             argvs[name] = self.cfg[_command_key(self.baseline, name, False)]
             gpus = self.baseline.expect_for(name).gpus
             specs[name] = pod_spec(pod_name(name, nonce()), name, self._namespace(), str(kube["smoke_image"]),
-                                   template(argvs[name], name, gpus), gpus, str(kube["smoke_resource"]),
+                                   template(argvs[name], name, gpus), gpus, resource_for(kube, self.baseline, name),
                                    int(deadline))
             self.say("  %s: smoke Pod %s" % (name, specs[name]["metadata"]["name"]))
         try:
