@@ -25,6 +25,9 @@ def table(opt_path, word) -> Table:
         # tool or ["ssh", "{node}", "systemctl", "reboot"].  []: a node that
         # needs a reboot stops the sweep, held, with this named.
         "reboot": (ListOf(Str("systemctl")), []),
+        # The smoke Pods' namespace: Pod Security "baseline" enforced there (deploy/kubernetes), so
+        # the sweep's right to make Pods is never a right to a privileged one.
+        "smoke_namespace": (Str("gpugate-smoke", lambda v: word(v, "a namespace")), "gpugate-smoke"),
         # The smoke all_reduce as a Pod pinned to the node ("": no smoke on Kubernetes).
         "smoke_image": (Str("nvcr.io/nvidia/pytorch:25.01-py3"), ""),
         "smoke_resource": (Str("nvidia.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),

@@ -89,11 +89,17 @@ def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
                       # The sweep evicts; it never deletes another's pod nor reads secrets.
                       (sweep, lambda c: c.request("DELETE", "/api/v1/namespaces/default/pods/any")),
                       (sweep, lambda c: c.get("/api/v1/namespaces/gpugate/secrets")),
-                      (sweep, lambda c: c.create("/api/v1/namespaces/default/pods", {"metadata": {"name": "x"}}))):
+                      (sweep, lambda c: c.create("/api/v1/namespaces/default/pods", {"metadata": {"name": "x"}})),
+                      (sweep, lambda c: c.create("/api/v1/namespaces/gpugate/pods", {"metadata": {"name": "x"}}))):
         with pytest.raises(KubeError) as info:
             call(who)
         assert info.value.status == 403, info.value
     assert keeper.get("/api/v1/nodes")["items"]
+    # Where the sweep may make Pods, Pod Security refuses a privileged one: its token is not root on a node.
+    with pytest.raises(KubeError) as info:
+        sweep.create("/api/v1/namespaces/gpugate-smoke/pods", {"metadata": {"name": "root"}, "spec": {
+            "nodeName": "gpu09", "containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]}})
+    assert info.value.status == 403 and "PodSecurity" in str(info.value), info.value
     # The server's own validation took them: the DaemonSet and the Deployment exist as written.
     ds = admin.get("/apis/apps/v1/namespaces/gpugate/daemonsets/gpugate-node-agent")
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "gpugate-node-agent"

@@ -34,7 +34,7 @@ def site(api, tmp_path):  # noqa: F811
         yield fleet
     finally:
         kubelets.stop()
-        for ns in ("default", "gpugate"):
+        for ns in ("default", "gpugate-smoke"):
             for pod in fleet.admin.list_pages("/api/v1/namespaces/%s/pods" % ns):
                 fleet.admin.request("DELETE", "/api/v1/namespaces/%s/pods/%s" % (ns, pod["metadata"]["name"]),
                                     {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
@@ -121,7 +121,7 @@ def test_a_drifted_node_is_evicted_repaired_rebooted_proven_and_returned(site):
     assert nv.OWNED not in (node["metadata"].get("annotations") or {})
     # The workload left through the Eviction API; the DaemonSet's pod stayed; no smoke Pod is left.
     assert pods(admin, "gpu01") == ["exporter-0"]
-    assert list(admin.list_pages("/api/v1/namespaces/gpugate/pods")) == []
+    assert list(admin.list_pages("/api/v1/namespaces/gpugate-smoke/pods")) == []
     # Rebooted (a new bootID) and proven by a smoke Pod that ran on gpu01 and passed.
     assert node["status"]["nodeInfo"]["bootID"] != before
     assert [(n, code) for _, n, code in site.kubelets.ran] == [("gpu01", 0)]
@@ -178,7 +178,7 @@ def test_a_node_that_fails_its_smoke_pod_is_escalated_and_stays_held(site):
     assert reason.startswith("gpugate: rma ") and "smoke=all_reduce busbw=22.9GB/s (want >= 350)" in reason, reason
     # Two attempts (the retry), each proven by its own Pod on gpu03; none is left.
     assert [(n, code) for _, n, code in site.kubelets.ran] == [("gpu03", 0), ("gpu03", 0)]
-    assert list(admin.list_pages("/api/v1/namespaces/gpugate/pods")) == []
+    assert list(admin.list_pages("/api/v1/namespaces/gpugate-smoke/pods")) == []
 
 
 def test_without_a_reboot_command_the_sweep_stops_and_the_node_stays_held(site):

@@ -75,7 +75,7 @@ class KubeSweeper(Sweeper):
         return None
 
     def _namespace(self) -> str:
-        return str(self.settings.kubernetes.get("namespace") or "gpugate")
+        return str(self.settings.kubernetes.get("smoke_namespace") or "gpugate-smoke")
 
     # ------------------------------------------------------------- evictions
     def _step_wait_drained(self, nodes, records) -> None:
