@@ -225,7 +225,8 @@ _KUBERNETES = kube_table(_OPT_PATH, _word)
 _CONFIG = Table({
     "baseline": (_PATH, "/etc/gpugate/baseline.toml"),
     # Which scheduler the node agent and the keeper act through (gpugate.schedulers).
-    "scheduler": (Choice("slurm", "kubernetes"), "slurm"),
+    # "slurm+kubernetes": Slurm on Kubernetes (Slinky, soperator), each hold mirrored on the Node (gpugate.kube.paired).
+    "scheduler": (Choice("slurm", "kubernetes", "slurm+kubernetes"), "slurm"),
     "kubernetes": (_KUBERNETES, lambda: _KUBERNETES.check({}, "kubernetes")),
     "state_dir": (_PATH, "/var/lib/gpugate"),
     "reason_tag": (Str("gpugate:", _tag), "gpugate:"),

@@ -6,6 +6,13 @@ ServiceAccount.  The validators for paths and words are config.py's."""
 from .schema import Bool, ListOf, Number, Str, Table
 
 
+def _node_template(value: str):
+    rest = value.replace("{node}", "")
+    if "{node}" not in value or "{" in rest or "}" in rest or "/" in value or " " in value:
+        return "expected a Node name with {node} for the Slurm node's name (\"{node}\", \"{node}.example.com\")"
+    return None
+
+
 def table(opt_path, word) -> Table:
     return Table({
         "server": (Str("https://10.0.0.1:6443", lambda v: None if v == "" or v.startswith(("https://", "http://"))
@@ -32,6 +39,9 @@ def table(opt_path, word) -> Table:
         "smoke_image": (Str("nvcr.io/nvidia/pytorch:25.01-py3"), ""),
         "smoke_resource": (Str("nvidia.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
                            "nvidia.com/gpu"),  # what the device plugin calls the GPUs of an NVIDIA node
+        # Slurm on Kubernetes (scheduler = "slurm+kubernetes"): the Node that runs a Slurm
+        # node, {node} its Slurm name (Slinky's DaemonSet mode: the same name).
+        "node_name": (Str("{node}", _node_template), "{node}"),
         "smoke_resource_amd": (Str("amd.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
                                "amd.com/gpu"),  # ... and of an AMD node (the baseline's vendor)
     })

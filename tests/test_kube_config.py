@@ -19,10 +19,17 @@ def test_the_kubernetes_table_is_validated():
                        "(test)")
     assert s.scheduler == "kubernetes" and s.kubernetes["lease_seconds"] == 60.0
     assert s.kubernetes["token_file"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    paired = parse_settings({"scheduler": "slurm+kubernetes", "kubernetes": {"node_name": "{node}.example.com"}},
+                            "(test)")
+    assert paired.scheduler == "slurm+kubernetes" and paired.kubernetes["node_name"] == "{node}.example.com"
     for bad, why in (({"scheduler": "nomad"}, "scheduler"), ({"kubernetes": {"server": "10.0.0.1"}}, "https://"),
                      ({"kubernetes": {"lease_seconds": 10}}, "lease_seconds"),
                      ({"kubernetes": {"token_file": "token"}}, "token_file"),
-                     ({"kubernetes": {"bogus": 1}}, "bogus")):
+                     ({"kubernetes": {"bogus": 1}}, "bogus"),
+                     # Slurm on Kubernetes: the Node of a Slurm node, {node} its Slurm name.
+                     ({"kubernetes": {"node_name": "gpu01"}}, "node_name"),
+                     ({"kubernetes": {"node_name": "{node}.{zone}"}}, "node_name"),
+                     ({"kubernetes": {"node_name": "{node}/x"}}, "node_name")):
         with pytest.raises(ConfigError) as info:
             parse_settings(bad, "(test)")
         assert why in str(info.value), info.value

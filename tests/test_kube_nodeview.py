@@ -81,21 +81,22 @@ def test_a_damaged_ownership_record_owns_nothing():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(foreign_taint, max_size=4, unique_by=lambda t: (t["key"], t["effect"])), st.booleans(),
-       st.booleans(), st.sampled_from([ECC, DRIFT]))
+       st.booleans(), st.sampled_from([ECC, DRIFT]), st.booleans())
 def test_drain_then_undrain_leaves_everyone_elses_taints_and_cordon_as_they_were(taints, cordon, no_execute,
-                                                                                 reason):
+                                                                                 reason, ours_cordons):
+    # ours_cordons=False: Slurm on Kubernetes, the taint alone (gpugate.kube.paired).
     before = node(taints=taints, cordon=cordon)
     cls = reason.split()[1]
-    held = merge(before, nv.drain_patch(before, reason, cls, no_execute, 1000))
+    held = merge(before, nv.drain_patch(before, reason, cls, no_execute, 1000, ours_cordons))
     state = nv.state_of(held)
     assert state.drain and state.reason == reason and state.reason_time == 1000
-    assert held["spec"]["unschedulable"] is True
+    assert bool(held["spec"].get("unschedulable")) == (ours_cordons or cordon)
     ours = nv.our_taints(held)
     assert {(t["effect"], t["value"]) for t in ours} == {("NoSchedule", cls)} | (
         {("NoExecute", cls)} if no_execute else set())
     assert [t for t in held["spec"]["taints"] if t not in ours] == taints
     # Drained again with the same reason: its time is kept (the keeper's oldest-first order).
-    again = merge(held, nv.drain_patch(held, reason, cls, no_execute, 2000))
+    again = merge(held, nv.drain_patch(held, reason, cls, no_execute, 2000, ours_cordons))
     assert nv.state_of(again).reason_time == 1000
     back = merge(again, nv.undrain_patch(again))
     assert back["spec"]["taints"] == taints

@@ -39,8 +39,8 @@ class KubeNodes:
     node_read = ""
     reports_verdict = True  # the GpugateHealthy condition: act keeps a fit run reading until it says so
 
-    def __init__(self, client, kube, tag: str, clock=time.time):
-        self.client, self.tag, self.clock = client, tag, clock
+    def __init__(self, client, kube, tag: str, clock=time.time, cordon: bool = True):
+        self.client, self.tag, self.clock, self.cordon = client, tag, clock, cordon
         self.kube = kube
         self.pool_label = str(kube.get("pool_label") or "")
         self.selector = str(kube.get("node_selector") or "")  # the keeper's nodes: the GPU nodes gpugate judges
@@ -128,7 +128,7 @@ class KubeNodes:
         failed = []
         for name in _expand(names):
             try:
-                patch = nv.drain_patch(self.node_object(name), reason, cls, no_execute, int(self.clock()))
+                patch = nv.drain_patch(self.node_object(name), reason, cls, no_execute, int(self.clock()), self.cordon)
                 self._patch(name, patch)
             except (ValueError, GpugateError) as exc:
                 failed.append("%s: %s" % (name, exc))
@@ -165,10 +165,11 @@ class KubeNodes:
             self._patch(name, patch, sub="status", kind="strategic")
 
 
-def connect(settings, deadline: Optional[float] = None, timeout: Optional[float] = None) -> KubeNodes:
+def connect(settings, deadline: Optional[float] = None, timeout: Optional[float] = None,
+            cordon: bool = True) -> KubeNodes:
     from .client import connect as client_for
 
     kube = dict(settings.kubernetes)
     if timeout:
         kube["timeout_seconds"] = min(float(kube.get("timeout_seconds", 10.0)), float(timeout))
-    return KubeNodes(client_for(kube, deadline), settings.kubernetes, settings.reason_tag)
+    return KubeNodes(client_for(kube, deadline), settings.kubernetes, settings.reason_tag, cordon=cordon)

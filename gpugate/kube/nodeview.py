@@ -106,11 +106,14 @@ def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
         partitions=pools, comment=str((meta.get("annotations") or {}).get(PENDING) or ""))
 
 
-def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, now: int) -> Dict[str, Any]:
+def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, now: int,
+                cordon: bool = True) -> Dict[str, Any]:
     """Hold the node for ``reason``: gpugate's taint (its value the class),
     its cordon unless someone else's stands, its ownership record.
     no_execute: a NoExecute taint too (the caller passes it for an acute
-    finding only, where the site asked).  Raises ValueError when a taint
+    finding only, where the site asked).  cordon=False: the taint alone
+    (Slurm on Kubernetes: a cordon there is the operator's signal to drain
+    Slurm itself, gpugate.kube.paired).  Raises ValueError when a taint
     with gpugate's key is not gpugate's, or the read has no resourceVersion."""
     if foreign_taints(node):
         raise ValueError("a %s taint on the node was not written by gpugate: left alone" % TAINT_KEY)
@@ -124,12 +127,14 @@ def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, n
         same = [t for t in mine if t.get("effect") == effect and t.get("value") == value]
         taints.append(same[0] if same else taint)  # (its timeAdded kept when unchanged)
     held = bool(mine)  # a record without gpugate's taint is a leftover: it owns no cordon and no time
-    cordon_ours = (held and record.get("cordon") is True) if spec.get("unschedulable") else True
+    cordon_ours = (held and record.get("cordon") is True) if spec.get("unschedulable") else cordon
     keep_at = held and record.get("reason") == reason and isinstance(record.get("at"), (int, float))
     new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": effects,
            "cordon": cordon_ours}
-    return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)}),
-            "spec": {"taints": taints, "unschedulable": True}}
+    body: Dict[str, Any] = {"taints": taints}
+    if cordon:
+        body["unschedulable"] = True
+    return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)}), "spec": body}
 
 
 def undrain_patch(node: Dict[str, Any]) -> Dict[str, Any]:

@@ -13,11 +13,14 @@ if TYPE_CHECKING:
 
 
 def read(settings, node: str, timeout: float = 5.0) -> Tuple[Optional[Dict[str, str]], str]:
-    """(labels, "") or (None, why); (None, "") off Kubernetes."""
-    if getattr(settings, "scheduler", "slurm") != "kubernetes":
+    """(labels, "") or (None, why); (None, "") off Kubernetes.  Under
+    Slurm on Kubernetes, the labels of the Node that runs this Slurm node."""
+    if getattr(settings, "scheduler", "slurm") not in ("kubernetes", "slurm+kubernetes"):
         return None, ""
-    from ..schedulers import connect
+    from ..kube.nodes import connect
+    from ..kube.paired import node_name
 
+    node = node_name(settings, node)
     try:
         backend = connect(settings, timeout=timeout)
     except GpugateError as exc:

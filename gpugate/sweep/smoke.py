@@ -283,7 +283,8 @@ class SmokeStep:
             if reservation not in self.slurm.reservations():
                 raise SlurmError("reservation %s is missing: no smoke job outside it" % reservation)
             Outputs(str(self.cfg["smoke_output_dir"])).close()  # refused before any drain is lifted
-            self.slurm.undrain(hostlist(group))
+            # Into the reservation only (Slurm on Kubernetes: its Node stays held, gpugate.kube.paired).
+            getattr(self.slurm, "undrain_in_reservation", self.slurm.undrain)(hostlist(group))
             results = run_smoke(self.slurm, self.cfg, self.baseline, group, reservation, self.sleep, self.say)
             if self.cfg["pairs"] and self.cfg["smoke_pair"] and not any(r.site for r in results.values()):
                 passed = [n for n in group if results[n].passed]

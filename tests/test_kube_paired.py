@@ -1,0 +1,99 @@
+"""gpugate.kube.paired's order of writes, with a recording Slurm backend and
+Node store in place of slurmctld and the API server (test_kube_slinky runs
+the same class against both for real; here, the failures they cannot be
+made to give on cue: a Node that refuses the lift)."""
+
+import pytest
+
+from gpugate.kube.client import KubeError
+from gpugate.kube.paired import PairedNodes, node_name
+from gpugate.slurm.nodestate.record import NodeState
+
+TAG = "gpugate:"
+REASON = "gpugate: health xid:gpu3=79 (want none)"
+
+
+def state(name, reason=""):
+    return NodeState(name=name, state="IDLE", flags=frozenset({"DRAIN"} if reason else ()), reason=reason,
+                     reason_time=None, reason_user="", partitions=("gpu",), comment="")
+
+
+class Recorder:
+    def __init__(self, calls, side):
+        self.calls, self.side = calls, side
+        self.name, self.why, self.tag = "commands", "configured", TAG
+        self.held = {}
+        self.refuse = False
+
+    def own_record(self, name):
+        return state(name, self.held.get(name, ""))
+
+    def drain(self, names, reason):
+        self.calls.append((self.side, "drain", names))
+        self.held[names] = reason
+
+    def undrain(self, names):
+        if self.refuse:
+            raise KubeError("kubernetes: 503 the API server is unavailable")
+        self.calls.append((self.side, "undrain", names))
+        self.held.pop(names, None)
+
+    resume = undrain
+
+    def report_verdict(self, name, verdict, st):
+        self.calls.append((self.side, "report", name))
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def pair():
+    calls = []
+    return PairedNodes(Recorder(calls, "slurm"), Recorder(calls, "kube"), "{node}-k8s"), calls
+
+
+def test_hold_slurm_first_then_the_node_and_lift_the_node_first(pair):
+    paired, calls = pair
+    paired.drain("gpu01", REASON)
+    assert calls == [("slurm", "drain", "gpu01"), ("kube", "drain", "gpu01-k8s")]
+    del calls[:]
+    paired.resume("gpu01")
+    assert calls == [("kube", "undrain", "gpu01-k8s"), ("slurm", "undrain", "gpu01")]
+
+
+def test_a_node_that_refuses_the_lift_keeps_its_slurm_node_drained(pair):
+    paired, calls = pair
+    paired.drain("gpu01", REASON)
+    paired.kube.refuse = True
+    with pytest.raises(KubeError, match="stays drained"):
+        paired.resume("gpu01")
+    assert paired.slurm.held == {"gpu01": REASON}
+
+
+def test_the_smoke_jobs_undrain_leaves_the_node_held(pair):
+    paired, calls = pair
+    paired.drain("gpu01", REASON)
+    paired.undrain_in_reservation("gpu01")
+    assert paired.kube.held == {"gpu01-k8s": REASON} and paired.slurm.held == {}
+
+
+def test_a_run_that_wrote_nothing_puts_the_node_in_line_with_slurm(pair):
+    paired, calls = pair
+    paired.slurm.held["gpu01"] = REASON  # drained in Slurm; its mirror was lost
+    paired.report_verdict("gpu01", None, paired.slurm.own_record("gpu01"))
+    assert paired.kube.held == {"gpu01-k8s": REASON}
+    # Slurm no longer held by gpugate (an admin's reason there): gpugate's Node hold goes.
+    other = PairedNodes(paired.slurm, paired.kube, "{node}-k8s")
+    other.report_verdict("gpu01", None, state("gpu01", "bad cable, ticket 4411"))
+    assert paired.kube.held == {}
+
+
+def test_node_name_is_the_slurm_name_through_the_template():
+    class Settings:
+        scheduler = "slurm+kubernetes"
+        kubernetes = {"node_name": "{node}.cluster.example.com"}
+
+    assert node_name(Settings, "gpu07") == "gpu07.cluster.example.com"
+    Settings.scheduler = "kubernetes"
+    assert node_name(Settings, "gpu07") == "gpu07"
