@@ -111,6 +111,16 @@ _NODESET = Table({
     **amd.NODESET_FIELDS,  # vendor, device_id, compute_partition, memory_partition
 })
 
+_IMAGE_PIN = Str("v0.17.1", lambda v: None if v == "" or v.startswith("sha256:") or all(
+    c.isalnum() or c in "._-" for c in v) else "expected an image tag (\"v0.17.1\", \"4.2.3-4.1.3\") or \"sha256:...\"")
+_OPERATOR = Table({
+    "labels": (Bool(), False),
+    "mig_strategy": (Choice("", "none", "single", "mixed"), ""),
+    "driver_image": (Bool(), False),
+    "container_toolkit": (_IMAGE_PIN, ""), "device_plugin": (_IMAGE_PIN, ""), "dcgm_exporter": (_IMAGE_PIN, ""),
+    "amd_device_plugin": (_IMAGE_PIN, ""), "amd_metrics_exporter": (_IMAGE_PIN, ""),
+})
+
 BASELINE = Table({
     "name": (Str("h100-r580-2026.11"), "unnamed"),
     "pin": (_pins_spec(), REQUIRED),
@@ -122,10 +132,10 @@ BASELINE = Table({
     # min_pair_busbw_gbps: the 2-node pair run's (inter-node line rate, not NVLink).
     # What a Kubernetes GPU operator publishes on each Node (gpugate.judges.operator): its labels
     # must be there (labels = true), and the MIG strategy it runs ("": not judged).  Its driver and
-    # CUDA labels are always held to [pin] where they are present.
-    "operator": (Table({"labels": (Bool(), False),
-                        "mig_strategy": (Choice("", "none", "single", "mixed"), "")}),
-                 lambda: {"labels": False, "mig_strategy": ""}),
+    # CUDA labels are always held to [pin] where they are present.  The images its pods run on the
+    # node (gpugate.judges.operator_images): each pinned one ("": not judged; "sha256:...": by
+    # digest), and the driver container to [pin] driver where driver_image = true.
+    "operator": (_OPERATOR, lambda: _OPERATOR.check({}, "operator")),
     "smoke": (Table({"min_busbw_gbps": (MapOf(Number(0, 100000)), dict),
                      "min_pair_busbw_gbps": (MapOf(Number(0, 100000)), dict)}),
               lambda: {"min_busbw_gbps": {}, "min_pair_busbw_gbps": {}}),

@@ -39,6 +39,9 @@ def table(opt_path, word) -> Table:
         "smoke_image": (Str("nvcr.io/nvidia/pytorch:25.01-py3"), ""),
         "smoke_resource": (Str("nvidia.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
                            "nvidia.com/gpu"),  # what the device plugin calls the GPUs of an NVIDIA node
+        # Where the GPU operators run their pods ([operator] image pins: the node's pods there are read).
+        "operator_namespace": (Str("gpu-operator", lambda v: word(v, "a namespace")), "gpu-operator"),
+        "operator_namespace_amd": (Str("kube-amd-gpu", lambda v: word(v, "a namespace")), "kube-amd-gpu"),
         # Slurm on Kubernetes (scheduler = "slurm+kubernetes"): the Node that runs a Slurm
         # node, {node} its Slurm name (Slinky's DaemonSet mode: the same name).
         "node_name": (Str("{node}", _node_template), "{node}"),

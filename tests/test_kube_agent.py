@@ -289,6 +289,45 @@ def test_the_gpu_operator_s_labels_are_held_to_the_same_pin(site):
     assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit") and nv.our_taints(n2) == []
 
 
+def test_the_gpu_operator_s_pods_on_the_node_run_the_pinned_images(api, tmp_path):
+    """The baseline pins the device plugin and DCGM exporter; the operator's
+    pods bound to gpu01 run an older device plugin (a rolling update that did
+    not reach it): drift, naming the image.  gpu02's pods agree: fit.  The
+    agent reads them with operator-rbac.yaml's Role in gpu-operator only."""
+    from gpugate.testbed.kube import KubeFleet
+
+    baseline = tmp_path / "baseline.toml"
+    baseline.write_text(open(DEMO_BASELINE).read()
+                        + '\n[operator]\ndevice_plugin = "v0.17.1"\ndcgm_exporter = "4.2.3-4.1.3"\n')
+    site = KubeFleet(api, str(tmp_path), NODES, str(baseline))
+    images = {"gpu01": "nvcr.io/nvidia/k8s-device-plugin:v0.16.2", "gpu02": "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"}
+    made = []
+    for name, plugin in sorted(images.items()):
+        for pod, image in (("nvidia-device-plugin-daemonset-" + name, plugin),
+                           ("nvidia-dcgm-exporter-" + name, "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04")):
+            site.admin.create("/api/v1/namespaces/gpu-operator/pods", {
+                "metadata": {"name": pod, "namespace": "gpu-operator"},
+                "spec": {"nodeName": name, "containers": [{"name": "main", "image": image}]}})
+            made.append(pod)
+    try:
+        agent = site.config("agent")
+        for name in ("gpu01", "gpu02"):
+            site.healthcheck(agent, name)
+        n1 = site.admin.get(node_path("gpu01"))
+        assert (condition(n1)["status"], condition(n1)["message"]) == (
+            "False", "gpugate: drift operator_device_plugin=v0.16.2 (want v0.17.1)"), condition(n1)
+        n2 = site.admin.get(node_path("gpu02"))
+        assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit"), condition(n2)
+        # The agent's token lists pods in the operator's namespace only.
+        with pytest.raises(KubeError) as refused:
+            site.api.client("agent").get("/api/v1/namespaces/default/pods")
+        assert refused.value.status == 403
+    finally:
+        for pod in made:
+            site.admin.request("DELETE", "/api/v1/namespaces/gpu-operator/pods/" + pod,
+                               {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
 def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site):
     """deploy/kubernetes/agent-policy.yaml, on the real API server: the
     agent's token may set gpugate's taint, annotations and condition (the

@@ -104,3 +104,10 @@ def test_an_amd_node_is_held_to_its_amdgpu_pin_by_the_node_labeller_s_label():
     assert op.judge(mixed, "gpu01", {"amd.com/gpu.driver-version": "0.0.1"}) == []
     absent = op.judge(replace(mixed, operator={"labels": True}), "mi01", {"nvidia.com/cuda.driver-version.full": "x"})
     assert [f.observed for f in absent] == ["absent"] and "amd.com/gpu.driver-version" in absent[0].expected
+
+
+def test_a_failed_driver_upgrade_of_the_operator_is_drift_one_in_progress_is_not():
+    for state in ("upgrade-required", "cordon-required", "drain-required", "validation-required", "upgrade-done"):
+        assert op.judge(BASELINE, "gpu01", dict(GFD, **{op.UPGRADE_STATE: state})) == []
+    found = op.judge(BASELINE, "gpu01", dict(GFD, **{op.UPGRADE_STATE: "upgrade-failed"}))
+    assert [(f.cls, f.component, f.observed) for f in found] == [(DRIFT, "operator_upgrade", "upgrade-failed")]

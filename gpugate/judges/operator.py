@@ -11,7 +11,10 @@ Labels (GFD's README, "Generated Labels"; AMD GPU Operator's node labeller):
 ``nvidia.com/cuda.driver.{major,minor,rev}``),
 ``nvidia.com/cuda.runtime-version.full`` ("12.9": the CUDA version the
 driver supports; older: ``nvidia.com/cuda.runtime.{major,minor}``),
-``nvidia.com/mig.strategy``, ``amd.com/gpu.driver-version`` ("6.12.12")."""
+``nvidia.com/mig.strategy``, ``amd.com/gpu.driver-version`` ("6.12.12"); the
+GPU Operator's driver upgrade controller's ``nvidia.com/gpu-driver-upgrade-state``
+("upgrade-failed": the node was left between drivers; its other states are
+an upgrade in progress, which holds the node with the operator's own cordon)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ _CUDA = ("nvidia.com/cuda.runtime-version.full",
          ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor"))
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 AMD_DRIVER = "amd.com/gpu.driver-version"
+UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 
 
 def _label(labels: Mapping[str, str], full: str, *partial: Sequence[str]) -> Optional[str]:
@@ -90,6 +94,8 @@ def judge(baseline, node: str, labels: Optional[Mapping[str, str]], error: str =
         drift("operator_driver", seen["driver"], pin.driver, _DRIVER[0])
     if seen["cuda_driver"] and pin.cuda_driver and not _same(seen["cuda_driver"], pin.cuda_driver, parts=2):
         drift("operator_cuda", seen["cuda_driver"], pin.cuda_driver, _CUDA[0])
+    if labels.get(UPGRADE_STATE) == "upgrade-failed":
+        drift("operator_upgrade", "upgrade-failed", "upgrade-done", UPGRADE_STATE)
     want_mig = str(policy.get("mig_strategy") or "")
     if want_mig and (seen["mig_strategy"] or "none") != want_mig:
         drift("mig_strategy", seen["mig_strategy"] or "unset", want_mig, MIG_STRATEGY)

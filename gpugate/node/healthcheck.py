@@ -11,7 +11,7 @@ import time
 from ..errors import GpugateError
 from ..facts import to_jsonable
 from ..findings import PROBE
-from ..judges import hca, iblinks, lost, operator, throttle
+from ..judges import hca, iblinks, lost, operator, operator_images, throttle
 from ..probes import files
 from ..verdict import decide
 from ..preflight import memory as preflight_memory
@@ -134,7 +134,9 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     last_high = lost.high_for(j.last, j.baseline.vendor_for(node))
     j.clocks, j.links = j.last.get("clocks"), j.last.get("ib_links")
 
-    labels, label_error = operator_labels.read(settings, node)  # Kubernetes: the operator's view of the node
+    # Kubernetes: the operator's view of the node, in a bounded share of the run's budget.
+    seen = operator_labels.read(settings, node, j.baseline,
+                                deadline=time.monotonic() + operator_labels.share(settings.budgets["healthcheck"]))
 
     def history(facts):  # what this node showed before: GPUs, HCA ports and counters, clock-event time
         found, j.clocks = throttle.step(j.last.get("clocks"), facts, j.baseline.health)
@@ -144,7 +146,8 @@ def _judge(settings, node: str, record: dict) -> _Judged:
                 + preflight_memory.judged(settings, node, j.boot_id if isinstance(j.boot_id, str) else None,
                                           facts.collected_at)
                 + hca.judge_history(j.last.get("ib"), facts, j.baseline.health.ib_counter_max)
-                + operator.judge(j.baseline, node, labels, label_error))
+                + operator.judge(j.baseline, node, seen.labels, seen.label_error)
+                + operator_images.judge(j.baseline, node, seen.images, seen.image_error))
 
     j.read_at = time.time()  # before the first read: a GPU reset after it makes the verdict stale (act)
     result = run_check(settings, j.baseline, node, "healthcheck", xid_after=j.cursor, extra=history)

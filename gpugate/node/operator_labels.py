@@ -1,7 +1,10 @@
-"""The labels a Kubernetes GPU operator published on this node's own Node
-(one GET, bounded), for gpugate.judges.operator.  A Slurm node has none.
-A read that fails is said (the judge makes it a probe finding where the
-baseline requires the labels), never taken for labels that agree."""
+"""What a Kubernetes GPU operator says about this node, read from the API
+server (bounded, one connection): the labels on the node's own Node (one
+GET, for gpugate.judges.operator) and, where the baseline pins the
+operator's images, the images of its pods on this node (one list in the
+operator's namespace, by spec.nodeName, for gpugate.judges.operator_images).
+A Slurm node has none.  A read that fails is said (the judges make it a
+probe finding where the baseline requires it), never taken for agreement."""
 
 from __future__ import annotations
 
@@ -9,28 +12,66 @@ from ..errors import GpugateError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 
-def read(settings, node: str, timeout: float = 5.0) -> Tuple[Optional[Dict[str, str]], str]:
-    """(labels, "") or (None, why); (None, "") off Kubernetes.  Under
-    Slurm on Kubernetes, the labels of the Node that runs this Slurm node."""
+class View:
+    """labels / images: None when not read; *_error: why a read failed."""
+
+    def __init__(self):
+        self.labels: Optional[Dict[str, str]] = None
+        self.label_error = ""
+        self.images: Optional[List[Tuple[str, str]]] = None
+        self.image_error = ""
+
+
+def share(budget: float) -> float:
+    """The seconds the reads may take of a run's budget: a tenth, at most 5 s."""
+    return min(5.0, float(budget) * 0.1)
+
+
+def read(settings, node: str, baseline=None, deadline: Optional[float] = None) -> View:
+    """deadline (time.monotonic()): every request ends by then (gpugate.kube.client)."""
+    view = View()
     if getattr(settings, "scheduler", "slurm") not in ("kubernetes", "slurm+kubernetes"):
-        return None, ""
+        return view
+    from ..judges.operator_images import pins_for
     from ..kube.nodes import connect
     from ..kube.paired import node_name
 
-    node = node_name(settings, node)
+    name = node_name(settings, node)  # Slurm on Kubernetes: the Node that runs this Slurm node
     try:
-        backend = connect(settings, timeout=timeout)
+        backend = connect(settings, deadline=deadline, timeout=5.0)
     except GpugateError as exc:
-        return None, str(exc)
+        view.label_error = view.image_error = str(exc)
+        return view
     try:
-        if backend.own_record(node) is None:
-            return None, "no Node named %s" % node
-        labels = (backend.node_object(node).get("metadata") or {}).get("labels") or {}
-        return {str(k): str(v) for k, v in labels.items()}, ""
-    except GpugateError as exc:
-        return None, str(exc)
+        try:
+            if backend.own_record(name) is None:
+                view.label_error = "no Node named %s" % name
+            else:
+                labels = (backend.node_object(name).get("metadata") or {}).get("labels") or {}
+                view.labels = {str(k): str(v) for k, v in labels.items()}
+        except GpugateError as exc:
+            view.label_error = str(exc)
+        if baseline is not None and pins_for(baseline, node):
+            try:
+                view.images = _images(backend.client, settings, baseline.vendor_for(node), name)
+            except GpugateError as exc:
+                view.image_error = str(exc)
     finally:
         backend.close()
+    return view
+
+
+def _images(client, settings, vendor: str, name: str) -> List[Tuple[str, str]]:
+    """(pod, image) of every container of the operator's pods bound to the Node."""
+    kube = settings.kubernetes
+    namespace = str(kube.get("operator_namespace_amd" if vendor == "amd" else "operator_namespace") or "")
+    out = []
+    for pod in client.list_pages("/api/v1/namespaces/%s/pods" % namespace, fieldSelector="spec.nodeName=" + name):
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+            if isinstance(container, dict) and isinstance(container.get("image"), str):
+                out.append((str(meta.get("name", "?")), container["image"]))
+    return out

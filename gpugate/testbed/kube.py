@@ -19,6 +19,7 @@ from .procs import ClusterError, free_ports
 CACHE_ENV = "GPUGATE_KUBE_CACHE"
 DEFAULT_CACHE = "/var/cache/gpugate/kube"
 NAMESPACE = "gpugate"
+OPERATOR_NAMESPACES = ("gpu-operator", "kube-amd-gpu")
 # Token -> (user, groups): the node agent's and the keeper's ServiceAccounts (deploy/kubernetes).
 USERS = {
     "admin": ("admin", "system:masters"),
@@ -108,7 +109,10 @@ class KubeAPI:
             "--endpoint-reconciler-type", "none"])  # a loopback advertise address: no Endpoints reconciling
         self.server = "https://127.0.0.1:%d" % api_port
         self._wait_ready(timeout)
-        self.admin().create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        admin = self.admin()
+        # gpugate's namespace, and the GPU operators' (their charts make them; operator-rbac.yaml binds in them)
+        for name in (NAMESPACE,) + OPERATOR_NAMESPACES:
+            admin.create("/api/v1/namespaces", {"metadata": {"name": name}})
         return self
 
     def _spawn(self, name: str, argv: List[str]) -> None:
