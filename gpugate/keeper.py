@@ -294,20 +294,28 @@ def run(settings, connect=None) -> dict:
     try:
         with _host_lock(settings):
             slurm = connect(settings, deadline=time.monotonic() + RUN_SECONDS)
+            who = socket.gethostname()
+            # Kubernetes keeps the memory on the Lease (a failover keeps it); Slurm, in a file.
+            on_lease = getattr(slurm, "load_memory", None) is not None
             try:
-                standby = slurm.lead(socket.gethostname())
+                standby = slurm.lead(who)
                 if standby:  # another keeper acts (Kubernetes' Lease): this one drains nothing
                     return record(settings, {"fleet_reads": 0, "drained": [], "given_back": [], "ok": True,
                                              "standby": standby[:300]})
-                figures = run_once(settings, slurm, view=take_view(settings, time.time()),
-                                   memory=keeper_memory.load(status_path(settings)))
+                memory = slurm.load_memory() if on_lease else keeper_memory.load(status_path(settings))
+                figures = run_once(settings, slurm, view=take_view(settings, time.time()), memory=memory)
+                memory = figures.pop("_memory", None)
+                if memory is not None and on_lease:
+                    try:
+                        slurm.save_memory(memory, who)
+                    except GpugateError as exc:  # lost memory: the keeper behaves as before, never worse
+                        figures["memory_error"] = str(exc)[:300]
             finally:
                 slurm.close()
             view = figures.pop("_view", None)
             if view is not None:
                 save_view(settings, *view)
-            memory = figures.pop("_memory", None)
-            if memory is not None:
+            if memory is not None and not on_lease:
                 keeper_memory.save(status_path(settings), memory)
     except GpugateError as exc:
         return record(settings, {"fleet_reads": 0, "drained": [], "given_back": []}, str(exc) or type(exc).__name__)

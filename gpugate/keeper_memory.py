@@ -17,7 +17,11 @@ and never drains again.  Waiting costs no budget and no place in the queue.
 The memory holds only published nodes' spans (an entry goes with its span),
 so it grows with the unfit nodes, never with the fleet.  Lost or garbled,
 it is empty: the keeper then behaves as before (it may drain a RESUMEd span
-once more), never worse.  Pure apart from load/save."""
+once more), never worse.  Pure apart from load/save.
+
+On Kubernetes the memory lives on the keeper's Lease (gpugate.kube.lease),
+so the replica that takes over after a failover has it; on Slurm, in this
+file beside the keeper's status."""
 
 import os
 
@@ -32,11 +36,30 @@ def path(status_path: str) -> str:
 def load(status_path: str) -> dict:
     from .node.state import read_json
 
-    data = read_json(path(status_path), _CAP)
+    return parse(read_json(path(status_path), _CAP))
+
+
+def parse(data) -> dict:
+    """The valid entries of a stored memory ({"nodes": {...}}); {} for anything else."""
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(nodes, dict):
         return {}
     return {str(n): e for n, e in nodes.items() if _entry(e)}
+
+
+def newest(memory: dict, cap: int) -> dict:
+    """The memory cut to at most ``cap`` bytes of JSON, the most recently
+    drained spans kept (what is dropped may drain once more, as before)."""
+    import json
+
+    kept: dict = {}
+    size = 2  # "{}"
+    for name, entry in sorted(memory.items(), key=lambda item: -float(item[1]["drained"])):
+        cost = len(json.dumps({name: entry}, separators=(",", ":"))) - 2 + (1 if kept else 0)  # the pair, a comma
+        if size + cost > cap:
+            break
+        kept[name], size = entry, size + cost
+    return kept
 
 
 def save(status_path: str, memory: dict) -> None:
@@ -88,4 +111,4 @@ def drained(memory: dict, names, states, tag: str, now: float) -> dict:
     return out
 
 
-__all__ = ["FILE", "load", "save", "review", "drained"]
+__all__ = ["FILE", "load", "save", "parse", "newest", "review", "drained"]

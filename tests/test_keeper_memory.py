@@ -134,3 +134,23 @@ def test_a_resumed_node_signed_again_drains_with_an_admins_paste_beside_its_span
     slurm.states["gpu01"] = replace(slurm.states["gpu01"], comment=pasted + signed)
     figures, memory = _run(cfg, slurm, NOW + 1801, memory)
     assert figures["drained"] == ["gpu01"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.from_regex(r"gpu[0-9]{1,5}", fullmatch=True),
+                       st.tuples(st.integers(1, 2 ** 31), st.floats(1e9, 2e9), st.booleans()), max_size=60),
+       st.integers(12, 4000))
+def test_the_memory_cut_to_a_size_keeps_the_most_recently_drained(raw, cap):
+    """What rides on the Kubernetes Lease is bounded (annotations hold 256 KiB
+    in all); what is dropped is the oldest drains."""
+    import json
+
+    memory = {n: {"since": s, "drained": d, "returned": d + 1 if r else None} for n, (s, d, r) in raw.items()}
+    kept = keeper_memory.newest(memory, cap)
+    assert len(json.dumps(kept, separators=(",", ":"))) <= cap
+    assert keeper_memory.parse({"nodes": kept}) == kept and all(memory[n] == e for n, e in kept.items())
+    dropped = set(memory) - set(kept)
+    if kept and dropped:
+        assert min(e["drained"] for e in kept.values()) >= max(memory[n]["drained"] for n in dropped)
+    if len(json.dumps(memory, separators=(",", ":"))) <= cap:
+        assert kept == memory

@@ -216,6 +216,44 @@ def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budg
     assert figures["drained"] == []
 
 
+def test_the_keeper_s_memory_rides_on_its_lease_so_a_failover_keeps_it(site):
+    """The keeper drains one node of three; an admin lifts that hold by
+    hand; the replica that takes over (a fresh pod: no files of the first)
+    still knows the span was returned and does not drain it again until
+    the node signs its finding anew (gpugate.keeper_memory)."""
+    lease_path = "/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/gpugate-budget-keeper"
+    try:
+        site.admin.request("DELETE", lease_path)  # another test's keeper may hold it
+    except KubeError:
+        pass
+    site.sim("gpu[01-03]", "driver=550.54.15")
+    agent = site.config("agent", share=0.34)
+    for name in NODES:
+        site.healthcheck(agent, name)
+    keeper = site.config("keeper", share=0.34)
+    first = site.keeper(keeper)
+    assert first["_exit"] == 0 and len(first["drained"]) == 1, first
+    returned = first["drained"][0]
+    lease = site.admin.get(lease_path)
+    stored = json.loads(lease["metadata"]["annotations"]["gpugate.io/keeper-memory"])["nodes"]
+    assert list(stored) == [returned] and stored[returned]["returned"] is None
+    # The admin lifts gpugate's hold by hand (taint and record gone).
+    node = site.admin.get(node_path(returned))
+    site.admin.patch(node_path(returned), {"metadata": {"annotations": {nv.OWNED: None}},
+                                           "spec": {"taints": [t for t in node["spec"].get("taints") or []
+                                                               if t.get("key") != nv.TAINT_KEY],
+                                                    "unschedulable": False}})
+    # A failover: the next keeper has none of the first one's files.
+    controller = os.path.join(site.dir, "controller")
+    for name in os.listdir(controller):
+        if name.startswith("budget-keeper"):
+            os.unlink(os.path.join(controller, name))
+    second = site.keeper(keeper)
+    assert second["_exit"] == 0 and returned not in second["drained"], second
+    assert len(second["drained"]) == 1  # the budget goes to another published node instead
+    assert nv.our_taints(site.admin.get(node_path(returned))) == []
+
+
 def test_an_admins_cordon_then_a_fit_node_the_condition_follows_the_verdict(site):
     """Held by someone else, gpugate writes only its condition; once the
     node is fit again the condition says so, though gpugate held nothing."""

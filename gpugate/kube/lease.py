@@ -98,3 +98,43 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
             return "another keeper took or renewed the Lease %s/%s at the same moment" % (namespace, name)
         raise _refused(namespace, name, "was not written", exc) from None
     return ""
+
+
+# The keeper's memory (gpugate.keeper_memory) rides on its Lease: a failover keeps it.
+MEMORY = "gpugate.io/keeper-memory"
+MEMORY_CAP = 128 << 10  # of the 256 KiB a Node's or Lease's annotations may hold in all
+
+
+def _path(namespace: str, name: str) -> str:
+    return "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (namespace, name)
+
+
+def read_memory(client, namespace: str, name: str = NAME) -> dict:
+    """The memory the leader kept on the Lease ({} when none, or not gpugate's shape)."""
+    import json
+
+    from ..keeper_memory import parse
+
+    text = ((client.get(_path(namespace, name)).get("metadata") or {}).get("annotations") or {}).get(MEMORY)
+    try:
+        return parse(json.loads(text)) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+
+
+def write_memory(client, namespace: str, identity: str, memory: dict, name: str = NAME) -> None:
+    """Kept on the Lease while ``identity`` still holds it (a keeper that lost
+    it writes nothing); the write carries the resourceVersion read."""
+    import json
+
+    from ..keeper_memory import newest
+
+    lease = client.get(_path(namespace, name))
+    if (lease.get("spec") or {}).get("holderIdentity") != identity:
+        raise KubeError("the keeper's Lease %s/%s is no longer %s's: its memory is not written" % (
+            namespace, name, identity))
+    meta = lease.setdefault("metadata", {})
+    annotations = dict(meta.get("annotations") or {})
+    annotations[MEMORY] = json.dumps({"nodes": newest(memory, MEMORY_CAP)}, sort_keys=True, separators=(",", ":"))
+    meta["annotations"] = annotations
+    client.replace(_path(namespace, name), lease)

@@ -57,8 +57,25 @@ class KubeNodes:
         never a quiet standby: the keeper-stale alert must fire)."""
         from .lease import acquire
 
-        return acquire(self.client, str(self.kube.get("namespace") or "gpugate"), who,
+        return acquire(self.client, self._namespace(), who,
                        float(self.kube.get("lease_seconds") or 60.0), self.clock)
+
+    def load_memory(self) -> dict:
+        """The keeper's memory, from its Lease ({} when it cannot be read: as if lost)."""
+        from .lease import read_memory
+
+        try:
+            return read_memory(self.client, self._namespace())
+        except KubeError:
+            return {}
+
+    def save_memory(self, memory: dict, who: str) -> None:
+        from .lease import write_memory
+
+        write_memory(self.client, self._namespace(), who, memory)
+
+    def _namespace(self) -> str:
+        return str(self.kube.get("namespace") or "gpugate")
 
     # ------------------------------------------------------------- reads
     def own_record(self, name: str):
