@@ -123,7 +123,8 @@ _SWEEP = Table({
     "rollback": (_ARGV, ()),
     "reboot_timeout": (Number(1, 86400), 900.0),
     "verify_timeout": (Number(1, 86400), 1800.0),
-    "transport": (Choice("ssh", "local"), "ssh"),
+    # kubernetes: through the node agent on the Node object (gpugate.kube.channel), no ssh
+    "transport": (Choice("ssh", "local", "kubernetes"), "ssh"),
     "gpugate": (_ARGV, ("/opt/gpugate/bin/gpugate",)),
     "remote_config": (_OPT_PATH, ""),
     # ssh -F: the sweep's own ssh_config (hosts, keys, known_hosts); trust-checked.

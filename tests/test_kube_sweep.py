@@ -8,8 +8,10 @@ gpugate.testbed.kubelet does what the absent kubelets would: ends deleted
 pods, runs the smoke Pod's command on the simulated node, reports a reboot."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -135,6 +137,77 @@ def test_a_drifted_node_is_evicted_repaired_rebooted_proven_and_returned(site):
     cond = [c for c in admin.get(node_path("gpu01"))["status"]["conditions"] if c["type"] == nv.CONDITION][0]
     assert (cond["status"], cond["reason"]) == ("True", "Fit"), cond
 
+
+
+def test_through_the_node_agent_no_ssh_the_verification_runs_on_the_node_and_answers_on_the_node(site):
+    """[sweep] transport = "kubernetes": the sweep's verification goes to the
+    node agent (`gpugate agent`, as the DaemonSet runs it) as a request on
+    the Node and comes back as its answer there; the agent runs only the
+    sweep's own commands, and only while gpugate holds its Node."""
+    from gpugate.kube import channel
+
+    admin = site.admin
+    agent_config = site.config("agent")
+    site.sim("gpu02", "driver=550.54.15")
+    site.healthcheck(agent_config, "gpu02")
+    assert [t["value"] for t in held(admin, "gpu02")] == ["drift"]
+    agents = [subprocess.Popen([sys.executable, "-m", "gpugate", "agent", "--config", agent_config, "--node", name,
+                                "--interval", "3600", "--poll", "0.3"], env=dict(os.environ, GPUGATE_NODE_NAME=name),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for name in ("gpu02", "gpu03")]
+    try:
+        lines, kube = site.sweep_settings()
+        config = site.config("sweep", sweep=lines.replace('transport = "local"', 'transport = "kubernetes"'),
+                             extra=kube)
+        out, report = site.sweep(config, "-w", "gpu02")
+        assert out.returncode == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", (
+            report, out.stderr[-2000:])
+        verified = [d for step, status, d in journal(site, "gpu02") if step.startswith("diag") and status == "done"]
+        assert verified, journal(site, "gpu02")
+        annotations = admin.get(node_path("gpu02"))["metadata"]["annotations"]
+        request = channel.read_request({"metadata": {"annotations": annotations}})
+        assert request["argv"][:3] == ["check", "--mode", "verify"], request
+        answer = channel.read_answer({"metadata": {"annotations": annotations}}, request["id"])
+        assert answer["node"] == "gpu02" and answer["fit"] is True, answer
+        served = [json.loads(line) for line in open(os.path.join(site.dir, "state", "gpu02", "gpugate.log"))
+                  if '"mode":"agent"' in line]
+        assert served and all(r["ok"] for r in served), served
+        # A request the agent must not run, on a held node: refused, in its answer; on a node
+        # in service (gpu03): not read at all (the agent serves held nodes only).
+        site.sim("gpu02", "driver=550.54.15")
+        site.healthcheck(agent_config, "gpu02")
+        from gpugate.kube.transport import KubeTransport
+
+        sweep_client = site.api.client("sweep")
+        refused = KubeTransport(sweep_client, poll=0.2).run(["gpu02"], ["check", "--mode", "verify"], 20)
+        assert isinstance(refused["gpu02"], dict)
+        sweep_client.patch(node_path("gpu02"), {"metadata": {"annotations": {channel.REQUEST: channel.request_text(
+            "bad0", ["evidence", "--max-bytes", "1"], 5, time.time())}}})
+        wait_for(lambda: channel.read_answer(admin.get(node_path("gpu02")), "bad0") is not None, 20)
+        assert channel.read_answer(admin.get(node_path("gpu02")), "bad0").startswith("the node agent: refused: not a")
+        quiet = KubeTransport(sweep_client, poll=0.2)
+        import gpugate.kube.transport as kt
+
+        grace, kt.AGENT_GRACE = kt.AGENT_GRACE, 2.0
+        try:
+            assert "no answer from the node agent" in quiet.run(["gpu03"], ["facts", "--max-age", "60"], 1)["gpu03"]
+        finally:
+            kt.AGENT_GRACE = grace
+    finally:
+        for proc in agents:
+            proc.terminate()
+            proc.wait(timeout=15)
+    errors = [proc.stderr.read() for proc in agents]
+    assert all("Traceback" not in e and "no watch" not in e for e in errors), errors  # a watch, not polling
+
+
+def wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
 
 
 def test_a_pod_its_disruption_budget_protects_defers_the_node_held_then_it_goes_when_allowed(site):

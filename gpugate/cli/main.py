@@ -10,7 +10,7 @@ import click
 from .. import __version__
 from ..errors import ConfigError, GpugateError
 from . import baseline_cmd, demo as demo_cmd, fleet as fleet_cmd, sim as sim_cmd, smoke as smoke_cmd, status_cmd
-from . import budget_cmd, kmsg_cmd, repair_cmd, sweep as sweep_cmd
+from . import agent_cmd, budget_cmd, kmsg_cmd, repair_cmd, sweep as sweep_cmd
 from .context import default_node, in_context, load_context
 
 EXIT_CODES = """\b
@@ -250,5 +250,5 @@ def slurm_conf(config, release):
 # (they do not import this module, so there is no cycle).
 for _command in (sim_cmd.sim, demo_cmd.demo, sweep_cmd.sweep, fleet_cmd.audit, fleet_cmd.metrics, smoke_cmd.smoke,
                  status_cmd.status, baseline_cmd.baseline, budget_cmd.budget, repair_cmd.evidence,
-                 repair_cmd.reset_gpus, kmsg_cmd.kmsg_follow):
+                 repair_cmd.reset_gpus, kmsg_cmd.kmsg_follow, agent_cmd.agent):
     main.add_command(_command)

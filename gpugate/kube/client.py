@@ -152,6 +152,41 @@ class KubeClient:
                             % (method, path, response.status, raw[:120]))
         return answer
 
+    def wait_for_change(self, path: str, version: str, seconds: float, **query) -> bool:
+        """Block until the watched collection (``path`` and its field
+        selector) changes after ``version``, or ``seconds`` pass: True on a
+        change.  Its own connection, closed after; KubeError when the watch
+        cannot be made (the caller then polls)."""
+        query = dict(query, watch="1", resourceVersion=version, timeoutSeconds=str(max(1, int(seconds))))
+        headers = {"Accept": "application/json", "User-Agent": "gpugate"}
+        if self.token:
+            headers["Authorization"] = "Bearer " + self.token
+        conn = (http.client.HTTPSConnection(self.host, self.port, timeout=seconds + 10, context=self._context)
+                if self.scheme == "https" else http.client.HTTPConnection(self.host, self.port, timeout=seconds + 10))
+        self.requests += 1
+        try:
+            conn.request("GET", path + "?" + urlencode(query), headers=headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                raise KubeError("kubernetes watch %s: %d %s" % (path, response.status, response.reason),
+                                response.status, response.reason)
+            line = response.readline(1 << 20)  # one event (a Node of a few KB), or the end of the watch
+            if not line:
+                return False
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise KubeError("kubernetes watch %s: an event that is not JSON" % path) from None
+            if not isinstance(event, dict) or event.get("type") == "ERROR":  # (410: too old a version)
+                raise KubeError("kubernetes watch %s: %s" % (path, str(event)[:200]))
+            return True
+        except (OSError, http.client.HTTPException) as exc:
+            if isinstance(exc, socket.timeout):
+                return False
+            raise KubeError("kubernetes watch %s: %s" % (path, exc)) from None
+        finally:
+            conn.close()
+
     # ------------------------------------------------------------ verbs
     def get(self, path: str) -> Dict[str, Any]:
         return self.request("GET", path)

@@ -35,6 +35,9 @@ def _parse(stdout: str, cap: int = MAX_STDOUT) -> Answer:
     return "no JSON answer in the output: %r" % stdout.strip()[-200:]
 
 
+parse_output = _parse  # the node agent on Kubernetes reads its own command's output the same way
+
+
 class _Transport:
     def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
         """`gpugate check ARGS --json` on each node."""
@@ -241,6 +244,10 @@ def open_ssh_config(path: str) -> int:
 
 def make(settings) -> Union[LocalTransport, SshTransport]:
     sweep = settings.sweep
+    if sweep["transport"] == "kubernetes":  # through the node agent, on the Node object: no ssh
+        from ..kube.transport import make as kube_make
+
+        return kube_make(settings)
     if sweep["transport"] == "local":
         return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source, int(sweep["fanout"]))
     os.close(open_ssh())  # refuse before the first step, not in the middle of a batch

@@ -1,0 +1,43 @@
+"""`gpugate agent`: the node agent as a Kubernetes DaemonSet runs it."""
+
+import os
+
+import click
+
+
+@click.command("agent")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
+              help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
+@click.option("--node", "-n", default=None, help="The Node's name (default: $GPUGATE_NODE_NAME, the DaemonSet's "
+                                                 "spec.nodeName, else the hostname).")
+@click.option("--interval", type=click.FloatRange(10, 86400), default=300, show_default=True,
+              help="Seconds between health checks.")
+@click.option("--poll", type=click.FloatRange(0.1, 600), default=5, show_default=True,
+              help="Seconds between reads of the Node while gpugate holds it (the sweep's requests).")
+def agent(config, node, interval, poll):
+    """Run the node agent on a Kubernetes node: gpugate-healthcheck every
+    --interval, and, while gpugate holds the Node, the sweep's requests
+    ([sweep] transport = "kubernetes": check, facts, reset-gpus; nothing
+    else) read from the Node every --poll seconds and answered on it.
+
+    \b
+    Examples:
+      gpugate agent --config /etc/gpugate/gpugate.toml
+      GPUGATE_NODE_NAME=gpu07 gpugate agent --interval 300 --poll 5
+    """
+    import socket
+    import sysconfig
+
+    from ..config import config_path, load_settings
+    from ..kube.agent import Agent
+    from ..names import check_node_name
+
+    node = node or os.environ.get("GPUGATE_NODE_NAME") or socket.gethostname().split(".")[0]
+    check_node_name(node, "--node")
+    path = config_path(config)
+    settings = load_settings(path)
+    if settings.scheduler != "kubernetes":
+        raise click.UsageError("gpugate agent serves Kubernetes nodes; %s says scheduler = %r (on Slurm, slurmd "
+                               "runs gpugate-healthcheck itself)" % (path, settings.scheduler))
+    healthcheck = os.path.join(sysconfig.get_path("scripts"), "gpugate-healthcheck")
+    Agent(settings, node, path, [healthcheck, "--config", path], interval=interval, poll=poll).run()

@@ -1,0 +1,143 @@
+"""The node agent on Kubernetes as the DaemonSet runs it (`gpugate agent`):
+the health check every interval (gpugate-healthcheck, exactly as before),
+and the sweep's requests (gpugate.kube.channel), served while gpugate holds
+its Node.  Between checks the agent watches its own Node (one watch, as
+the kubelet keeps on it; the Node is read again only when it changes), so
+a request is served within a second of being written.  A watch that cannot
+be made falls back to reading the Node every --poll seconds.
+
+A request is served once: its answer carries its id, and a request whose
+id the Node's answer already has is not run again (an agent restarted in
+between does not reset a GPU twice).  Each served request leaves one
+structured log line (mode "agent")."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .. import reason as reasons
+from ..errors import CommandError, GpugateError
+from . import channel
+from . import nodeview as nv
+from .client import KubeError, node_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional, Tuple
+
+
+class Agent:
+    def __init__(self, settings, node: str, config: str, healthcheck: List[str], gpugate: Optional[List[str]] = None,
+                 interval: float = 300.0, poll: float = 5.0, clock=time.monotonic, sleep=time.sleep):
+        self.settings, self.node, self.config = settings, node, config
+        self.kube_node = node
+        self.healthcheck_argv, self.interval, self.poll = list(healthcheck), float(interval), float(poll)
+        self.gpugate = list(gpugate or [sys.executable, "-m", "gpugate"])
+        self.clock, self.sleep = clock, sleep
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, stop: Callable[[], bool] = lambda: False) -> None:
+        next_check = self.clock()
+        while not stop():
+            if self.clock() >= next_check:
+                self.health_check()
+                next_check = self.clock() + self.interval
+            version = self.serve_once()
+            left = max(0.0, next_check - self.clock())
+            if not self._wait(version, min(left, 600.0)):
+                self.sleep(min(self.poll, left))
+
+    def _wait(self, version: str, seconds: float) -> bool:
+        """Until the Node changes (True), or the time passes: False when no watch could be made."""
+        from .client import connect
+
+        if not version or seconds < 1:
+            return False
+        try:
+            client = connect(dict(self.settings.kubernetes))
+            client.wait_for_change("/api/v1/nodes", version, seconds, fieldSelector="metadata.name=" + self.kube_node)
+            return True
+        except GpugateError as exc:
+            sys.stderr.write("gpugate agent: no watch on the Node (%s): reading it every %gs\n"
+                             % (str(exc)[:200], self.poll))
+            return False
+
+    def health_check(self) -> None:
+        from ..runner import run
+
+        env = dict(os.environ, GPUGATE_NODE_NAME=self.node)
+        try:  # its own log line says what it found; a check that fails is the next one's business
+            run(self.healthcheck_argv, float(self.settings.budgets["healthcheck"]) + 30, env=env, ok_codes=(0, 1, 2))
+        except CommandError as exc:
+            sys.stderr.write("gpugate agent: the health check did not run: %s\n" % str(exc)[:300])
+
+    def serve_once(self) -> str:
+        """Read the Node; serve its request if gpugate holds it.  Returns the
+        Node's resourceVersion as last seen ("" when it could not be read)."""
+        from .nodes import connect
+
+        try:
+            backend = connect(self.settings, timeout=10.0)
+        except GpugateError as exc:
+            sys.stderr.write("gpugate agent: %s\n" % str(exc)[:300])
+            return ""
+        try:
+            node = backend.client.get(node_path(self.kube_node))
+            version = str((node.get("metadata") or {}).get("resourceVersion") or "")
+            held = reasons.parse(nv.state_of(node).reason, self.settings.reason_tag) is not None
+            request = channel.read_request(node)
+            if not held or request is None or channel.read_answer(node, request["id"]) is not None:
+                return version
+            answer, error = self._answer(request)
+            text = channel.answer_text(request["id"], time.time(), answer if isinstance(answer, dict) else None,
+                                       error or (answer if isinstance(answer, str) else ""))
+            written = self._write(backend.client, node, text)
+            self._log(request, answer, error)
+            return written
+        except GpugateError as exc:
+            sys.stderr.write("gpugate agent: %s\n" % str(exc)[:300])
+            return ""
+        finally:
+            backend.close()
+
+    def _answer(self, request) -> Tuple[object, str]:
+        from ..runner import run
+        from ..sweep.transport import parse_output
+
+        why = channel.refusal(request["argv"])
+        if why:
+            return None, "refused: " + why
+        argv = channel.run_argv(self.gpugate, request["argv"], self.node, self.config)
+        try:
+            out = run(argv, min(float(request["timeout"]), 3600.0), ok_codes=(0, 1))
+        except CommandError as exc:
+            return None, str(exc)[:1000]
+        return parse_output(out.stdout), ""
+
+    def _write(self, client, node, text: str) -> str:
+        """The answer on the Node; the resourceVersion after it."""
+        for attempt in (1, 2):
+            version = (node.get("metadata") or {}).get("resourceVersion")
+            try:
+                done = client.patch(node_path(self.kube_node), {"metadata": {
+                    "annotations": {channel.ANSWER: text}, "resourceVersion": version}})
+                return str((done.get("metadata") or {}).get("resourceVersion") or "")
+            except KubeError as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
+                node = client.get(node_path(self.kube_node))  # changed meanwhile (a taint, a condition)
+        return ""
+
+    def _log(self, request, answer, error: str) -> None:
+        from ..node.logline import emit
+
+        record = {"node": self.node, "mode": "agent", "request": request["id"], "argv": request["argv"][:8],
+                  "ok": isinstance(answer, dict) and not error}
+        if error or isinstance(answer, str):
+            record["error"] = (error or str(answer))[:300]
+        try:
+            emit(self.settings.log, self.settings.state_dir(self.node), record)
+        except OSError:
+            pass

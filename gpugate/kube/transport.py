@@ -1,0 +1,88 @@
+"""``[sweep] transport = "kubernetes"``: the sweep's commands on a node go
+through the Node object to the node agent (gpugate.kube.channel), not ssh.
+One request per node, written with the resourceVersion read; the answers
+are read back each poll (one GET per node of the batch) until the
+command's timeout and the agent's poll have passed."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..sweep.answers import problem
+from . import channel
+from .client import KubeError, node_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Sequence, Union
+
+    Answer = Union[dict, str]
+
+# The agent reads a held Node every few seconds (`gpugate agent --poll`), and writes its
+# answer after the command ends: the sweep waits that much longer than the command's timeout.
+AGENT_GRACE = 30.0
+
+
+class KubeTransport:
+    """gpugate.sweep.transport's interface (check, facts, run) over the Node channel."""
+
+    def __init__(self, client, poll: float = 1.0, sleep=time.sleep, clock=time.monotonic):
+        self.client, self.poll, self.sleep, self.clock = client, float(poll), sleep, clock
+
+    def check(self, nodes: Sequence[str], args: Sequence[str], timeout: float) -> Dict[str, Answer]:
+        return self.run(nodes, ["check"] + list(args), timeout)
+
+    def facts(self, nodes: Sequence[str], max_age: float, timeout: float) -> Dict[str, Answer]:
+        return self.run(nodes, ["facts", "--max-age", "%g" % max_age], timeout)
+
+    def run(self, nodes: Sequence[str], args: Sequence[str], timeout: float, max_stdout: int = 0) -> Dict[str, Answer]:
+        why = channel.refusal(args)
+        if why:  # (an evidence bundle: megabytes, more than a Node's annotations hold)
+            return {n: "not over the Node channel (%s): [sweep] transport = \"ssh\" runs it" % why for n in nodes}
+        ident = os.urandom(6).hex()
+        answers: Dict[str, Answer] = {}
+        waiting = []
+        for node in nodes:
+            try:
+                self._ask(node, channel.request_text(ident, args, timeout, time.time()))
+                waiting.append(node)
+            except KubeError as exc:
+                answers[node] = "the request could not be written on the Node: %s" % str(exc)[:300]
+        deadline = self.clock() + float(timeout) + AGENT_GRACE
+        while waiting and self.clock() < deadline:
+            self.sleep(self.poll)
+            for node in list(waiting):
+                try:
+                    got = channel.read_answer(self.client.get(node_path(node)), ident)
+                except KubeError:
+                    continue  # asked again next poll, until the deadline
+                if got is not None:
+                    answers[node] = (problem(got) or got) if isinstance(got, dict) else got
+                    waiting.remove(node)
+        for node in waiting:
+            answers[node] = ("no answer from the node agent within %.0fs: it serves requests while gpugate holds "
+                             "its Node; is `gpugate agent` (the DaemonSet) running there?" % (timeout + AGENT_GRACE))
+        return answers
+
+    def _ask(self, node: str, text: str) -> None:
+        for attempt in (1, 2):
+            version = (self.client.get(node_path(node)).get("metadata") or {}).get("resourceVersion")
+            try:
+                self.client.patch(node_path(node), {"metadata": {"annotations": {channel.REQUEST: text},
+                                                                 "resourceVersion": version}})
+                return
+            except KubeError as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
+
+
+def make(settings) -> KubeTransport:
+    from ..errors import ConfigError
+    from .client import connect
+
+    if getattr(settings, "scheduler", "slurm") != "kubernetes":
+        raise ConfigError("[sweep] transport = \"kubernetes\" goes through the node agent on Kubernetes Nodes: it "
+                          "needs scheduler = \"kubernetes\" (this gpugate.toml says %r): use ssh or local"
+                          % getattr(settings, "scheduler", "slurm"))
+    return KubeTransport(connect(dict(settings.kubernetes)), poll=min(float(settings.sweep["poll_seconds"]), 2.0))

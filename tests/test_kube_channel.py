@@ -1,0 +1,66 @@
+"""gpugate.kube.channel: what the node agent may run for a request on its
+Node, and the request and answer formats.  A token that may patch Nodes
+must never become root on them: only the sweep's own commands, with the
+sweep's own flags, ever run."""
+
+import json
+
+from hypothesis import given, strategies as st
+
+from gpugate.kube import channel
+
+SWEEPS = [["check", "--mode", "verify"], ["check", "--mode", "verify", "--pin", "previous"],
+          ["check", "--mode", "healthcheck"], ["facts", "--max-age", "600"],
+          ["reset-gpus", "--timeout", "300", "--gpu", "3", "--gpu", "5"], ["reset-gpus", "--timeout", "300"]]
+
+
+def test_the_sweeps_own_commands_are_served():
+    # What gpugate.sweep sends (steps, reset_step, run): each one allowed.
+    assert [channel.refusal(argv) for argv in SWEEPS] == [""] * len(SWEEPS)
+
+
+def test_anything_else_is_refused():
+    for argv in ([], ["evidence", "--max-bytes", "1"], ["sim", "set"], ["check", "--config", "/tmp/x.toml"],
+                 ["check", "--mode", "verify", "--sim", "/tmp/fleet"], ["check", "--mode"],
+                 ["check", "--mode", "verify", "--mode", "healthcheck"], ["facts", "--max-age", "-1"],
+                 ["reset-gpus", "--gpu", "0; reboot"], ["check", "--baseline", "/tmp/evil.toml"],
+                 ["sweep", "--apply"], ["--config", "/tmp/x", "check"]):
+        assert channel.refusal(argv), argv
+
+
+@given(st.lists(st.text(min_size=0, max_size=12), min_size=0, max_size=8))
+def test_a_served_request_is_only_ever_a_sweep_command_with_its_flags(argv):
+    if channel.refusal(argv):
+        return
+    assert argv[0] in ("check", "facts", "reset-gpus")
+    flags = argv[1::2]
+    assert set(flags) <= {"--mode", "--pin", "--max-age", "--timeout", "--gpu"}
+    assert not any(w.startswith("/") or w in ("--config", "--sim", "--baseline", "--node") for w in argv)
+
+
+def test_the_agent_runs_its_own_gpugate_on_its_own_node_and_config():
+    argv = channel.run_argv(["/usr/bin/python3", "-m", "gpugate"], ["check", "--mode", "verify"], "gpu07",
+                            "/etc/gpugate/gpugate.toml")
+    assert argv == ["/usr/bin/python3", "-m", "gpugate", "check", "--mode", "verify", "--json", "--node", "gpu07",
+                    "--config", "/etc/gpugate/gpugate.toml"]
+
+
+def test_requests_and_answers_round_trip_and_a_stale_answer_is_not_taken():
+    node = {"metadata": {"annotations": {channel.REQUEST: channel.request_text("a1", SWEEPS[0], 120, 1.0)}}}
+    assert channel.read_request(node)["argv"] == SWEEPS[0]
+    node["metadata"]["annotations"][channel.ANSWER] = channel.answer_text("a0", 2.0, {"node": "gpu01"})
+    assert channel.read_answer(node, "a1") is None  # the previous request's answer
+    node["metadata"]["annotations"][channel.ANSWER] = channel.answer_text("a1", 3.0, {"node": "gpu01", "fit": True})
+    assert channel.read_answer(node, "a1") == {"node": "gpu01", "fit": True}
+    node["metadata"]["annotations"][channel.ANSWER] = channel.answer_text("a1", 3.0, error="refused: no")
+    assert channel.read_answer(node, "a1") == "the node agent: refused: no"
+    for bad in ("{", "[]", json.dumps({"id": "a1", "argv": "check", "timeout": 1}),
+                json.dumps({"id": "", "argv": ["check"], "timeout": 1})):
+        assert channel.read_request({"metadata": {"annotations": {channel.REQUEST: bad}}}) is None
+
+
+def test_an_answer_too_large_for_the_node_says_so():
+    text = channel.answer_text("a1", 1.0, {"node": "gpu01", "blob": "x" * (channel.ANSWER_CAP + 1)})
+    assert len(text) < channel.ANSWER_CAP
+    got = channel.read_answer({"metadata": {"annotations": {channel.ANSWER: text}}}, "a1")
+    assert "larger than the Node channel carries" in got
