@@ -31,6 +31,11 @@ class CommandError(GpugateError):
         super().__init__(message)
 
 
+class MirrorError(GpugateError):
+    """The scheduler's write landed; its mirror on the other side (Slurm on
+    Kubernetes: the Node) did not.  The next read of the node puts it right."""
+
+
 class SlurmError(GpugateError):
     """Slurm refused or did not answer."""
 

@@ -47,7 +47,7 @@ import time
 
 from . import budget, keeper_memory
 from . import reason as reasons
-from .errors import GpugateError
+from .errors import GpugateError, MirrorError
 from .record import replace
 
 STATUS_FILE = "budget-keeper.json"
@@ -120,7 +120,10 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
             continue
         groups.setdefault(reason, []).append(name)
     for reason, names in sorted(groups.items()):
-        slurm.drain(hostlist(names), reason)
+        try:
+            slurm.drain(hostlist(names), reason)
+        except MirrorError as exc:  # drained; their Nodes are held by their next health check
+            figures.setdefault("mirror_errors", []).append(str(exc)[:300])
         figures["drained"] += sorted(names)
     final = states
     if figures["drained"]:
@@ -302,9 +305,11 @@ def run(settings, connect=None) -> dict:
                 if standby:  # another keeper acts (Kubernetes' Lease): this one drains nothing
                     return record(settings, {"fleet_reads": 0, "drained": [], "given_back": [], "ok": True,
                                              "standby": standby[:300]})
-                memory = slurm.load_memory() if on_lease else keeper_memory.load(status_path(settings))
-                figures = run_once(settings, slurm, view=take_view(settings, time.time()), memory=memory)
+                loaded = slurm.load_memory() if on_lease else keeper_memory.load(status_path(settings))
+                figures = run_once(settings, slurm, view=take_view(settings, time.time()), memory=loaded or {})
                 memory = figures.pop("_memory", None)
+                if loaded is None:  # unreadable this run: what the Lease holds is not written over
+                    memory = None
                 if memory is not None and on_lease:
                     try:
                         slurm.save_memory(memory, who)

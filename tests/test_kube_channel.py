@@ -24,7 +24,8 @@ def test_anything_else_is_refused():
                  ["check", "--mode", "verify", "--sim", "/tmp/fleet"], ["check", "--mode"],
                  ["check", "--mode", "verify", "--mode", "healthcheck"], ["facts", "--max-age", "-1"],
                  ["reset-gpus", "--gpu", "0; reboot"], ["check", "--baseline", "/tmp/evil.toml"],
-                 ["sweep", "--apply"], ["--config", "/tmp/x", "check"]):
+                 ["sweep", "--apply"], ["--config", "/tmp/x", "check"], ["reset-gpus", "--gpu", "\u00b2"],
+                 ["reset-gpus", "--gpu", "123"], ["facts", "--max-age", "nan"], ["facts", "--max-age", "9" * 400]):
         assert channel.refusal(argv), argv
 
 
@@ -64,3 +65,21 @@ def test_an_answer_too_large_for_the_node_says_so():
     assert len(text) < channel.ANSWER_CAP
     got = channel.read_answer({"metadata": {"annotations": {channel.ANSWER: text}}}, "a1")
     assert "larger than the Node channel carries" in got
+
+
+def test_a_request_with_an_unusable_timeout_or_time_is_not_a_request():
+    for timeout, at in ((float("nan"), 1.0), (float("inf"), 1.0), (0, 1.0), (10 ** 400, 1.0), (True, 1.0),
+                        (60, float("nan")), (60, None)):
+        text = json.dumps({"id": "a1", "argv": ["facts", "--max-age", "60"], "timeout": timeout, "at": at})
+        assert channel.read_request({"metadata": {"annotations": {channel.REQUEST: text}}}) is None, (timeout, at)
+
+
+def test_a_claimed_request_is_pending_for_the_sweep_and_never_run_again():
+    node = {"metadata": {"annotations": {
+        channel.REQUEST: channel.request_text("a1", SWEEPS[4], 300, 1000.0),
+        channel.ANSWER: channel.answer_text("a1", 1001.0, state=channel.RUNNING)}}}
+    assert channel.claimed(node, "a1") and channel.read_answer(node, "a1") is None
+    assert not channel.claimed(node, "a2")
+    request = channel.read_request(node)
+    assert not channel.expired(request, 1000.0 + 300 + channel.EXPIRY_SECONDS)
+    assert channel.expired(request, 1000.0 + 300 + channel.EXPIRY_SECONDS + 1)

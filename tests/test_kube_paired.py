@@ -89,6 +89,21 @@ def test_a_run_that_wrote_nothing_puts_the_node_in_line_with_slurm(pair):
     assert paired.kube.held == {}
 
 
+def test_a_health_check_during_the_sweep_never_lifts_the_sweeps_hold(pair):
+    """The sweep lifts Slurm's drain on purpose while it works (the smoke
+    job in its reservation; a 22.05 reboot clears it): a health check or a
+    prolog that reads Slurm in service then leaves the Node held."""
+    paired, calls = pair
+    work = "gpugate: drift sweep=reconverge batch 1 attempt 1 (want verified)"
+    paired.drain("gpu01", work)
+    paired.undrain_in_reservation("gpu01")
+    check = PairedNodes(paired.slurm, paired.kube, "{node}-k8s")  # the next run, on the node
+    check.report_verdict("gpu01", None, state("gpu01"))
+    assert paired.kube.held == {"gpu01-k8s": work}
+    check.resume("gpu01")  # the sweep's resume, after the proof
+    assert paired.kube.held == {}
+
+
 def test_node_name_is_the_slurm_name_through_the_template():
     class Settings:
         scheduler = "slurm+kubernetes"

@@ -101,3 +101,9 @@ def test_a_pinned_tag_matches_with_or_without_v_and_any_os_suffix(version, suffi
     tag = ("v" if v else "") + pin + suffix
     assert oi.matches(tag, "", pin) and oi.matches(tag, "", "v" + pin)
     assert not oi.matches(tag, "", pin + "1") and not oi.matches("", "", pin)
+
+
+def test_no_operator_pod_on_the_node_is_unknown_never_agreement():
+    # A wrong [kubernetes] operator_namespace lists nothing: a probe, not a pass.
+    found = oi.judge(PINS, "gpu01", [])
+    assert [(f.cls, f.component, f.observed) for f in found] == [(PROBE, "operator_images", "absent")]

@@ -72,6 +72,10 @@ def judge(baseline, node: str, images: Optional[Sequence[Tuple[str, str]]], erro
         return [Finding(PROBE, "operator_images", "unreadable", "the operator's pods on the node", INVESTIGATE,
                         detail="the baseline pins [operator] images, and the operator's pods on this node could "
                                "not be read: %s" % error[:200])]
+    if not images:  # a wrong [kubernetes] operator_namespace reads as no pods: unknown, never agreement
+        return [Finding(PROBE, "operator_images", "absent", "the operator's pods on the node", INVESTIGATE,
+                        detail="the baseline pins [operator] images and no running pod of the operator is on this "
+                               "node ([kubernetes] operator_namespace, operator_namespace_amd)")]
     names = AMD if baseline.vendor_for(node) == "amd" else NVIDIA
     out: List[Finding] = []
     seen = set()

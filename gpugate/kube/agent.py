@@ -6,10 +6,13 @@ the kubelet keeps on it; the Node is read again only when it changes), so
 a request is served within a second of being written.  A watch that cannot
 be made falls back to reading the Node every --poll seconds.
 
-A request is served once: its answer carries its id, and a request whose
-id the Node's answer already has is not run again (an agent restarted in
-between does not reset a GPU twice).  Each served request leaves one
-structured log line (mode "agent")."""
+A request is run at most once: the agent claims it on the Node first (the
+answer's id with state "running", written with the resourceVersion read:
+of two agents, one wins), and a request the Node's answer names, claimed
+or answered, is never run again (an agent restarted mid-reset leaves it
+claimed: the sweep's wait ends unanswered, the attempt fails, the next one
+asks anew).  Each served request leaves one structured log line (mode
+"agent").  An error in one pass is logged and the loop goes on."""
 
 from __future__ import annotations
 
@@ -36,18 +39,23 @@ class Agent:
         self.healthcheck_argv, self.interval, self.poll = list(healthcheck), float(interval), float(poll)
         self.gpugate = list(gpugate or [sys.executable, "-m", "gpugate"])
         self.clock, self.sleep = clock, sleep
+        self.watching = True  # said once when a watch cannot be made, not on every poll
 
     # ---------------------------------------------------------------- the loop
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         next_check = self.clock()
         while not stop():
-            if self.clock() >= next_check:
-                self.health_check()
-                next_check = self.clock() + self.interval
-            version = self.serve_once()
-            left = max(0.0, next_check - self.clock())
-            if not self._wait(version, min(left, 600.0)):
-                self.sleep(min(self.poll, left))
+            try:
+                if self.clock() >= next_check:
+                    next_check = self.clock() + self.interval
+                    self.health_check()
+                version = self.serve_once()
+                left = max(0.0, next_check - self.clock())
+                if not self._wait(version, min(left, 600.0)):
+                    self.sleep(min(self.poll, left))
+            except Exception as exc:  # noqa: BLE001 (the DaemonSet's only process: one bad pass never ends it)
+                sys.stderr.write("gpugate agent: %s: %s\n" % (type(exc).__name__, str(exc)[:300]))
+                self.sleep(self.poll)
 
     def _wait(self, version: str, seconds: float) -> bool:
         """Until the Node changes (True), or the time passes: False when no watch could be made."""
@@ -58,10 +66,13 @@ class Agent:
         try:
             client = connect(dict(self.settings.kubernetes))
             client.wait_for_change("/api/v1/nodes", version, seconds, fieldSelector="metadata.name=" + self.kube_node)
+            self.watching = True
             return True
         except GpugateError as exc:
-            sys.stderr.write("gpugate agent: no watch on the Node (%s): reading it every %gs\n"
-                             % (str(exc)[:200], self.poll))
+            if self.watching:
+                sys.stderr.write("gpugate agent: no watch on the Node (%s): reading it every %gs\n"
+                                 % (str(exc)[:200], self.poll))
+            self.watching = False
             return False
 
     def health_check(self) -> None:
@@ -86,11 +97,21 @@ class Agent:
         try:
             node = backend.client.get(node_path(self.kube_node))
             version = str((node.get("metadata") or {}).get("resourceVersion") or "")
-            held = reasons.parse(nv.state_of(node).reason, self.settings.reason_tag) is not None
+            hold = reasons.parse(nv.state_of(node).reason, self.settings.reason_tag)
             request = channel.read_request(node)
-            if not held or request is None or channel.read_answer(node, request["id"]) is not None:
+            if hold is None or request is None or channel.claimed(node, request["id"]):
                 return version
-            answer, error = self._answer(request)
+            if channel.expired(request, time.time()):
+                answer, error = None, "expired: asked at %.0f with %gs to run; the sweep gave up on it" % (
+                    request["at"], request["timeout"])
+            elif request["argv"][:1] == ["reset-gpus"] and not any(f.component == "sweep" for f in hold.findings):
+                answer, error = None, ("refused: a GPU reset only while the sweep has the node (its pods evicted); "
+                                       "held for %r" % nv.state_of(node).reason[:200])
+            else:
+                node = self._claim(backend.client, node, request["id"])
+                if node is None:
+                    return ""  # another agent, or a change in between: read again
+                answer, error = self._answer(request)
             text = channel.answer_text(request["id"], time.time(), answer if isinstance(answer, dict) else None,
                                        error or (answer if isinstance(answer, str) else ""))
             written = self._write(backend.client, node, text)
@@ -115,6 +136,18 @@ class Agent:
         except CommandError as exc:
             return None, str(exc)[:1000]
         return parse_output(out.stdout), ""
+
+    def _claim(self, client, node, ident: str):
+        """The request taken up on the Node, with the resourceVersion read: the Node after, or None (409)."""
+        version = (node.get("metadata") or {}).get("resourceVersion")
+        text = channel.answer_text(ident, time.time(), state=channel.RUNNING)
+        try:
+            return client.patch(node_path(self.kube_node), {"metadata": {
+                "annotations": {channel.ANSWER: text}, "resourceVersion": version}})
+        except KubeError as exc:
+            if exc.status == 409:
+                return None
+            raise
 
     def _write(self, client, node, text: str) -> str:
         """The answer on the Node; the resourceVersion after it."""

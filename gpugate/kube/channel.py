@@ -8,13 +8,18 @@ command printed).  Pure: formats, and what a request may ask.
 A token that may patch Nodes must never become root on them: the agent
 runs only these argv shapes (``refusal``), each a gpugate command of the
 sweep's with fixed flags, always against its own node and its own
-gpugate.toml.  It serves requests only while gpugate holds its Node (no
-pods are scheduled there, and the sweep has it), so a GPU reset asked of a
-node in service is never run."""
+gpugate.toml.  It serves requests only while gpugate holds its Node, and
+a GPU reset only while the sweep does (its reason: the node's pods were
+evicted first).  It claims a request on the Node before it runs it (the
+answer's state "running", written with the resourceVersion read), so a
+request is run at most once, by one agent, and one the sweep gave up on
+long ago (``expired``) is not run at all."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,12 +28,28 @@ if TYPE_CHECKING:
 REQUEST = "gpugate.io/request"
 ANSWER = "gpugate.io/answer"
 ANSWER_CAP = 64 << 10  # of the 256 KiB a Node's annotations may hold in all
+RUNNING = "running"  # the answer's state once the agent has claimed a request, before it ends
+# A request not served by then (at + timeout + this, by the agent's clock) is not run: the sweep gave up.
+EXPIRY_SECONDS = 600.0
 
 
 def _number(word: str) -> bool:
     try:
-        return 0 < float(word) <= 86400
-    except ValueError:
+        return 0 < float(word) <= 86400  # (NaN compares false)
+    except (ValueError, OverflowError):
+        return False
+
+
+def _seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 86400  # (not NaN)
+
+
+def _finite(value) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
         return False
 
 
@@ -36,7 +57,7 @@ def _number(word: str) -> bool:
 _FLAGS = {
     "check": {"--mode": ("verify", "healthcheck"), "--pin": ("previous", "current")},
     "facts": {"--max-age": _number},
-    "reset-gpus": {"--timeout": _number, "--gpu": lambda w: w.isdigit() and int(w) < 64},
+    "reset-gpus": {"--timeout": _number, "--gpu": lambda w: re.fullmatch(r"[0-9]{1,2}", w) is not None},
 }
 
 
@@ -75,15 +96,33 @@ def read_request(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         return None
     if not (isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]
             and isinstance(data.get("argv"), list) and all(isinstance(w, str) for w in data["argv"])
-            and isinstance(data.get("timeout"), (int, float)) and not isinstance(data.get("timeout"), bool)):
+            and _seconds(data.get("timeout")) and _finite(data.get("at"))):
         return None
     return data
 
 
-def answer_text(ident: str, at: float, answer: Optional[Dict[str, Any]] = None, error: str = "") -> str:
-    """The answer annotation: the command's JSON object, or why there is none."""
+def expired(request: Dict[str, Any], now: float) -> bool:
+    return now > float(request["at"]) + float(request["timeout"]) + EXPIRY_SECONDS
+
+
+def claimed(node: Dict[str, Any], ident: str) -> bool:
+    """Has the agent taken up (or answered) request ``ident``?  Never run twice."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(ANSWER)
+    try:
+        data = json.loads(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("id") == ident
+
+
+def answer_text(ident: str, at: float, answer: Optional[Dict[str, Any]] = None, error: str = "",
+                state: str = "") -> str:
+    """The answer annotation: the command's JSON object, or why there is none;
+    state=RUNNING: claimed, the command under way."""
     body: Dict[str, Any] = {"id": ident, "at": round(at, 3)}
-    if answer is not None:
+    if state:
+        body["state"] = state
+    elif answer is not None:
         body["answer"] = answer
     else:
         body["error"] = error[:2000] or "no answer"
@@ -102,7 +141,7 @@ def read_answer(node: Dict[str, Any], ident: str):
         data = json.loads(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
     except ValueError:
         return None
-    if not isinstance(data, dict) or data.get("id") != ident:
+    if not isinstance(data, dict) or data.get("id") != ident or data.get("state") == RUNNING:
         return None
     if isinstance(data.get("answer"), dict):
         return data["answer"]

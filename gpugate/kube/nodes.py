@@ -60,14 +60,15 @@ class KubeNodes:
         return acquire(self.client, self._namespace(), who,
                        float(self.kube.get("lease_seconds") or 60.0), self.clock)
 
-    def load_memory(self) -> dict:
-        """The keeper's memory, from its Lease ({} when it cannot be read: as if lost)."""
+    def load_memory(self):
+        """The keeper's memory, from its Lease; None when it cannot be read
+        (the run goes on as if it were lost, and does not write over it)."""
         from .lease import read_memory
 
         try:
             return read_memory(self.client, self._namespace())
         except KubeError:
-            return {}
+            return None
 
     def save_memory(self, memory: dict, who: str) -> None:
         from .lease import write_memory

@@ -32,7 +32,7 @@ run that reads the node (report_verdict) puts the Node right."""
 from __future__ import annotations
 
 from .. import reason as reasons
-from ..errors import GpugateError
+from ..errors import GpugateError, MirrorError
 from .client import KubeError
 
 TYPE_CHECKING = False
@@ -104,8 +104,8 @@ class PairedNodes:
             except (GpugateError, ValueError) as exc:
                 failed.append("%s: %s" % (self.kube_name(name), exc))
         if failed:
-            raise KubeError("Slurm drained %s; its Kubernetes Node not yet (the next health check mirrors it): %s"
-                            % (names, "; ".join(failed)[:500]))
+            raise MirrorError("Slurm drained %s; its Kubernetes Node not yet (the next health check mirrors it): %s"
+                              % (names, "; ".join(failed)[:500]))
 
     def undrain(self, names: str) -> None:
         self.slurm.undrain(self._lift_all(names))
@@ -149,14 +149,21 @@ class PairedNodes:
     def report_verdict(self, name: str, verdict, state) -> None:
         """The Node's GpugateHealthy condition; and, where this run wrote no
         hold, the Node's hold put in line with Slurm's as read (``state``):
-        gpugate's reason there, gpugate's hold here; none there, none here."""
+        gpugate's reason there, gpugate's hold here.  With none there, a
+        hold of the node's own finding goes (an admin resumed the Slurm
+        node); the sweep's hold stays: its Slurm drain is lifted on purpose
+        while it works (the smoke job in its reservation, a reboot that
+        clears the drain), and only its resume, after the proof, lifts it."""
         node = self.kube_name(name)
         if name not in self._written:
             ours = state is not None and state.drain and reasons.parse(state.reason, self.tag) is not None
             if ours:
                 self._hold(name, state.reason)
             else:
-                self._lift(name)
+                mirrored = self.kube.own_record(node)
+                held = reasons.parse(mirrored.reason, self.tag) if mirrored is not None else None
+                if held is not None and not any(f.component == "sweep" for f in held.findings):
+                    self._lift(name)
         self.kube.report_verdict(node, verdict, state)  # on the Node as just read (raises if there is none)
 
 

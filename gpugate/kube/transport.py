@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
     Answer = Union[dict, str]
 
-# The agent reads a held Node every few seconds (`gpugate agent --poll`), and writes its
-# answer after the command ends: the sweep waits that much longer than the command's timeout.
-AGENT_GRACE = 30.0
+# The agent sees a request within a second (its watch) unless it is in a health check (its
+# budget, about a minute), and answers after the command ends: the sweep waits this much longer.
+AGENT_GRACE = 120.0
 
 
 class KubeTransport:
@@ -61,9 +61,22 @@ class KubeTransport:
                     answers[node] = (problem(got) or got) if isinstance(got, dict) else got
                     waiting.remove(node)
         for node in waiting:
+            self._withdraw(node, ident)
             answers[node] = ("no answer from the node agent within %.0fs: it serves requests while gpugate holds "
                              "its Node; is `gpugate agent` (the DaemonSet) running there?" % (timeout + AGENT_GRACE))
         return answers
+
+    def _withdraw(self, node: str, ident: str) -> None:
+        """A request given up on goes, unless the agent has taken it up (best effort: it expires anyway)."""
+        try:
+            obj = self.client.get(node_path(node))
+            request = channel.read_request(obj)
+            if request is None or request["id"] != ident or channel.claimed(obj, ident):
+                return
+            self.client.patch(node_path(node), {"metadata": {"annotations": {channel.REQUEST: None},
+                                                             "resourceVersion": obj["metadata"]["resourceVersion"]}})
+        except (KubeError, KeyError, TypeError):
+            pass
 
     def _ask(self, node: str, text: str) -> None:
         for attempt in (1, 2):

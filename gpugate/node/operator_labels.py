@@ -71,6 +71,8 @@ def _images(client, settings, vendor: str, name: str) -> List[Tuple[str, str]]:
     out = []
     for pod in client.list_pages("/api/v1/namespaces/%s/pods" % namespace, fieldSelector="spec.nodeName=" + name):
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue  # ended (a validator's run): not what the node runs
         for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
             if isinstance(container, dict) and isinstance(container.get("image"), str):
                 out.append((str(meta.get("name", "?")), container["image"]))
