@@ -24,6 +24,10 @@ class Recorder:
         self.name, self.why, self.tag = "commands", "configured", TAG
         self.held = {}
         self.refuse = False
+        self.resv = {}  # Slurm's reservations: name -> hostlist
+
+    def reservations(self):
+        return dict(self.resv)
 
     def own_record(self, name):
         return state(name, self.held.get(name, ""))
@@ -96,11 +100,29 @@ def test_a_health_check_during_the_sweep_never_lifts_the_sweeps_hold(pair):
     paired, calls = pair
     work = "gpugate: drift sweep=reconverge batch 1 attempt 1 (want verified)"
     paired.drain("gpu01", work)
+    paired.slurm.resv["gpugate_sweep_r3_b1"] = "gpu[01-02]"  # made before its reboot and smoke
     paired.undrain_in_reservation("gpu01")
     check = PairedNodes(paired.slurm, paired.kube, "{node}-k8s")  # the next run, on the node
     check.report_verdict("gpu01", None, state("gpu01"))
     assert paired.kube.held == {"gpu01-k8s": work}
     check.resume("gpu01")  # the sweep's resume, after the proof
+    assert paired.kube.held == {}
+
+
+def test_the_sweeps_hold_goes_once_the_sweep_has_let_go(pair):
+    """An admin resumed in Slurm a node the sweep escalated (or left): no
+    reservation of the sweep's, no reboot under way.  The next health check
+    lifts the Node's hold too; another's reservation does not keep it."""
+    paired, calls = pair
+    paired.drain("gpu01", "gpugate: rma sweep=deferred batch 1 attempt 3 (want verified)")
+    paired.slurm.resv["maint_rack7"] = "gpu01"
+    paired.slurm.held.clear()  # scontrol update NodeName=gpu01 State=RESUME
+    check = PairedNodes(paired.slurm, paired.kube, "{node}-k8s")
+    rebooting = NodeState(name="gpu01", state="DOWN", flags=frozenset({"REBOOT_ISSUED"}), reason="",
+                          reason_time=None, reason_user="", partitions=("gpu",), comment="")
+    check.report_verdict("gpu01", None, rebooting)
+    assert "gpu01-k8s" in paired.kube.held  # a reboot under way: the sweep may still have it
+    PairedNodes(paired.slurm, paired.kube, "{node}-k8s").report_verdict("gpu01", None, state("gpu01"))
     assert paired.kube.held == {}
 
 

@@ -103,7 +103,10 @@ def test_a_pinned_tag_matches_with_or_without_v_and_any_os_suffix(version, suffi
     assert not oi.matches(tag, "", pin + "1") and not oi.matches("", "", pin)
 
 
-def test_no_operator_pod_on_the_node_is_unknown_never_agreement():
-    # A wrong [kubernetes] operator_namespace lists nothing: a probe, not a pass.
-    found = oi.judge(PINS, "gpu01", [])
+def test_no_operator_pod_on_the_node_is_a_probe_where_the_site_says_the_operator_runs_everywhere():
+    # A wrong [kubernetes] operator_namespace lists nothing: with [operator] labels = true, a probe.
+    strict = replace(PINS, operator=dict(PINS.operator, labels=True))
+    found = oi.judge(strict, "gpu01", [])
     assert [(f.cls, f.component, f.observed) for f in found] == [(PROBE, "operator_images", "absent")]
+    # Otherwise not held for it: its taint would keep the operator's pods off a node not yet given them.
+    assert oi.judge(PINS, "gpu01", []) == []

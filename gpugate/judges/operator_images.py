@@ -72,10 +72,15 @@ def judge(baseline, node: str, images: Optional[Sequence[Tuple[str, str]]], erro
         return [Finding(PROBE, "operator_images", "unreadable", "the operator's pods on the node", INVESTIGATE,
                         detail="the baseline pins [operator] images, and the operator's pods on this node could "
                                "not be read: %s" % error[:200])]
-    if not images:  # a wrong [kubernetes] operator_namespace reads as no pods: unknown, never agreement
+    if not images:
+        # A wrong [kubernetes] operator_namespace reads as no pods.  A probe only where the site says the
+        # operator runs on every GPU node ([operator] labels = true): held for it, a node whose operator
+        # pods are not placed yet would keep them off (its taint), and never get them.
+        if not (getattr(baseline, "operator", None) or {}).get("labels"):
+            return []
         return [Finding(PROBE, "operator_images", "absent", "the operator's pods on the node", INVESTIGATE,
-                        detail="the baseline pins [operator] images and no running pod of the operator is on this "
-                               "node ([kubernetes] operator_namespace, operator_namespace_amd)")]
+                        detail="[operator] labels = true and images are pinned, and no pod of the operator is "
+                               "on this node ([kubernetes] operator_namespace, operator_namespace_amd)")]
     names = AMD if baseline.vendor_for(node) == "amd" else NVIDIA
     out: List[Finding] = []
     seen = set()

@@ -65,9 +65,12 @@ class Agent:
             return False
         try:
             client = connect(dict(self.settings.kubernetes))
-            client.wait_for_change("/api/v1/nodes", version, seconds, fieldSelector="metadata.name=" + self.kube_node)
+            began = self.clock()
+            changed = client.wait_for_change("/api/v1/nodes", version, seconds,
+                                             fieldSelector="metadata.name=" + self.kube_node)
             self.watching = True
-            return True
+            # A watch that ended early with no change (a proxy closing it): the caller waits a poll.
+            return changed or self.clock() - began >= seconds - 1
         except GpugateError as exc:
             if self.watching:
                 sys.stderr.write("gpugate agent: no watch on the Node (%s): reading it every %gs\n"
@@ -102,8 +105,9 @@ class Agent:
             if hold is None or request is None or channel.claimed(node, request["id"]):
                 return version
             if channel.expired(request, time.time()):
-                answer, error = None, "expired: asked at %.0f with %gs to run; the sweep gave up on it" % (
-                    request["at"], request["timeout"])
+                answer, error = None, ("expired: asked at %.0f, it is %.0f by this node's clock: not started "
+                                       "(the sweep may have moved on; clocks more than %.0fs apart read so too)"
+                                       % (request["at"], time.time(), channel.START_WITHIN_SECONDS))
             elif request["argv"][:1] == ["reset-gpus"] and not any(f.component == "sweep" for f in hold.findings):
                 answer, error = None, ("refused: a GPU reset only while the sweep has the node (its pods evicted); "
                                        "held for %r" % nv.state_of(node).reason[:200])
@@ -114,7 +118,10 @@ class Agent:
                 answer, error = self._answer(request)
             text = channel.answer_text(request["id"], time.time(), answer if isinstance(answer, dict) else None,
                                        error or (answer if isinstance(answer, str) else ""))
-            written = self._write(backend.client, node, text)
+            try:
+                written = self._write(backend.client, text)
+            except GpugateError as exc:  # ran, and said so below; the sweep's wait ends unanswered
+                written, error = "", (error + "; " if error else "") + "the answer was not written: %s" % exc
             self._log(request, answer, error)
             return written
         except GpugateError as exc:
@@ -149,19 +156,13 @@ class Agent:
                 return None
             raise
 
-    def _write(self, client, node, text: str) -> str:
-        """The answer on the Node; the resourceVersion after it."""
-        for attempt in (1, 2):
-            version = (node.get("metadata") or {}).get("resourceVersion")
-            try:
-                done = client.patch(node_path(self.kube_node), {"metadata": {
-                    "annotations": {channel.ANSWER: text}, "resourceVersion": version}})
-                return str((done.get("metadata") or {}).get("resourceVersion") or "")
-            except KubeError as exc:
-                if exc.status != 409 or attempt == 2:
-                    raise
-                node = client.get(node_path(self.kube_node))  # changed meanwhile (a taint, a condition)
-        return ""
+    def _write(self, client, text: str) -> str:
+        """The answer on the Node; the resourceVersion after it.  Without a
+        resourceVersion: the claim settled whose answer this is, the patch
+        touches this one annotation only, and a command that ran an hour
+        (the kubelet writes the Node meanwhile) must not lose its answer."""
+        done = client.patch(node_path(self.kube_node), {"metadata": {"annotations": {channel.ANSWER: text}}})
+        return str((done.get("metadata") or {}).get("resourceVersion") or "")
 
     def _log(self, request, answer, error: str) -> None:
         from ..node.logline import emit

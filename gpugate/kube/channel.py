@@ -12,8 +12,9 @@ gpugate.toml.  It serves requests only while gpugate holds its Node, and
 a GPU reset only while the sweep does (its reason: the node's pods were
 evicted first).  It claims a request on the Node before it runs it (the
 answer's state "running", written with the resourceVersion read), so a
-request is run at most once, by one agent, and one the sweep gave up on
-long ago (``expired``) is not run at all."""
+request is run at most once, by one agent, and one not started within a
+minute of being asked (``expired``: the sweep may have moved on) is not
+run at all."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ REQUEST = "gpugate.io/request"
 ANSWER = "gpugate.io/answer"
 ANSWER_CAP = 64 << 10  # of the 256 KiB a Node's annotations may hold in all
 RUNNING = "running"  # the answer's state once the agent has claimed a request, before it ends
-# A request not served by then (at + timeout + this, by the agent's clock) is not run: the sweep gave up.
-EXPIRY_SECONDS = 600.0
+# A request is started only this soon after it was asked (by the agent's clock): it then ends
+# before the sweep stops waiting (its timeout + gpugate.kube.transport.AGENT_GRACE, 120 s), with
+# room for the two clocks to differ.  Later, the sweep may have moved on (to a reboot): refused.
+START_WITHIN_SECONDS = 60.0
 
 
 def _number(word: str) -> bool:
@@ -102,7 +105,7 @@ def read_request(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def expired(request: Dict[str, Any], now: float) -> bool:
-    return now > float(request["at"]) + float(request["timeout"]) + EXPIRY_SECONDS
+    return not -START_WITHIN_SECONDS <= now - float(request["at"]) <= START_WITHIN_SECONDS
 
 
 def claimed(node: Dict[str, Any], ident: str) -> bool:

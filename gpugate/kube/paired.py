@@ -146,14 +146,31 @@ class PairedNodes:
         if state is not None and reasons.parse(state.reason, self.tag) is not None:
             self.kube.undrain(node)
 
+    def _sweep_has(self, name: str, state) -> bool:
+        """Does the sweep still have the node (Slurm's drain lifted on
+        purpose)?  A reboot under way, or a reservation of the sweep's
+        (made before its reboot and smoke, left by a sweeper that was
+        killed until the next run): Slurm 22.05's node record does not say
+        RESERVED, so its reservations are read (one call, only here)."""
+        from ClusterShell.NodeSet import NodeSet
+
+        from ..sweep.reservations import PREFIX
+
+        if state is None or state.down or state.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINTENANCE"}:
+            return True
+        return any(res.startswith(PREFIX) and name in NodeSet(hosts or "")
+                   for res, hosts in self.slurm.reservations().items())
+
     def report_verdict(self, name: str, verdict, state) -> None:
         """The Node's GpugateHealthy condition; and, where this run wrote no
         hold, the Node's hold put in line with Slurm's as read (``state``):
         gpugate's reason there, gpugate's hold here.  With none there, a
         hold of the node's own finding goes (an admin resumed the Slurm
-        node); the sweep's hold stays: its Slurm drain is lifted on purpose
-        while it works (the smoke job in its reservation, a reboot that
-        clears the drain), and only its resume, after the proof, lifts it."""
+        node); the sweep's hold stays while the sweep has the node: it
+        lifts Slurm's drain on purpose (the smoke job in its reservation, a
+        reboot that clears the drain), and its resume, after the proof,
+        lifts both.  Once the sweep has let go (an admin resumed a node it
+        escalated, or one it left), the sweep's hold goes too."""
         node = self.kube_name(name)
         if name not in self._written:
             ours = state is not None and state.drain and reasons.parse(state.reason, self.tag) is not None
@@ -162,7 +179,8 @@ class PairedNodes:
             else:
                 mirrored = self.kube.own_record(node)
                 held = reasons.parse(mirrored.reason, self.tag) if mirrored is not None else None
-                if held is not None and not any(f.component == "sweep" for f in held.findings):
+                sweeps = held is not None and any(f.component == "sweep" for f in held.findings)
+                if held is not None and not (sweeps and self._sweep_has(name, state)):
                     self._lift(name)
         self.kube.report_verdict(node, verdict, state)  # on the Node as just read (raises if there is none)
 

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from .history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
+from .reservations import PREFIX as RESERVATION_PREFIX
 from ..record import dataclass
 
 SCHEMA_VERSION = 2
@@ -98,8 +99,9 @@ def _private(path: str) -> None:
 
 def _reservation_ids(name: str) -> Tuple[Optional[int], Optional[int]]:
     head, _, batch = name.partition("_b")
-    prefix = "gpugate_sweep_r"
-    run = head[len(prefix):] if head.startswith(prefix) else ""
+    from .reservations import PREFIX
+
+    run = head[len(PREFIX):] if head.startswith(PREFIX) else ""
     if not (run.isdigit() and batch.isdigit() and run.isascii() and batch.isascii()) or run[0] == "0":
         return None, None
     return int(run), int(batch)
@@ -146,7 +148,7 @@ class Journal:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, 1, 'planned', ?, ?, ?, '', ?)",
                             (node, self.run_id, remedy, batch, DONE, reason, time.time(),
-                             "gpugate_sweep_r%d_b%d" % (self.run_id, batch)))
+                             "%s%d_b%d" % (RESERVATION_PREFIX, self.run_id, batch)))
             self._event(node, "planned", DONE, 1, remedy)
 
     def record(self, node: str, step: str, status: str, attempt: Optional[int] = None, detail: str = "") -> None:

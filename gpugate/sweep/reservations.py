@@ -12,6 +12,7 @@ nothing in flight (``stale``), never a reservation it did not make.
 
 from typing import Dict, List
 
+PREFIX = "gpugate_sweep_r"  # every reservation a sweep makes is named so (journal.enrol)
 _REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 
 
