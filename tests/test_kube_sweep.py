@@ -185,6 +185,9 @@ def test_through_the_node_agent_no_ssh_the_verification_runs_on_the_node_and_ans
             "bad0", ["evidence", "--max-bytes", "1"], 5, time.time())}}})
         wait_for(lambda: channel.read_answer(admin.get(node_path("gpu02")), "bad0") is not None, 20)
         assert channel.read_answer(admin.get(node_path("gpu02")), "bad0").startswith("the node agent: refused: not a")
+        # A GPU reset while gpu02 is held for its own finding, not by the sweep (its pods not evicted): refused.
+        reset = KubeTransport(sweep_client, poll=0.2).run(["gpu02"], ["reset-gpus", "--timeout", "30"], 20)
+        assert reset["gpu02"].startswith("the node agent: refused: a GPU reset only while the sweep"), reset
         quiet = KubeTransport(sweep_client, poll=0.2)
         import gpugate.kube.transport as kt
 

@@ -25,6 +25,7 @@ def agent(config, node, interval, poll):
       gpugate agent --config /etc/gpugate/gpugate.toml
       GPUGATE_NODE_NAME=gpu07 gpugate agent --interval 300 --poll 5
     """
+    import shutil
     import socket
     import sysconfig
 
@@ -39,5 +40,8 @@ def agent(config, node, interval, poll):
     if settings.scheduler != "kubernetes":
         raise click.UsageError("gpugate agent serves Kubernetes nodes; %s says scheduler = %r (on Slurm, slurmd "
                                "runs gpugate-healthcheck itself)" % (path, settings.scheduler))
+    # The one installed beside this interpreter (pip), else the PATH's (a distribution package).
     healthcheck = os.path.join(sysconfig.get_path("scripts"), "gpugate-healthcheck")
+    if not os.access(healthcheck, os.X_OK):
+        healthcheck = shutil.which("gpugate-healthcheck") or healthcheck
     Agent(settings, node, path, [healthcheck, "--config", path], interval=interval, poll=poll).run()
