@@ -279,12 +279,20 @@ def parse_toml_bytes(data: bytes, path: str) -> Dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError("%s: not UTF-8 text (byte %d)" % (path, exc.start)) from None
+    from . import tomldepth  # here, not above: the hot prolog parses nothing (tests/test_hotpath.py)
+    # Measured before the parser recurses into it (gpugate.tomldepth).
+    if tomldepth.bracket_depth(text) > tomldepth.MAX_DEPTH:
+        raise ConfigError("%s: invalid TOML: arrays or inline tables nested deeper than %d"
+                          % (path, tomldepth.MAX_DEPTH))
     try:
-        return _toml.loads(text)
+        data = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
         raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
     except (RecursionError, ValueError) as exc:  # pathological nesting, huge numbers
         raise ConfigError("%s: invalid TOML: %s" % (path, exc)) from None
+    if tomldepth.value_depth(data) > tomldepth.MAX_DEPTH:
+        raise ConfigError("%s: invalid TOML: tables nested deeper than %d" % (path, tomldepth.MAX_DEPTH))
+    return data
 
 
 def _parser():

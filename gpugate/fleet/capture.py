@@ -290,13 +290,10 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -
 def _self_check(text: str, node: str) -> None:
     """What we write must load: a capture that gpugate would refuse is an error here, not on the fleet."""
     from ..baseline import parse_baseline
+    from ..schema import parse_toml_bytes
+    where = "captured baseline from %s" % node
     try:
-        import tomllib as toml
-    except ImportError:  # Python < 3.11
-        import tomli as toml
-
-    try:
-        data = toml.loads(text)
-    except ValueError as exc:
-        raise ConfigError("captured baseline from %s is not valid TOML (%s): please report it" % (node, exc)) from None
-    parse_baseline(data, "captured baseline from %s" % node)
+        data = parse_toml_bytes(text.encode("utf-8"), where)
+    except ConfigError as exc:
+        raise ConfigError("%s; please report it" % exc) from None
+    parse_baseline(data, where)
