@@ -390,6 +390,68 @@ def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site)
     assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/pending"] == "x"
 
 
+def _bound_agent_token(site, node: str) -> str:
+    """The node agent's token as its DaemonSet pod on `node` gets it: a
+    TokenRequest bound to a Pod there, which the API server stamps with
+    the pod's node (authentication.kubernetes.io/node-name).  No kubelet:
+    the Pod is only an object, bound to the node by spec.nodeName."""
+    pod = site.admin.create("/api/v1/namespaces/gpugate/pods", {
+        "metadata": {"generateName": "gpugate-node-agent-"},
+        "spec": {"nodeName": node, "serviceAccountName": "gpugate-node-agent",
+                 "containers": [{"name": "agent", "image": "registry.example/gpugate:1"}]}})
+    answer = site.admin.create(
+        "/api/v1/namespaces/gpugate/serviceaccounts/gpugate-node-agent/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 600,
+                  "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                                     "uid": pod["metadata"]["uid"]}}})
+    return answer["status"]["token"]
+
+
+def test_a_node_agent_in_its_pod_writes_only_its_own_node(site):
+    """The policy's node rule, with the token a DaemonSet pod really gets
+    (bound to its Pod, naming its node): its own Node it may hold and
+    clear, another Node not at all, though RBAC alone would let it."""
+    from gpugate.kube.client import KubeClient
+
+    agent = KubeClient(site.api.server, _bound_agent_token(site, "gpu01"), site.api.ca_file)
+    review = agent.create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                          {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    who = review["status"]["userInfo"]
+    assert who["username"] == "system:serviceaccount:gpugate:gpugate-node-agent"
+    assert who["extra"]["authentication.kubernetes.io/node-name"] == ["gpu01"], who
+    agent.patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/test-note": "own"}}})
+    assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/test-note"] == "own"
+    before = site.admin.get(node_path("gpu02"))["metadata"]["resourceVersion"]
+    for path, patch in [(node_path("gpu02"), {"metadata": {"annotations": {"gpugate.io/test-note": "other"}}}),
+                        (node_path("gpu02"), {"spec": {"taints": [
+                            DEDICATED, {"key": "gpugate.io/unfit", "value": "xid", "effect": "NoSchedule"}]}})]:
+        with pytest.raises(KubeError) as info:
+            agent.patch(path, patch)
+        assert info.value.status in (403, 422), info.value
+        assert "writes only the Node its pod runs on" in str(info.value), info.value
+    with pytest.raises(KubeError) as info:
+        agent.patch(node_path("gpu02", "status"), {"status": {"conditions": [
+            {"type": "GpugateHealthy", "status": "False", "reason": "Xid", "message": "forged"}]}}, "strategic")
+    assert "writes only the Node its pod runs on" in str(info.value), info.value
+    assert site.admin.get(node_path("gpu02"))["metadata"]["resourceVersion"] == before  # nothing written
+    # The same gpugate-healthcheck, with that token, on its own node: held, with its reason.
+    token_file = os.path.join(site.dir, "bound-token-gpu01")
+    with open(token_file, "w") as handle:
+        handle.write(agent.token + "\n")
+    site.sim("gpu01", "gpu.3.ecc.uncorrected.volatile=2")
+    config = site.config("agent")
+    with open(config) as handle:
+        text = handle.read()
+    with open(config, "w") as handle:
+        handle.write(text.replace(site.api.token_file("agent"), token_file))
+    done = site.healthcheck(config, "gpu01")
+    assert done.returncode in (0, 1), done.stderr
+    held = site.admin.get(node_path("gpu01"))
+    assert [t["value"] for t in nv.our_taints(held)] == ["health"], held["spec"]
+    assert json.loads(held["metadata"]["annotations"][nv.OWNED])["reason"].startswith("gpugate: health ecc:gpu3=")
+
+
 def test_gpugate_status_shows_the_kubernetes_fleet_as_it_shows_slurm_s(site):
     """`gpugate status` with scheduler = "kubernetes": one list of the Nodes
     (the keeper's RBAC), each held node under its class, the budget's

@@ -172,7 +172,34 @@ class KubeAPI:
                         if not (exc.status == 409 and doc["kind"] == "Namespace"):  # start() made it
                             raise
                     applied.append((doc["kind"], doc["metadata"]["name"]))
+        if ("ValidatingAdmissionPolicy", "gpugate-node-agent") in applied:
+            self._wait_for_agent_policy()
         return applied
+
+    def _wait_for_agent_policy(self, timeout: float = 30.0) -> None:
+        """A new admission policy is enforced once the API server has
+        loaded it, a moment after it is created: until then the agent's
+        token could write what the policy refuses.  Probed as it will be
+        used: the agent's dry-run write of a label on a Node of its own."""
+        from ..kube.client import KubeError, node_path
+
+        admin, probe = self.admin(), "gpugate-policy-probe"
+        admin.create("/api/v1/nodes", {"metadata": {"name": probe}})
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    self.client("agent").request("PATCH", node_path(probe), {"metadata": {"labels": {"probe": "x"}}},
+                                                 "application/merge-patch+json", query={"dryRun": "All"})
+                except KubeError as exc:
+                    if exc.status in (403, 422) and "labels" in str(exc):
+                        return
+                    raise
+                if time.monotonic() > deadline:
+                    raise ClusterError("the gpugate-node-agent admission policy was not enforced in %.0fs" % timeout)
+                time.sleep(0.2)
+        finally:
+            admin.request("DELETE", node_path(probe))
 
     def kube_settings(self, who: str) -> Dict[str, object]:
         """gpugate.toml's [kubernetes] for one of USERS."""
