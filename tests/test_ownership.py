@@ -2,8 +2,11 @@
 self-clearing classes.  Table tests over the pure decision function."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpugate.findings import Finding
+from gpugate.findings import EVENTS, Finding, is_acute
+from gpugate.reason import parse
 from gpugate.slurm import ownership as o
 from gpugate.slurm.nodestate import NodeState
 from gpugate.verdict import decide
@@ -78,3 +81,82 @@ def test_decision(state, verdict, kind):
 def test_self_clearing_is_configurable():
     assert o.decide(node(True, DRIFT.reason), FIT, TAG, ("probe", "drift")).kind == o.UNDRAIN
     assert o.decide(node(True, PROBE.reason), FIT, TAG, ()).kind == o.KEEP
+
+
+# An Xid (an event: read once from the kernel log) beside an ECC counter
+# (read again at every check).
+ECC2 = Finding("health", "ecc", "2", "0", "reboot", gpu=3)
+ECC5 = Finding("health", "ecc", "5", "0", "reboot", gpu=3)
+XID79 = Finding("health", "xid", "79", "none", "reboot", gpu=3)
+XID48 = Finding("health", "xid", "48", "none", "reboot", gpu=3)
+
+
+def test_an_event_stays_in_the_reason_while_a_counter_stands_beside_it():
+    both = decide([ECC2, XID79], TAG)
+    counter_alone = decide([ECC2], TAG)
+    # The check after the one that read the Xid sees the counter alone: nothing to write.
+    assert o.decide(node(True, both.reason), counter_alone, TAG, ()).kind == o.NONE
+    # The counter grows: the reason follows it and keeps the Xid.
+    grown = o.decide(node(True, both.reason), decide([ECC5], TAG), TAG, ())
+    assert grown.kind == o.UPDATE and grown.reason == decide([ECC5, XID79], TAG).reason
+    # A second Xid of the same GPU is a second event: both stay.
+    second = o.decide(node(True, both.reason), decide([ECC2, XID48], TAG), TAG, ())
+    assert second.kind == o.UPDATE and "xid:gpu3=79" in second.reason and "xid:gpu3=48" in second.reason
+    # Counters are not kept: one gone from the verdict goes from the reason.
+    gone = o.decide(node(True, decide([ECC2, Finding("health", "ecc", "1", "0", "reboot", gpu=1)], TAG).reason),
+                    counter_alone, TAG, ())
+    assert gone.kind == o.UPDATE and gone.reason == counter_alone.reason
+
+
+def test_events_are_kept_within_their_class_only():
+    held = decide([XID79], TAG)
+    broken = decide([Finding("broken", "module", "none", "nvidia", "reconverge")], TAG)
+    decision = o.decide(node(True, held.reason), broken, TAG, ())
+    # Another class replaces the reason whole: its first finding says what the drain counts as.
+    if decision.kind == o.UPDATE:
+        assert decision.reason == broken.reason
+    else:
+        assert decision.kind == o.KEEP
+
+
+FINDINGS = st.one_of(
+    st.builds(Finding, st.just("health"), st.sampled_from(["xid", "sxid", "amdgpu_event", "fallen_off_bus"]),
+              st.sampled_from(["79", "48", "94", "ue umc", "nvswitch 12 fatal"]), st.just("none"),
+              st.just("reboot"), st.one_of(st.none(), st.integers(0, 7))),
+    st.builds(Finding, st.just("health"), st.sampled_from(["ecc", "row_remap", "nvlink", "ras", "gpu_count"]),
+              st.sampled_from(["1", "2", "5", "pending"]), st.just("0"), st.just("reboot"),
+              st.one_of(st.none(), st.integers(0, 7))),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(checks=st.lists(st.lists(FINDINGS, min_size=1, max_size=6), min_size=1, max_size=8))
+def test_a_reason_settles_and_never_loses_an_event_it_showed(checks):
+    """Check after check on one node: the reason Slurm holds is gpugate's,
+    within 255 bytes; an event once shown stays shown while the reason has
+    room (no "+N more"); and the same findings again write nothing, at most
+    two writes after they changed (no write to slurmctld at every check)."""
+    reason = ""
+    for findings in checks:
+        verdict = decide(findings, TAG)
+        if not reason:
+            reason = verdict.reason
+            continue
+        before = parse(reason, TAG)
+        decision = o.decide(node(True, reason), verdict, TAG, ())
+        if decision.kind == o.UPDATE:
+            reason = decision.reason
+        else:
+            assert decision.kind in (o.NONE, o.KEEP), decision
+        after = parse(reason, TAG)
+        assert after is not None and len(reason.encode()) <= 255
+        if not after.more and before.cls == after.cls:
+            shown = {(f.component, f.gpu, f.observed) for f in after.findings}
+            for f in before.findings:
+                if f.component in EVENTS and is_acute(before.cls, f.component):
+                    assert (f.component, f.gpu, f.observed) in shown, (before.text, reason)
+        writes = 0
+        while o.decide(node(True, reason), verdict, TAG, ()).kind == o.UPDATE:
+            reason = o.decide(node(True, reason), verdict, TAG, ()).reason
+            writes += 1
+            assert writes <= 2, reason

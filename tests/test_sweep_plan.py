@@ -142,6 +142,10 @@ def test_remedies_by_class_and_finding():
     assert remedy_for(parse(REASONS[5]), opts)[0] is None
     xid48 = reasons.render(TAG, "health", [Finding("health", "xid", "48", "none", "")])
     assert remedy_for(parse(xid48), opts)[0] == "escalate"
+    # An Xid the policy escalates, kept in the reason behind another finding (slurm.ownership).
+    behind = reasons.render(TAG, "health", [Finding("health", "ecc", "2", "0", "", gpu=3),
+                                            Finding("health", "xid", "48", "none", "", gpu=3)])
+    assert not behind.startswith(TAG + " health xid") and remedy_for(parse(behind), opts)[0] == "escalate"
     # A reboot resets the NVSwitches and brings a GPU back on the bus.
     for finding in (Finding("health", "sxid", "nvswitch1 20034 fatal", "none", ""),
                     Finding("health", "fallen_off_bus", "0000:18:00", "on the bus", "", gpu=5)):

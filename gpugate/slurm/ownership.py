@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 from .. import reason as reasons
-from ..findings import RMA, ROLLOUT, severity
+from ..findings import EVENTS, RMA, ROLLOUT, is_acute, severity
 from ..record import dataclass
 
 TYPE_CHECKING = False
@@ -68,7 +68,27 @@ def decide(node, verdict, tag: str, self_clearing: Iterable[str]) -> Decision:
         # An acute reason outranks a budgeted one of any class, so Slurm's
         # copy keeps telling the drain budget what this drain is.
         return Decision(KEEP, why="keeping the more severe %s reason" % ours.cls)
-    return Decision(UPDATE, verdict.reason, "findings changed")
+    reason = with_events_kept(ours, verdict, tag)
+    if reason == node.reason:
+        return Decision(NONE, why="already drained for these findings and the events seen before")
+    return Decision(UPDATE, reason, "findings changed")
+
+
+def with_events_kept(ours, verdict, tag: str) -> str:
+    """The verdict's reason, plus the events (findings.EVENTS) our reason
+    names that the verdict does not: seen once, they would otherwise go
+    from the reason at the next check while another finding stands.  Only
+    within one class, and only acute ones: a reason's first finding and
+    class still say what the drain counts as (reason.acute)."""
+    if ours.cls != verdict.cls:
+        return verdict.reason
+    # Two Xids of one GPU are two events: an event is its observed value too.
+    seen = {(f.component, f.gpu, f.observed) for f in verdict.findings}
+    kept = [f for f in ours.findings if f.component in EVENTS and is_acute(ours.cls, f.component)
+            and (f.component, f.gpu, f.observed) not in seen]
+    if not kept:
+        return verdict.reason
+    return reasons.render(tag, verdict.cls, tuple(verdict.findings) + tuple(kept))
 
 
 def _sweep_owned(ours) -> bool:

@@ -142,13 +142,13 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
             return RECONVERGE, "broken %s: converge (build/install the module), reboot" % component
         return REBOOT, "broken %s: reload by reboot" % (component or "stack")
     if cls == HEALTH:
+        # Any Xid the reason names, not only the first: a reason keeps the
+        # events that drained the node beside later findings (slurm.ownership).
+        escalating = [x for x in _xids(ours) if x in options.escalate_xids]
+        if escalating:
+            return ESCALATE, "Xid %d: the policy says rma/investigate" % escalating[0]
         if component == "xid":
-            try:
-                xid = int(first.observed)
-            except ValueError:
-                xid = -1
-            if xid in options.escalate_xids:
-                return ESCALATE, "Xid %d: the policy says rma/investigate" % xid
+            xid = (_xids(ours) or [-1])[0]
             return REBOOT, "Xid %d: reset by reboot" % xid
         if component == "row_remap" and first.observed == "failure":
             return ESCALATE, "row remap failure: out of spare rows"
@@ -161,6 +161,18 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
             return REBOOT, "health %s: reset by reboot" % component
         return ESCALATE, "health %s: no automatic remedy" % (component or "?")
     return None, "unknown class %r" % cls
+
+
+def _xids(ours) -> list:
+    """The Xid codes a reason names, in its order (a code that does not read as one: -1)."""
+    codes = []
+    for f in ours.findings or ((ours.first,) if ours.first else ()):
+        if f.component == "xid":
+            try:
+                codes.append(int(f.observed))
+            except ValueError:
+                codes.append(-1)
+    return codes
 
 
 def resettable(ours, options: Options) -> bool:
