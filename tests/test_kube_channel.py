@@ -106,3 +106,19 @@ def test_the_agent_loop_outlives_a_bad_pass_and_never_spins():
     agent.serve_once = broken
     agent.run(stop=lambda: len(slept) >= 3)
     assert slept == [5, 5, 5] and passes[0] == "check" and passes.count("check") == 1
+
+
+@given(depth=st.sampled_from([100, 1000, 2040]), key=st.sampled_from([channel.REQUEST, channel.ANSWER, "owned"]))
+def test_an_annotation_nested_past_any_of_ours_is_not_ours_and_raises_nothing(depth, key):
+    """A Node's annotations are anyone's with patch rights on it: one nested
+    deeper than the interpreter's recursion limit is just not gpugate's
+    (json.loads raised RecursionError through every reader here)."""
+    from gpugate.kube import nodeview
+
+    deep = "[" * depth + "]" * depth
+    name = nodeview.OWNED if key == "owned" else key
+    node = {"metadata": {"name": "gpu01", "annotations": {name: deep}}}
+    assert channel.read_request(node) is None
+    assert channel.read_answer(node, "r1") is None
+    assert channel.claimed(node, "r1") is False
+    assert nodeview.owned(node) == {}

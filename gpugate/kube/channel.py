@@ -22,6 +22,8 @@ import json
 import math
 import re
 
+from ..jsontext import loads_bounded
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence
@@ -94,8 +96,8 @@ def read_request(node: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The request on the Node, when it has gpugate's shape; else None."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(REQUEST)
     try:
-        data = json.loads(text) if isinstance(text, str) and len(text) < 4096 else None
-    except ValueError:
+        data = loads_bounded(text) if isinstance(text, str) and len(text) < 4096 else None
+    except ValueError:  # deep nesting too (a Node's annotation is anyone's with patch rights)
         return None
     if not (isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]
             and isinstance(data.get("argv"), list) and all(isinstance(w, str) for w in data["argv"])
@@ -112,7 +114,7 @@ def claimed(node: Dict[str, Any], ident: str) -> bool:
     """Has the agent taken up (or answered) request ``ident``?  Never run twice."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(ANSWER)
     try:
-        data = json.loads(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
+        data = loads_bounded(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
     except ValueError:
         return False
     return isinstance(data, dict) and data.get("id") == ident
@@ -141,7 +143,7 @@ def read_answer(node: Dict[str, Any], ident: str):
     string, or None while there is none (or it answers another request)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(ANSWER)
     try:
-        data = json.loads(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
+        data = loads_bounded(text) if isinstance(text, str) and len(text) <= ANSWER_CAP else None
     except ValueError:
         return None
     if not isinstance(data, dict) or data.get("id") != ident or data.get("state") == RUNNING:

@@ -133,7 +133,7 @@ class KubeClient:
             return {"text": raw.decode("utf-8", "replace")}
         try:
             answer = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the interpreter's limit
             answer = None
         if not 200 <= response.status < 300:
             reason = answer.get("reason", "") if isinstance(answer, dict) else ""
@@ -175,7 +175,7 @@ class KubeClient:
                 return False
             try:
                 event = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise KubeError("kubernetes watch %s: an event that is not JSON" % path) from None
             if not isinstance(event, dict) or event.get("type") == "ERROR":  # (410: too old a version)
                 raise KubeError("kubernetes watch %s: %s" % (path, str(event)[:200]))

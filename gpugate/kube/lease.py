@@ -13,6 +13,7 @@ from __future__ import annotations
 import calendar
 import time
 
+from ..jsontext import loads_bounded
 from .client import KubeError
 
 TYPE_CHECKING = False
@@ -111,14 +112,12 @@ def _path(namespace: str, name: str) -> str:
 
 def read_memory(client, namespace: str, name: str = NAME) -> dict:
     """The memory the leader kept on the Lease ({} when none, or not gpugate's shape)."""
-    import json
-
     from ..keeper_memory import parse
 
     text = ((client.get(_path(namespace, name)).get("metadata") or {}).get("annotations") or {}).get(MEMORY)
     try:
-        return parse(json.loads(text)) if isinstance(text, str) else {}
-    except ValueError:
+        return parse(loads_bounded(text)) if isinstance(text, str) else {}
+    except ValueError:  # not JSON, or nested past any memory of ours
         return {}
 
 

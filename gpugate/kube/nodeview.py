@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from ..findings import CLASSES
+from ..jsontext import loads_bounded
 from ..slurm.nodestate.record import NodeState
 
 TYPE_CHECKING = False
@@ -40,8 +41,8 @@ def owned(node: Dict[str, Any]) -> Dict[str, Any]:
     """gpugate's ownership record, or {} (absent or not gpugate's shape)."""
     text = ((node.get("metadata") or {}).get("annotations") or {}).get(OWNED)
     try:
-        record = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
+        record = loads_bounded(text) if isinstance(text, str) else None
+    except ValueError:  # not JSON, or nested past any record of ours
         return {}
     if not isinstance(record, dict) or not isinstance(record.get("reason"), str):
         return {}

@@ -159,7 +159,7 @@ class CommandSlurm(NodeUpdates):
         try:
             answer = json.loads(result.stdout)
             return parse_show_node(answer["text"], answer["oneline"], name)
-        except (ValueError, KeyError, TypeError, ParseError) as exc:
+        except (ValueError, KeyError, TypeError, ParseError, RecursionError) as exc:
             self.node_read = "sinfo -n (libslurm's answer: %s)" % str(exc)[:200]
             return _OLDER
 
