@@ -88,6 +88,7 @@ def sim_set(fleet, nodes, assignments):
       module.resident module.on_disk dkms converge_fails reboot=1 service.<unit>=STATE
       sxid=CODE[:nonfatal][@SWITCH] kmsg=RAW-KERNEL-LOG-MESSAGE kmsg.user=MESSAGE (user space's)
       kmsg.flood=N (N records overwrite the oldest of the ring's 1000)
+      kmsg.ring=N (the ring holds N records, 100-100000)
       compute_mode power_limit (every GPU; watts)
       throttle.{sw_power_cap,sync_boost,sw_thermal,hw_thermal,power_brake}=S|+S (NVML's
       counters of time slowed, every GPU; gpu.N.throttle.REASON for one) clock.advance=S

@@ -69,6 +69,13 @@ def _kmsg_flood(m: Dict[str, Any], value: str) -> None:
         _append_kmsg(m, "tmpfs: Unknown parameter 'flood-%d'" % i, pri=3)
 
 
+def _ring_size(value: str) -> int:
+    size = _int(value)
+    if not 100 <= size <= 100000:
+        raise ValueError("kmsg.ring wants 100..100000 records, not %r" % value)
+    return size
+
+
 def _append_xid(m: Dict[str, Any], index: int, xid: int) -> None:
     gpu = m["nvml"]["gpus"][index]
     bus = gpu["pci_bus_id"].lower()[4:-2]  # "00000000:3a:00.0" -> "0000:3a:00"
@@ -302,6 +309,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
     "kmsg.user": lambda m, v: _append_kmsg(m, v, pri=14),  # written to /dev/kmsg from user space: LOG_USER
     "kmsg.flood": _kmsg_flood,
+    "kmsg.ring": lambda m, v: m.__setitem__("kmsg_ring", _ring_size(v)),  # records the ring holds
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE + RCCL_SMOKE)),

@@ -6,6 +6,8 @@ import time
 from typing import Any, Dict
 
 KMSG_RING = 1000  # records the simulated ring holds: older ones are overwritten, as the kernel's are
+# A real ring holds more: its descriptors alone are 2^(LOG_BUF_SHIFT-5), 4096 at the
+# smallest default (128 KiB).  Sim key kmsg.ring=N sets a node's (model["kmsg_ring"]).
 
 
 def append(m: Dict[str, Any], message: str, pri: int = 6) -> None:
@@ -15,7 +17,7 @@ def append(m: Dict[str, Any], message: str, pri: int = 6) -> None:
     if pri != 6:
         record["pri"] = pri
     m["kmsg"].append(record)
-    del m["kmsg"][:-KMSG_RING]
+    del m["kmsg"][:-int(m.get("kmsg_ring") or KMSG_RING)]
 
 
 def ring_text(m: Dict[str, Any]) -> str:
