@@ -53,19 +53,22 @@ def bracket_depth(text: str, stop_above: int = MAX_DEPTH) -> int:
 def _string_end(text: str, i: int, close: str, escapes: bool) -> int:
     """Where a string that opened before i ends: just past its closing
     quote, or the end of text if it never closes.  A single-line string
-    also ends at its line's end, as TOML has it."""
+    also ends at its line's end, as TOML has it.  Linear: each search
+    starts where the last one ended."""
     n = len(text)
-    newline = text.find("\n", i) if len(close) == 1 else -1
+    single_line = len(close) == 1
     while True:
         end = text.find(close, i)
-        if newline >= 0 and (end < 0 or newline < end):
-            return newline + 1
+        if single_line:
+            newline = text.find("\n", i, n if end < 0 else end)
+            if newline >= 0:
+                return newline + 1
         if end < 0:
             return n
         if escapes and _escaped(text, end):
             i = end + 1
             continue
-        if len(close) == 1:
+        if single_line:
             return end + 1
         # A multi-line string may end in one or two quotes of its own
         # ('"""a""""' is 'a"'): its delimiter is the last three of the run.

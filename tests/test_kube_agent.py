@@ -390,11 +390,12 @@ def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site)
     assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/pending"] == "x"
 
 
-def _bound_agent_token(site, node: str) -> str:
+def _bound_agent_token(site, node: str):
     """The node agent's token as its DaemonSet pod on `node` gets it: a
     TokenRequest bound to a Pod there, which the API server stamps with
     the pod's node (authentication.kubernetes.io/node-name).  No kubelet:
-    the Pod is only an object, bound to the node by spec.nodeName."""
+    the Pod is only an object, bound to the node by spec.nodeName.
+    Returns (the token, the Pod's path)."""
     pod = site.admin.create("/api/v1/namespaces/gpugate/pods", {
         "metadata": {"generateName": "gpugate-node-agent-"},
         "spec": {"nodeName": node, "serviceAccountName": "gpugate-node-agent",
@@ -405,7 +406,7 @@ def _bound_agent_token(site, node: str) -> str:
          "spec": {"expirationSeconds": 600,
                   "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
                                      "uid": pod["metadata"]["uid"]}}})
-    return answer["status"]["token"]
+    return answer["status"]["token"], "/api/v1/namespaces/gpugate/pods/" + pod["metadata"]["name"]
 
 
 def test_a_node_agent_in_its_pod_writes_only_its_own_node(site):
@@ -414,7 +415,14 @@ def test_a_node_agent_in_its_pod_writes_only_its_own_node(site):
     clear, another Node not at all, though RBAC alone would let it."""
     from gpugate.kube.client import KubeClient
 
-    agent = KubeClient(site.api.server, _bound_agent_token(site, "gpu01"), site.api.ca_file)
+    token, pod = _bound_agent_token(site, "gpu01")
+    try:
+        _own_node_only(site, KubeClient(site.api.server, token, site.api.ca_file))
+    finally:  # no kubelet ends it: a later test's eviction would wait on it
+        site.admin.request("DELETE", pod, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
+
+
+def _own_node_only(site, agent):
     review = agent.create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
                           {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     who = review["status"]["userInfo"]
@@ -443,6 +451,7 @@ def test_a_node_agent_in_its_pod_writes_only_its_own_node(site):
     config = site.config("agent")
     with open(config) as handle:
         text = handle.read()
+    assert site.api.token_file("agent") in text
     with open(config, "w") as handle:
         handle.write(text.replace(site.api.token_file("agent"), token_file))
     done = site.healthcheck(config, "gpu01")

@@ -306,7 +306,8 @@ def test_running_jobs_are_waited_for_unless_forced(new_cluster):
     assert "RUNNING" in cluster.scontrol("show", "job", job)
     code, report, err = run_sweep(cluster, "--force")
     assert code == 0, err
-    assert report["outcomes"]["gpu02"]["result"] == "resumed"
+    assert report["outcomes"]["gpu02"]["result"] == "resumed", (report["outcomes"]["gpu02"],
+                                                                journal_events(cluster, "gpu02"), err[-3000:])
     assert "CANCELLED" in cluster.scontrol("show", "job", job)
 
 

@@ -146,6 +146,10 @@ def test_remedies_by_class_and_finding():
     behind = reasons.render(TAG, "health", [Finding("health", "ecc", "2", "0", "", gpu=3),
                                             Finding("health", "xid", "48", "none", "", gpu=3)])
     assert not behind.startswith(TAG + " health xid") and remedy_for(parse(behind), opts)[0] == "escalate"
+    # What no repair brings back, behind a kept Xid the reboot would clear.
+    remap = reasons.render(TAG, "health", [Finding("health", "xid", "63", "none", "", gpu=0),
+                                           Finding("health", "row_remap", "failure", "none", "", gpu=3)])
+    assert remap.startswith(TAG + " health xid") and remedy_for(parse(remap), opts)[0] == "escalate"
     # A reboot resets the NVSwitches and brings a GPU back on the bus.
     for finding in (Finding("health", "sxid", "nvswitch1 20034 fatal", "none", ""),
                     Finding("health", "fallen_off_bus", "0000:18:00", "on the bus", "", gpu=5)):

@@ -26,6 +26,7 @@ KEEP_ADMIN = "keep_admin"  # drained by someone else: hands off
 KEEP = "keep"  # drained by us; leave it (sweep's job, or a more severe class)
 UNKNOWN = "unknown"  # Slurm does not list the node: nothing can be applied
 SWEEP_OWNED = (RMA, ROLLOUT)
+REBOOTED = " : reboot complete"  # what slurmctld appends once `scontrol reboot` is done
 
 
 @dataclass(frozen=True)
@@ -79,15 +80,24 @@ def with_events_kept(ours, verdict, tag: str) -> str:
     names that the verdict does not: seen once, they would otherwise go
     from the reason at the next check while another finding stands.  Only
     within one class, and only acute ones: a reason's first finding and
-    class still say what the drain counts as (reason.acute)."""
-    if ours.cls != verdict.cls:
+    class still say what the drain counts as (reason.acute).  Not after
+    `scontrol reboot` completed: the reboot was their repair."""
+    if ours.cls != verdict.cls or ours.text.endswith(REBOOTED):
         return verdict.reason
-    # Two Xids of one GPU are two events: an event is its observed value too.
-    seen = {(f.component, f.gpu, f.observed) for f in verdict.findings}
-    kept = [f for f in ours.findings if f.component in EVENTS and is_acute(ours.cls, f.component)
-            and (f.component, f.gpu, f.observed) not in seen]
+    # Findings compared as the reason shows them (sanitized, cut): an event
+    # read back from Slurm is never taken for a new one.  Two Xids of one
+    # GPU are two events.
+    seen = {reasons.render_finding(f) for f in verdict.findings}
+    kept = []
+    for f in ours.findings:
+        shown = reasons.render_finding(f)
+        if f.component in EVENTS and is_acute(ours.cls, f.component) and shown not in seen:
+            kept.append(f)
+            seen.add(shown)
     if not kept:
         return verdict.reason
+    if not ours.more and seen == {reasons.render_finding(f) for f in ours.findings}:
+        return ours.text  # the same findings: no write for their order alone
     return reasons.render(tag, verdict.cls, tuple(verdict.findings) + tuple(kept))
 
 

@@ -142,19 +142,21 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
             return RECONVERGE, "broken %s: converge (build/install the module), reboot" % component
         return REBOOT, "broken %s: reload by reboot" % (component or "stack")
     if cls == HEALTH:
-        # Any Xid the reason names, not only the first: a reason keeps the
-        # events that drained the node beside later findings (slurm.ownership).
+        # What no repair brings back, in any finding the reason names, not
+        # only the first: a reason keeps the events that drained the node
+        # (an Xid) before later findings (gpugate.slurm.ownership).
+        findings = ours.findings or (first,)
         escalating = [x for x in _xids(ours) if x in options.escalate_xids]
         if escalating:
             return ESCALATE, "Xid %d: the policy says rma/investigate" % escalating[0]
+        if any(f.component == "row_remap" and f.observed == "failure" for f in findings):
+            return ESCALATE, "row remap failure: out of spare rows"
+        final = [f for f in findings if _amd_words(f.observed, _AMD_ESCALATE.get(f.component, ()))]
+        if final:  # a reboot would not bring it back either
+            return ESCALATE, "health %s %s: no repair brings it back" % (final[0].component, final[0].observed)
         if component == "xid":
             xid = (_xids(ours) or [-1])[0]
             return REBOOT, "Xid %d: reset by reboot" % xid
-        if component == "row_remap" and first.observed == "failure":
-            return ESCALATE, "row remap failure: out of spare rows"
-        final = [f for f in (ours.findings or (first,)) if _amd_words(f.observed, _AMD_ESCALATE.get(f.component, ()))]
-        if final:  # any of them, not only the first: a reboot would not bring it back either
-            return ESCALATE, "health %s %s: no repair brings it back" % (final[0].component, final[0].observed)
         if component in _REBOOT_FIXES:
             if resettable(ours, options):
                 return RESET, "health %s: a GPU reset clears it (reboot if it does not)" % component
