@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..errors import ConfigError
-from .kmsg import KMSG_RING, append as _append_kmsg  # noqa: F401 - KMSG_RING: the tests' ring size
+from .kmsg import KMSG_RING, append as _append_kmsg, flood, set_ring  # noqa: F401 - KMSG_RING: the tests' ring size
 from .outputs import RCCL_SMOKE, SMOKE
 from .values import parse_flag as _flag, parse_int as _int
 
@@ -60,20 +60,6 @@ def _set_package(role: str) -> Callable[[Dict[str, Any], str], None]:
         else:
             pkg["version"] = v
     return setter
-
-
-def _kmsg_flood(m: Dict[str, Any], value: str) -> None:
-    """kmsg.flood=N: N records a job's user made the kernel log (a mount option
-    tmpfs refuses, at kernel facility), overwriting the oldest of the ring."""
-    for i in range(_int(value)):
-        _append_kmsg(m, "tmpfs: Unknown parameter 'flood-%d'" % i, pri=3)
-
-
-def _ring_size(value: str) -> int:
-    size = _int(value)
-    if not 100 <= size <= 100000:
-        raise ValueError("kmsg.ring wants 100..100000 records, not %r" % value)
-    return size
 
 
 def _append_xid(m: Dict[str, Any], index: int, xid: int) -> None:
@@ -308,8 +294,8 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
     "sxid": _append_sxid,
     "kmsg": _append_kmsg,  # one raw kernel-log message, as the driver prints it
     "kmsg.user": lambda m, v: _append_kmsg(m, v, pri=14),  # written to /dev/kmsg from user space: LOG_USER
-    "kmsg.flood": _kmsg_flood,
-    "kmsg.ring": lambda m, v: m.__setitem__("kmsg_ring", _ring_size(v)),  # records the ring holds
+    "kmsg.flood": lambda m, v: flood(m, _int(v)),
+    "kmsg.ring": lambda m, v: set_ring(m, _int(v)),  # records the ring holds
     "compute_mode": lambda m, v: _set_all_gpus(m, "compute_mode", _compute_mode(v)),
     "power_limit": lambda m, v: _set_all_gpus(m, "power_limit_mw", _watts(v)),
     "smoke": _node_path("smoke", convert=lambda v: _choice(v, SMOKE + RCCL_SMOKE)),

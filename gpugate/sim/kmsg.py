@@ -20,6 +20,21 @@ def append(m: Dict[str, Any], message: str, pri: int = 6) -> None:
     del m["kmsg"][:-int(m.get("kmsg_ring") or KMSG_RING)]
 
 
+def flood(m: Dict[str, Any], count: int) -> None:
+    """kmsg.flood=N: N records a job's user made the kernel log (a mount option
+    tmpfs refuses, at kernel facility), overwriting the oldest of the ring."""
+    for i in range(count):
+        append(m, "tmpfs: Unknown parameter 'flood-%d'" % i, pri=3)
+
+
+def set_ring(m: Dict[str, Any], size: int) -> None:
+    """kmsg.ring=N: the ring holds N records from now on."""
+    if not 100 <= size <= 100000:
+        raise ValueError("kmsg.ring wants 100..100000 records, not %d" % size)
+    m["kmsg_ring"] = size
+    del m["kmsg"][:-size]
+
+
 def ring_text(m: Dict[str, Any]) -> str:
     """The ring as /dev/kmsg records.  PRI 6: the kernel's facility (0), level
     info; a record's "pri": another level, or user space's (sim key kmsg.user)."""
