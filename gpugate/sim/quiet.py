@@ -10,7 +10,12 @@ import os
 import time
 from typing import List, Set
 
-QUIET_SECONDS = 5.0  # a hung check must not stall the simulation for longer
+# A hung check must not stall the simulation for ever; but a check on a
+# loaded CI machine took over 5 s, the change landed mid-read, and the node
+# was drained "broken module" (loaded one driver, another on disk) for a
+# change the model makes at once.  A check ends within its own time
+# budget: waiting up to 30 s waits it out.
+QUIET_SECONDS = 30.0
 
 
 def runs_for(node: str) -> List[int]:
