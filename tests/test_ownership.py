@@ -124,14 +124,15 @@ def test_an_event_the_reason_shows_changed_is_still_the_same_event():
 
 
 def test_events_are_kept_within_their_class_only():
-    held = decide([XID79], TAG)
-    broken = decide([Finding("broken", "module", "none", "nvidia", "reconverge")], TAG)
-    decision = o.decide(node(True, held.reason), broken, TAG, ())
+    # An amdgpu event in a broken reason; then an acute health finding, which outranks it.
+    held = decide([Finding("broken", "amdgpu_event", "init_failed", "none", "reboot", gpu=2)], TAG)
+    health = decide([XID79], TAG)
+    decision = o.decide(node(True, held.reason), health, TAG, ())
     # Another class replaces the reason whole: its first finding says what the drain counts as.
-    if decision.kind == o.UPDATE:
-        assert decision.reason == broken.reason
-    else:
-        assert decision.kind == o.KEEP
+    assert decision.kind == o.UPDATE and decision.reason == health.reason
+    # And a milder class never merges into a more severe reason: it is kept as it is.
+    broken = decide([Finding("broken", "module", "none", "nvidia", "reconverge")], TAG)
+    assert o.decide(node(True, health.reason), broken, TAG, ()).kind == o.KEEP
 
 
 FINDINGS = st.one_of(
