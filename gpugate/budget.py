@@ -239,3 +239,65 @@ def over(states: Mapping[str, object], tag: str, share: float, since: float) -> 
                     and state.reason_time >= since):
                 undo.add(name)
     return tuple(sorted(undo))
+
+
+# --------------------------------------------------------------------------
+# The preflight allowance: a pin by the run across a job's nodes is budgeted
+# (a job's user can slow a shared link), and bounded per partition and hour
+# besides, so no run of jobs takes more than a few nodes an hour that way.
+# --------------------------------------------------------------------------
+
+PIN_COMPONENT = "preflight_across"
+PIN_WINDOW = 3600.0
+
+
+def _pin_only(text: str, tag: str) -> bool:
+    """A reason a preflight pin alone accounts for: the pin and nothing
+    budgeted besides that a job's user cannot cause (a drift beside it
+    drains on its own account)."""
+    from .findings import USER_CAUSED
+
+    ours = reasons.parse(text, tag)
+    if ours is None:
+        return False
+    components = {f.component for f in ours.findings}
+    return PIN_COMPONENT in components and components <= USER_CAUSED
+
+
+def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int) -> dict:
+    """{node: why} for the published pins the keeper must not drain now:
+    in each partition, at most ``per_hour`` nodes drained for a pin with a
+    reason Slurm stamped in the last hour, oldest published first; the
+    rest wait (held and said).  Pure."""
+    recent: dict = {}
+    waiting = []
+    memo: dict = {}
+    pins: dict = {}  # reason -> a pin alone?  A fleet-wide event gives 100,000 nodes one reason: parsed once
+
+    def pin_only(text):
+        found = pins.get(text)
+        if found is None:
+            found = pins[text] = _pin_only(text, tag)
+        return found
+
+    for state in states.values():
+        if state.drain:
+            if state.reason and pin_only(state.reason) and state.reason_time is not None \
+                    and now - PIN_WINDOW <= state.reason_time <= now + 60:
+                for part in state.partitions:
+                    recent[part] = recent.get(part, 0) + 1
+            continue
+        seen = published(state, tag, memo)
+        if seen is not None and pin_only(seen.reason):
+            waiting.append((seen.since, state.name, state))
+    held = {}
+    for _since, name, state in sorted(waiting, key=lambda w: (w[0], w[1])):
+        full = [p for p in state.partitions if recent.get(p, 0) >= per_hour]
+        if full:
+            held[name] = ("preflight allowance of partition %s spent: %d node%s drained for a preflight pin in the "
+                          "last hour ([preflight] pins_per_hour = %d)" % (
+                              full[0], recent.get(full[0], 0), "" if recent.get(full[0], 0) == 1 else "s", per_hour))
+            continue
+        for part in state.partitions:
+            recent[part] = recent.get(part, 0) + 1
+    return held

@@ -77,7 +77,17 @@ ACUTE = {
 # class (gpugate.slurm.ownership): findings seen later add to it, never
 # push out the Xid that drained the node.
 EVENTS = frozenset({"xid", "sxid", "fallen_off_bus", "amdgpu_event", "ecc_during_job", "remap_during_job",
-                    "preflight"})
+                    "preflight", "preflight_across"})
+
+
+# Findings a job's user can cause: their applications' Xids (xid_repeat),
+# their load on a shared link or node (the run across a job's nodes, a
+# bandwidth under a floor, time spent slowed).  Never acute (a test holds
+# ACUTE apart from them), and never a step towards rma on their own: the
+# sweep's repeat-offender rule counts only the findings beside them
+# (gpugate.sweep.history), so an rma needs hardware evidence.  The whole
+# table, finding by finding: gpugate.influence, docs/reliability.md.
+USER_CAUSED = frozenset({"xid_repeat", "preflight_across", "preflight_busbw", "clocks"})
 
 
 def is_acute(cls: str, component: str) -> bool:

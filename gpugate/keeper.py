@@ -105,6 +105,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
     mine, unverified = screen(states, key, clock(), checked)
     # A span drained before and returned to service since waits for its node to sign it again.
     memory, waiting = keeper_memory.review(memory or {}, mine, tag, clock())
+    # A preflight's pins: at most [preflight] pins_per_hour a partition, within the budget besides.
+    for name, why in budget.pins_held(mine, tag, clock(), int(settings.preflight["pins_per_hour"])).items():
+        waiting.setdefault(name, why)
     decided = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, tag, share)
     # Re-read each node before writing: the single-node RPC alone (read locks only).
     groups = {}

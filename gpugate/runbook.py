@@ -105,7 +105,11 @@ _BY_COMPONENT = {
     "xid_repeat": ["the application's Xids (13, 31, 43, 94) came back on this GPU in jobs of different users "
                    "(the detail names the jobs and users): the GPU, not the code; the sweep resets it and runs "
                    "dcgmi diag -r 3 (xid_repeat_diag) on it before it takes jobs again, and a pass clears its "
-                   "history (so does a RESUME); many nodes at once is one user's job array (ask them)"],
+                   "history (so does a RESUME); many nodes at once is one user's job array (ask them)",
+                   "without a GPU (xid_repeat=xids on gpus 2+5 of >=2 users): the same faults on several GPUs in "
+                   "jobs of several users, one fault they share (an NVSwitch, a PCIe switch, the baseboard: "
+                   "nvidia-smi topo -m, the SXids, the BMC's log); the sweep resets every GPU and the diagnostic "
+                   "runs on all"],
     "clocks": ["a GPU spent more than [health] clock_event_share_max of an interval slowed (NVML's clock-event "
                "counters; nvidia-smi -q -d PERFORMANCE): many nodes at once is the room (power brake, a row's "
                "cooling: GpugateClockEventsRoomWide); one node is its own airflow, fans or power: look there"],
@@ -134,6 +138,13 @@ _BY_COMPONENT = {
                         "[smoke] min_busbw_gbps for its product: NVLink/NVSwitch or P2P (nvidia-smi topo -m, "
                         "nvidia-smi nvlink -s, Fabric Manager); many nodes at once is the floor (fix the "
                         "baseline): budgeted, so the keeper drains only its share"],
+    "preflight_across": ["a job's preflight across its nodes (gpugate.preflight.cross) pinned this node: the "
+                         "all_reduce read wrong values or a bandwidth under [smoke] min_pair_busbw_gbps in every "
+                         "group it was in and with two partners each proven good.  Another job's traffic on a "
+                         "shared link can cause that, so it is budgeted: the keeper drains it within the drain "
+                         "budget and [preflight] pins_per_hour; the sweep reboots it and its verification (DCGM, "
+                         "the smoke job) proves it.  Pins alone never make a repeat offender: an rma needs the "
+                         "verification or a counter to fail"],
     "preflight_setup": ["a job's preflight `dcgmi diag` failed a deployment test of software (a library, "
                         "persistence mode, environment, denylist): fix the node's stack (many nodes at once is a "
                         "package or setting pushed everywhere: budgeted, so the keeper drains only its share)"],

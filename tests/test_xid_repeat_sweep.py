@@ -19,6 +19,7 @@ from gpugate.judges import apprepeat
 from gpugate.node import xidhistory
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState
+from gpugate.sweep import history as hist
 from gpugate.sweep.plan import Options, plan, remedy_for
 from test_apprepeat import _job, _log
 from test_node_side import node_env, run_entry  # noqa: F401  (the fixture)
@@ -40,11 +41,14 @@ def test_attack_xid_repeat_is_reset_and_diagnosed_never_rma_at_once():
     assert remedy_for(ours, Options(reset=False))[0] == "reboot"  # no reset rung: the reboot, proven the same
     decision = plan(_snap(REPEAT), Options(reset=True, floor=0)).decisions["gpu01"]
     assert decision.remedy == "reset" and decision.included, decision.why
-    # The ladder still holds: back after a reset, then after a reboot: rma.
+    # Back after a reset, then after a reboot, for xid_repeat alone: a job's user can cause it, so its
+    # returns are no step towards rma (gpugate.findings.USER_CAUSED); the deep diagnostic failing is
+    # the hardware evidence that escalates.  As the sweep journals them, its returns name nothing.
+    assert hist.components(reasons.parse(REPEAT, TAG)) == frozenset()
     past = (_resumed(8 * 86400, "reset", frozenset({"xid_repeat"})),
             _resumed(9 * 86400, "reboot", frozenset({"xid_repeat"})))
     assert plan(_snap(REPEAT), Options(reset=True, floor=0, history={"gpu01": past})).decisions[
-        "gpu01"].remedy == "escalate"
+        "gpu01"].remedy == "reset"
 
 
 def _history(users=("1001", "1002", "1003"), at=NOW - 600):

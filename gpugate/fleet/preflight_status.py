@@ -13,7 +13,7 @@ from ..preflight.memory import ACROSS, OUTCOMES
 
 _BOUND = 10 ** 9
 # The reason components a preflight drains or publishes (gpugate.preflight.node).
-COMPONENTS = ("preflight", "preflight_busbw", "preflight_setup")
+COMPONENTS = ("preflight", "preflight_busbw", "preflight_setup", "preflight_across")
 
 
 def figures(last_audit: Optional[Mapping[str, object]], drains: Mapping[str, List[dict]], tag: str,

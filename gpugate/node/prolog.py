@@ -117,6 +117,7 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     across = _across(settings, baseline, node, gpus, proof, started)
     if across is not None:
         record["preflight"]["across"] = across.to_json()
+        record["preflight"]["undecided"] = list(proof.undecided)  # its environment's, where it failed
         if across.finding is not None:
             proof.findings.append(across.finding)
     record["preflight"]["seconds_total"] = round(time.monotonic() - started, 3)
@@ -145,6 +146,8 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     or more; None otherwise."""
     from ..preflight import memory
     from ..preflight.cross import Member, prove_across, run_rank_command
+    from ..preflight.environment import UNFIT
+    from ..preflight.environment import check as check_environment
     from ..preflight.select import job_nodes
 
     nodes = job_nodes(os.environ)
@@ -153,17 +156,28 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     # A node whose GPUs for the job are unknown still comes to the meeting
     # (as not whole): the others hear at once that no collective runs.
     gpus, whole = gpus or [], baseline.expect_for(node).gpus
-    me = Member(node, memory.outcome(proof.findings, proof.undecided), bool(gpus) and whole is not None
-                and len(gpus) >= whole, baseline.expect_for(node).product or "")
+    own = memory.outcome(proof.findings, proof.undecided)
+    # Its environment before it joins: one that a job's user can have spoilt (a full /dev/shm or /tmp,
+    # another job on the node) makes the run undecided, and this node never a suspect.
+    unfit = check_environment(settings, node, os.environ) if own != "acute" else ""
+    if unfit:
+        proof.undecided.append("environment: %s" % unfit)
+        own = UNFIT
+    me = Member(node, own, bool(gpus) and whole is not None and len(gpus) >= whole,
+                baseline.expect_for(node).product or "")
     run_rank = run_rank_command(settings, node, gpus, baseline.vendor_for(node) == "amd")
     return prove_across(settings, baseline, os.environ.get("SLURM_JOB_ID", ""), nodes, me, run_rank, started)
 
 
 def _requeue_once(settings, across) -> bool:
-    """``[preflight] undecided = "requeue_once"``: a collective that failed
-    with no node pinned requeues the job on its first start only."""
-    return (settings.preflight["undecided"] == "requeue_once" and across.failed and not across.culprits
-            and os.environ.get("SLURM_JOB_RESTART_COUNT") == "0")
+    """The job is requeued on its first start only: where a node was pinned
+    (its pin is budgeted: published for the keeper, so the culprit may
+    still be in service and the job would run on it), and, with
+    ``[preflight] undecided = "requeue_once"``, where a collective failed
+    with no node pinned."""
+    if os.environ.get("SLURM_JOB_RESTART_COUNT") != "0":
+        return False
+    return bool(across.culprits) or (settings.preflight["undecided"] == "requeue_once" and across.failed)
 
 
 def _note_job(settings, record: dict, requeue: bool) -> None:

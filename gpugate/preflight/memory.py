@@ -16,6 +16,9 @@ from ..findings import Finding
 from ..node import state as st
 
 NAME = "preflight.json"
+# The budgeted findings a preflight leaves for the health checks to publish: the node's own
+# bandwidth under the floor and deployment tests, and a pin by the run across the job's nodes.
+KEPT = ("preflight_busbw", "preflight_setup", "preflight_across")
 REMEMBER_SECONDS = 24 * 3600.0
 _CAP = 64 << 10
 
@@ -54,7 +57,7 @@ def judged(settings, node: str, boot_id: Optional[str], now: Optional[float] = N
             finding = Finding.from_json(item)
         except (KeyError, TypeError, AttributeError):
             continue
-        if finding.cls == "health" and finding.component in ("preflight_busbw", "preflight_setup"):  # its own only
+        if finding.cls == "health" and finding.component in KEPT:  # its own only
             found.append(finding)
     return found
 

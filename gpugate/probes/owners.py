@@ -200,6 +200,12 @@ def _running_jobs(proc: str) -> Any:
     return jobs
 
 
+def running_jobs(proc: str) -> Any:
+    """The jobs with a live slurmstepd on this node (Slurm's own view of who
+    runs here: gpugate.preflight.environment), or a ProbeFailure."""
+    return _running_jobs(proc)
+
+
 def _real_uid(path: str) -> Optional[int]:
     """/proc/PID/status's real uid: not the owner of /proc/PID (the
     effective uid: root's for a setuid program a user runs, through a link

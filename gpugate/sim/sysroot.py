@@ -49,6 +49,11 @@ def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) 
     elif os.path.lexists(module):
         os.unlink(module)
     _render_processes(root, model, write)
+    for shared in ("dev/shm", "tmp"):  # every user's to write, as on a node (a test may mount a small tmpfs there)
+        path = os.path.join(root, shared)
+        if not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o1777)
     systemd = os.path.join(root, "run/systemd/system")
     if model.get("systemd", True):
         os.makedirs(systemd, mode=0o755, exist_ok=True)

@@ -12,7 +12,7 @@ part that keeps failing is cheaper to replace than to keep repairing.
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
 from .. import reason as reasons
-from ..findings import RMA, ROLLOUT
+from ..findings import RMA, ROLLOUT, USER_CAUSED
 from ..record import dataclass
 
 RESUMED, REDRAINED, ESCALATED, FORGIVEN = "resumed", "redrained", "escalated", "forgiven"
@@ -38,10 +38,14 @@ class Repeat:
 def components(ours: Optional[reasons.ParsedReason]) -> FrozenSet[str]:
     """What a gpugate reason drained the node for.  The sweep's own work
     reason (``sweep=...``) and rollouts (planned, not a fault) count for
-    nothing; neither does an escalation."""
+    nothing; neither does an escalation, nor a finding a job's user can
+    cause (findings.USER_CAUSED: a pin by a preflight across nodes, an
+    application's Xids): returned to service for those alone, a node is
+    never a repeat offender, so an rma needs hardware evidence."""
     if ours is None or ours.cls in (ROLLOUT, RMA):
         return frozenset()
-    return frozenset(f.component for f in ours.findings if f.component not in ("sweep", "repeat"))
+    return frozenset(f.component for f in ours.findings
+                     if f.component not in ("sweep", "repeat") and f.component not in USER_CAUSED)
 
 
 def since_forgiven(events: Sequence[Event]) -> Tuple[Event, ...]:

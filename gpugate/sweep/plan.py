@@ -35,7 +35,7 @@ REMEDIES = (RECONVERGE, RESET, REBOOT, ESCALATE)
 _REBOOT_FIXES = {"xid", "sxid", "fallen_off_bus", "gpu", "gpu_count", "gpus_lost", "pci_gpus", "recovery", "ecc", "retired_pages", "nvlink",
                  "ecc_during_job", "remap_during_job", "fabric", "processes", "nvml", "nvml_gpus",
                  "pcie_gen", "pcie_width", "row_remap",
-                 "preflight", "preflight_busbw", "preflight_setup"}  # a reboot retrains links, applies remaps; verify proves it
+                 "preflight", "preflight_busbw", "preflight_setup", "preflight_across"}  # a reboot retrains links, applies remaps; verify proves it
 _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) fixes it
 # The reset rung (issue 28): what a GPU reset clears, per finding.  Volatile
 # ECC counts, pending row remaps and page retirements (applied at the reset),
