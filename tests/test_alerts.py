@@ -114,6 +114,34 @@ def flooded_textfile() -> str:
     return render(kernel_log_families(facts))
 
 
+def write_error_textfile(tmp_path) -> str:
+    """A node whose state directory filled up: the follower's heartbeat after
+    its journal write failed (ENOSPC at the write boundary), read back as the
+    health check reads it, and what the check writes of it."""
+    import errno
+    import time
+
+    from unittest import mock
+
+    from gpugate.node.kmsgfollow import Follower
+    from gpugate.node.metrics import kernel_log_families
+    from gpugate.probes.gpujournal import coverage, read_heartbeat
+    from gpugate.promtext import render
+
+    state, boot = str(tmp_path / "full"), "b" * 32
+    follower = Follower(state, boot, time.time())
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with mock.patch("gpugate.probes.gpujournal.os.write", full):
+        follower.feed(["3,1001,5,-;NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen off the bus."])
+    follower.heartbeat(time.time())
+    cover = coverage(read_heartbeat(state), boot, None, time.time() + 1, 60)  # the next check's
+    assert cover["follower"] == "following" and cover["follower_write_errors"] >= 1, cover
+    return render(kernel_log_families(SimpleNamespace(kernel_log_lost=None, kernel_log_follower=cover)))
+
+
 def controller_textfile(alarm: bool) -> str:
     from gpugate.budget import Use
     from gpugate.fleet.metrics import fleet_families, keeper_families
@@ -172,6 +200,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
              + [s for n in ("gpu06", "gpu07", "gpu08") for s in series(braked, n, False)]
              + series(node["gpu01"], "gpu04", True) + series(node["gpu05"], "gpu05", False)
              + series(flooded_textfile(), "gpu09", False)
+             + series(write_error_textfile(tmp_path), "gpu10", False)
              + series(controller_textfile(True), "ctl", True))
     fire = {
         "GpugateDrainHeld": [{"instance": "gpu03"}],
@@ -188,6 +217,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
         "GpugateKmsgFollowerDown": [{"instance": "gpu09"}],
         "GpugateKernelLogUnwatched": [{"instance": "gpu09"}],
         "GpugateKernelLogFlood": [{"instance": "gpu09"}],
+        "GpugateKmsgJournalWriteError": [{"instance": "gpu10"}],
     }
     assert set(fire) == set(rules)  # every rule is tested
     tests = [

@@ -16,6 +16,13 @@ from the seq its last heartbeat of this boot stored, and the records the
 ring no longer holds are a window lost.  Nothing here drains or judges:
 the node's checks read the journal beside the ring (gpugate.probes.collect).
 
+It does not stop on its own (issue 44): a journal write that fails (a full
+disk, EIO) frees its own parts, the application's first, and is tried
+again; what it still cannot keep is dropped, counted (``write_errors``,
+``dropped_records``) and its seqs become a window it lost, so the checks
+never read that window as covered.  A heartbeat it cannot write is counted;
+one it cannot read back (garbled) is skipped, as if none.
+
 On a simulated node (``--sim``) the kernel log is a regular file the
 simulator rewrites; it is read again every ``poll`` seconds and only the
 records past the last seq are taken.  Its boot id is read once, at start,
@@ -56,14 +63,9 @@ class Follower:
         self.state_dir, self.boot_id, self.started = state_dir, boot_id, now
         self.writer = gpujournal.Writer(state_dir)
         self.app_writer = gpujournal.Writer(state_dir, gpujournal.APP_EVENTS)  # the application's faults
-        last = gpujournal.read_heartbeat(state_dir)
-        if isinstance(last, dict) and last.get("boot_id") == boot_id:
-            self.seq, self.from_seq = int(last.get("seq", -1)), last.get("from_seq")
-            self.lost = [list(w) for w in last.get("lost") or ()]
-            self.lost_records = int(last.get("lost_records") or 0)
-        else:  # the first run of this boot: the ring is read from its oldest record
-            self.seq, self.from_seq, self.lost, self.lost_records = -1, None, [], 0
-        self.kept = self.read = 0
+        (self.seq, self.from_seq, self.lost, self.lost_records, self.write_errors, self.dropped_records,
+         self.write_error) = _resume(gpujournal.read_heartbeat(state_dir), boot_id)
+        self.kept = self.read = self.forgot = 0  # forgot: windows a write error cost, this run
 
     def feed(self, records: List[str]) -> None:
         """Records in the order read; the GPU drivers' are written, the gaps counted."""
@@ -81,11 +83,48 @@ class Follower:
             part = gpujournal.classify(record)
             if part is not None:
                 (app if part == gpujournal.APP else keep).append(record)
-        if keep:
-            self.writer.append(self.boot_id, keep)
         if app:
-            self.app_writer.append(self.boot_id, app)
-        self.kept += len(keep) + len(app)
+            self._keep(self.app_writer, app, ())
+        if keep:  # the application's parts give way first: an Xid 79 is worth more than an Xid 13
+            self._keep(self.writer, keep, (self.app_writer,))
+
+    def _keep(self, writer, records: List[str], spare) -> None:
+        """Write the records; on a write error (a full disk, EIO) free the
+        follower's own parts, the spare writers' first, older parts before
+        current ones, and write again.  Never an exit: what it could not
+        keep, or dropped, is counted and its seqs become a window it lost
+        (the checks then say Xids there may be missed, never "covered")."""
+        steps = [(w, older) for older in (True, False) for w in spare] + [(writer, True), (writer, False)]
+        while True:
+            try:
+                writer.append(self.boot_id, records)
+                self.kept += len(records)
+                return
+            except OSError as exc:
+                self._failed(exc)
+            freed = False
+            while steps and not freed:
+                part, older = steps.pop(0)
+                freed, window = part.drop(older, self.boot_id)
+                if window is not None:
+                    self._forgot(window)
+            if not freed:
+                break
+        self.dropped_records += len(records)
+        self._forgot((_seq(records[0]), _seq(records[-1])))
+
+    def _failed(self, exc: OSError) -> None:
+        self.write_errors += 1
+        self.write_error = {"at": round(time.time(), 3), "error": "%s: %s" % (
+            errno.errorcode.get(exc.errno or 0, "OSError"), str(exc.strerror or exc)[:120])}
+
+    def _forgot(self, window) -> None:
+        """Records of these seqs are no longer in the journal: a window lost
+        (() : which ones is unknown, so every one read this boot)."""
+        first, last = window if window else (self.from_seq if self.from_seq is not None else 0, self.seq)
+        self.lost.append([first, last])
+        del self.lost[:-gpujournal.MAX_LOST_WINDOWS]
+        self.forgot += 1
 
     def _lost(self, first: int, last: int) -> None:
         self.lost.append([first, last])
@@ -98,14 +137,45 @@ class Follower:
 
         data = {"boot_id": self.boot_id, "pid": os.getpid(), "started": round(self.started, 3),
                 "at": round(now, 3), "running": running, "seq": self.seq, "from_seq": self.from_seq,
-                "lost": self.lost, "lost_records": self.lost_records, "kept": self.kept, "read": self.read}
-        write_bytes(os.path.join(self.writer.dir, gpujournal.HEARTBEAT),
-                    jsontext.dumps(data, sort_keys=True).encode(), durable=False, mode=0o600)
+                "lost": self.lost, "lost_records": self.lost_records, "kept": self.kept, "read": self.read,
+                "write_errors": self.write_errors, "dropped_records": self.dropped_records}
+        if self.write_error:
+            data["write_error"] = self.write_error
+        try:
+            write_bytes(os.path.join(self.writer.dir, gpujournal.HEARTBEAT),
+                        jsontext.dumps(data, sort_keys=True).encode(), durable=False, mode=0o600)
+        except OSError as exc:  # a full disk: counted, said by the next heartbeat that gets through
+            self._failed(exc)
 
     def close(self, now: float) -> None:
         self.heartbeat(now, running=False)
         self.writer.close()
         self.app_writer.close()
+
+
+def _resume(last, boot_id: str):
+    """(seq, from_seq, lost, lost_records, write_errors, dropped_records,
+    write_error) from the last heartbeat of this boot; a first run's where
+    there is none, or it is garbled (a heartbeat that cannot be read is
+    skipped, never an exit: the ring is then read from its oldest record)."""
+    try:
+        if not isinstance(last, dict) or last.get("boot_id") != boot_id:
+            raise ValueError("no heartbeat of this boot")
+        seq, from_seq = _int(last.get("seq", -1)), last.get("from_seq")
+        from_seq = None if from_seq is None else _int(from_seq)
+        lost = [[_int(a), _int(b)] for a, b in last.get("lost") or ()]
+        counts = [_int(last.get(k) or 0) for k in ("lost_records", "write_errors", "dropped_records")]
+        error = last.get("write_error")
+        return (seq, from_seq, lost[-gpujournal.MAX_LOST_WINDOWS:], *counts,
+                error if isinstance(error, dict) else None)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return -1, None, [], 0, 0, 0, None
+
+
+def _int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError("not a count: %r" % (value,))
+    return value
 
 
 def follow(path: str, follower: Follower, stop: Callable[[], bool], poll: float = 0.1,
@@ -121,14 +191,14 @@ def follow(path: str, follower: Follower, stop: Callable[[], bool], poll: float 
         poller = select.poll() if device else None
         if poller is not None:
             poller.register(fd, select.POLLIN)
-        beat, lost = None, follower.lost_records
+        beat, lost = None, (follower.lost_records, follower.forgot)
         while not stop():
             batch = _read_device(fd) if device else _read_file(path)
             follower.feed(batch)
             now = clock()
-            if beat is None or now - beat >= heartbeat or follower.lost_records != lost:
+            if beat is None or now - beat >= heartbeat or (follower.lost_records, follower.forgot) != lost:
                 follower.heartbeat(now)
-                beat, lost = now, follower.lost_records
+                beat, lost = now, (follower.lost_records, follower.forgot)
             if len(batch) < _BATCH:
                 if poller is not None:
                     poller.poll(int(min(heartbeat, 1.0) * 1000))  # a second at most: stop() is looked at

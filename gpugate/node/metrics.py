@@ -212,7 +212,15 @@ def kernel_log_families(facts) -> list:
              [("gpugate_kmsg_follower_up", {}, 1 if cover.get("follower") == "following" else 0)]),
             ("gpugate_kmsg_follower_lost_records", "gauge",
              "Kernel-log records gpugate kmsg-follow itself could not read this boot (the ring overwrote them first).",
-             [("gpugate_kmsg_follower_lost_records", {}, int(cover.get("follower_lost_records") or 0))])]
+             [("gpugate_kmsg_follower_lost_records", {}, int(cover.get("follower_lost_records") or 0))]),
+            ("gpugate_kmsg_follower_write_errors", "gauge",
+             "Writes of its journal or heartbeat gpugate kmsg-follow saw fail this boot (a full disk, EIO); "
+             "it freed its own journal parts and went on.",
+             [("gpugate_kmsg_follower_write_errors", {}, int(cover.get("follower_write_errors") or 0))])] + (
+        [("gpugate_kmsg_follower_last_write_error_timestamp_seconds", "gauge",
+          "When gpugate kmsg-follow last saw a write of its journal fail (only after one, this boot).",
+          [("gpugate_kmsg_follower_last_write_error_timestamp_seconds", {}, cover["follower_write_error_at"])])]
+        if isinstance(cover.get("follower_write_error_at"), float) else [])
 
 
 def hca_families(facts) -> list:

@@ -120,6 +120,7 @@ class Writer:
         self.path = os.path.join(self.dir, name)
         self.app = name == APP_EVENTS
         self.fd = -1
+        self.torn = False  # a failed write left a partial line that the next must end first
 
     def append(self, boot_id: str, records: Iterable[str]) -> int:
         """Write the records' entries; a part never grows past its bound (a
@@ -140,9 +141,13 @@ class Writer:
 
     def _size(self) -> int:
         if self.fd < 0:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                               0o600)
             os.fchmod(self.fd, 0o600)  # an older file of root's with a looser mode
+            size = os.fstat(self.fd).st_size
+            # A run killed mid-write left a torn last line: the next entry starts on a line of its own.
+            self.torn = bool(size) and os.pread(self.fd, 1, size - 1) != b"\n"
+            return size
         return os.fstat(self.fd).st_size
 
     def _rotate(self) -> None:
@@ -154,12 +159,47 @@ class Writer:
     def _write(self, chunk) -> int:
         if not chunk:
             return 0
-        view = memoryview(b"".join(chunk))
+        view = memoryview((b"\n" if self.torn else b"") + b"".join(chunk))
         total = len(view)
-        while view:
-            view = view[os.write(self.fd, view):]
-        os.fsync(self.fd)  # an Xid just before a crash is kept
+        start = os.fstat(self.fd).st_size
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+            os.fsync(self.fd)  # an Xid just before a crash is kept
+        except OSError:  # a full disk, EIO: no torn line left for the next entry to run into
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                self.torn = True
+            raise
+        self.torn = False
         return total
+
+    def drop(self, older: bool, boot_id: str):
+        """Free the disk this part holds (the follower's answer to a write
+        error): the older part (``.1``) or the current one.  Returns (freed:
+        whether a file was removed, (first, last) seq of this boot's records
+        it held, or None for none, or () when they could not be read)."""
+        from ..safeio import read_capped
+
+        path = self.path + ".1" if older else self.path
+        try:
+            data = read_capped(path, 2 * (MAX_APP_FILE if self.app else MAX_FILE), follow=False)
+        except FileNotFoundError:
+            return False, None
+        except (OSError, ValueError):
+            data = None
+        if not older:
+            self.close()
+            self.torn = False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if data is None:
+            return True, ()
+        seqs = parse_entries(data, boot_id)
+        return True, (min(seqs), max(seqs)) if seqs else None
 
     def close(self) -> None:
         if self.fd >= 0:

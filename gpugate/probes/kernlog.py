@@ -289,6 +289,12 @@ def coverage(heartbeat: Optional[dict], boot_id, lost: Optional[dict], now: floa
     out = {"follower": state}
     if state != "absent":
         out["follower_lost_records"] = follower_lost
+        errors, last = heartbeat.get("write_errors"), heartbeat.get("write_error")
+        if isinstance(errors, int) and errors > 0:  # its journal's writes failed (a full disk): it went on
+            out["follower_write_errors"] = errors
+            at = last.get("at") if isinstance(last, dict) else None
+            if isinstance(at, (int, float)) and not isinstance(at, bool):
+                out["follower_write_error_at"] = float(at)
     if not isinstance(lost, dict):
         return out
     first, last = lost.get("first"), lost.get("last")
