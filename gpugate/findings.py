@@ -87,7 +87,8 @@ EVENTS = frozenset({"xid", "sxid", "fallen_off_bus", "amdgpu_event", "ecc_during
 # sweep's repeat-offender rule counts only the findings beside them
 # (gpugate.sweep.history), so an rma needs hardware evidence.  The whole
 # table, finding by finding: gpugate.influence, docs/reliability.md.
-USER_CAUSED = frozenset({"xid_repeat", "preflight_across", "preflight_busbw", "clocks"})
+USER_CAUSED = frozenset({"xid_repeat", "amdgpu_repeat", "preflight_across", "preflight_busbw", "clocks",
+                         "kernel_log"})
 
 
 def is_acute(cls: str, component: str) -> bool:

@@ -95,8 +95,14 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
         proof.undecided.append("diagnostic: %s" % diag.describe()[:200])
         return
     failed = node_findings(findings)
+    if whole is None or len(gpus) < whole:
+        # Part of the node: another job's load on the shared links and power can fail a bandwidth or
+        # stress test; only a GPU's own tests (memory, compute, context) pin on the node then.
+        shared = [f for f in failed if f.observed.startswith(SHARED_TESTS)]
+        failed = [f for f in failed if not f.observed.startswith(SHARED_TESTS)]
+        proof.undecided += ["diagnostic on part of the node: %s" % f.observed for f in shared[:2]]
     proof.findings += failed
-    if findings and not failed:
+    if findings and not failed and not proof.undecided:
         proof.undecided.append("diagnostic: %s" % findings[0].observed)
 
 
@@ -106,6 +112,11 @@ def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -
 # drained outside the budget.  Short names as judges.dcgm writes them.
 _SETUP_TESTS = ("denylist", "blacklist", "nvml_library", "cuda_main_library", "cuda_toolkit", "permissions_and_os",
                 "persistence_mode", "environment_variables", "fabric_manager")
+
+
+# DCGM's tests whose result another job on the same node can disturb: its traffic on a PCIe switch or
+# NVLink, its power draw under the node's cap (short names as judges.dcgm writes them).
+SHARED_TESTS = ("pcie", "nvbandwidth", "targeted_power", "targeted_stress", "pulse_test", "diagnostic")
 
 
 def node_findings(findings: List[Finding]) -> List[Finding]:
