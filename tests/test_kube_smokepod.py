@@ -52,7 +52,8 @@ def test_the_pod_is_bound_to_the_node_asks_for_its_gpus_and_holds_no_token():
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert container["command"][-3:] == ["all_reduce_perf", "-g", "8"]
     assert {t["key"] for t in body["tolerations"]} == {"gpugate.io/unfit", "node.kubernetes.io/unschedulable"}
-    assert evict.SMOKE_LABEL in spec["metadata"]["labels"] and not evict.must_go(spec)
+    assert evict.SMOKE_LABEL in spec["metadata"]["labels"] and evict.must_go(spec)  # the label alone spares none
+    assert not evict.must_go(spec, evict.OwnSmoke("gpugate", None, {spec["metadata"]["name"]}))
     long = sp.pod_name("n" * 300, "abcd1234")
     assert len(long) <= 253 and long.endswith("-abcd1234")
 
@@ -89,3 +90,78 @@ def test_each_node_asks_for_its_vendor_s_gpu_resource():
     assert resource_for(kube, mixed, "gpu01") == "nvidia.com/gpu" and resource_for(kube, mixed, "mi01") == "amd.com/gpu"
     site = parse_settings({"kubernetes": {"smoke_resource_amd": "amd.com/gpu-partition"}}, "(test)").kubernetes
     assert resource_for(site, mixed, "mi02") == "amd.com/gpu-partition"
+
+
+# ---------------------------------------------------------------- issue 44, item 5
+KEY = b"k" * 32
+
+
+def _smoke_pod(namespace="gpugate-smoke", name="gpugate-smoke-gpu01-abcd1234", node="gpu01", key=KEY):
+    spec = sp.pod_spec(name, node, namespace, "registry.example.com/nccl:1", ["all_reduce_perf"], 8,
+                       "nvidia.com/gpu", 300, key=key)
+    spec["status"] = {"phase": "Running"}
+    return spec
+
+
+def test_only_gpugate_s_own_smoke_pod_is_spared_by_the_eviction():
+    """The label alone spares nothing: only a Pod in [kubernetes] smoke_namespace
+    that the sweep made (its name, this run) or signed (the drain budget key)."""
+    ours = evict.OwnSmoke("gpugate-smoke", KEY)
+    assert not evict.must_go(_smoke_pod(), ours)  # gpugate's own, signed
+    # A user's pod with the label in their own namespace, or with the label copied with its proof: evicted.
+    user = {"metadata": {"name": "train-0", "namespace": "team-a", "labels": {evict.SMOKE_LABEL: "all_reduce"}},
+            "spec": {"nodeName": "gpu01"}, "status": {"phase": "Running"}}
+    assert evict.must_go(user, ours) and evict.must_go(user)
+    copied = _smoke_pod(namespace="team-a")
+    assert evict.must_go(copied, ours)
+    stolen = _smoke_pod()
+    stolen["metadata"]["annotations"][evict.PROOF] = _smoke_pod(name="gpugate-smoke-gpu01-ffff0000")[
+        "metadata"]["annotations"][evict.PROOF]  # another Pod's proof
+    assert evict.must_go(stolen, ours)
+    moved = _smoke_pod()
+    moved["spec"]["nodeName"] = "gpu02"  # the proof names the node it was made for
+    assert evict.must_go(moved, ours)
+    assert evict.must_go(_smoke_pod(key=b"x" * 32), ours)  # signed with another key
+    assert evict.must_go(_smoke_pod(key=None), ours)  # unsigned, and not made by this run
+    # Without a key, only the Pods this run made (by the names it chose), in its namespace.
+    made = evict.OwnSmoke("gpugate-smoke", None, names={"gpugate-smoke-gpu01-abcd1234"})
+    assert not evict.must_go(_smoke_pod(key=None), made)
+    assert evict.must_go(_smoke_pod(key=None, namespace="team-a"), made)
+    assert evict.must_go(_smoke_pod(), evict.OwnSmoke("gpugate-smoke", None))  # a proof no one can check
+
+
+def _status(**status):
+    return {"metadata": {"name": "gpugate-smoke-gpu01-abcd1234"}, "status": status}
+
+
+def test_which_smoke_pod_ends_say_it_could_not_run():
+    """A Pod the kubelet refused, or one that never started by the deadline,
+    proves nothing about the node: "could not run", never a finding."""
+    rejected = _status(phase="Failed", reason="OutOfnvidia.com/gpu",
+                       message="Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 8, "
+                               "used: 8, capacity: 8")
+    why = sp.could_not_run(rejected)
+    assert "OutOfnvidia.com/gpu" in why and "requested: 8" in why
+    assert sp.could_not_run(_status(phase="Failed", reason="UnexpectedAdmissionError",
+                                    message="Allocate failed due to ...")).startswith("the kubelet refused it")
+    assert "Evicted" in sp.could_not_run(_status(phase="Failed", reason="Evicted", containerStatuses=[
+        {"state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]))
+    assert "ended" in sp.could_not_run(_status(phase="Failed"))  # no container status at all
+    assert sp.could_not_run(_status(phase="Failed", containerStatuses=[
+        {"state": {"terminated": {"exitCode": 128, "reason": "StartError", "message": "exec failed"}}}]))
+    # Never started: by our deadline (Pending, pulling), or by activeDeadlineSeconds before it ran.
+    pulling = _status(phase="Pending", containerStatuses=[{"state": {"waiting": {"reason": "ContainerCreating"}}}])
+    assert sp.could_not_run(pulling) == ""  # still coming: not yet judged
+    assert "ContainerCreating" in sp.could_not_run(pulling, late=True)
+    assert sp.could_not_run(_status(phase="Pending"), late=True)
+    assert sp.could_not_run(_status(phase="Failed", reason="DeadlineExceeded", containerStatuses=[
+        {"state": {"waiting": {"reason": "ContainerCreating"}}}]))
+    # It ran: what it did is the node's (a hang, a failure, a pass).
+    ran = {"state": {"terminated": {"exitCode": 137, "reason": "Error"}}}
+    assert sp.could_not_run(_status(phase="Failed", reason="DeadlineExceeded", containerStatuses=[ran])) == ""
+    assert sp.could_not_run(_status(phase="Failed", containerStatuses=[
+        {"state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "NCCL WARN"}}}])) == ""
+    assert sp.could_not_run(_status(phase="Succeeded", containerStatuses=[
+        {"state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}])) == ""
+    assert sp.could_not_run(_status(phase="Running", containerStatuses=[
+        {"state": {"running": {"startedAt": "2026-12-05T00:00:00Z"}}}]), late=True) == ""

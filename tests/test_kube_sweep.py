@@ -57,11 +57,12 @@ def workload(admin, name, node, labels=None, daemonset=False):
         "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, "strategic")
 
 
-def pdb(admin, name, app, allowed):
-    """A PodDisruptionBudget and the status the disruption controller would write."""
-    path = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+def pdb(admin, name, app, allowed, namespace="default", owner=None):
+    """A PodDisruptionBudget (made by ``owner``: a user's client, else the
+    admin) and the status the disruption controller would write."""
+    path = "/apis/policy/v1/namespaces/%s/poddisruptionbudgets" % namespace
     try:
-        admin.create(path, {"metadata": {"name": name}, "spec": {"minAvailable": 1,
+        (owner or admin).create(path, {"metadata": {"name": name}, "spec": {"minAvailable": 1,
                                                                    "selector": {"matchLabels": {"app": app}}}})
     except KubeError as exc:
         if exc.status != 409:

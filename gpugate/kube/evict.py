@@ -4,35 +4,80 @@ controller would put them back; they tolerate the cordon), mirror pods
 (the kubelet's static pods) and pods that have ended.  A PodDisruptionBudget
 that refuses (429) is asked again on the next poll; gpugate never deletes a
 pod around it: at the sweep's drain_timeout the node is reported and left
-held for the next run.  Pure judging apart (``must_go``) from the requests."""
+held for the next run.  Pure judging apart (``must_go``) from the requests.
+
+The ``gpugate.io/smoke`` label spares a pod only where it is gpugate's own
+smoke Pod (``OwnSmoke``): in ``[kubernetes] smoke_namespace`` (where only
+the sweep may make Pods) and made by this sweep (a name it chose this run)
+or signed by it (annotation ``gpugate.io/smoke-proof``: an HMAC with the
+drain budget key, gpugate.budgetkey, of the namespace, the Pod's name and
+the node it is bound to).  Anyone may put the label on their own pod; such
+a pod is evicted like any other, through its PodDisruptionBudget (issue 44)."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from urllib.parse import quote
 
 from .client import KubeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Tuple
+    from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 SMOKE_LABEL = "gpugate.io/smoke"  # gpugate's own proof Pod: deleted by the sweep itself, never evicted
+PROOF = "gpugate.io/smoke-proof"  # its signature (OwnSmoke)
 
 
-def must_go(pod: dict) -> bool:
-    """Must this pod leave the node before its repair?"""
+def proof(key: bytes, namespace: str, name: str, node: str) -> str:
+    """The smoke Pod's signature: what a user cannot write without the drain budget key."""
+    text = "\0".join(("gpugate-smoke-pod", namespace, name, node)).encode()
+    return hmac.new(key, text, hashlib.sha256).hexdigest()
+
+
+class OwnSmoke:
+    """Which pods are gpugate's own smoke Pods: in ``namespace`` with the
+    label, and either named in ``names`` (made by this run) or carrying a
+    proof that verifies with ``key`` for the node the Pod is bound to."""
+
+    def __init__(self, namespace: str, key: Optional[bytes], names: Iterable[str] = ()):
+        self.namespace, self.key, self.names = namespace, key, set(names)
+
+    def __call__(self, pod: dict) -> bool:
+        meta = pod.get("metadata") or {}
+        if meta.get("namespace") != self.namespace or SMOKE_LABEL not in (meta.get("labels") or {}):
+            return False
+        name = str(meta.get("name") or "")
+        if name and name in self.names:
+            return True
+        signed = (meta.get("annotations") or {}).get(PROOF)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not self.key or not isinstance(signed, str) or not isinstance(node, str):
+            return False
+        return hmac.compare_digest(signed, proof(self.key, self.namespace, name, node))
+
+
+def _none(pod: dict) -> bool:
+    return False
+
+
+def must_go(pod: dict, ours: Callable[[dict], bool] = _none) -> bool:
+    """Must this pod leave the node before its repair?  ``ours``: which
+    pods are gpugate's own smoke Pods (OwnSmoke); by default none is."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return False
     if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
         return False
-    if SMOKE_LABEL in (meta.get("labels") or {}):
+    if ours(pod):
         return False
     owners = meta.get("ownerReferences") or []
     return not any(isinstance(o, dict) and o.get("kind") == "DaemonSet" and o.get("controller") for o in owners)
 
 
-def _label(pod: dict) -> str:
+def label_of(pod: dict) -> str:
+    """namespace/name"""
     meta = pod.get("metadata") or {}
     return "%s/%s" % (meta.get("namespace", "?"), meta.get("name", "?"))
 
@@ -41,15 +86,15 @@ def pods_on(client, node: str) -> List[dict]:
     return list(client.list_pages("/api/v1/pods", fieldSelector="spec.nodeName=" + node))
 
 
-def evict_round(client, node: str) -> Tuple[List[str], Dict[str, str]]:
+def evict_round(client, node: str, ours: Callable[[dict], bool] = _none) -> Tuple[List[str], Dict[str, str]]:
     """One round on one node: ask each pod that must go to leave (once
     it is terminating, it is only waited for).  Returns (the pods still
     there, {pod: why its eviction was refused})."""
     left, refused = [], {}
     for pod in pods_on(client, node):
-        if not must_go(pod):
+        if not must_go(pod, ours):
             continue
-        label = _label(pod)
+        label = label_of(pod)
         left.append(label)
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue  # leaving: its grace period runs

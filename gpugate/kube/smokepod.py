@@ -20,7 +20,7 @@ import time
 from urllib.parse import quote
 
 from .client import KubeError
-from .evict import SMOKE_LABEL
+from .evict import PROOF, SMOKE_LABEL, proof
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,12 +40,16 @@ def pod_name(node: str, nonce: str) -> str:
 
 
 def pod_spec(name: str, node: str, namespace: str, image: str, argv, gpus: Optional[int], resource: str,
-             deadline: int) -> dict:
+             deadline: int, key: Optional[bytes] = None) -> dict:
+    """key: the drain budget key, which signs the Pod as gpugate's own (gpugate.kube.evict.OwnSmoke)."""
     limits = {resource: str(gpus)} if gpus else {}
+    annotations = {"gpugate.io/node": node}
+    if key:
+        annotations[PROOF] = proof(key, namespace, name, node)
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {SMOKE_LABEL: "all_reduce"},
-                     "annotations": {"gpugate.io/node": node}},
+                     "annotations": annotations},
         "spec": {
             "nodeName": node, "restartPolicy": "Never", "activeDeadlineSeconds": int(deadline),
             "automountServiceAccountToken": False, "enableServiceLinks": False,
@@ -87,6 +91,54 @@ def waiting_reason(pod: dict) -> str:
     return ""
 
 
+# Pod reasons the kubelet writes when it refuses a Pod at admission or stops it for its own
+# reasons (besides OutOf<resource>: the GPUs another pod holds): none says the Pod's command ran.
+KUBELET_REFUSED = ("UnexpectedAdmissionError", "TopologyAffinityError", "SMTAlignmentError", "NodeAffinity",
+                   "NodeSelectorMismatching", "InvalidNodeInfo", "PodOSNotSupported",
+                   "PodOSSelectorNodeLabelDoesNotMatch", "SysctlForbidden", "UnknownReason")
+KUBELET_STOPPED = ("Evicted", "Preempting", "NodeShutdown", "Terminated", "Shutdown", "NodeLost")
+# A container that ended so never ran its command.
+NEVER_RAN = ("StartError", "ContainerCannotRun", "ContainerStatusUnknown")
+
+
+def _started(status: dict, ended_only: bool) -> bool:
+    """Did the container run its command (to an end with an exit code, or, unless ended_only, running)?"""
+    for cs in status.get("containerStatuses") or []:
+        state = (cs or {}).get("state") if isinstance(cs, dict) else None
+        if not isinstance(state, dict):
+            continue
+        term = state.get("terminated")
+        if isinstance(term, dict) and isinstance(term.get("exitCode"), int) and term.get("reason") not in NEVER_RAN:
+            return True
+        if not ended_only and isinstance(state.get("running"), dict):
+            return True
+    return False
+
+
+def could_not_run(pod: dict, late: bool = False) -> str:
+    """Why the smoke Pod proves nothing about its node ("" when it ran, or
+    is yet to be judged): the kubelet refused it (OutOfnvidia.com/gpu: the
+    GPUs another pod holds; UnexpectedAdmissionError: the device plugin's
+    allocation), stopped it (Evicted, NodeShutdown), it ended without its
+    container having run, or (late: at the sweep's deadline) it had not
+    started.  Such a Pod defers the node's sweep; it is never a finding."""
+    status = pod.get("status") or {}
+    reason = str(status.get("reason") or "")
+    said = " ".join(str(status.get("message") or "").split())[:240]
+    if reason.startswith("OutOf") or reason in KUBELET_REFUSED or reason in KUBELET_STOPPED:
+        return "the kubelet %s it: %s%s" % ("stopped" if reason in KUBELET_STOPPED else "refused", reason,
+                                            ": " + said if said else "")
+    phase = status.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        if _started(status, True):
+            return ""
+        wait = waiting_reason(pod)
+        return "it ended (%s) without its container having run%s" % (reason or phase, " (%s)" % wait if wait else "")
+    if late and not _started(status, False):
+        return "it had not started at the deadline (%s)" % (waiting_reason(pod) or phase or "Pending")
+    return ""
+
+
 class SmokePods:
     """Make, wait for and delete the smoke Pods of one batch."""
 
@@ -95,7 +147,8 @@ class SmokePods:
         self.base = "/api/v1/namespaces/%s/pods" % quote(namespace, safe="")
 
     def run(self, specs: Dict[str, dict], deadline: float, poll: float) -> Dict[str, dict]:
-        """{node: {"exit", "message", "why", "seconds", "pod", "late"}}; every Pod deleted after."""
+        """{node: {"exit", "message", "why", "seconds", "pod", "late", "not_run"}}; every Pod deleted
+        after.  not_run: why the Pod proves nothing (could_not_run), else ""."""
         made: Dict[str, str] = {}
         out: Dict[str, dict] = {}
         started = time.monotonic()
@@ -110,11 +163,13 @@ class SmokePods:
                     end = ended(pod)
                     if end is not None:
                         out[node] = {"exit": end[0], "message": end[1], "why": end[2], "pod": made[node],
-                                     "seconds": time.monotonic() - started, "late": False}
+                                     "seconds": time.monotonic() - started, "late": False,
+                                     "not_run": could_not_run(pod)}
                         waiting.discard(node)
                     else:
                         out[node] = {"exit": None, "message": "", "why": waiting_reason(pod) or "not started",
-                                     "pod": made[node], "seconds": time.monotonic() - started, "late": True}
+                                     "pod": made[node], "seconds": time.monotonic() - started, "late": True,
+                                     "not_run": could_not_run(pod, late=True)}
                 left = deadline - (time.monotonic() - started)
                 if not waiting or left <= 0:
                     break

@@ -5,12 +5,18 @@ the steps that are Slurm's done the Kubernetes way:
 - wait_drained: the node's pods leave through the Eviction API
   (gpugate.kube.evict); a PodDisruptionBudget that refuses is asked again
   each poll until drain_timeout, then the node is deferred, held, with the
-  budget named.  Never bypassed: --force is refused on Kubernetes;
+  budget named.  Never bypassed: --force is refused on Kubernetes.  The
+  pods are listed again before each GPU reset, reboot and smoke Pod (a pod
+  bound by spec.nodeName, or tolerating everything, passes the cordon and
+  the taint): what came since is evicted the same way, or the node deferred.
+  Only gpugate's own smoke Pod is spared (evict.OwnSmoke), never a pod
+  because of its label;
 - reboot / wait_up: the site's [kubernetes] reboot command; the reboot is
   proven by a new bootID in the Node's status and Ready again (the bootID
   before it is journaled, so a sweeper killed in between proves it after);
 - smoke: a Pod bound to the node (gpugate.kube.smokepod), judged as the
-  Slurm job is;
+  Slurm job is; a Pod the kubelet refused or that never started proves
+  nothing: the node is deferred, held, the reason said, never failed;
 - reservations: none; gpugate's taint and cordon keep every pod off while
   the sweep has the node, and resume lifts only those (KubeNodes.resume).
 
@@ -77,11 +83,57 @@ class KubeSweeper(Sweeper):
     def _namespace(self) -> str:
         return str(self.settings.kubernetes.get("smoke_namespace") or "gpugate-smoke")
 
+    def _key(self):
+        """The drain budget key, which signs the smoke Pods (None where this sweeper cannot read it:
+        then only the Pods this run made are its own)."""
+        if not hasattr(self, "_smoke_key"):
+            from .. import budgetkey
+
+            try:
+                self._smoke_key = budgetkey.load(self.settings)
+            except budgetkey.KeyUnavailable:
+                self._smoke_key = None
+        return self._smoke_key
+
+    def _own(self) -> evict.OwnSmoke:
+        return evict.OwnSmoke(self._namespace(), self._key(), getattr(self, "_made", ()))
+
     # ------------------------------------------------------------- evictions
     def _step_wait_drained(self, nodes, records) -> None:
         self._begin(nodes, "wait_drained")
+        for name, why in sorted(self._evict_wait(
+                nodes, lambda name, found: self._done(name, "wait_drained", "no pod left to evict")).items()):
+            self._defer_held(name, why)
+
+    def _evict_again(self, nodes, before: str) -> list:
+        """The nodes' pods listed again before ``before``: what came since the
+        drain (bound by spec.nodeName, or tolerating the cordon and the taint)
+        goes the same way; a node that still has pods at drain_timeout is
+        deferred, held.  Returns the nodes clear to go on."""
+        def cleared(name, found):
+            if found:
+                what = "%d pod(s) came since the drain, evicted before %s: %s" % (len(found), before,
+                                                                                 ", ".join(found[:3]))
+                self.journal.stage(name, "evict", jr.DONE, what)
+                self.say("  %s: %s" % (name, what))
+
+        late = self._evict_wait(nodes, cleared)
+        for name, why in sorted(late.items()):
+            self._defer_held(name, "before %s: %s" % (before, why))
+        return [n for n in nodes if n not in late and n not in self.handled]
+
+    def _defer_held(self, name, why) -> None:
+        self.journal.record(name, "deferred", jr.DONE, detail=why)
+        self._finish(name, "deferred", why + "; held for the next run")
+        self.say("  %s: deferred: %s" % (name, why))
+
+    def _evict_wait(self, nodes, cleared) -> Dict[str, str]:
+        """Evict until no pod that must go is left (cleared(node, the pods the first round found)) or
+        drain_timeout: {node: why} of those with pods left then."""
         refused: Dict[str, str] = {}
         still: Dict[str, list] = {}
+        found: Dict[str, list] = {}
+        own = self._own()
 
         def settle(states, waiting):
             for name in sorted(waiting):
@@ -90,9 +142,10 @@ class KubeSweeper(Sweeper):
                     self._leave(name, "its hold is no longer gpugate's: %r" % (st.reason if st else "gone"))
                     yield name
                     continue
-                left, why = evict.evict_round(self.slurm.client, name)
+                left, why = evict.evict_round(self.slurm.client, name, own)
+                found.setdefault(name, list(left))
                 if not left:
-                    self._done(name, "wait_drained", "no pod left to evict")
+                    cleared(name, found[name])
                     yield name
                     continue
                 still[name] = left
@@ -101,13 +154,15 @@ class KubeSweeper(Sweeper):
                 else:
                     refused.pop(name, None)
 
-        for name in sorted(self._wait(nodes, settle, float(self.cfg["drain_timeout"]))):
-            why = ("eviction refused at the drain timeout (PodDisruptionBudgets are respected, never bypassed): "
-                   + refused[name]) if name in refused else (
-                "pods still terminating at the drain timeout: " + ", ".join(still.get(name, [])[:3]))
-            self.journal.record(name, "deferred", jr.DONE, detail=why)
-            self._finish(name, "deferred", why + "; held for the next run")
-            self.say("  %s: deferred: %s" % (name, why))
+        return {name: ("eviction refused at the drain timeout (PodDisruptionBudgets are respected, never "
+                       "bypassed): " + refused[name]) if name in refused else (
+            "pods still terminating at the drain timeout: " + ", ".join(still.get(name, [])[:3]))
+            for name in self._wait(nodes, settle, float(self.cfg["drain_timeout"]))}
+
+    def _step_reset(self, nodes, records) -> None:
+        nodes = self._evict_again(nodes, "the GPU reset")
+        if nodes:
+            super()._step_reset(nodes, records)
 
     def _still_held(self, nodes, before: str) -> list:
         """The nodes gpugate still holds; any other is left (its hold is someone else's now)."""
@@ -141,6 +196,7 @@ class KubeSweeper(Sweeper):
                                   "proven; held")
             else:
                 ready.append(name)
+        ready = self._evict_again(ready, "the reboot")
         for (_, reason_text), group in self._work_groups(ready, records).items():
             self.slurm.drain(hostlist(group), reason_text)  # the sweep's work reason while it has the node
         timeout = float(self.cfg["converge_timeout"])
@@ -204,16 +260,19 @@ class KubeSweeper(Sweeper):
         if uncounted:  # a Pod asking for no GPUs would fail the node for the baseline's gap
             return self._smoke_cannot_run(group, "the baseline names no GPU count for %s: the smoke Pod cannot "
                                                  "ask for the node's GPUs" % hostlist(uncounted))
+        group = self._evict_again(group, "the smoke Pod") if group else group
         if not group:
             return
         deadline = float(self.cfg["smoke_deadline"])
         specs, argvs = {}, {}
+        self._made = set()
         for name in group:
             argvs[name] = self.cfg[_command_key(self.baseline, name, False)]
             gpus = self.baseline.expect_for(name).gpus
             specs[name] = pod_spec(pod_name(name, nonce()), name, self._namespace(), str(kube["smoke_image"]),
                                    template(argvs[name], name, gpus), gpus, resource_for(kube, self.baseline, name),
-                                   int(deadline))
+                                   int(deadline), self._key())
+            self._made.add(specs[name]["metadata"]["name"])
             self.say("  %s: smoke Pod %s" % (name, specs[name]["metadata"]["name"]))
         try:
             answers = SmokePods(self.slurm.client, self._namespace(), self.sleep).run(
@@ -221,10 +280,15 @@ class KubeSweeper(Sweeper):
         except KubeError as exc:
             return self._smoke_cannot_run(group, "the smoke Pod cannot be made or read: %s" % exc)
         results = {name: self._judge(name, answers[name], deadline, argvs[name]) for name in group}
-        site = self._journal_smoke(group, results, [], {})
+        not_run = {n: answers[n].get("not_run") for n in group if answers[n].get("not_run") and not results[n].site}
+        site = self._journal_smoke([n for n in group if n not in not_run], results, [], {})
         if site:
             return self._smoke_cannot_run(group, site)
+        for name in sorted(not_run):
+            self._smoke_not_run(name, answers[name]["pod"], not_run[name])
         for name in group:
+            if name in not_run:
+                continue
             res = results[name]
             detail = "pod %s %s in %.0fs" % (res.job, "passed" if res.passed else res.problem, res.seconds)
             if res.passed:
@@ -234,6 +298,15 @@ class KubeSweeper(Sweeper):
             self.last_findings[name] = [finding(res.problem)]
             self.journal.record(name, "smoke", jr.FAILED, detail=detail)
             self._attempt_failed(name, records[name], "smoke all_reduce " + res.problem)
+
+    def _smoke_not_run(self, name: str, pod: str, why: str) -> None:
+        """A smoke Pod that never ran proves nothing about the node: deferred, held, never a finding."""
+        try:
+            there = [evict.label_of(p) for p in evict.pods_on(self.slurm.client, name) if evict.must_go(p, self._own())]
+        except KubeError:
+            there = []
+        self._defer_held(name, "the smoke Pod %s could not run, %s: not a finding against the node%s" % (
+            pod, why, "; pods on the node now: " + ", ".join(there[:3]) if there else ""))
 
     def _judge(self, name: str, answer: dict, deadline: float, argv) -> SmokeResult:
         import os

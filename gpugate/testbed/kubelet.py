@@ -3,11 +3,14 @@ at the boundary gpugate does not cross (there is no kubelet here):
 
 - a pod bound to a fleet node that is being deleted goes (the kubelet's
   confirmation of graceful deletion);
-- gpugate's smoke Pod runs: its container's command, as written in the
-  Pod, with the file at its terminationMessagePath made here (the kubelet's
-  mount), on the simulated node's executables; its status written as the
-  kubelet would (phase, the container's exit code and termination message,
-  truncated to 4096 bytes);
+- gpugate's smoke Pod (in the smoke namespace, gpugate-smoke) runs: its
+  container's command, as written in the Pod, with the file at its
+  terminationMessagePath made here (the kubelet's mount), on the simulated
+  node's executables; its status written as the kubelet would (phase,
+  the container's exit code and termination message,
+  truncated to 4096 bytes); or, on a node in ``reject``, it is refused at
+  admission as the kubelet refuses a Pod whose GPUs another pod holds
+  (phase Failed, the reason and message, no container status);
 - a reboot (``python -m gpugate.testbed.kubelet reboot``: the site's reboot
   command in the tests): the simulated node reboots and its Node reports a
   new bootID and Ready again."""
@@ -45,6 +48,8 @@ class Kubelets(threading.Thread):
         self.admin = api.admin()
         self.stopping = threading.Event()
         self.started_pods = set()
+        self.namespace = "gpugate-smoke"
+        self.reject = {}  # node: (reason, message) its kubelet refuses the smoke Pods with
         self.ran = []  # (pod, node, exit code): what the tests may assert on
 
     def stop(self) -> None:
@@ -74,8 +79,14 @@ class Kubelets(threading.Thread):
                 except KubeError:
                     pass
                 continue
-            if SMOKE_LABEL in (meta.get("labels") or {}) and meta["uid"] not in self.started_pods:
+            if (SMOKE_LABEL in (meta.get("labels") or {}) and meta["namespace"] == self.namespace
+                    and meta["uid"] not in self.started_pods):
                 self.started_pods.add(meta["uid"])
+                if spec["nodeName"] in self.reject:
+                    reason, message = self.reject[spec["nodeName"]]
+                    self.admin.patch(path + "/status", {"status": {"phase": "Failed", "reason": reason,
+                                                                    "message": message}}, "strategic")
+                    continue
                 threading.Thread(target=self._run_pod, args=(pod, path), daemon=True).start()
 
     def _run_pod(self, pod, path) -> None:
