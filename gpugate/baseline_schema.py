@@ -8,7 +8,7 @@ from . import amdbaseline as amd
 from .baseline_keys import CLOCK_REASONS, PIN_COMPONENTS, _version
 from .hostlists import _hostlist
 from .iblimits import HEALTH_KEYS as IB_HEALTH_KEYS
-from .schema import REQUIRED, AnyOf, Bool, Choice, Int, ListOf, MapOf, Number, Str, Table
+from .schema import REQUIRED, AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Str, Table
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
@@ -49,6 +49,20 @@ def _diag_mig(value: str) -> Optional[str]:
     return 'expected "skip", got %r' % value[:40]
 
 
+class _AppJobs(Int):
+    """[health] xid_app_jobs_max: 0 (off) or 2 to 50 (gpugate.judges.apprepeat)."""
+
+    def __init__(self):
+        super().__init__(0, 50)
+
+    def check(self, value, path):
+        if super().check(value, path) == 1:
+            raise Invalid(path, "expected 0 (off) or 2 at the least, got 1: one job is one user's, and one "
+                                "user's Xids are their application's, not the GPU's; a single job would drain "
+                                "the node (gpugate.judges.apprepeat)")
+        return value
+
+
 _HEALTH = Table({
     "drain_xids": (ListOf(Int(1, 100000)), _catalog("default_drain_xids")),
     "xid_actions": (MapOf(Choice(*XID_ACTIONS),
@@ -58,7 +72,7 @@ _HEALTH = Table({
     # Non-fatal NVLink Xid (144-150) sub-events / non-fatal SXids per device in the window.
     "xid_nonfatal_max": (Int(1, 500), 10),  # 500: gpugate.probes.kernlog.MAX_OLD_EVENTS
     # The application's Xids (13, 31, 43, 94) on one GPU in this many jobs within the window drain (0: off).
-    "xid_app_jobs_max": (Int(0, 50), 3), "xid_app_window_seconds": (Number(60.0, 30 * 86400.0), 86400.0),
+    "xid_app_jobs_max": (_AppJobs(), 3), "xid_app_window_seconds": (Number(60.0, 30 * 86400.0), 86400.0),
     # The deep diagnostic that proves such a GPU (dcgmi diag -r 3; 4 adds EUD where the site runs it).
     "xid_repeat_diag": (Int(3, 4), 3),
     "ecc_uncorrected_volatile_max": (Int(0), 0),

@@ -6,7 +6,6 @@ bounded by jobs (issue 33, item 1)."""
 
 import json
 import os
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,17 +105,30 @@ def test_attack_one_users_jobs_are_the_application():
 
 
 def test_a_user_whose_faults_follow_them_across_gpus_is_set_aside_and_said_so():
+    """Issue 44, item 6: set aside only where other users' jobs on those
+    GPUs show none; where they do, that user's job counts there like
+    anyone's (before: set aside for the whole window, and GPU 2's three
+    jobs of three users were no finding)."""
     history = None
-    for i, (job, user, gpu) in enumerate((("401", "500", 0), ("402", "500", 2), ("403", "501", 2),
-                                          ("404", "502", 2))):
-        history = apprepeat.record(history, _facts(13, bus=BUSES[gpu], gpu=gpu), job, user, [gpu], float(i),
+    runs = (("401", "500", 0, [13]), ("402", "500", 2, [13]),  # 500's faults follow them: GPUs 0 and 2
+            ("403", "501", 0, []), ("404", "502", 2, []),  # other users' jobs on those GPUs ran clean
+            ("405", "501", 3, [31]), ("406", "502", 3, [31]), ("407", "503", 3, [43]))
+    for i, (job, user, gpu, xids) in enumerate(runs):
+        history = apprepeat.record(history, _facts(*xids, bus=BUSES[gpu], gpu=gpu), job, user, [gpu], float(i),
                                    POLICY)
-    assert apprepeat.judge(history, _facts(), 9.0, POLICY) == []  # 500's two jobs do not count
-    history = apprepeat.record(history, _facts(31), "405", "503", [2], 10.0, POLICY)
-    (finding,) = apprepeat.judge(history, _facts(), 11.0, POLICY)
-    assert finding.detail.startswith("xid 13+31 in 3 jobs on GPU ")
-    assert "not counted, the application's (their Xids follow them across GPUs): user 500 on 0000:18:00, " \
-           "0000:3a:00" in finding.detail
+    (finding,) = apprepeat.judge(history, _facts(), 9.0, POLICY)  # GPU 3's; 500's two jobs do not count
+    assert finding.detail.startswith("xid 31+43 in 3 jobs on GPU 0000:5d:00: jobs 405, 406, 407 of users 501, ")
+    assert "not counted, the application's (their Xids follow them across GPUs no other user's jobs show any " \
+           "on): user 500 on 0000:18:00, 0000:3a:00" in finding.detail
+    assert apprepeat.standing(history, 9.0, POLICY) == ["0000:5d:00"]
+    # Two other users' jobs show faults on GPU 2 too: 500's job there counts.
+    for i, (job, user) in enumerate((("410", "504"), ("411", "505"))):
+        history = apprepeat.record(history, _facts(13), job, user, [2], 10.0 + i, POLICY)
+    found = apprepeat.judge(history, _facts(), 12.0, POLICY)
+    assert [f.detail.partition(" (")[0] for f in found] == [
+        "xid 13 in 3 jobs on GPU 0000:3a:00: jobs 402, 410, 411 of users 500, 504, 505",
+        "xid 31+43 in 3 jobs on GPU 0000:5d:00: jobs 405, 406, 407 of users 501, 502, 503"]
+    assert not any("not counted" in f.detail for f in found)
 
 
 def test_attack_a_crash_loop_cannot_push_other_jobs_out():

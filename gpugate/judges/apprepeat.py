@@ -19,8 +19,21 @@ publishes) changes only when the finding does.  What never counts:
   held counts for no job;
 - one user alone: their jobs' Xids on one GPU, however many, are their
   application's (the same user's jobs are one witness);
-- a user whose faults follow them across this node's GPUs: the
-  application's, not the GPU's (said in the detail), not counted anywhere.
+- a user whose faults follow them across this node's GPUs where no other
+  user's jobs show any on those GPUs: the application's, not the GPU's
+  (said in the detail).  Where other users' jobs show faults on one of
+  those GPUs too, that user's jobs count there like anyone's (issue 44,
+  item 6: setting them aside for the whole window hid a fault several
+  GPUs share).
+
+The same faults on several GPUs in jobs of several users are one fault of
+the node (an NVSwitch, a PCIe switch, the baseboard): where two or more
+GPUs each reach the limit and at least two users' faults span them, one
+``health xid_repeat`` finding for the node names them all,
+``xid_repeat=xids on gpus 2+5 of >=2 users`` (no GPU: the sweep's reset
+rung resets every GPU, and the verification runs the deep diagnostic on
+all).  ``xid_app_jobs_max`` is 0 (off) or 2 at the least (gpugate.
+baseline_schema): one job is one user's.
 
 Only the epilog records (it knows the job, its user: SLURM_JOB_UID, and its
 GPUs; its Xids are those since the job's prolog); the epilog and the health
@@ -92,7 +105,7 @@ def record(history: Optional[dict], facts, job: str, user: str, gpus: Optional[S
             entry = gpu["jobs"].get(job) or [now, user, [], 0]
             xids = sorted(set(entry[2]) | {_code(event)})[:MAX_XIDS]
             gpu["jobs"][job] = [now, entry[1], xids, min(entry[3] + 1, _COUNT_CAP)]
-    per_user = max(int(policy.xid_app_jobs_max or 0), 1)
+    per_user = max(_limit(policy), 1)
     out = {}
     for bus, gpu in table.items():
         jobs = _bounded(gpu["jobs"], per_user)
@@ -152,52 +165,106 @@ def _marks(history) -> Dict[str, float]:
     return {str(b): t for b, t in marks.items() if isinstance(t, (int, float))} if isinstance(marks, dict) else {}
 
 
+def _limit(policy) -> int:
+    """The jobs a GPU needs (0: off); never below 2, whatever the policy
+    says: one job is one user's (the schema refuses 1)."""
+    limit = int(policy.xid_app_jobs_max or 0)
+    return max(limit, 2) if limit > 0 else 0
+
+
 def _found(history: Optional[dict], now: float, policy) -> list:
-    """[(bus, {job: entry} counted, users, {user: buses} set aside)] of the
-    GPUs whose application Xids came from enough jobs of different users."""
-    limit = policy.xid_app_jobs_max
+    """[(buses, {job: entry} counted, users, how many users' faults span
+    several of the buses)]: one per GPU whose application Xids came from at
+    least the limit's jobs of two users or more, except that such GPUs
+    sharing the faults of two users or more are one entry, the node's
+    (buses: more than one)."""
+    limit = _limit(policy)
     if not limit:
         return []
+    table = _load(history, now, policy.xid_app_window_seconds)
+    users = {bus: {e[1] for e in gpu["jobs"].values()} for bus, gpu in table.items()}
+    # Two users at the least on the GPU: a user whose faults follow them
+    # across GPUs no other user's jobs show faults on is alone on each (set
+    # aside); where other users' jobs show faults too, theirs and its count.
+    flagged = [bus for bus in sorted(table) if len(table[bus]["jobs"]) >= limit and len(users[bus]) >= 2]
+    group = {bus: bus for bus in flagged}
+
+    def root(bus: str) -> str:
+        while group[bus] != bus:
+            bus = group[bus]
+        return bus
+
+    for i, one in enumerate(flagged):
+        for other in flagged[i + 1:]:
+            if len(users[one] & users[other]) >= 2:  # several users' faults span both: one fault
+                group[root(other)] = root(one)
+    parts: Dict[str, List[str]] = {}
+    for bus in flagged:
+        parts.setdefault(root(bus), []).append(bus)
+    out = []
+    for buses in sorted(parts.values()):
+        counted: Dict[str, list] = {}
+        for bus in buses:
+            for job, e in table[bus]["jobs"].items():
+                seen = counted.get(job)
+                counted[job] = e if seen is None else [max(seen[0], e[0]), seen[1], sorted(set(seen[2]) | set(e[2])),
+                                                       min(seen[3] + e[3], _COUNT_CAP)]
+        spanning = {u for u in set().union(*(users[b] for b in buses)) if sum(u in users[b] for b in buses) > 1}
+        out.append((tuple(buses), counted, sorted({e[1] for e in counted.values()}), len(spanning)))
+    return out
+
+
+def _aside(history: Optional[dict], now: float, policy) -> Dict[str, List[str]]:
+    """{user: buses}: the users whose faults follow them across GPUs no
+    other user's jobs show faults on (the application's, not counted)."""
     table = _load(history, now, policy.xid_app_window_seconds)
     places: Dict[str, set] = {}
     for bus, gpu in table.items():
         for entry in gpu["jobs"].values():
             places.setdefault(entry[1], set()).add(bus)
-    # Faults that follow a user from GPU to GPU are the user's application.
-    followers = {user: sorted(buses) for user, buses in places.items() if len(buses) > 1}
-    out = []
-    for bus, gpu in sorted(table.items()):
-        counted = {job: e for job, e in gpu["jobs"].items() if e[1] not in followers}
-        users = sorted({e[1] for e in counted.values()})
-        if len(counted) >= limit and len(users) >= min(2, limit):
-            out.append((bus, counted, users, {u: b for u, b in followers.items() if bus in b}))
-    return out
+    return {user: sorted(buses) for user, buses in places.items()
+            if len(buses) > 1 and not any(u != user and buses & b for u, b in places.items())}
 
 
 def judge(history: Optional[dict], facts, now: float, policy) -> List[Finding]:
     """One finding per GPU whose application Xids came from enough jobs of
-    different users within the window."""
+    different users within the window, one for the node where such GPUs
+    share the faults of several users."""
     index = _indexes(facts)
     hours = policy.xid_app_window_seconds / 3600.0
+    limit = _limit(policy)
+    found = _found(history, now, policy)
+    aside = _aside(history, now, policy) if found else {}
     out = []
-    for bus, counted, users, aside in _found(history, now, policy):
+    for buses, counted, users, spanning in found:
         xids = sorted({x for e in counted.values() for x in e[2]})
         vm = set(xids) == {VM_FAULT}
         said = "+".join("vm_fault" if x == VM_FAULT else str(x) for x in xids)
+        what = "vm_faults" if vm else "xids"
+        who = "jobs %s of users %s" % (", ".join(sorted(counted)[-10:]), ", ".join(_user(u) for u in users[-10:]))
         # Which faults and how many jobs: in the detail.  The reason names the
         # finding only, so it changes when the finding does, not at each job
         # (a new published comment goes to the back of the keeper's queue).
-        detail = ("%s in %d jobs on GPU %s: jobs %s of users %s (the application's Xids on the same GPU for "
-                  "different users: the GPU's; reset it and run the deep diagnostic)"
-                  % (said if vm else "xid " + said, len(counted), bus,
-                     ", ".join(sorted(counted)[-10:]), ", ".join(_user(u) for u in users[-10:])))
+        if len(buses) == 1:
+            gpu, observed = index.get(buses[0]), "%s in >=%d jobs" % (what, limit)
+            detail = ("%s in %d jobs on GPU %s: %s (the application's Xids on the same GPU for different users: "
+                      "the GPU's; reset it and run the deep diagnostic)"
+                      % (said if vm else "xid " + said, len(counted), buses[0], who))
+        else:
+            buses = tuple(sorted(buses, key=lambda b: (index.get(b, 1 << 20), b)))  # by index where known
+            names = [str(index[b]) if b in index else b[5:] if b.startswith("0000:") else b for b in buses]
+            gpu, observed = None, "%s on gpus %s of >=2 users" % (what, "+".join(names))
+            detail = ("%s on %d GPUs (%s) in %d jobs of %d users, %d of them with faults on several of these GPUs: "
+                      "%s (the same faults on several GPUs for different users: the node's, a shared NVSwitch, "
+                      "PCIe switch or baseboard; reset every GPU and run the deep diagnostic)"
+                      % (said if vm else "xid " + said, len(buses), ", ".join(buses), len(counted), len(users),
+                         spanning, who))
         if aside:
-            detail += "; not counted, the application's (their Xids follow them across GPUs): " + "; ".join(
-                "user %s on %s" % (_user(u), ", ".join(aside[u][:4])) for u in sorted(aside)[:3])
-        out.append(Finding(HEALTH, "xid_repeat", "%s in >=%d jobs" % ("vm_faults" if vm else "xids",
-                                                                      policy.xid_app_jobs_max),
-                           "< %d jobs within %gh" % (policy.xid_app_jobs_max, hours), RESET_GPU,
-                           gpu=index.get(bus), detail=detail))
+            detail += "; not counted, the application's (their Xids follow them across GPUs no other user's " \
+                      "jobs show any on): " + "; ".join(
+                          "user %s on %s" % (_user(u), ", ".join(aside[u][:4])) for u in sorted(aside)[:3])
+        out.append(Finding(HEALTH, "xid_repeat", observed, "< %d jobs within %gh" % (limit, hours), RESET_GPU,
+                           gpu=gpu, detail=detail))
     return out
 
 
@@ -206,8 +273,9 @@ def _user(user: str) -> str:
 
 
 def standing(history: Optional[dict], now: float, policy) -> List[str]:
-    """The PCI bus ids of the GPUs the history holds a finding for."""
-    return [found[0] for found in _found(history, now, policy)]
+    """The PCI bus ids of the GPUs the history holds a finding for (a
+    node's finding: all the GPUs it names)."""
+    return sorted(bus for found in _found(history, now, policy) for bus in found[0])
 
 
 def clear(history: Optional[dict], buses: Optional[Iterable[str]] = None, before: Optional[float] = None) -> dict:
