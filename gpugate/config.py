@@ -104,6 +104,8 @@ class _Argv(ListOf):
         problem = _abs_path(argv[0]) if argv else None
         if problem:
             raise Invalid(path + "[0]", problem)
+        if any("{token}" in word for word in argv):  # every user on the node reads a command line (/proc)
+            raise Invalid(path, "no secret goes on a command line: the preflight's rank reads GPUGATE_PREFLIGHT_TOKEN")
         return argv
 
 
@@ -211,7 +213,7 @@ _PREFLIGHT = Table({
     # runs its rank with {rank} {nranks} {root} {port} {nodes} {gpus}; () for none.
     "allreduce_multi": (_ARGV, ()),
     "rendezvous_host": (Str("{node}", _host), "{node}"),  # rank 0's address
-    "port": (Int(1024, 65000), 7150),  # the meeting's port: port + job id % ports (the collective's: one above)
+    "port": (Int(1024, 65000), 7150),  # the meeting's: in [port, port + ports), meet.ports_for (the collective's: +1)
     "ports": (Int(1, 512), 64),
     "across_seconds": (Number(5, 3600), 300.0),  # meeting, collective and culprit search, after timeout_seconds
     "run_seconds": (Number(2, 3600), 60.0),  # one collective

@@ -9,7 +9,8 @@ so Slurm requeues the job; the rest exit 0.  Nothing on the controller.
 Each rank of a collective runs the site's command as root with an
 environment of gpugate's making: the job's GPUs, and where to meet
 (GPUGATE_PREFLIGHT_RANK, _NRANKS, _ROOT, _PORT, _NODES; the same as
-``{rank}``, ``{nranks}``, ``{root}``, ``{port}``, ``{nodes}`` in its argv).
+``{rank}``, ``{nranks}``, ``{root}``, ``{port}``, ``{nodes}`` in its argv;
+_TOKEN, the run's secret, in the environment only).
 Rank 0 of a group judges its output as the sweep's pair job is judged,
 against the baseline's ``[smoke] min_pair_busbw_gbps`` for the product.
 
@@ -26,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..findings import HEALTH, INVESTIGATE, Finding
 from ..record import dataclass
 from . import culprit as search_mod
-from .meet import Channel, MeetError, connect, listen, port_for
+from .meet import Channel, MeetError, gather, join, listen, ports_for
 
 _OUTPUT_CAP = 32 * 1024  # characters: a JSON-escaped answer stays under meet.LINE_CAP
 _JOIN_GRACE = 15.0  # a peer's own proof ends within its timeout; prologs start within seconds
@@ -76,13 +77,13 @@ def prove_across(settings, baseline, job: str, nodes: Sequence[str], me: Member,
         key = load(settings)
     except KeyUnavailable as exc:
         return Across(False, None, "not run: %s" % exc)
-    port = port_for(int(cfg["port"]), int(cfg["ports"]), job)
+    ports = ports_for(int(cfg["port"]), int(cfg["ports"]), job, key)  # no user can tell them (the key is root's)
     join_by = min(deadline - 2.0, started + float(cfg["timeout_seconds"]) + _JOIN_GRACE)
     try:
         if me.node == nodes[0]:
-            result = _coordinate(settings, baseline, key, job, list(nodes), me, run_rank, port, deadline, join_by)
+            result = _coordinate(settings, baseline, key, job, list(nodes), me, run_rank, ports, deadline, join_by)
         else:
-            result = _join(key, job, rendezvous(cfg, nodes[0]), port, me, run_rank, deadline, join_by + 2.0)
+            result = _join(key, job, rendezvous(cfg, nodes[0]), ports, me, run_rank, deadline, join_by + 2.0)
     except MeetError as exc:
         result = Across(False, None, "undecided: the meeting broke: %s" % exc)
     except Exception as exc:  # noqa: BLE001 - a proof that cannot decide never takes capacity (no prolog error)
@@ -95,13 +96,11 @@ def rendezvous(cfg, node: str) -> str:
     return str(cfg["rendezvous_host"]).replace("{node}", node)
 
 
-def _join(key, job, host, port, me: Member, run_rank: RunRank, deadline: float, join_by: float) -> Across:
-    channel = Channel(connect(host, port, join_by), key, job)
+def _join(key, job, host, ports, me: Member, run_rank: RunRank, deadline: float, join_by: float) -> Across:
+    # The time this node has left, said in its join: rank 0 ends its rounds within every node's.
+    channel = join(host, ports, key, job, join_by, deadline, lambda: dict(
+        node=me.node, own=me.own, whole=me.whole, product=me.product, left=round(deadline - time.monotonic(), 3)))
     try:
-        channel.receive(deadline, first=True)  # the greeting: rank 0 holds the key
-        # The time this node has left: rank 0 ends its rounds within every node's.
-        channel.send("join", deadline, node=me.node, own=me.own, whole=me.whole, product=me.product,
-                     left=round(deadline - time.monotonic(), 3))
         while True:
             body = channel.receive(deadline)
             if body["kind"] == "run":
@@ -128,13 +127,14 @@ def _from_verdict(body: dict) -> Across:
                   tuple(body.get("culprits") or ()), body.get("busbw_gbps"), failed=bool(body.get("failed")))
 
 
-def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_rank: RunRank, port: int,
+def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_rank: RunRank, ports: List[int],
                 deadline: float, join_by: float) -> Across:
-    server = listen(port)
+    servers, port = listen(ports)
     try:
-        members, joined, left = _gather(server, key, job, nodes, me, join_by)
+        members, joined, left = _gather(servers, key, job, nodes, me, join_by)
     finally:
-        server.close()
+        for server in servers:
+            server.close()
     try:
         # The rounds end 3 s before the nearest of every node's own deadline, so the verdict reaches them all.
         deadline = min([deadline] + [time.monotonic() + s for s in left])
@@ -154,43 +154,35 @@ def _coordinate(settings, baseline, key, job, nodes: List[str], me: Member, run_
                 channel.close()
 
 
-def _gather(server, key, job, nodes, me: Member, join_by: float
+def _gather(servers, key, job, nodes, me: Member, join_by: float
             ) -> Tuple[Dict[str, Optional[Channel]], Dict[str, Member], List[float]]:
     """Every other node's signed join, until ``join_by``, and the seconds
-    each has left; a connection that does not verify within 2 s is dropped
-    (anyone may connect to the port: a stranger costs the meeting that
-    much, and a meeting that runs out decides nothing)."""
-    import socket
-
+    each has left.  Anyone may connect to the port: meet.gather serves every
+    connection side by side, so strangers cost the joiners nothing."""
     members: Dict[str, Optional[Channel]] = {me.node: None}
     joined: Dict[str, Member] = {me.node: me}
-    left: List[float] = []
+    left: Dict[str, float] = {}
     wanted = set(nodes)
-    while set(joined) != wanted and time.monotonic() < join_by:
-        server.settimeout(max(0.05, join_by - time.monotonic()))
-        try:
-            sock, _ = server.accept()
-        except socket.timeout:
-            break
-        except OSError:
-            continue
-        channel = Channel(sock, key, job)
-        try:
-            channel.send("greeting", min(join_by, time.monotonic() + 2))
-            body = channel.receive(min(join_by, time.monotonic() + 2), first=True)
-            node = body.get("node")
-            if body["kind"] != "join" or node not in wanted or node in joined:
-                raise MeetError("not a join of this job's")
-            seconds = body.get("left")
-            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-                raise MeetError("a join without its time left")
-        except Exception:  # noqa: BLE001 - whatever a stranger sends ends its connection, not the meeting
-            channel.close()
-            continue
-        members[node] = channel
-        left.append(float(seconds))
+
+    def admit(body: dict) -> str:
+        seconds = body.get("left")
+        if not isinstance(body.get("node"), str) or body["node"] not in wanted or body["node"] == me.node:
+            return "not a join of this job's"
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            return "a join without its time left"
+        return ""
+
+    def kept(channel: Channel, body: dict) -> bool:
+        node = body["node"]
+        if members.get(node) is not None:  # it came again (its welcome lost): the newer connection holds
+            members[node].close()
+        members[node], left[node] = channel, float(body["left"])
         joined[node] = Member(node, str(body.get("own")), bool(body.get("whole")), str(body.get("product") or ""))
-    return members, joined, left
+        return set(joined) == wanted
+
+    if set(joined) != wanted:
+        gather(servers, key, job, join_by, admit, kept)
+    return members, joined, list(left.values())
 
 
 @dataclass
@@ -313,7 +305,7 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
     from ..sweep.smoke import template
 
     def run_rank(instruction: dict, until: float) -> dict:
-        fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes", "token")}
+        fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes")}
         argv = []
         for word in template(settings.preflight["allreduce_multi"], node, len(gpus), fields["nodes"]):
             for name, value in fields.items():
@@ -323,6 +315,8 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         env["HIP_VISIBLE_DEVICES" if amd else "CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         env.update({"GPUGATE_PREFLIGHT_" + k.upper(): v for k, v in fields.items()})
+        # The run's secret in the environment only: argv is every user's to read (/proc/PID/cmdline).
+        env["GPUGATE_PREFLIGHT_TOKEN"] = str(instruction.get("token", ""))
         try:
             result = run(argv, until - time.monotonic(), env=env, ok_codes=range(-64, 256),  # a signal too
                          max_stdout=_OUTPUT_CAP, max_stderr=_OUTPUT_CAP)
