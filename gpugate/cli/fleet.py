@@ -66,8 +66,9 @@ def _select_nodes(settings, nodes, partitions):
 def audit(config, nodes, partition, baseline_path, max_age, as_json):
     """Every component's distinct values across the fleet, folded into
     hostlists, with the pinned value and the drift.  Exit 1 when any node
-    drifts, no [nodes] section covers it, or its gpugate.toml/baseline does
-    not load there (it gates with its last good copy; for cron jobs and pipelines);
+    drifts, no [nodes] section covers it, its gpugate.toml/baseline does
+    not load there (it gates with its last good copy; for cron jobs and pipelines),
+    or Slurm's PrologEpilogTimeout is under the prolog's worst case (`gpugate slurm-conf`);
     unreachable and uncovered nodes are listed.  The facts and Slurm's
     partitions are kept for `gpugate baseline diff` and `baseline check`.
 
@@ -106,12 +107,25 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
                                           "preflight": preflight})
     except OSError as exc:
         click.echo("gpugate audit: could not keep the audit for `baseline diff`: %s" % exc, err=True)
+    timeout = _prolog_timeout(settings)
     if as_json:
-        click.echo(json.dumps(dict(to_json(result), nodes=len(names)), sort_keys=True))
+        click.echo(json.dumps(dict(to_json(result), nodes=len(names), prolog_timeout=timeout), sort_keys=True))
     else:
         click.echo("audit of %d nodes against %s (%s)" % (len(names), baseline.name, settings.baseline))
         click.echo(to_text(result))
-    sys.exit(1 if result.drift or result.uncovered or result.config_errors else 0)
+        if timeout.get("short"):
+            click.echo("PROLOG TIMEOUT: %s (%s)" % (timeout["short"], timeout["sum"]))
+    sys.exit(1 if result.drift or result.uncovered or result.config_errors or timeout.get("short") else 0)
+
+
+def _prolog_timeout(settings) -> dict:
+    """Slurm's PrologEpilogTimeout against the prolog's worst case
+    (gpugate.slurm.prologtimeout); {} where no Slurm runs the prolog."""
+    if "slurm" not in str(getattr(settings, "scheduler", "slurm")):
+        return {}
+    from ..slurm.prologtimeout import check_slurm
+
+    return check_slurm(settings)
 
 
 @click.command()

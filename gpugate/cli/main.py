@@ -235,6 +235,8 @@ def slurm_conf(config, release):
     """Print the slurm.conf lines that point slurmd at this installation.
     List-valued parameters (PrologFlags, SchedulerParameters, SlurmctldParameters)
     come as comments: add their value to the list your slurm.conf already has.
+    PrologEpilogTimeout is the prolog's worst case from gpugate.toml's
+    [preflight] and [budgets] (gpugate.slurm.prologtimeout).
 
     \b
     Examples:

@@ -192,8 +192,10 @@ def _note_job(settings, record: dict, requeue: bool) -> None:
     if not job.isdigit():
         return
     pf = record["preflight"]
-    try:  # both calls within 5 s: the prolog's own margin (README: PrologEpilogTimeout)
-        slurm = connect(settings, deadline=time.monotonic() + 5.0)
+    from ..slurm.prologtimeout import NOTE_SECONDS
+
+    try:  # both calls within NOTE_SECONDS: a part of the prolog's worst case (PrologEpilogTimeout)
+        slurm = connect(settings, deadline=time.monotonic() + NOTE_SECONDS)
     except (GpugateError, OSError) as exc:
         pf["note_error"] = str(exc)[:200]
         return

@@ -173,6 +173,10 @@ class CommandSlurm(NodeUpdates):
         """The node's whole Comment (gpugate.slurm.pending builds it)."""
         self._run("scontrol", ["update", "NodeName=" + name, "Comment=" + comment])
 
+    def show_config(self) -> str:
+        """`scontrol show config`: slurmctld's running configuration, as text."""
+        return self._run("scontrol", ["show", "config"])
+
     def note_job(self, job: str, text: str) -> None:
         """The job's AdminComment (root's, shown by scontrol show job and
         sacct; the user's --comment is left as it is)."""

@@ -53,8 +53,17 @@ def vouch(programs) -> str:
     return "".join(notes)
 
 
-def fragment(config: Optional[str], release_text: str = "22.05") -> str:
+def fragment(config: Optional[str], release_text: str = "22.05", settings=None) -> str:
+    """settings: gpugate.toml's (its [preflight] and [budgets] size the
+    prolog's timeout: gpugate.slurm.prologtimeout); None: the defaults."""
+    from .prologtimeout import DEFAULT, prolog_timeout, worst_case
+
     release = _release(release_text)
+    if settings is None:
+        from ..config import load_settings
+
+        settings = load_settings(None, missing_ok=True) if config is None else load_settings(config)
+    prolog_seconds = prolog_timeout(settings.preflight, settings.budgets)
     scripts = sysconfig.get_path("scripts")
     entry = {m: os.path.join(scripts, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")}
     missing = vouch([("HealthCheckProgram", entry["healthcheck"]), ("Prolog", entry["prolog"]),
@@ -95,11 +104,15 @@ Epilog={epi}
 # PrologFlags is a list: add Alloc to yours (a second line would replace it).
 # Alloc runs the prolog when the job is allocated, before anything starts.
 # With a [preflight] (README "Preflight"): Alloc,DeferBatch (and
-# ForceRequeueOnFail on 23.02+), a timeout above its timeout_seconds + 8 s.
+# ForceRequeueOnFail on 23.02+).
 #PrologFlags=Alloc
-# Unlimited by default: bound the prolog and epilog (gpugate's budgets are 8 s
-# and 50 s; the epilog's DCGM diagnostic, when enabled, needs more).
-PrologEpilogTimeout=120
+# Unlimited by default: bound the prolog and epilog. The prolog's worst case
+# from gpugate.toml's [preflight] and [budgets] (any job may ask for a
+# preflight with the job word; never under {default} s; `gpugate audit` holds
+# Slurm to it):
+#   {worst}
+# The epilog's budget is 50 s; its DCGM diagnostic, when enabled, needs more.
+PrologEpilogTimeout={prolog_seconds}
 # SchedulerParameters is a list (backfill tuning, ...): add nohold_on_prolog_fail
 # to yours, so that a job whose prolog failed is requeued without a hold.
 #SchedulerParameters=nohold_on_prolog_fail
@@ -108,7 +121,9 @@ RebootProgram={reboot}
 # --- end gpugate ---
 """.format(rel="%d.%02d" % release, note=note, kill="60 s" if release < (26, 5) else "HealthCheckTimeout",
            hc=entry["healthcheck"], states=allowed_states(release), timeout=timeout,
-           pro=entry["prolog"], epi=entry["epilog"], missing=missing, reboot=REBOOT_PROGRAM, devices=devices_hint("/"))
+           pro=entry["prolog"], epi=entry["epilog"], missing=missing, reboot=REBOOT_PROGRAM, devices=devices_hint("/"),
+           worst=worst_case(settings.preflight, settings.budgets)[1], default=DEFAULT,
+           prolog_seconds=prolog_seconds)
 
 
 def devices_hint(root: str) -> str:
