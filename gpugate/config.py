@@ -9,6 +9,7 @@ from .errors import ConfigError
 from . import trust
 from .record import dataclass
 from .config_kube import table as kube_table
+from .config_preflight import table as preflight_table
 from .schema import (AnyOf, Bool, Choice, Int, Invalid, ListOf, MapOf, Number, Removed, Str, Table, load_toml,
                      validate)
 
@@ -195,32 +196,8 @@ _DRAIN_BUDGET = Table({
     "key_file": (_PATH, "/etc/gpugate/drain-budget.key"),
 })
 
-# The preflight (gpugate.preflight, docs/preflight.md): an active proof on a
-# job's fresh allocation, in the prolog, before the job's own code.  Off
-# until a partition or a job asks for it.
-_PREFLIGHT = Table({
-    "partitions": (ListOf(Str("gpu-train", lambda v: _word(v, "a partition name"))), ()),
-    # A job asks for it with this word in its --comment or --extra (data to
-    # gpugate: it can switch the preflight on, never off, never change what runs).
-    "job_word": (Str("gpugate-preflight", lambda v: _word(v, "one word")), "gpugate-preflight"),
-    "min_nodes": (Int(1, 1000000), 2),  # smaller jobs skip it
-    "dcgm_level": (Int(0, 4), 1),  # dcgmi diag -r N on the job's GPUs (RVS level on AMD); 0: none
-    # The single-node all_reduce, judged against the baseline's [smoke] min_busbw_gbps; () for none.
-    "allreduce": (_ARGV, ("/opt/nccl-tests/build/all_reduce_perf", "-b", "256M", "-e", "256M", "-g", "{gpus}",
-                          "-c", "1", "-n", "20")),
-    "timeout_seconds": (Number(5, 3600), 120.0),  # the whole per-node proof; keep PrologEpilogTimeout above
-    # The all_reduce across the job's nodes (gpugate.preflight.cross): each node
-    # runs its rank with {rank} {nranks} {root} {port} {nodes} {gpus}; () for none.
-    "allreduce_multi": (_ARGV, ()),
-    "rendezvous_host": (Str("{node}", _host), "{node}"),  # rank 0's address
-    "port": (Int(1024, 65000), 7150),  # the meeting's: in [port, port + ports), meet.ports_for (the collective's: +1)
-    "ports": (Int(1, 512), 64),
-    "across_seconds": (Number(5, 3600), 300.0),  # meeting, collective and culprit search, after timeout_seconds
-    "run_seconds": (Number(2, 3600), 60.0),  # one collective
-    # A failure across the nodes no node could be pinned for: the job starts,
-    # or is requeued once (its first start only: SLURM_JOB_RESTART_COUNT=0).
-    "undecided": (Choice("start", "requeue_once"), "start"),
-})
+# The preflight's table (gpugate.config_preflight, docs/preflight.md).
+_PREFLIGHT = preflight_table(_ARGV, _word, _host)
 
 # Kubernetes nodes (gpugate.config_kube, docs/kubernetes.md).
 _KUBERNETES = kube_table(_OPT_PATH, _word)

@@ -76,7 +76,9 @@ def test_one_slow_node_among_five_is_drained_and_the_job_runs_on_four_good(acros
     across.sim("set", "FLEET", "gpu04", "smoke=pair-slow")
     job = _submit(across, 4)
     across.wait_for(lambda: "drain" in across.state("gpu04"), 150, "gpu04 drained by the preflight")
-    assert across.reason("gpu04").startswith("gpugate: health preflight=across busbw=17.")
+    # Budgeted (a job's user can slow a shared link); the rig's budget is off (max_share = 1), so it drains
+    # itself as every budgeted finding does there: tests/test_slurm_preflight_user.py keeps a budget.
+    assert across.reason("gpu04").startswith("gpugate: health preflight_across=busbw=17.")
     info = _done(across, job, timeout=240)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, info
     from ClusterShell.NodeSet import NodeSet
@@ -105,7 +107,7 @@ def test_status_says_what_the_preflights_came_to(across):
     pf = gpugate("status")["preflight"]
     assert pf["held_now"] == ["gpu04"] and pf["unreadable"] == []
     assert pf["across"]["passed"] >= 2 and pf["across"]["culprit"] == 1  # decided by each job's first node
-    assert pf["runs"]["acute"] == 1 and pf["runs"]["passed"] >= 8
+    assert pf["runs"]["budgeted"] == 1 and pf["runs"]["passed"] >= 8
 
 
 def test_a_failure_no_node_can_be_pinned_on_requeues_the_job_once_where_the_site_asks(across):

@@ -27,8 +27,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..findings import HEALTH, INVESTIGATE, Finding
 from ..record import dataclass
 from . import culprit as search_mod
+from .environment import UNFIT
 from .meet import Channel, MeetError, gather, join, listen, ports_for
 
+ACROSS_COMPONENT = "preflight_across"  # a culprit's finding (budgeted: gpugate.findings.USER_CAUSED)
 _OUTPUT_CAP = 32 * 1024  # characters: a JSON-escaped answer stays under meet.LINE_CAP
 _JOIN_GRACE = 15.0  # a peer's own proof ends within its timeout; prologs start within seconds
 
@@ -222,7 +224,9 @@ def _decide(settings, baseline, nodes, me, members, joined: Dict[str, Member], r
         if found.verdicts.get(node) == search_mod.CULPRIT:
             run = found.pinned_by[node]
             partners = [n for r in (found.first_strike[node], run) for n in r.nodes if n != node]
-            finding = Finding(HEALTH, "preflight", "across %s pairs=%s" % (run.problem, ",".join(partners)),
+            # Budgeted (findings.USER_CAUSED): another job's traffic on a shared link can slow a run, so a
+            # pin is published for the keeper, within the drain budget and the preflight allowance.
+            finding = Finding(HEALTH, ACROSS_COMPONENT, "%s pairs=%s" % (run.problem, ",".join(partners)),
                               run.expected or "a pass", INVESTIGATE,
                               detail="failed the all_reduce across %d nodes, then with %s (each proven)" % (
                                   len(nodes), " and ".join(partners)))
@@ -244,6 +248,10 @@ def _not_run(nodes, joined: Dict[str, Member]) -> str:
     failed = [n for n in nodes if joined[n].own == "acute"]
     if failed:
         return "not run: %s failed its own proof (Slurm requeues the job)" % ",".join(failed[:5])
+    unfit = [n for n in nodes if joined[n].own == UNFIT]
+    if unfit:  # what a job's user may have left or run there: nobody is a suspect (its log says what)
+        return "not run: %s's environment is not fit for the run (gpugate.preflight.environment)" % ",".join(
+            unfit[:5])
     part = [n for n in nodes if not joined[n].whole]
     if part:
         return "not run: the job has part of %s's GPUs (the proof across nodes needs whole nodes)" % ",".join(
@@ -355,9 +363,15 @@ def _judge_group(joined, floors, group, answers: List[dict], until: float) -> se
     if verdict.passed:
         shown = "busbw=%.1fGB/s" % verdict.busbw_gbps if verdict.busbw_gbps is not None else ""
         return search_mod.GroupRun(group, search_mod.PASS, shown)
-    if verdict.component == "result" and rc == 0:
-        return search_mod.GroupRun(group, search_mod.UNDECIDED, verdict.problem)  # exit 0, nothing read
-    kind = {"wrong": "wrong", "out_of_bounds": "wrong", "busbw": "busbw", "timeout": "hang"}.get(
-        verdict.component, "abort")
+    kind = _PINNABLE.get(verdict.component)
+    if kind is None or (kind == "busbw" and not verdict.expected.startswith(">=")):
+        # An abort, an exit code, no result, a hang: the environment's as much as a node's (a /dev/shm
+        # or /tmp a job's user filled, a port taken, a link another job saturates): undecided, as in a
+        # node's own proof (gpugate.preflight.node).  Only a result read and held to a rule pins.
+        return search_mod.GroupRun(group, search_mod.UNDECIDED, "%s: %s" % (verdict.component, verdict.problem))
     observed = "%s=%s" % (verdict.component, verdict.observed) if verdict.observed else verdict.problem
     return search_mod.GroupRun(group, search_mod.FAIL, observed, verdict.expected, kind)
+
+
+# What a collective's result may pin: values read and wrong, or a bandwidth read and under the floor.
+_PINNABLE = {"wrong": "wrong", "out_of_bounds": "wrong", "busbw": "busbw"}
