@@ -109,10 +109,13 @@ def _rank_key(state):
 
 
 def usage(states: Mapping[str, object], tag: str, share: float,
-          partitions: Optional[Iterable[str]] = None):
-    """partition -> Use, for every partition (or the given ones)."""
+          partitions: Optional[Iterable[str]] = None, sizes: Optional[Mapping[str, int]] = None):
+    """partition -> Use, for every partition (or the given ones).  sizes:
+    partition -> its nodes, when ``states`` holds only the nodes that can
+    decide (the keeper's read, gpugate.slurm.nodestate.lean): the others
+    are neither published nor drained, and count in the sizes alone."""
     wanted = None if partitions is None else set(partitions)
-    members = {}
+    members = {part: [] for part in sizes or () if wanted is None or part in wanted}
     for state in states.values():
         for part in state.partitions:
             if wanted is None or part in wanted:
@@ -120,7 +123,8 @@ def usage(states: Mapping[str, object], tag: str, share: float,
     result = {}
     for part, nodes in sorted(members.items()):
         drained = sorted((s for s in nodes if counted(s, tag)), key=_rank_key)
-        result[part] = Use(part, len(nodes), allowance(len(nodes), share), tuple(s.name for s in drained))
+        size = len(nodes) if sizes is None else sizes[part]
+        result[part] = Use(part, size, allowance(size, share), tuple(s.name for s in drained))
     return result
 
 
@@ -160,16 +164,21 @@ class Plan:
     uses: Mapping[str, Use]
 
 
-def published(state, tag: str, memo: Optional[dict] = None):
+def published(state, tag: str, memo: Optional[dict] = None, spans: Optional[Mapping[str, object]] = None):
     """The budgeted gpugate reason a node published (a Pending), or None:
     a comment that does not carry one of gpugate's budgeted reasons is
     nobody's business here.  memo: reason -> budgeted?, shared by the calls
-    of one decision (a wrong pin gives 100,000 nodes one reason)."""
-    if not state.comment:
+    of one decision (a wrong pin gives 100,000 nodes one reason).  spans:
+    node -> the span its comment reads as (pending.read), already read by
+    the keeper's screen (gpugate.keeper_proofs); a node not in it has none."""
+    if spans is not None:
+        seen = spans.get(state.name)
+    elif not state.comment:
         return None
-    from .slurm import pending
+    else:
+        from .slurm import pending
 
-    seen = pending.read(state.comment)
+        seen = pending.read(state.comment)
     if seen is None:
         return None
     budgeted = None if memo is None else memo.get(seen.reason)
@@ -181,19 +190,21 @@ def published(state, tag: str, memo: Optional[dict] = None):
     return seen if budgeted else None
 
 
-def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
+def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[Mapping[str, int]] = None,
+         spans: Optional[Mapping[str, object]] = None) -> Plan:
     """Which published nodes to drain so that no partition goes beyond its
     allowance: a node drains only when every partition it is in has room.
     Nodes already drained (by anyone), or holding a reason that is not
     gpugate's (DOWN with an admin's or Slurm's: a DRAIN would replace it;
     gpugate's own, left after a RESUME, may be replaced), or in no
-    partition, are never drained by the keeper."""
-    uses = usage(states, tag, share)
+    partition, are never drained by the keeper.  sizes, spans: as usage's
+    and published's."""
+    uses = usage(states, tag, share, sizes=sizes)
     room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
     taken = {p: list(u.drained) for p, u in uses.items()}  # rank order, then this run's drains
     waiting, memo = [], {}
     for state in states.values():
-        seen = published(state, tag, memo)
+        seen = published(state, tag, memo, spans)
         if seen is not None and not state.drain:
             waiting.append((seen.since, state.name, seen.reason, state))
     waiting.sort(key=lambda w: (w[0], w[1]))
@@ -223,15 +234,17 @@ def plan(states: Mapping[str, object], tag: str, share: float) -> Plan:
     return Plan(tuple(drain), held, uses)
 
 
-def over(states: Mapping[str, object], tag: str, share: float, since: float) -> Tuple[str, ...]:
+def over(states: Mapping[str, object], tag: str, share: float, since: float,
+         sizes: Optional[Mapping[str, int]] = None) -> Tuple[str, ...]:
     """After a keeper wrote: the keeper drains ranked beyond a partition's
     allowance (newest first out) that were stamped at or after ``since``.
     Two keepers that decided at once drain the same budget twice; each
     reads again after writing and gives back exactly these (the same set
     for both: the ranking is Slurm's reason times, then names).  Older
-    drains are never given back (an allowance that shrank is not a race)."""
+    drains are never given back (an allowance that shrank is not a race).
+    sizes: as usage's."""
     undo = set()
-    for use in usage(states, tag, share).values():
+    for use in usage(states, tag, share, sizes=sizes).values():
         for name in use.drained[use.allowance:]:
             state = states[name]
             seen = published(state, tag)
@@ -264,11 +277,12 @@ def _pin_only(text: str, tag: str) -> bool:
     return PIN_COMPONENT in components and components <= USER_CAUSED
 
 
-def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int) -> dict:
+def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int,
+              spans: Optional[Mapping[str, object]] = None) -> dict:
     """{node: why} for the published pins the keeper must not drain now:
     in each partition, at most ``per_hour`` nodes drained for a pin with a
     reason Slurm stamped in the last hour, oldest published first; the
-    rest wait (held and said).  Pure."""
+    rest wait (held and said).  Pure.  spans: as published's."""
     recent: dict = {}
     waiting = []
     memo: dict = {}
@@ -287,7 +301,7 @@ def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int)
                 for part in state.partitions:
                     recent[part] = recent.get(part, 0) + 1
             continue
-        seen = published(state, tag, memo)
+        seen = published(state, tag, memo, spans)
         if seen is not None and pin_only(seen.reason):
             waiting.append((seen.since, state.name, state))
     held = {}

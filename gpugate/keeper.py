@@ -45,7 +45,7 @@ import os
 import socket
 import time
 
-from . import budget, keeper_memory
+from . import budget, keeper_memory, keeper_proofs
 from . import reason as reasons
 from .errors import GpugateError, MirrorError
 from .record import replace
@@ -94,28 +94,26 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
                        held=0, published=0, partitions={})
         return figures
     key = _key(settings)  # before any read: no key, nothing published is drained
+    proofs = keeper_proofs.Proofs(key)  # each (node, comment) checked once
     if view is not None:
-        read_at, states = view
+        read_at, fleet = view
+        if isinstance(fleet, dict):  # a full read
+            from .slurm.nodestate.lean import of_states
+
+            fleet = of_states(fleet)
         figures["view"] = "the last run's re-read, %.1f s old" % (started - read_at)
     else:
-        states = slurm.nodes(lean=True)
+        fleet = read_fleet(slurm)
         figures["fleet_reads"] += 1
-    # Only what each node wrote itself takes a place in the queue and budget.
-    checked = {}  # one proof check per tag per run
-    mine, unverified = screen(states, key, clock(), checked)
-    # A span drained before and returned to service since waits for its node to sign it again.
-    memory, waiting = keeper_memory.review(memory or {}, mine, tag, clock())
-    # A preflight's pins: at most [preflight] pins_per_hour a partition, within the budget besides.
-    for name, why in budget.pins_held(mine, tag, clock(), int(settings.preflight["pins_per_hour"])).items():
-        waiting.setdefault(name, why)
-    decided = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, tag, share)
+    step = decide(fleet, proofs, tag, share, int(settings.preflight["pins_per_hour"]), memory or {}, clock)
+    memory, waiting, decided, unverified = step.memory, step.waiting, step.plan, step.unverified
     # Re-read each node before writing: the single-node RPC alone (read locks only).
     groups = {}
     for name, reason in decided.drain:
         now = slurm.own_record(name)
         figures["single_reads"] += 1
         if now is not None:
-            now = screen({name: now}, key, clock())[0][name]
+            now = keeper_proofs.screen({name: now}, proofs, clock())[0][name]
         seen = budget.published(now, tag) if now is not None else None
         foreign = bool(now is not None and now.reason and reasons.parse(now.reason, tag) is None)
         if now is None or now.drain or foreign or seen is None or seen.reason != reason:
@@ -128,15 +126,15 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         except MirrorError as exc:  # drained; their Nodes are held by their next health check
             figures.setdefault("mirror_errors", []).append(str(exc)[:300])
         figures["drained"] += sorted(names)
-    final = states
+    final, mine, spans = fleet, step.mine, step.spans
     if figures["drained"]:
         sleep(SETTLE_SECONDS)
         reread_at = clock()
-        final = slurm.nodes(lean=True)
+        final = read_fleet(slurm)
         figures["fleet_reads"] += 1
-        mine, unverified = screen(final, key, clock(), checked)
+        mine, unverified, spans = keeper_proofs.screen(final.states, proofs, clock())
         # Stamped since the view decided on was read: ours, or a concurrent keeper's.
-        back = budget.over(mine, tag, share, int(read_at) - 1)
+        back = budget.over(mine, tag, share, int(read_at) - 1, final.sizes)
         if back:
             slurm.undrain(hostlist(back))
             figures["given_back"] = list(back)
@@ -145,28 +143,73 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
     # Held: published and not drained after this run (given back included);
     # an unverified tag is held too, and said so.
     kept = set(figures["drained"]) - set(figures["given_back"])
-    raw, final = final, mine
-    held = {}
+    given_back = set(figures["given_back"])
+    raw, sizes, final = final.states, final.sizes, mine
+    held, memo, held_in = {}, {}, {}
     for name, state in final.items():
         if name in unverified and not state.drain and budget.published(raw[name], tag) is not None:
             held[name] = unverified[name]
+        elif name in kept or budget.published(state, tag, memo, spans) is None:
             continue
-        if name in kept or budget.published(state, tag) is None:
-            continue
-        if not state.drain or name in figures["given_back"]:
+        elif not state.drain or name in given_back:
             held[name] = (waiting.get(name) or decided.held.get(name) or figures["skipped"].get(name)
                           or "given back: over the budget")
+        else:
+            continue
+        for part in state.partitions:
+            held_in[part] = held_in.get(part, 0) + 1
     memory = keeper_memory.drained(memory, kept, final, tag, clock())
-    figures["_memory"] = {n: e for n, e in memory.items() if n not in figures["given_back"]}
-    uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in figures["given_back"] else s
-                         for n, s in final.items()}, tag, share)
+    figures["_memory"] = {n: e for n, e in memory.items() if n not in given_back}
+    uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in given_back else s
+                         for n, s in final.items()}, tag, share, sizes=sizes)
+    proofs.keep()
     figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
                    unverified=sum(1 for n in held if n in unverified),
                    partitions={p: {"size": u.size, "allowance": u.allowance, "drained": len(u.drained),
-                                   "held": sum(1 for n in held if p in final[n].partitions)}
+                                   "held": held_in.get(p, 0)}
                                for p, u in sorted(uses.items())},
                    took=round(clock() - started, 3))
     return figures
+
+
+class Decision:
+    """What decide() decided on one read: the screened states (``mine``),
+    the unverified tags, the verified spans, the memory reviewed, the nodes
+    waiting (a RESUMEd span, a preflight pin over its allowance) and the plan."""
+
+    __slots__ = ("mine", "unverified", "spans", "memory", "waiting", "plan")
+
+    def __init__(self, mine, unverified, spans, memory, waiting, plan):
+        self.mine, self.unverified, self.spans = mine, unverified, spans
+        self.memory, self.waiting, self.plan = memory, waiting, plan
+
+
+def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: dict, clock=time.time) -> Decision:
+    """The decision on one fleet read (gpugate.slurm.nodestate.lean.Fleet):
+    what bench/bench_budget.py times, with the read."""
+    from .slurm.nodestate.lean import paused_gc
+
+    with paused_gc():
+        # Only what each node wrote itself takes a place in the queue and budget.
+        mine, unverified, spans = keeper_proofs.screen(fleet.states, proofs, clock())
+        # A span drained before and returned to service since waits for its node to sign it again.
+        memory, waiting = keeper_memory.review(memory, mine, tag, clock())
+        # A preflight's pins: at most [preflight] pins_per_hour a partition, within the budget besides.
+        for name, why in budget.pins_held(mine, tag, clock(), pins_per_hour, spans).items():
+            waiting.setdefault(name, why)
+        planned = {n: s for n, s in spans.items() if n not in waiting} if waiting else spans
+        return Decision(mine, unverified, spans, memory, waiting, budget.plan(mine, tag, share, fleet.sizes, planned))
+
+
+def read_fleet(slurm):
+    """One full read, as a Fleet: the command backend's sinfo text read
+    lean (gpugate.slurm.nodestate.lean); any other backend's nodes()."""
+    read = getattr(slurm, "fleet", None)
+    if read is not None:
+        return read()
+    from .slurm.nodestate.lean import of_states
+
+    return of_states(slurm.nodes(lean=True))
 
 
 def _key(settings) -> bytes:
@@ -183,26 +226,10 @@ def screen(states, key: bytes, now: float, checked=None):
     node wrote and signed recently (gpugate.slurm.pending), or to none;
     node -> why the tag there is unverified.  An admin's pasted span, or
     one copied from another node or from long ago, is never planned on.
-    checked: (node, comment) -> verdict, shared by one run's calls."""
-    from .slurm import pending
-
-    out, unverified = {}, {}
-    for name, state in states.items():
-        if not state.comment or pending.OPEN not in state.comment:
-            out[name] = state
-            continue
-        verdict = None if checked is None else checked.get((name, state.comment))
-        if verdict is None:
-            verdict = pending.verified(state.comment, name, key, now)
-            if checked is not None:
-                checked[(name, state.comment)] = verdict
-        seen, why = verdict
-        if seen is None:
-            unverified[name] = why
-        if seen is None or state.comment.count(pending.OPEN) > 1:
-            state = replace(state, comment=pending.alone(seen) if seen is not None else "")
-        out[name] = state  # the node's own span, alone: kept as it is
-    return out, unverified
+    checked: a run's gpugate.keeper_proofs.Proofs, shared by its calls
+    (anything else: this call's own)."""
+    proofs = checked if isinstance(checked, keeper_proofs.Proofs) else keeper_proofs.Proofs(key)
+    return keeper_proofs.screen(states, proofs, now)[:2]
 
 
 def record(settings, figures: dict, error: str = "") -> dict:
@@ -225,21 +252,27 @@ def record(settings, figures: dict, error: str = "") -> dict:
     return status
 
 
-def save_view(settings, read_at: float, states) -> None:
-    """The run's re-read, for the next run (see the module doc)."""
+def save_view(settings, read_at: float, fleet) -> None:
+    """The run's re-read, for the next run (see the module doc): the nodes
+    that decide and every partition's size (a Fleet; or a full read)."""
     from .node.state import write_json
+    from .slurm.nodestate.lean import Fleet, of_states
 
+    if not isinstance(fleet, Fleet):
+        fleet = of_states(fleet)
     rows = [[s.name, s.state, sorted(s.flags), s.reason, s.reason_time, s.reason_user, list(s.partitions), s.comment]
-            for s in states.values()]
-    write_json(os.path.join(os.path.dirname(status_path(settings)), VIEW_FILE), {"at": read_at, "nodes": rows},
-               durable=False)
+            for s in fleet.states.values()]
+    # Under "fleet" (an older keeper finds no "nodes": it reads the fleet, never takes these for all of it).
+    write_json(os.path.join(os.path.dirname(status_path(settings)), VIEW_FILE),
+               {"at": read_at, "fleet": {"nodes": fleet.nodes, "sizes": fleet.sizes, "states": rows}}, durable=False)
 
 
 def take_view(settings, now: float):
-    """(read_at, states) of the last run's re-read when fresh; removed
+    """(read_at, Fleet) of the last run's re-read when fresh; removed
     either way, so that it serves one run at most."""
     from .node.state import read_json
     from .slurm.nodestate import NodeState
+    from .slurm.nodestate.lean import Fleet
 
     path = os.path.join(os.path.dirname(status_path(settings)), VIEW_FILE)
     data = read_json(path, _VIEW_CAP)
@@ -251,13 +284,19 @@ def take_view(settings, now: float):
         at = float(data["at"])
         if not 0 <= now - at <= CACHE_SECONDS:
             return None
-        states = {}
-        for name, state, flags, reason, when, user, parts, comment in data["nodes"]:
+        saved = data["fleet"]
+        sizes = {str(p): int(n) for p, n in saved["sizes"].items() if not isinstance(n, bool)}
+        states, counts = {}, dict.fromkeys(sizes, 0)
+        for name, state, flags, reason, when, user, parts, comment in saved["states"]:
             states[name] = NodeState(str(name), str(state), frozenset(flags), str(reason),
                                      None if when is None else int(when), str(user), tuple(parts), str(comment))
-        return at, states
-    except (TypeError, KeyError, ValueError):
-        return None  # absent or damaged: read the fleet
+            for part in parts:
+                counts[part] += 1  # KeyError: a partition without its size
+        if len(sizes) != len(saved["sizes"]) or any(counts[p] > n for p, n in sizes.items()):
+            return None
+        return at, Fleet(states, sizes, int(saved["nodes"]))
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return None  # absent, damaged or an older keeper's: read the fleet
 
 
 def read_status(settings):

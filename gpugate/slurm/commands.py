@@ -117,6 +117,17 @@ class CommandSlurm(NodeUpdates):
         except ParseError as exc:
             raise SlurmError("cannot read node states: %s" % exc) from None
 
+    def fleet(self):
+        """The budget keeper's full read (the text format, as nodes(lean=True)):
+        a gpugate.slurm.nodestate.lean.Fleet, records for the nodes that
+        decide alone; the same one read."""
+        from .nodestate.lean import read_text
+
+        try:
+            return read_text(self._run("sinfo", list(SINFO_TEXT_ARGV), SINFO_TEXT_ENV))
+        except ParseError as exc:
+            raise SlurmError("cannot read node states: %s" % exc) from None
+
     def own_record(self, name: str) -> Optional[NodeState]:
         """One node's record (None: slurmctld has no such node) in one RPC,
         REQUEST_NODE_INFO_SINGLE alone (gpugate.slurm.libslurm), for a node

@@ -1,0 +1,139 @@
+"""The keeper's proof checks (issue 48): every published span is checked
+as gpugate.slurm.pending.verified checks it, at the cost of a fleet-wide
+event (100,000 nodes published at once) counted in microseconds a node.
+
+- The HMAC is pending.proof's, with the key's two padded blocks hashed once
+  per run (RFC 2104, what hmac.HMAC does before copying them) instead of
+  once per proof: the same bytes (tests/test_keeper_lean.py compares them).
+- A span is passed here only when its proof is this node's and its times
+  are within pending's bounds; anything else is judged by
+  pending.unverified itself, so that the verdict and the reason said for
+  it are pending's, word for word.
+- What a span's proof says does not change with the clock: it is
+  remembered per exact (node, comment) text, under the key that checked
+  it, for the run's re-read and the next run of the same process
+  (`gpugate budget --watch`).  Only the entries of the latest run are kept,
+  so the memory follows the fleet's published nodes and never grows past
+  them.  A timer's run (a new process each time) starts with none: a file
+  of 100,000 remembered comments costs as much to read as the checks.
+  The times are judged afresh by every call.
+- Comments with one opening mark (what a node writes, with an admin's
+  text or not) are read here in one step; any other (an admin's paste
+  beside the node's span) by pending.read_all."""
+
+import hashlib
+
+from .record import replace
+from .slurm import pending
+
+_OPEN = pending.OPEN
+_TAIL = " " + pending.CLOSE
+_PAD_IN = bytes(b ^ 0x36 for b in range(256))
+_PAD_OUT = bytes(b ^ 0x5C for b in range(256))
+
+# The latest run's memory: (key, {node: (comment, ((Pending, its proof is the node's), ...))}).
+_LAST = [b"", {}]
+
+
+class Signer:
+    """pending.proof for one key."""
+
+    def __init__(self, key: bytes):
+        block = hashlib.sha256().block_size
+        if len(key) > block:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(block, b"\0")
+        self._inner = hashlib.sha256(key.translate(_PAD_IN))
+        self._outer = hashlib.sha256(key.translate(_PAD_OUT))
+
+    def proof(self, node: str, since: int, seen: int, reason: str) -> str:
+        inner = self._inner.copy()
+        inner.update(("%s\n%s\n%d\n%d\n%s" % (pending._DOMAIN, node, since, seen, reason)).encode(
+            "utf-8", "surrogateescape"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:16].hex()
+
+
+class Proofs:
+    """One run's proof checks, remembered from the previous run of this
+    process under the same key (see the module doc)."""
+
+    def __init__(self, key: bytes):
+        import hmac
+        import re
+
+        self.key, self.signer, self._same = key, Signer(key), hmac.compare_digest
+        self._head = re.compile(pending._HEAD.pattern)
+        self.old = _LAST[1] if _LAST[0] == key else {}
+        self.new = {}
+
+    def keep(self) -> None:
+        """This run's memory serves the next run (this process's)."""
+        _LAST[:] = [self.key, self.new]
+
+    def _spans(self, node: str, comment: str) -> tuple:
+        """((span, its proof is this node's), ...) for each span of the comment."""
+        got = self.new.get(node)
+        if got is None or got[0] != comment:
+            got = self.old.get(node)
+            if got is None or got[0] != comment:
+                got = (comment, tuple([(seen, seen.proof is not None and self._same(
+                    seen.proof, self.signer.proof(node, seen.since, seen.seen, seen.reason)))
+                    for seen in self._read(comment)]))
+            self.new[node] = got
+        return got[1]
+
+    def _read(self, comment: str):
+        """pending.read_all(comment), a comment with one opening mark in one step."""
+        at = comment.find(_OPEN)
+        if at < 0 or comment.find(_OPEN, at + 1) >= 0:
+            return pending.read_all(comment)
+        m = self._head.match(comment, at)  # pending's search can only find it there
+        end = -1 if m is None else comment.find(_TAIL, m.end())
+        if end < 0:
+            return ()
+        since, seen, proof = m.groups()
+        return (pending.Pending(comment[m.end():end], int(since), None if seen is None else int(seen), proof),)
+
+    def verified(self, node: str, comment: str, now: float):
+        """pending.verified(comment, node, key, now)."""
+        why = None
+        for seen, mine in self._spans(node, comment):
+            if (mine and seen.since <= seen.seen <= now + pending.CLOCK_SLACK_SECONDS
+                    and now - seen.seen <= pending.MAX_AGE_SECONDS):
+                return seen, None
+            problem = pending.unverified(seen, node, self.key, now)  # pending's own words
+            if problem is None:
+                return seen, None
+            why = why or problem
+        return None, why
+
+
+def screen(states, proofs: Proofs, now: float):
+    """gpugate.keeper.screen's (states, unverified), and spans: node -> the
+    span its screened comment reads as (budget.published's spans)."""
+    from .slurm.nodestate.lean import paused_gc
+
+    with paused_gc():
+        return _screen(states, proofs, now)
+
+
+def _screen(states, proofs: Proofs, now: float):
+    out, unverified, spans = {}, {}, {}
+    for name, state in states.items():
+        comment = state.comment
+        if not comment or _OPEN not in comment:
+            out[name] = state
+            continue
+        seen, why = proofs.verified(name, comment, now)
+        if seen is None:
+            unverified[name] = why
+            state = replace(state, comment="")
+        else:
+            if comment.count(_OPEN) > 1:
+                state = replace(state, comment=pending.alone(seen))
+                seen = pending.read(state.comment)  # what budget.published would read there
+            spans[name] = seen
+        out[name] = state  # the node's own span, alone: kept as it is
+    return out, unverified, spans

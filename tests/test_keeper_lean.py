@@ -1,0 +1,251 @@
+"""The keeper's lean read and decision (issue 48) decide as the
+straightforward path did, on the same fleets: sinfo's text read in full
+(parse_nodes_text), every comment's proof checked by pending.verified (the
+keeper's screen as it was, kept here as the reference), the pins'
+allowance and the plan on every node.  Fleets are generated: published
+spans signed by their node, forged, copied from another node, stale,
+from the future, unsigned, an admin's paste before or after the node's
+own, partitions that differ from line to line, lines in any order, and
+lines the plain reader leaves to the full one (a reason over two lines,
+a bad state, a node printed twice with different states).  No timing
+here: bench/bench_budget.py measures."""
+
+import hmac
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gpugate import budget, keeper, keeper_memory, keeper_proofs
+from gpugate.errors import ParseError
+from gpugate.record import replace
+from gpugate.slurm import pending
+from gpugate.slurm.nodestate import parse_nodes_text
+from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states, read_text
+
+TAG = "gpugate:"
+KEY = b"0123456789abcdef0123456789abcdef"
+OTHER_KEY = b"fedcba9876543210fedcba9876543210"
+NOW = 1800000000
+DRIFT = "gpugate: drift driver=550.54.15 (want 580.95.05)"
+PIN = "gpugate: health preflight_across=pinned (want none)"
+XID = "gpugate: health xid:gpu1=79 (want none)"
+PARTS = ("gpu", "pool0", "pool1", "debug")
+
+
+# -- the reference: the keeper's screen before issue 48, word for word ------------------------
+
+def reference_screen(states, key: bytes, now: float, checked=None):
+    out, unverified = {}, {}
+    for name, state in states.items():
+        if not state.comment or pending.OPEN not in state.comment:
+            out[name] = state
+            continue
+        verdict = None if checked is None else checked.get((name, state.comment))
+        if verdict is None:
+            verdict = pending.verified(state.comment, name, key, now)
+            if checked is not None:
+                checked[(name, state.comment)] = verdict
+        seen, why = verdict
+        if seen is None:
+            unverified[name] = why
+        if seen is None or state.comment.count(pending.OPEN) > 1:
+            state = replace(state, comment=pending.alone(seen) if seen is not None else "")
+        out[name] = state
+    return out, unverified
+
+
+def reference_decide(states, share, per_hour, memory, now):
+    mine, unverified = reference_screen(states, KEY, now, {})
+    memory, waiting = keeper_memory.review(memory, mine, TAG, now)
+    for name, why in budget.pins_held(mine, TAG, now, per_hour).items():
+        waiting.setdefault(name, why)
+    plan = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, TAG, share)
+    return mine, unverified, memory, waiting, plan
+
+
+# -- fleets ---------------------------------------------------------------------------------
+
+def _span(draw, name, names):
+    """One span in node ``name``'s comment, of the given kind."""
+    kind = draw(st.sampled_from(["own", "own", "own", "forged", "copied", "stale", "future", "late_since",
+                                 "unsigned", "other_key", "acute"]))
+    reason = draw(st.sampled_from([DRIFT, DRIFT, PIN])) if kind != "acute" else XID
+    seen = NOW - draw(st.sampled_from([0, 5, 600, pending.MAX_AGE_SECONDS - 1]))
+    since = seen - draw(st.integers(0, 3000))
+    signer, key = name, KEY
+    if kind == "stale":
+        seen -= pending.MAX_AGE_SECONDS + draw(st.integers(1, 9999))
+        since = seen - 5
+    elif kind == "future":
+        seen = NOW + pending.CLOCK_SLACK_SECONDS + draw(st.integers(1, 999))
+    elif kind == "late_since":
+        since = seen + draw(st.integers(1, 50))
+    elif kind == "copied":
+        signer = draw(st.sampled_from(names))
+    elif kind == "other_key":
+        key = OTHER_KEY
+    if kind == "unsigned":
+        return "%s%d] %s %s" % (pending.OPEN, since, reason, pending.CLOSE)
+    proof = pending.proof(key, signer, since, seen, reason)
+    if kind == "forged":
+        proof = draw(st.text("0123456789abcdef", min_size=32, max_size=32))
+    return "%s%d seen @%d proof %s] %s %s" % (pending.OPEN, since, seen, proof, reason, pending.CLOSE)
+
+
+@st.composite
+def fleets(draw):
+    count = draw(st.integers(1, 24))
+    names = ["gpu%02d" % i for i in range(count)]
+    lines = []
+    for name in names:
+        spans = [_span(draw, name, names) for _ in range(draw(st.sampled_from([0, 0, 1, 1, 1, 2])))]
+        admin = draw(st.sampled_from(["", "", "rack 3", "[gpugate-pending @12] not closed"]))
+        pieces = spans + ([admin] if admin else [])
+        comment = " ".join(draw(st.permutations(pieces))) if pieces else "(null)"
+        state = draw(st.sampled_from(["idle", "idle", "mixed", "idle+drain", "allocated+drain", "down+drain",
+                                      "down*"]))
+        drained = "drain" in state
+        reason = draw(st.sampled_from([DRIFT, PIN, XID, "admin: PSU", "gpugate: rma budgeted=drift x (want y)"])
+                      ) if drained or draw(st.booleans()) else "none"
+        stamp = str(NOW - draw(st.integers(0, 99))) if reason != "none" else "Unknown"
+        user = "root" if reason != "none" else "Unknown"
+        parts = draw(st.lists(st.sampled_from(PARTS), min_size=1, max_size=3))  # a repeat is printed twice
+        for part in parts:
+            lines.append("%s|%s|%s|%s|%s|%s\x1f%s" % (name, part, state, stamp, user, comment, reason))
+    if draw(st.booleans()):
+        lines = draw(st.permutations(lines))
+    odd = draw(st.sampled_from([None] * 6 + ["continued", "bad_state", "twice", "blank", "bad_name"]))
+    at = draw(st.integers(0, len(lines) - 1))
+    if odd == "continued":
+        lines.insert(at + 1, "and its reason's next line")
+    elif odd == "bad_state":
+        lines[at] = "|".join(lines[at].split("|")[:2] + ["sleepy"] + lines[at].split("|")[3:])
+    elif odd == "twice":
+        lines.append("|".join(lines[at].split("|")[:2] + ["mixed+drain"] + lines[at].split("|")[3:]))
+    elif odd == "blank":
+        lines.insert(at, "")
+    elif odd == "bad_name":
+        lines.insert(at, "bad name|gpu|idle|Unknown|Unknown|(null)\x1fnone")
+    return "\n".join(lines) + "\n", draw(st.sampled_from([0.1, 0.25, 0.5, 0.99])), draw(st.integers(0, 3))
+
+
+def _full(text):
+    try:
+        return parse_nodes_text(text)
+    except ParseError as exc:
+        return exc
+
+
+def _lean(text):
+    try:
+        return read_text(text)
+    except ParseError as exc:
+        return exc
+
+
+def _memory_of(states, draw_names):
+    """A memory of earlier drains for some published nodes (a RESUME since)."""
+    memory = {}
+    for name in draw_names:
+        seen = budget.published(states[name], TAG) if name in states else None
+        if seen is not None:
+            memory[name] = {"since": int(seen.since), "drained": NOW - 99, "returned": None}
+    return memory
+
+
+@settings(max_examples=400, deadline=None)
+@given(fleets(), st.data())
+def test_the_lean_path_decides_as_the_full_one(case, data):
+    text, share, per_hour = case
+    full, lean = _full(text), _lean(text)
+    if isinstance(full, ParseError):
+        assert isinstance(lean, ParseError) and str(lean) == str(full)  # refused alike: nothing drained
+        return
+    assert isinstance(lean, Fleet)
+    assert lean.states == {n: s for n, s in full.items() if deciding(s)}
+    assert lean.sizes == of_states(full).sizes and lean.nodes == len(full)
+    names = sorted(full)
+    memory = _memory_of(full, data.draw(st.lists(st.sampled_from(names), unique=True, max_size=3)))
+    mine, unverified, memory_after, waiting, plan = reference_decide(full, share, per_hour, dict(memory), NOW)
+    proofs = keeper_proofs.Proofs(KEY)
+    for _ in range(2):  # a second time on what the first remembered (the run's re-read, --watch)
+        got = keeper.decide(lean, proofs, TAG, share, per_hour, dict(memory), lambda: NOW)
+        assert got.plan.drain == plan.drain
+        assert got.plan.held == plan.held
+        assert got.plan.uses == plan.uses
+        assert got.unverified == unverified
+        assert got.waiting == waiting and got.memory == memory_after
+        assert {n: s for n, s in got.mine.items()} == {n: s for n, s in mine.items() if n in lean.states}
+        read = {n: pending.read(s.comment) for n, s in mine.items() if n in lean.states}
+        assert set(got.spans) == {n for n, seen in read.items() if seen is not None}
+        assert all((got.spans[n].seen, got.spans[n].proof) == (read[n].seen, read[n].proof) for n in got.spans)
+        assert got.spans == {n: seen for n, seen in read.items() if seen is not None}
+        proofs.keep()
+        proofs = keeper_proofs.Proofs(KEY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_remembered_verdict_is_the_verdict_of_the_exact_text(data):
+    """Across runs (--watch) a node's comment changed by a digit, re-signed,
+    pasted from another node, or judged at another time, or a new key: each
+    is judged as pending.verified judges it then."""
+    names = ["gpu01", "gpu02"]
+    proofs = keeper_proofs.Proofs(KEY)
+    for _ in range(4):
+        name = data.draw(st.sampled_from(names))
+        comment = " ".join(_span(data.draw, name, names) for _ in range(data.draw(st.integers(1, 2))))
+        if data.draw(st.booleans()):
+            digits = [i for i, c in enumerate(comment) if c.isdigit()]
+            i = data.draw(st.sampled_from(digits))
+            comment = comment[:i] + str((int(comment[i]) + 1) % 10) + comment[i + 1:]
+        now = NOW + data.draw(st.sampled_from([0, 1, pending.MAX_AGE_SECONDS]))
+        key = data.draw(st.sampled_from([KEY, KEY, OTHER_KEY]))
+        if key != proofs.key:
+            proofs.keep()
+            proofs = keeper_proofs.Proofs(key)
+        want = pending.verified(comment, name, key, now)
+        got = proofs.verified(name, comment, now)
+        assert (got[0], got[1]) == want and (got[0] is None or got[0].seen == want[0].seen)
+        if data.draw(st.booleans()):
+            proofs.keep()
+            proofs = keeper_proofs.Proofs(key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=0, max_size=200), st.text(max_size=30), st.integers(0, 10 ** 12),
+       st.integers(0, 10 ** 12), st.text(max_size=200))
+def test_the_signer_proves_as_pending(key, node, since, seen, reason):
+    assert hmac.compare_digest(keeper_proofs.Signer(key).proof(node, since, seen, reason),
+                               pending.proof(key, node, since, seen, reason))
+
+
+def test_a_healthy_node_is_counted_not_made_a_record():
+    text = ("n1|gpu|idle|Unknown|Unknown|(null)\x1fnone\n"
+            "n1|pool0|idle|Unknown|Unknown|(null)\x1fnone\n"
+            "n2|gpu|idle+drain|1800000000|root|(null)\x1fadmin: PSU\n"
+            "n3|gpu|mixed|Unknown|Unknown|rack 3\x1fa [gpugate-pending @1] in a reason\n")
+    fleet = read_text(text)
+    assert sorted(fleet.states) == ["n2"] and fleet.sizes == {"gpu": 3, "pool0": 1} and fleet.nodes == 3
+
+
+def test_the_keepers_view_keeps_the_sizes(tmp_path):
+    from gpugate.config import parse_settings
+
+    base = parse_settings({"drain_budget": {"max_share": 0.25}}, "(test)")
+    cfg = replace(base, sweep=dict(base.sweep, journal=str(tmp_path / "sweep.db")))
+    fleet = read_text("n1|gpu|idle|Unknown|Unknown|(null)\x1fnone\n"
+                      "n2|gpu|idle+drain|1800000000|root|(null)\x1f%s\n" % DRIFT)
+    keeper.save_view(cfg, NOW, fleet)
+    at, again = keeper.take_view(cfg, NOW + 1)
+    assert at == NOW and again.states == fleet.states and again.sizes == fleet.sizes and again.nodes == 2
+    assert keeper.take_view(cfg, NOW + 1) is None  # once
+
+
+@pytest.mark.parametrize("text", ["", "\n", "n1|gpu|idle|Unknown|Unknown\n", "x\nn1|gpu|idle|Unknown|Unknown|y\n"])
+def test_what_the_plain_reader_leaves_is_read_as_the_full_reader_reads_it(text):
+    full, lean = _full(text), _lean(text)
+    if isinstance(full, ParseError):
+        assert isinstance(lean, ParseError)
+    else:
+        assert lean.states == {n: s for n, s in full.items() if deciding(s)} and lean.nodes == len(full)
