@@ -108,18 +108,27 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
         cluster.scontrol("update", "NodeName=" + node, "Comment=" + _signed(cluster, "", reason, since, node))
     settings = load_settings(cluster.gpugate_conf)
     slurm = connect(settings)
-    read = slurm.nodes
+    read, read_fleet = slurm.nodes, slurm.fleet
     raced = []
 
-    def nodes(names=None, **kw):
-        found = read(names, **kw)
-        if names is None and not raced:  # keeper A has its view: now the world moves on
+    def race():
+        if not raced:  # keeper A has its view: now the world moves on
             raced.append(True)
             cluster.scontrol("update", "NodeName=gpu01", "Comment=" + _signed(cluster, "rack 1", reason, 100, "gpu01"))
             b = json.loads(_keeper(cluster, other).stdout)
             assert b["drained"] == ["gpu01", "gpu02"], b
+
+    def nodes(names=None, **kw):
+        found = read(names, **kw)
+        if names is None:
+            race()
         return found
-    slurm.nodes = nodes
+
+    def fleet():  # the keeper's full read (gpugate.slurm.nodestate.lean)
+        found = read_fleet()
+        race()
+        return found
+    slurm.nodes, slurm.fleet = nodes, fleet
     try:
         figures = keeper.run_once(settings, slurm)
     finally:
