@@ -35,7 +35,8 @@ ROWS = (
     Source("Kernel-log records lost before gpugate read them", ("kernel_log",), YES,
            "a user can flood the ring", "never where a job runs (a metric and an alert); only the sweep's "
            "verification of a drained node waits on it", "never"),
-    Source("Application Xids on one GPU in several users' jobs (xid_repeat)", ("xid_repeat",), YES,
+    Source("Application Xids repeating on a GPU, or on several GPUs of a node, in several users' jobs",
+           ("xid_repeat",), YES,
            "their applications raise them", "budgeted",
            "never on its own: the deep diagnostic failing is the evidence"),
     Source("AMD ring timeouts and GPU resets repeating on one GPU", ("amdgpu_repeat",), YES,

@@ -203,3 +203,56 @@ def test_an_rma_of_budgeted_cause_is_counted_and_an_acute_one_is_not():
         is None
     # A deferred escalation keeps its class and reads as budgeted, whatever follows the sweep's note.
     assert counted("gpugate: health sweep=rma deferred (want room in budget and floor); dcgm_diag=timed out (want x)")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.sampled_from("abc"), min_size=1, max_size=3), st.sampled_from(["in", "drained",
+                                                                                                   "published"])),
+                min_size=1, max_size=30),
+       st.sampled_from([0.05, 0.1, 0.25, 0.5, 0.9]))
+def test_all_nodes_at_once_never_leave_a_partition_over_its_budget(layout, share):
+    """Every unfit node decides at the same moment (the keeper's one plan
+    over the fleet), any partition layout, any share: no partition ends
+    over its allowance from new drains, and every drain it makes ranks
+    within every partition of its node."""
+    states = {}
+    for i, (parts, kind) in enumerate(layout):
+        name = "n%02d" % i
+        if kind == "drained":
+            states[name] = node(name, tuple(parts), reason=DRIFT_REASON, when=100 + i)
+        elif kind == "published":
+            states[name] = published_node(name, tuple(parts), since=1000 + i)
+        else:
+            states[name] = node(name, tuple(parts))
+    before = budget.usage(states, TAG, share)
+    plan = budget.plan(states, TAG, share)
+    after = dict(states)
+    for name, why in plan.drain:
+        after[name] = node(name, states[name].partitions, reason=why, when=2000)
+    for part, use in budget.usage(after, TAG, share).items():
+        assert len(use.drained) <= max(use.allowance, len(before[part].drained)), (part, use)
+        new = [n for n in use.drained if n not in before[part].drained]
+        assert all(use.drained.index(n) < use.allowance for n in new), (part, use)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 10), st.integers(0, 40), st.sampled_from([0.05, 0.1, 0.25, 0.5]),
+       st.booleans())
+def test_one_partition_fills_its_budget_exactly(healthy, drained, unfit, share, one_by_one):
+    """One partition, its unfit nodes deciding together or one by one:
+    exactly min(allowance, drained + unfit) end drained (never fewer: a
+    budget with room drains)."""
+    states = {}
+    for i in range(healthy):
+        states["h%02d" % i] = node("h%02d" % i)
+    for i in range(drained):
+        states["d%02d" % i] = node("d%02d" % i, reason=DRIFT_REASON, when=10 + i)
+    for i in range(unfit):
+        states["u%02d" % i] = published_node("u%02d" % i, since=100 + i)
+    allowance = budget.allowance(len(states), share)
+    rounds = unfit if one_by_one else 1
+    for _ in range(max(1, rounds)):
+        plan = budget.plan(states, TAG, share)
+        for name, why in plan.drain[:1] if one_by_one else plan.drain:
+            states[name] = node(name, reason=why, when=5000)
+    assert len(budget.usage(states, TAG, share)["gpu"].drained) == max(drained, min(allowance, drained + unfit))

@@ -84,3 +84,29 @@ def test_the_docs_show_the_table_as_the_code_has_it():
     assert start in text and end in text, "docs/reliability.md lost its influence table markers"
     shown = text.split(start, 1)[1].split(end, 1)[0]
     assert shown == influence.render(), "docs/reliability.md's table is out of date: paste gpugate.influence.render()"
+
+
+def test_every_test_docs_reliability_cites_exists():
+    """A row of docs/reliability.md names the test that shows it: that test
+    must exist (``file.py::test_name``, and ``::test_name`` after it for the
+    same file)."""
+    import re
+
+    defined = {}
+    for name in os.listdir(os.path.join(ROOT, "tests")):
+        if name.endswith(".py"):
+            source = open(os.path.join(ROOT, "tests", name)).read()
+            defined[name] = set(re.findall(r"^(?:async )?def (test_\w+)", source, re.M))
+    missing = []
+    for line in open(os.path.join(ROOT, "docs", "reliability.md")).read().splitlines():
+        current = None
+        for m in re.finditer(r"(test_\w+\.py)(?:::(test_\w+))?|::(test_\w+)", line):
+            if m.group(1):
+                current = m.group(1)
+                if current not in defined:
+                    missing.append(current)
+                elif m.group(2) and m.group(2) not in defined[current]:
+                    missing.append("%s::%s" % (current, m.group(2)))
+            elif current is None or m.group(3) not in defined.get(current, ()):
+                missing.append("%s::%s" % (current, m.group(3)))
+    assert missing == [], "docs/reliability.md cites tests that do not exist: %s" % missing
