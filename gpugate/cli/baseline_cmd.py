@@ -24,7 +24,7 @@ def baseline():
 
     \b
     Examples:
-      gpugate baseline capture --node gpu001 --output new-baseline.toml
+      gpugate baseline capture --node gpu001 --nodes 'gpu[001-200]' --output new-baseline.toml
       gpugate baseline capture --sim /tmp/fleet --node gpu01
       gpugate baseline diff /etc/gpugate/baseline.toml new-baseline.toml
       gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json --json
@@ -71,30 +71,42 @@ def _write_new(path: str, text: str, force: bool) -> None:
 @click.option("--sim", type=click.Path(file_okay=False), default=None,
               help="Capture from a simulated node of this fleet directory.")
 @click.option("--node", "-n", required=True, help="The known-good node to capture from.")
+@click.option("--nodes", "-w", "nodes", default=None, metavar="HOSTLIST",
+              help="The nodes the [nodes] section covers, a hostlist as ClusterShell writes it "
+                   "(e.g. 'gpu[001-200]'): every node of the same shape.  Default: --node alone (said on stderr: "
+                   "every other node reads `probe uncovered` until a section names it).")
 @click.option("--name", default=None, help="The baseline's name (default: captured-NODE-YYYYMMDD).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default=None,
               help="Write the baseline to this file (atomically) instead of printing it.")
 @click.option("--force", is_flag=True, help="Replace --output when it exists.")
-def capture(config, sim, node, name, output, force):
+def capture(config, sim, node, nodes, name, output, force):
     """Write a baseline from a known-good node's facts: every version it runs
-    as the pin, its VBIOS per GPU product, and a [nodes."NODE"] section with
-    its GPU count, product, NVSwitch, MIG and persistence.  Facts that could
+    as the pin, its VBIOS per GPU product, and a [nodes."HOSTLIST"] section
+    (--nodes; default [nodes."NODE"], that node alone) with its GPU count,
+    product, NVSwitch, MIG and persistence.  A node no section names reads
+    `probe uncovered` on every check (drained within the drain budget): give
+    --nodes every node of this shape.  Facts that could
     not be read are left out with a comment saying why; [health] is left out
     (the defaults apply).  A node whose GPUs of one product disagree on the
     VBIOS is refused: it is not a good reference.
 
     \b
     Examples:
+      gpugate baseline capture --node gpu001 --nodes 'gpu[001-200]' -o new-baseline.toml
       gpugate baseline capture --node gpu001
       gpugate baseline capture --node gpu001 --name h100-r590-2027.01 --output new-baseline.toml
       gpugate baseline capture --sim /tmp/fleet --node gpu01 -o /tmp/captured.toml --force
     """
     from ..findings import BROKEN, HEALTH
     from ..fleet.capture import capture as capture_text
+    from ..fleet import coverage
 
+    key = coverage.section_key(nodes) if nodes is not None else None
     result, facts = _node_facts(config, sim, node)
     name = name or "captured-%s-%s" % (node, time.strftime("%Y%m%d", time.gmtime()))
-    text = capture_text(node, facts, name)
+    text = capture_text(node, facts, name, nodes=key)
+    for line in coverage.capture_notes(node, key):
+        click.echo(line, err=True)
     unwell = [f for f in result.verdict.findings if f.cls in (HEALTH, BROKEN)]
     if unwell:
         click.echo("gpugate: warning: %s has %d finding%s besides versions (e.g. %s): check it is really a good "
@@ -102,7 +114,7 @@ def capture(config, sim, node, name, output, force):
                                   "%s %s" % (unwell[0].cls, unwell[0].component)), err=True)
     if output:
         _write_new(output, text, force)
-        click.echo("wrote %s (from %s)" % (output, node), err=True)
+        click.echo("wrote %s (from %s; [nodes.\"%s\"])" % (output, node, key or node), err=True)
     else:
         click.echo(text, nl=False)
 
@@ -215,18 +227,24 @@ def diff(config, old, new, audit_file, as_json):
 @_audit_opt
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: new, old, audit, prediction (nodes, changes, partitions, unknown, "
-                   "uncovered, over_budget).")
+                   "uncovered, over_budget), uncovered_refused (count, nodes).")
 def check_cmd(config, new, old_path, audit_file, as_json):
     """Would NEW make more nodes of a partition unfit than its drain budget
     allows?  For a site's git CI, before NEW is pushed: NEW is validated,
     then judged on every node's facts from the last `gpugate audit` (the
     judges `gpugate check` runs), against the baseline the fleet runs now.
-    Read-only: nothing is changed.
+    Read-only: nothing is changed.  NEW must also cover every node the
+    audit reached (a [nodes."..."] section naming it): one it leaves
+    uncovered would read `probe uncovered` and be drained within the
+    budget, so NEW is refused (`gpugate baseline capture --nodes HOSTLIST`
+    writes the section for a hostlist).  There is no override: cover the
+    node, or audit without it (`gpugate audit -p`/`-w`).
 
     \b
-    Exit 0: within every partition's budget.
+    Exit 0: within every partition's budget, every audited node covered.
     Exit 1: over budget; one line per partition names the count, the budget
-            and the first findings with their nodes.
+            and the first findings with their nodes.  Or NEW leaves nodes
+            the audit reached uncovered: they are named, with what to do.
     Exit 2: NEW does not load (the loader's error), no audit, or an audit
             without Slurm's partitions.
 
@@ -237,7 +255,9 @@ def check_cmd(config, new, old_path, audit_file, as_json):
       gpugate baseline check baseline.toml --audit audit.json --json
     """
     from ..baseline import load_baseline
+    from ..fleet import coverage
     from ..fleet import predict as prediction
+    from ..fleet.audit import hostlist
 
     new_b = load_baseline(new)
     settings, path, audit = _latest_audit(config, audit_file)
@@ -251,11 +271,15 @@ def check_cmd(config, new, old_path, audit_file, as_json):
     old_b = load_baseline(old) if old_path or os.path.exists(old) else None
     predicted = _predict(settings, old_b, new_b, audit)
     over = prediction.over_lines(predicted)
+    refused, unreached = coverage.uncovered_audited(new_b, audit["facts"])
+    code = 1 if over or refused else 0
     if as_json:
-        click.echo(json.dumps({"new": new, "old": old if old_b else None, "exit_code": 1 if over else 0,
+        click.echo(json.dumps({"new": new, "old": old if old_b else None, "exit_code": code,
                                "audit": {"path": path, "at": audit.get("at"), "nodes": len(audit["facts"])},
-                               "prediction": prediction.to_json(predicted)}, sort_keys=True))
-        sys.exit(1 if over else 0)
+                               "prediction": prediction.to_json(predicted),
+                               "uncovered_refused": {"count": len(refused), "nodes": hostlist(refused)}},
+                              sort_keys=True))
+        sys.exit(code)
     click.echo("%s (%s) against the audit of %d nodes at %s (%s), compared with %s"
                % (new, new_b.name, len(audit["facts"]), _when(audit), path,
                   old if old_b else "no current baseline (%s not found): every finding is new" % old))
@@ -263,4 +287,7 @@ def check_cmd(config, new, old_path, audit_file, as_json):
     if over:
         click.echo("gpugate baseline check: %s would drain more than the budget allows in partition %s"
                    % (new, ", ".join(p.partition for p in predicted.over)), err=True)
-    sys.exit(1 if over else 0)
+    if refused:
+        for line in coverage.refusal(new, refused, unreached):
+            click.echo(line, err=True)
+    sys.exit(code)

@@ -17,7 +17,8 @@ EXIT_CODES = """\b
 Exit codes:
   0  fit / success
   1  unfit (check), drift or uncovered nodes (audit), over the drain budget
-     (baseline check), sweep stopped by its circuit breaker
+     or audited nodes uncovered (baseline check), sweep stopped by its
+     circuit breaker, a node refused (sweep repaired)
   2  usage or configuration error: nothing was changed
   3  Slurm did not answer or refused"""
 

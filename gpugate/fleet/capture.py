@@ -219,8 +219,10 @@ def _amd_bus(root: str) -> bool:
     return isinstance(amd, list) and bool(amd) and not (isinstance(nvidia, tuple) and nvidia[0])
 
 
-def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -> str:
-    """TOML text of a baseline built from one known-good node's facts.
+def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None, nodes: Optional[str] = None) -> str:
+    """TOML text of a baseline built from one known-good node's facts; its
+    [nodes."..."] section is keyed by ``nodes`` (a hostlist, see
+    section_key) when given, else by the node alone.
 
     Raises ConfigError when the node cannot be a reference (GPUs of one
     product on different VBIOS or GSP firmware, Fabric Manager on another
@@ -228,7 +230,7 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -
     if isinstance(facts.get("amd"), Mapping):  # an AMD node (gpugate.fleet.capture_amd)
         from .capture_amd import capture_amd
 
-        text = capture_amd(node, facts, name, now)
+        text = capture_amd(node, facts, name, now, section=nodes or node)
         _self_check(text, node)
         return text
     pins, vbios, skipped = _capture_pins(facts)
@@ -271,7 +273,7 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None) -
     if hca_pins or hca_skipped:
         lines += ["", "[pin.hca_firmware]"] + ["%s = %s" % (_toml_str(k), _toml_str(v)) for k, v in hca_pins.items()]
         lines += [_comment(why) for why in hca_skipped]
-    lines += ["", "[nodes.%s]" % _toml_str(node)]
+    lines += ["", "[nodes.%s]" % _toml_str(nodes or node)]
     for key, value in shape.items():
         lines.append("%s = %s" % (key, _toml_value(value)))
     hca_table = capture_hca.fabric(facts)

@@ -83,7 +83,8 @@ def _shape(amd: Mapping, gpus: List[Mapping]) -> Tuple[Dict[str, object], Dict[s
     return shape, skipped
 
 
-def capture_amd(node: str, facts: Mapping, name: str, now: Optional[float] = None) -> str:
+def capture_amd(node: str, facts: Mapping, name: str, now: Optional[float] = None,
+                section: Optional[str] = None) -> str:
     amd = facts["amd"]
     if "error" in amd:
         raise ConfigError("%s: the AMD facts could not be read (%s): not a good reference node" % (node, _error(amd)))
@@ -112,7 +113,7 @@ def capture_amd(node: str, facts: Mapping, name: str, now: Optional[float] = Non
         lines += ["", "[pin.%s]" % table] + ["%s = %s" % (_toml_str(p), _toml_str(v)) for p, v in values.items()]
         if key in skipped:
             lines.append(_comment("%s: not captured (%s)" % (key, skipped[key])))
-    lines += ["", "[nodes.%s]" % _toml_str(node)]
+    lines += ["", "[nodes.%s]" % _toml_str(section or node)]
     lines += ["%s = %s" % (k, _toml_value(shape[k])) for k in _SHAPE if k in shape]
     lines += [_comment("%s: not captured (%s)" % (k, why)) for k, why in shape_skipped.items()]
     lines += ["", "# No [health] section: the default health policy applies",
