@@ -31,9 +31,13 @@ def _context(config, force=False):
               "waiting for them to finish.")
 @click.option("--rollout", is_flag=True, help="Roll the fleet from [previous] to [pin]: drain, converge, "
               "verify and resume the nodes still on [previous], canary batch first.")
+@click.option("--rollout-if-in-progress", "rollout_if", is_flag=True,
+              help="For the timer: repair as without it; then, only while the baseline says [rollout] "
+                   "in_progress = true, roll the canary batch once per rollout and never more (the rest waits "
+                   "for approval: `gpugate sweep --rollout --apply` by hand).")
 @click.option("--preview", is_flag=True, help="Also run the configured preview command on the first batch.")
 @click.pass_context
-def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, rollout, preview):
+def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, rollout, rollout_if, preview):
     """Return the nodes gpugate drained to service: reconverge or reboot them
     in batches that keep every partition above its floor, verify each one
     (versions equal the pin, DCGM diagnostic passes) and only then RESUME it.
@@ -47,11 +51,16 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
       gpugate sweep --apply              # do it
       gpugate sweep --apply -p gpu -w 'gpu[001-064]' --max-batch 4
       gpugate sweep --rollout --apply    # a planned rollout of a new pin
+      gpugate sweep --apply --rollout-if-in-progress   # the timer: repairs, and a rollout's canary only
       gpugate sweep status               # what the journal says
       gpugate sweep forgive gpu017       # clear a repeat offender's record
+      gpugate sweep repaired gpu017      # back from rma after its GPU was replaced, through the proofs
     """
     if ctx.invoked_subcommand is not None:
         return
+    if rollout and rollout_if:
+        raise click.UsageError("--rollout and --rollout-if-in-progress: give one (--rollout rolls every batch; "
+                               "--rollout-if-in-progress, for the timer, the canary only)")
     from ..sweep import run
     from ..sweep.transport import make as make_transport
     from .sweep_render import plan_json, plan_text, report_json, report_text
@@ -67,17 +76,31 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
             options = run.with_rollout(settings, baseline, slurm, transport, options)
         if not apply_:
             current, snap = run.current_plan(settings, slurm, journal, options)
+            note = _canary(settings, baseline, slurm, transport, journal, options)[1] if rollout_if else None
             if as_json:
-                click.echo(json.dumps(plan_json(current, settings, snap), sort_keys=True))
+                click.echo(json.dumps(dict(plan_json(current, settings, snap), **({"rollout": note} if note else {})),
+                                      sort_keys=True))
             else:
-                click.echo(plan_text(current, settings, snap))
+                click.echo(plan_text(current, settings, snap) + ("\n" + note if note else ""))
                 if preview:
                     argv, output = run.preview(settings, current)
                     click.echo(("$ " + " ".join(argv) + "\n" if argv else "") + output)
             return
         say = (lambda text: None) if as_json else (lambda text: click.echo(text))
         report = run.apply(settings, baseline, slurm, transport, journal, options, sys.argv, force=force, say=say)
-        click.echo(json.dumps(report_json(report), sort_keys=True) if as_json else report_text(report))
+        note = None
+        if rollout_if and not report.stopped:  # the repairs first; the canary only on a sweep not stopped
+            from ..sweep.timed_rollout import merged
+
+            canary_options, note = _canary(settings, baseline, slurm, transport, journal, options)
+            say(note)
+            if canary_options is not None:
+                report = merged(report, run.apply(settings, baseline, slurm, transport, journal, canary_options,
+                                                  sys.argv, force=force, say=say))
+        if as_json:
+            click.echo(json.dumps(dict(report_json(report), **({"rollout": note} if note else {})), sort_keys=True))
+        else:
+            click.echo(report_text(report))
         if report.stopped:
             click.echo("gpugate sweep: %s" % report.stopped, err=True)
             sys.exit(1)
@@ -86,6 +109,12 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
             journal.close()
         if held is not None:
             held.release()
+
+
+def _canary(settings, baseline, slurm, transport, journal, options):
+    from ..sweep.timed_rollout import canary
+
+    return canary(settings, baseline, slurm, transport, journal, options)
 
 
 @sweep.command("status")
@@ -172,3 +201,51 @@ def sweep_forgive(ctx, config, nodes):
             click.echo(line)
     finally:
         journal.close()
+
+
+@sweep.command("repaired")
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None, help="gpugate.toml.")
+@click.argument("nodes")
+@click.pass_context
+def sweep_repaired(ctx, config, nodes):
+    """Return NODES (a hostlist) from rma after a hardware repair (a GPU
+    replaced), through the sweep's proof: never a bare RESUME.  For each
+    node whose reason is gpugate's rma, the repeat-offender record is
+    cleared (as `sweep forgive` does; the journal keeps the history and
+    notes the repair) and the rma reason is replaced by the sweep's work
+    reason `sweep=reboot after repair` (`reconverge` for a node drained
+    for versions), so the next `gpugate sweep --apply` reboots it, verifies
+    it (versions, DCGM diagnostic), runs the smoke job and only then
+    RESUMEs it; a node that fails is escalated again.  A node whose reason
+    is not gpugate's rma (an admin's, Slurm's, another gpugate class) is
+    refused and left as it is.  Run it once the node is back up.
+
+    \b
+    Exit 0: every node was handed back to the sweep.
+    Exit 1: a node was refused (the others were handed back).
+
+    \b
+    Examples:
+      gpugate sweep repaired gpu017               # its GPU replaced
+      gpugate sweep repaired 'gpu[017,101-102]'
+      gpugate sweep repaired gpu017 && gpugate sweep --apply -w gpu017
+    """
+    from ..config import load_settings
+    from ..names import parse_hostlist
+    from ..schedulers import connect
+    from ..sweep import run
+    from ..sweep.repaired import repaired
+
+    config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X repaired N` too
+    names = sorted(parse_hostlist(nodes, "NODES"))
+    settings = load_settings(config, missing_ok=config is None)
+    journal = run.open_journal(settings)
+    try:
+        done, refused = repaired(settings, connect(settings), journal, names, who=os.environ.get("SUDO_USER", ""))
+    finally:
+        journal.close()
+    for line in done:
+        click.echo(line)
+    for line in refused:
+        click.echo("gpugate sweep repaired: %s" % line, err=True)
+    sys.exit(1 if refused else 0)

@@ -374,11 +374,16 @@ class Sweeper(Steps, ResetStep, SmokeStep, DeferStep):
             self.slurm.unreserve(name)
 
     def _rollout_reason(self, name: str) -> str:
-        pin, prev = self.baseline.pin, self.baseline.previous
-        findings = [Finding(ROLLOUT, c, prev.get(c), pin.get(c), "reconverge")
-                    for c in ("driver", "cuda_driver", "fabricmanager", "dcgm", "image", "kernel",
-                              "container_toolkit") if prev is not None and prev.get(c) and prev.get(c) != pin.get(c)]
-        return reasons.render(self.tag, ROLLOUT, findings or [Finding(ROLLOUT, "baseline", "previous", "pin", "")])
+        return rollout_reason(self.tag, self.baseline)
+
+
+def rollout_reason(tag: str, baseline) -> str:
+    """The reason a rollout drains an in-service node with: [previous] -> [pin]."""
+    pin, prev = baseline.pin, baseline.previous
+    findings = [Finding(ROLLOUT, c, prev.get(c), pin.get(c), "reconverge")
+                for c in ("driver", "cuda_driver", "fabricmanager", "dcgm", "image", "kernel",
+                          "container_toolkit") if prev is not None and prev.get(c) and prev.get(c) != pin.get(c)]
+    return reasons.render(tag, ROLLOUT, findings or [Finding(ROLLOUT, "baseline", "previous", "pin", "")])
 
 
 __all__ = ["Sweeper", "SweepReport", "SlurmError"]

@@ -130,6 +130,8 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
         if esc.deferred(ours):
             return ESCALATE, "its escalation was deferred (drain budget or floor): rma once there is room"
         remedy = {"reconverge": RECONVERGE, "rollout": RECONVERGE, "reboot": REBOOT}.get(word, REBOOT)
+        if first.observed.endswith("after repair"):  # `gpugate sweep repaired` (repaired.py)
+            return remedy, "repaired after rma: %s, verify, smoke test, then resume" % remedy
         return remedy, "an earlier sweep left it mid-way (%s): %s again" % (first.observed, remedy)
     if cls == PROBE:
         return None, "probe drains clear themselves once the node answers"
