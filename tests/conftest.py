@@ -100,13 +100,14 @@ def _require_slurm():
         pytest.skip("Slurm is not installed (apt-get install slurm-wlm slurmctld slurmd munge)")
 
 
-def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None, sweep=None, gpus=0):
+def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None, sweep=None, gpus=0,
+                 cpus=1):
     """Write and boot a test cluster; the caller stops it."""
     from gpugate.testbed import Cluster
 
     _require_slurm()
     cluster = Cluster(str(directory), nodes=nodes, health_interval=interval, partitions=partitions, sweep=sweep,
-                      gpus=gpus)
+                      gpus=gpus, cpus=cpus)
     if "[drain_budget]" not in extra:
         # Most scenarios drain several drifted nodes of a small partition;
         # the budget has its own tests (test_slurm_budget.py).

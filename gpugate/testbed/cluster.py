@@ -19,8 +19,9 @@ KEEPER = "budget"  # the keeper's pid file (run/budget.pid); `budget` is in its 
 class Cluster:
     def __init__(self, directory: str, nodes: int = 8, health_interval: int = 5,
                  partitions: Optional[Dict[str, str]] = None, sweep: Optional[Dict[str, object]] = None,
-                 gpus: int = 0):
+                 gpus: int = 0, cpus: int = 1):
         self.dir = os.path.abspath(directory)
+        self.cpus = cpus  # per node: 2 lets two jobs share one (a user's CPU job beside their GPU job)
         # GPU GRES on every node (gres.conf over character devices made here),
         # so a job with --gres=gpu:N gets SLURM_JOB_GPUS as on a real node; 0: none.
         self.gpus = gpus

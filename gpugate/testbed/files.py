@@ -71,8 +71,8 @@ def rig_slurm_conf(cluster, ports: List[int]) -> str:
         lines.append("GresTypes=gpu")
         gres = " Gres=gpu:%d" % cluster.gpus
     for name, port in zip(cluster.nodes, ports[1:]):
-        lines.append("NodeName=%s NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=1 "
-                     "RealMemory=100%s State=UNKNOWN" % (name, port, gres))
+        lines.append("NodeName=%s NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=%d "
+                     "RealMemory=100%s State=UNKNOWN" % (name, port, getattr(cluster, "cpus", 1), gres))
     partitions = cluster.partitions or {"gpu": cluster.nodeset()}
     for i, (part, members) in enumerate(partitions.items()):
         lines.append("PartitionName=%s Nodes=%s Default=%s MaxTime=INFINITE State=UP"
