@@ -43,11 +43,13 @@ from gpugate.slurm.nodestate import lean
 with open(sys.argv[2]) as handle:
     text = handle.read()
 if sys.argv[1] == "text":  # the keeper's read: sinfo's text, records for the nodes that decide
-    fleet = lean.read_text(text)
+    with lean.paused_gc():  # as keeper.run_once: one pause over the read and the decision
+        fleet = lean.read_text(text)
+        decided = keeper.decide(fleet, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {}, lambda: %(now)d)
 else:  # the reference: a full read as 24.11's scontrol --json prints it
     from gpugate.slurm.nodestate import parse_nodes_json
     fleet = lean.of_states(parse_nodes_json(text))
-decided = keeper.decide(fleet, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {}, lambda: %(now)d)
+    decided = keeper.decide(fleet, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {}, lambda: %(now)d)
 took, cpu = time.perf_counter() - started, time.process_time() - cpu0
 assert not decided.unverified
 def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the parent's pages at fork

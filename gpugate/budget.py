@@ -23,7 +23,7 @@ from .record import dataclass
 
 __all__ = ["Use", "allowance", "applies", "switched_on", "counted", "escalation_mark", "rma_budgeted", "usage",
            "fleet_usage",
-           "Plan", "published", "plan", "over"]
+           "Plan", "published", "plan", "plan_published", "over"]
 
 @dataclass(frozen=True)
 class Use:
@@ -181,13 +181,16 @@ def published(state, tag: str, memo: Optional[dict] = None, spans: Optional[Mapp
         seen = pending.read(state.comment)
     if seen is None:
         return None
-    budgeted = None if memo is None else memo.get(seen.reason)
+    return seen if _budgeted(seen.reason, tag, {} if memo is None else memo) else None
+
+
+def _budgeted(reason: str, tag: str, memo: dict) -> bool:
+    """Is this published reason a budgeted gpugate one?  memo: as published's."""
+    budgeted = memo.get(reason)
     if budgeted is None:
-        ours = reasons.parse(seen.reason, tag)
-        budgeted = ours is not None and ours.cls in CHECK_CLASSES and not reasons.acute(ours)
-        if memo is not None:
-            memo[seen.reason] = budgeted
-    return seen if budgeted else None
+        ours = reasons.parse(reason, tag)
+        budgeted = memo[reason] = ours is not None and ours.cls in CHECK_CLASSES and not reasons.acute(ours)
+    return budgeted
 
 
 def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[Mapping[str, int]] = None,
@@ -234,6 +237,57 @@ def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[M
     return Plan(tuple(drain), held, uses)
 
 
+def plan_published(states: Mapping[str, object], tag: str, share: float, sizes: Mapping[str, int],
+                   spans: Mapping[str, object]) -> Plan:
+    """plan(states, tag, share, sizes, spans), for the keeper's fleet-wide
+    events: usage counted over the drained nodes alone, and only the nodes
+    in ``spans`` looked at for a place in the queue (published's rule: no
+    other node has one), each distinct reason judged once.  The same Plan
+    where ``states`` is keyed by node name and every partition of its
+    nodes is in ``sizes`` (the keeper's read: gpugate.slurm.nodestate.lean);
+    tests/test_keeper_lean.py compares the two on generated fleets."""
+    uses = usage({n: s for n, s in states.items() if "DRAIN" in s.flags}, tag, share, sizes=sizes)
+    room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
+    taken = {p: list(u.drained) for p, u in uses.items()}
+    memo, foreign = {}, {"": False}
+    budgeted = {r for r in {seen.reason for seen in spans.values()} if _budgeted(r, tag, memo)}
+    waiting = []
+    for name, seen in spans.items():
+        if seen.reason in budgeted:
+            state = states.get(name)
+            if state is not None and "DRAIN" not in state.flags:
+                waiting.append((seen.since, name, seen.reason, state))
+    waiting.sort()  # by time published, then name: no two alike
+    drain, held, spent, full_parts = [], {}, {}, {p for p, n in room.items() if n <= 0}
+    for _since, name, reason, state in waiting:
+        text = state.reason
+        alien = foreign.get(text)
+        if alien is None:
+            alien = foreign[text] = reasons.parse(text, tag) is None
+        if alien:
+            held[name] = "Slurm holds a reason on the node that is not gpugate's: %r" % text[:80]
+            continue
+        parts = state.partitions
+        if not parts:
+            held[name] = "in no partition: no drain budget to count it in"
+            continue
+        for part in parts:
+            if part in full_parts:
+                why = spent.get(part)
+                if why is None:  # once per partition: a full one stays full
+                    why = spent[part] = _spent(uses[part], taken[part], share)
+                held[name] = why
+                break
+        else:
+            for part in parts:
+                room[part] -= 1
+                taken[part].append(name)
+                if room[part] <= 0:
+                    full_parts.add(part)
+            drain.append((name, reason))
+    return Plan(tuple(drain), held, uses)
+
+
 def over(states: Mapping[str, object], tag: str, share: float, since: float,
          sizes: Optional[Mapping[str, int]] = None) -> Tuple[str, ...]:
     """After a keeper wrote: the keeper drains ranked beyond a partition's
@@ -264,7 +318,7 @@ PIN_COMPONENT = "preflight_across"
 PIN_WINDOW = 3600.0
 
 
-def _pin_only(text: str, tag: str) -> bool:
+def pin_only(text: str, tag: str) -> bool:
     """A reason a preflight pin alone accounts for: the pin and nothing
     budgeted besides that a job's user cannot cause (a drift beside it
     drains on its own account)."""
@@ -278,33 +332,56 @@ def _pin_only(text: str, tag: str) -> bool:
 
 
 def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int,
-              spans: Optional[Mapping[str, object]] = None) -> dict:
+              spans: Optional[Mapping[str, object]] = None, drained_pins=()) -> dict:
     """{node: why} for the published pins the keeper must not drain now:
-    in each partition, at most ``per_hour`` nodes drained for a pin with a
-    reason Slurm stamped in the last hour, oldest published first; the
-    rest wait (held and said).  Pure.  spans: as published's."""
+    in each partition, at most ``per_hour`` nodes drained for a pin in the
+    last hour, oldest published first; the rest wait (held and said).
+    What was drained for a pin is the keeper's record (``drained_pins``:
+    gpugate.keeper_pins entries; the sweep rewrites a pinned node's reason
+    and a RESUME clears it) and any node Slurm shows drained for a pin
+    alone with a reason stamped in the hour; ``drained_pins`` None (a
+    record that cannot be read) holds every pin.  Pure.  spans: as
+    published's."""
     recent: dict = {}
+    counted = set()
+    for entry in drained_pins or ():
+        if now - PIN_WINDOW <= float(entry["at"]) <= now + 60 and entry["node"] not in counted:
+            counted.add(entry["node"])
+            for part in entry["partitions"]:
+                recent[part] = recent.get(part, 0) + 1
     waiting = []
     memo: dict = {}
     pins: dict = {}  # reason -> a pin alone?  A fleet-wide event gives 100,000 nodes one reason: parsed once
 
-    def pin_only(text):
+    def only_pin(text):
         found = pins.get(text)
         if found is None:
-            found = pins[text] = _pin_only(text, tag)
+            found = pins[text] = pin_only(text, tag)
         return found
 
-    for state in states.values():
-        if state.drain:
-            if state.reason and pin_only(state.reason) and state.reason_time is not None \
-                    and now - PIN_WINDOW <= state.reason_time <= now + 60:
-                for part in state.partitions:
-                    recent[part] = recent.get(part, 0) + 1
-            continue
-        seen = published(state, tag, memo, spans)
-        if seen is not None and pin_only(seen.reason):
-            waiting.append((seen.since, state.name, state))
+    if spans is not None:  # the keeper's: only a node in spans can be published (published's rule)
+        drained = [s for s in states.values() if "DRAIN" in s.flags]
+        pinned = {r for r in {seen.reason for seen in spans.values()} if _budgeted(r, tag, memo) and only_pin(r)}
+        if pinned:
+            waiting = [(seen.since, name, states[name]) for name, seen in spans.items()
+                       if seen.reason in pinned and name in states and "DRAIN" not in states[name].flags]
+    else:
+        drained = [s for s in states.values() if s.drain]
+        for state in states.values():
+            if not state.drain:
+                seen = published(state, tag, memo, spans)
+                if seen is not None and only_pin(seen.reason):
+                    waiting.append((seen.since, state.name, state))
+    for state in drained:
+        if state.name not in counted and state.reason and only_pin(state.reason) and state.reason_time is not None \
+                and now - PIN_WINDOW <= state.reason_time <= now + 60:
+            for part in state.partitions:
+                recent[part] = recent.get(part, 0) + 1
     held = {}
+    if drained_pins is None:
+        return {name: ("the keeper's record of the pins it drained (%s) cannot be read: every preflight pin "
+                       "waits until it can, or until it is removed" % "budget-keeper-pins.json")
+                for _since, name, _state in waiting}
     for _since, name, state in sorted(waiting, key=lambda w: (w[0], w[1])):
         full = [p for p in state.partitions if recent.get(p, 0) >= per_hour]
         if full:
@@ -315,3 +392,4 @@ def pins_held(states: Mapping[str, object], tag: str, now: float, per_hour: int,
         for part in state.partitions:
             recent[part] = recent.get(part, 0) + 1
     return held
+

@@ -45,7 +45,7 @@ import os
 import socket
 import time
 
-from . import budget, keeper_memory, keeper_proofs
+from . import budget, keeper_memory, keeper_pins, keeper_proofs
 from . import reason as reasons
 from .errors import GpugateError, MirrorError
 from .record import replace
@@ -95,17 +95,20 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         return figures
     key = _key(settings)  # before any read: no key, nothing published is drained
     proofs = keeper_proofs.Proofs(key)  # each (node, comment) checked once
-    if view is not None:
-        read_at, fleet = view
-        if isinstance(fleet, dict):  # a full read
-            from .slurm.nodestate.lean import of_states
+    from .slurm.nodestate.lean import of_states, paused_gc
 
-            fleet = of_states(fleet)
-        figures["view"] = "the last run's re-read, %.1f s old" % (started - read_at)
-    else:
-        fleet = read_fleet(slurm)
-        figures["fleet_reads"] += 1
-    step = decide(fleet, proofs, tag, share, int(settings.preflight["pins_per_hour"]), memory or {}, clock)
+    with paused_gc():  # one pause over the read and the decision: no collection walks the records between them
+        if view is not None:
+            read_at, fleet = view
+            if isinstance(fleet, dict):  # a full read
+                fleet = of_states(fleet)
+            figures["view"] = "the last run's re-read, %.1f s old" % (started - read_at)
+        else:
+            fleet = read_fleet(slurm)
+            figures["fleet_reads"] += 1
+        pins = keeper_pins.load(status_path(settings))  # the preflight pins drained in the last hour
+        step = decide(fleet, proofs, tag, share, int(settings.preflight["pins_per_hour"]), memory or {}, clock,
+                      pins)
     memory, waiting, decided, unverified = step.memory, step.waiting, step.plan, step.unverified
     # Re-read each node before writing: the single-node RPC alone (read locks only).
     groups = {}
@@ -159,6 +162,10 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         for part in state.partitions:
             held_in[part] = held_in.get(part, 0) + 1
     memory = keeper_memory.drained(memory, kept, final, tag, clock())
+    drained_for = dict(decided.drain)
+    if pins is not None and any(budget.pin_only(drained_for.get(n, ""), tag) for n in kept):
+        keeper_pins.save(status_path(settings), keeper_pins.noted(
+            pins, kept, drained_for, {n: final[n].partitions for n in kept if n in final}, tag, clock()))
     figures["_memory"] = {n: e for n, e in memory.items() if n not in given_back}
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in given_back else s
                          for n, s in final.items()}, tag, share, sizes=sizes)
@@ -184,9 +191,11 @@ class Decision:
         self.memory, self.waiting, self.plan = memory, waiting, plan
 
 
-def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: dict, clock=time.time) -> Decision:
+def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: dict, clock=time.time,
+           pins=()) -> Decision:
     """The decision on one fleet read (gpugate.slurm.nodestate.lean.Fleet):
-    what bench/bench_budget.py times, with the read."""
+    what bench/bench_budget.py times, with the read.  pins: the preflight
+    pins drained in the last hour (gpugate.keeper_pins; None: unreadable)."""
     from .slurm.nodestate.lean import paused_gc
 
     with paused_gc():
@@ -195,10 +204,11 @@ def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: di
         # A span drained before and returned to service since waits for its node to sign it again.
         memory, waiting = keeper_memory.review(memory, mine, tag, clock())
         # A preflight's pins: at most [preflight] pins_per_hour a partition, within the budget besides.
-        for name, why in budget.pins_held(mine, tag, clock(), pins_per_hour, spans).items():
+        for name, why in budget.pins_held(mine, tag, clock(), pins_per_hour, spans, pins).items():
             waiting.setdefault(name, why)
         planned = {n: s for n, s in spans.items() if n not in waiting} if waiting else spans
-        return Decision(mine, unverified, spans, memory, waiting, budget.plan(mine, tag, share, fleet.sizes, planned))
+        return Decision(mine, unverified, spans, memory, waiting,
+                        budget.plan_published(mine, tag, share, fleet.sizes, planned))
 
 
 def read_fleet(slurm):

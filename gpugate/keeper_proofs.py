@@ -120,20 +120,63 @@ def screen(states, proofs: Proofs, now: float):
 
 
 def _screen(states, proofs: Proofs, now: float):
-    out, unverified, spans = {}, {}, {}
+    """One pass.  A comment whose only opening mark begins a signed span
+    (what a node writes, after an admin's text or not) is read and its
+    proof checked here, each step as Proofs._spans and verified take it:
+    the same bytes HMACed, the same bounds, remembered alike (marked as
+    such by a third item); anything else goes through Proofs.verified
+    (pending's own words for what fails)."""
+    out, unverified, spans = dict(states), {}, {}
+    remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
+    inner, outer, domain = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN + "\n%s\n%d\n%d\n%s"
+    head = _one()
+    newest, max_age = now + pending.CLOCK_SLACK_SECONDS, pending.MAX_AGE_SECONDS
+    recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
     for name, state in states.items():
         comment = state.comment
         if not comment or _OPEN not in comment:
-            out[name] = state
             continue
-        seen, why = proofs.verified(name, comment, now)
-        if seen is None:
+        got = (remembered.get(name) or old.get(name)) if recall else None
+        if got is None or got[0] != comment:
+            m = head(comment)
+            end = -1 if m is None else comment.find(_TAIL, m.end())
+            if end >= 0 and comment.count(_OPEN) == 1:
+                since, seen, proof = m.groups()
+                since, seen, reason = int(since), int(seen), comment[m.end():end]
+                mac = inner.copy()
+                mac.update((domain % (name, since, seen, reason)).encode("utf-8", "surrogateescape"))
+                check = outer.copy()
+                check.update(mac.digest())
+                got = (comment, ((Pending(reason, since, seen, proof), same(proof, check.hexdigest()[:32])),), 1)
+            else:
+                got = None
+        if got is not None and len(got) == 3:  # one signed span, the comment's only opening mark
+            span, mine = got[1][0]
+            remembered[name] = got
+            if mine and span.since <= span.seen <= newest and now - span.seen <= max_age:
+                spans[name] = span  # the node's own span, alone: its state kept as it is
+                continue
+        span, why = proofs.verified(name, comment, now)
+        if span is None:
             unverified[name] = why
-            state = replace(state, comment="")
+            out[name] = replace(state, comment="")
         else:
             if comment.count(_OPEN) > 1:
-                state = replace(state, comment=pending.alone(seen))
-                seen = pending.read(state.comment)  # what budget.published would read there
-            spans[name] = seen
-        out[name] = state  # the node's own span, alone: kept as it is
+                out[name] = replace(state, comment=pending.alone(span))
+                span = pending.read(out[name].comment)  # what budget.published would read there
+            spans[name] = span
     return out, unverified, spans
+
+
+_ONE = []
+
+
+def _one():
+    """The search for a signed span's head, as pending._HEAD reads a signed
+    one (where the comment holds a single opening mark, it is found there);
+    its reason runs up to the first closing mark after it, as Proofs._read."""
+    if not _ONE:
+        import re
+
+        _ONE.append(re.compile(r"\[gpugate-pending @(\d{1,12}) seen @(\d{1,12}) proof ([0-9a-f]{32})\] ").search)
+    return _ONE[0]

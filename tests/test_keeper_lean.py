@@ -19,7 +19,7 @@ from gpugate import budget, keeper, keeper_memory, keeper_proofs
 from gpugate.errors import ParseError
 from gpugate.record import replace
 from gpugate.slurm import pending
-from gpugate.slurm.nodestate import parse_nodes_text
+from gpugate.slurm.nodestate import NodeState, parse_nodes_text
 from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states, read_text
 
 TAG = "gpugate:"
@@ -68,7 +68,7 @@ def reference_decide(states, share, per_hour, memory, now):
 def _span(draw, name, names):
     """One span in node ``name``'s comment, of the given kind."""
     kind = draw(st.sampled_from(["own", "own", "own", "forged", "copied", "stale", "future", "late_since",
-                                 "unsigned", "other_key", "acute"]))
+                                 "unsigned", "other_key", "acute", "padded"]))
     reason = draw(st.sampled_from([DRIFT, DRIFT, PIN])) if kind != "acute" else XID
     seen = NOW - draw(st.sampled_from([0, 5, 600, pending.MAX_AGE_SECONDS - 1]))
     since = seen - draw(st.integers(0, 3000))
@@ -89,6 +89,8 @@ def _span(draw, name, names):
     proof = pending.proof(key, signer, since, seen, reason)
     if kind == "forged":
         proof = draw(st.text("0123456789abcdef", min_size=32, max_size=32))
+    if kind == "padded":  # a time written with a leading zero: the proof is over the number
+        return "%s0%d seen @0%d proof %s] %s %s" % (pending.OPEN, since, seen, proof, reason, pending.CLOSE)
     return "%s%d seen @%d proof %s] %s %s" % (pending.OPEN, since, seen, proof, reason, pending.CLOSE)
 
 
@@ -99,7 +101,8 @@ def fleets(draw):
     lines = []
     for name in names:
         spans = [_span(draw, name, names) for _ in range(draw(st.sampled_from([0, 0, 1, 1, 1, 2])))]
-        admin = draw(st.sampled_from(["", "", "rack 3", "[gpugate-pending @12] not closed"]))
+        admin = draw(st.sampled_from(["", "", "rack 3", "[gpugate-pending @12] not closed",
+                                      "closed early %s" % pending.CLOSE]))
         pieces = spans + ([admin] if admin else [])
         comment = " ".join(draw(st.permutations(pieces))) if pieces else "(null)"
         state = draw(st.sampled_from(["idle", "idle", "mixed", "idle+drain", "allocated+drain", "down+drain",
@@ -249,3 +252,49 @@ def test_what_the_plain_reader_leaves_is_read_as_the_full_reader_reads_it(text):
         assert isinstance(lean, ParseError)
     else:
         assert lean.states == {n: s for n, s in full.items() if deciding(s)} and lean.nodes == len(full)
+
+
+@st.composite
+def planned_fleets(draw):
+    """States as the keeper's screen leaves them, the spans it verified, and
+    partition sizes counting nodes beyond them (the lean read's)."""
+    reasons_ = ["", "", DRIFT, PIN, XID, "admin: PSU", "gpugate: rma budgeted=drift x (want y)",
+                "gpugate: rma xid:gpu3=79 (want none)"]
+    states, spans = {}, {}
+    for i in range(draw(st.integers(0, 30))):
+        name = "n%02d" % i
+        drained = draw(st.booleans())
+        reason = draw(st.sampled_from(reasons_))
+        when = draw(st.sampled_from([None, NOW - 50, NOW - 5, NOW])) if reason else None
+        parts = tuple(sorted(set(draw(st.lists(st.sampled_from(PARTS), max_size=3)))))
+        states[name] = NodeState(name, "IDLE", frozenset({"DRAIN"}) if drained else frozenset(), reason, when,
+                                 "root" if reason else "", parts, "")
+        if draw(st.booleans()):
+            spans[name] = pending.Pending(draw(st.sampled_from([DRIFT, DRIFT, PIN, XID, "admin text"])),
+                                          NOW - draw(st.integers(0, 5)), NOW, "0" * 32)
+    sizes = {p: sum(1 for s in states.values() if p in s.partitions) + draw(st.integers(0, 40)) for p in PARTS}
+    return states, spans, sizes
+
+
+@settings(max_examples=500, deadline=None)
+@given(planned_fleets(), st.sampled_from([0.01, 0.1, 0.25, 0.5, 0.99]))
+def test_plan_published_plans_as_plan(fleet, share):
+    """budget.plan_published (the keeper's) against budget.plan, the rule:
+    ties on the time published, drained nodes counted or not, reasons not
+    gpugate's, nodes in no partition, partitions full from the start."""
+    states, spans, sizes = fleet
+    want = budget.plan(states, TAG, share, sizes, spans)
+    got = budget.plan_published(states, TAG, share, sizes, spans)
+    assert (got.drain, got.held, got.uses) == (want.drain, want.held, want.uses)
+    assert list(got.held) == list(want.held)  # held in the same order (the status shows the first 20)
+
+
+def test_a_record_made_at_once_is_the_record():
+    from gpugate.slurm.nodestate.lean import _made
+
+    args = ("n1", "IDLE", frozenset({"DRAIN"}), "admin: PSU", NOW, "root", ("gpu", "pool0"), "rack 3")
+    made, plain = _made(*args), NodeState(*args)
+    assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain) and made.drain
+    assert replace(made, comment="") == replace(plain, comment="")
+    with pytest.raises(AttributeError):
+        made.comment = "x"

@@ -329,7 +329,11 @@ def test_a_whole_node_job_without_gpu_gres_gets_every_gpu_and_a_shared_one_none(
     from gpugate.preflight.select import exclusive_gpus, job_nodes
 
     assert exclusive_gpus({"SLURM_JOB_OVERSUBSCRIBE": "NO"}, 8) == list(range(8))
+    assert exclusive_gpus({"SLURM_JOB_EXCLUSIVE": "NODE", "SLURM_JOB_OVERSUBSCRIBE": "NO"}, 8) == list(range(8))
+    # 26.05 says NO in SLURM_JOB_OVERSUBSCRIBE for any job sharing no CPUs: SLURM_JOB_EXCLUSIVE decides there.
     for env, count in (({"SLURM_JOB_OVERSUBSCRIBE": "YES"}, 8), ({"SLURM_JOB_OVERSUBSCRIBE": "USER"}, 8),
+                       ({"SLURM_JOB_EXCLUSIVE": "NO", "SLURM_JOB_OVERSUBSCRIBE": "NO"}, 8),
+                       ({"SLURM_JOB_EXCLUSIVE": "USER", "SLURM_JOB_OVERSUBSCRIBE": "NO"}, 8),
                        ({}, 8), ({"SLURM_JOB_OVERSUBSCRIBE": "NO"}, None)):
         assert exclusive_gpus(env, count) is None  # shared, unknown, or a count the baseline does not pin
     assert job_nodes({"SLURM_JOB_NODELIST": "gpu[03-04],gpu01"}) == ["gpu01", "gpu03", "gpu04"]

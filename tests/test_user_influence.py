@@ -6,7 +6,7 @@ own (the sweep's repeat-offender rule counts only what stands beside it).
 Pure functions here; the prolog's part through real Slurm as uid 65534:
 tests/test_slurm_preflight_user.py."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from gpugate import budget
 from gpugate import reason as reasons
@@ -36,29 +36,44 @@ def _free(shm=4096, tmp=4096):
     return [("/dev/shm", shm * MIB, 1024), ("/tmp", tmp * MIB, 256)]
 
 
+def _alone(env):
+    from gpugate.preflight.select import exclusive
+
+    return exclusive(env)
+
+
 def test_a_node_the_job_has_alone_with_room_is_fit():
-    assert judge("NO", {4242}, "4242", _free()) == ""
-    assert judge(None, set(), "4242", _free()) == ""  # 22.05: slurmd sets no SLURM_JOB_OVERSUBSCRIBE
+    assert judge(_alone({"SLURM_JOB_OVERSUBSCRIBE": "NO"}), {4242}, "4242", _free()) == ""  # 23.02-25.11 --exclusive
+    assert judge(_alone({"SLURM_JOB_EXCLUSIVE": "NODE", "SLURM_JOB_OVERSUBSCRIBE": "NO"}), {4242}, "4242",
+                 _free()) == ""  # 26.05 --exclusive
+    assert judge(_alone({}), set(), "4242", _free()) == ""  # 22.05: slurmd says nothing; the process table does
 
 
 def test_a_full_dev_shm_or_tmp_is_the_environment_not_the_node():
-    assert judge("NO", {4242}, "4242", _free(shm=12)) == \
+    alone = _alone({"SLURM_JOB_OVERSUBSCRIBE": "NO"})
+    assert judge(alone, {4242}, "4242", _free(shm=12)) == \
         "/dev/shm has 12 MiB free (want 1024: [preflight] shm_free_mb)"
-    assert judge("NO", set(), "4242", _free(tmp=0)) == "/tmp has 0 MiB free (want 256: [preflight] tmp_free_mb)"
+    assert judge(alone, set(), "4242", _free(tmp=0)) == "/tmp has 0 MiB free (want 256: [preflight] tmp_free_mb)"
     unread = ProbeFailure("environment", "error", "/tmp: Permission denied")
-    assert judge("NO", set(), "4242", [("/tmp", unread, 256)]).startswith("/tmp cannot be read: ")
+    assert judge(alone, set(), "4242", [("/tmp", unread, 256)]).startswith("/tmp cannot be read: ")
 
 
 def test_another_job_on_the_node_or_a_shared_allocation_is_unfit():
     """The user's own CPU-only job beside the preflight (``--exclusive=user``
-    lets it in): Slurm's own view, not GPU counts."""
-    assert judge("USER", {4242}, "4242", _free()).startswith("the node is not the job's alone "
-                                                            "(SLURM_JOB_OVERSUBSCRIBE=USER")
-    assert judge("OK", {4242}, "4242", _free()).startswith("the node is not the job's alone")
-    assert judge(None, {4242, 4300}, "4242", _free()) == "job 4300 runs on the node too"
-    assert judge("NO", {1, 2, 4242}, "4242", _free()) == "jobs 1,2 run on the node too"
+    lets it in): Slurm's own view, not GPU counts, in each release's words."""
+    for env, said in (({"SLURM_JOB_OVERSUBSCRIBE": "USER"}, "SLURM_JOB_OVERSUBSCRIBE=USER"),
+                      ({"SLURM_JOB_OVERSUBSCRIBE": "OK"}, "SLURM_JOB_OVERSUBSCRIBE=OK"),
+                      # 26.05: OVERSUBSCRIBE=NO for any job that shares no CPUs; EXCLUSIVE says who has the node.
+                      ({"SLURM_JOB_EXCLUSIVE": "NO", "SLURM_JOB_OVERSUBSCRIBE": "NO"}, "SLURM_JOB_EXCLUSIVE=NO"),
+                      ({"SLURM_JOB_EXCLUSIVE": "USER", "SLURM_JOB_OVERSUBSCRIBE": "NO"}, "SLURM_JOB_EXCLUSIVE=USER")):
+        assert judge(_alone(env), {4242}, "4242", _free()) == (
+            "the node is not the job's alone (%s; submit with --exclusive)" % said), env
+    assert judge(_alone({}), {4242, 4300}, "4242", _free()) == "job 4300 runs on the node too"
+    assert judge(_alone({"SLURM_JOB_OVERSUBSCRIBE": "NO"}), {1, 2, 4242}, "4242", _free()) == \
+        "jobs 1,2 run on the node too"
     broken = ProbeFailure("processes", "error", "/proc: gone")
-    assert judge("NO", broken, "4242", _free()).startswith("the jobs on the node cannot be told")
+    assert judge(_alone({"SLURM_JOB_OVERSUBSCRIBE": "NO"}), broken, "4242", _free()).startswith(
+        "the jobs on the node cannot be told")
 
 
 # ---------------------------------------------------------------- the keeper's preflight allowance
@@ -93,6 +108,32 @@ def test_a_pin_beside_a_drift_or_another_partition_s_pin_is_not_held_for_it():
     assert "other" not in held and "drift" not in held
 
 
+def test_a_pin_the_sweep_took_or_an_admin_resumed_still_counts_for_the_hour():
+    """The sweep rewrites a pinned node's reason and a RESUME clears it:
+    the keeper's own record counts the pin for the hour all the same."""
+    states = {s.name: s for s in (_node("a"), _published("b", PIN, 10))}
+    record = [{"node": "a", "at": 1000.0, "partitions": ["gpu"]}]
+    assert set(budget.pins_held(states, TAG, 1500.0, 1, drained_pins=record)) == {"b"}
+    assert budget.pins_held(states, TAG, 1000.0 + 3601, 1, drained_pins=record) == {}
+    # A record that cannot be read holds every pin, and says why.
+    assert budget.pins_held(states, TAG, 1500.0, 5, drained_pins=None)["b"].startswith(
+        "the keeper's record of the pins it drained")
+
+
+def test_the_keeper_s_record_of_pins_is_read_written_and_refused_when_garbled(tmp_path):
+    from gpugate import keeper_pins
+
+    status = str(tmp_path / "budget-keeper.json")
+    assert keeper_pins.load(status) == []
+    entries = keeper_pins.noted([], ["a", "b"], {"a": PIN, "b": DRIFT}, {"a": ("gpu",), "b": ("gpu",)}, TAG, 5000.0)
+    assert entries == [{"node": "a", "at": 5000.0, "partitions": ["gpu"]}]  # only the pin
+    keeper_pins.save(status, entries)
+    assert keeper_pins.load(status) == entries
+    assert keeper_pins.noted(entries, [], {}, {}, TAG, 5000.0 + 3601) == []  # past the hour: dropped
+    (tmp_path / keeper_pins.FILE).write_text('{"pins": [{"node": 1}]}')
+    assert keeper_pins.load(status) is None
+
+
 # ---------------------------------------------------------------- never a step towards rma on its own
 
 def test_returns_to_service_for_a_pin_or_an_application_s_xids_make_no_repeat_offender():
@@ -113,8 +154,10 @@ USER_REASONS = (PIN, APP, "gpugate: health preflight_busbw=22.9GB/s (want >= 350
 
 
 @settings(max_examples=150, deadline=None)
+@example(4, 0.1, 1, [("publish", 1, 0), ("publish", 0, 0), ("keeper", 0, 0), ("resume", 1, 0), ("keeper", 0, 0)])
+@example(4, 0.5, 1, [("publish", 1, 0), ("publish", 0, 0), ("keeper", 0, 0), ("sweep", 1, 0), ("keeper", 0, 0)])
 @given(st.integers(4, 12), st.sampled_from([0.1, 0.25, 0.5]), st.integers(0, 3),
-       st.lists(st.tuples(st.sampled_from(["publish", "keeper", "resume", "wait"]), st.integers(0, 11),
+       st.lists(st.tuples(st.sampled_from(["publish", "keeper", "sweep", "resume", "wait"]), st.integers(0, 11),
                           st.integers(0, len(USER_REASONS) - 1)), max_size=60))
 def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_rma(size, share, per_hour, steps):
     """A job's user publishes what they can cause on any node (a pin, their
@@ -134,13 +177,16 @@ def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_r
             since += 1
             states[name] = _node(name, comment=pending.publish("", USER_REASONS[which], since))
         elif action == "keeper":
-            waiting = budget.pins_held(states, TAG, now, per_hour)
+            record = [{"node": n, "at": t, "partitions": ["gpu"]} for n, t in pin_drains]
+            waiting = budget.pins_held(states, TAG, now, per_hour, drained_pins=record)
             plan = budget.plan({n: (s if n not in waiting else _node(n, s.partitions)) for n, s in states.items()},
                                TAG, share)
             for drained, why in plan.drain:
                 states[drained] = _node(drained, reason=why, when=int(now))
                 if "preflight_across" in why:
-                    pin_drains.append(now)
+                    pin_drains.append((drained, now))
+        elif action == "sweep" and state.drain:  # the sweep takes it: its work reason replaces the pin
+            states[name] = _node(name, reason="gpugate: health sweep=reboot (want verified)", when=int(now))
         elif action == "resume" and state.drain:
             comps = hist.components(reasons.parse(state.reason, TAG))
             history[name].append(hist.Event(name, hist.RESUMED, now, comps))
@@ -148,8 +194,8 @@ def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_r
         now += 400.0
         drained = [s for s in states.values() if s.drain]
         assert len(drained) <= allowance
-        assert all(sum(1 for t in pin_drains if t > at - budget.PIN_WINDOW and t <= at) <= per_hour
-                   for at in pin_drains)
+        assert all(sum(1 for _, t in pin_drains if at - budget.PIN_WINDOW < t <= at) <= per_hour
+                   for _, at in pin_drains)
         for n in names:
             current = hist.components(reasons.parse(states[n].reason, TAG)) if states[n].drain else frozenset()
             assert hist.repeat_of(current, history[n], now, 1, 7 * 86400) is None

@@ -3,9 +3,10 @@ as the run needs it, checked before it joins (docs/reliability.md):
 
 - the node is the job's alone, in Slurm's own view: no slurmstepd of
   another job in its process table (another job's load on the node or its
-  link would slow the run), and, where slurmd says so (23.02+),
-  ``SLURM_JOB_OVERSUBSCRIBE=NO`` (``--exclusive``; ``USER`` lets the same
-  user's CPU-only job share the node);
+  link would slow the run), and, where slurmd says so (23.02+), the job
+  holds its nodes alone (``--exclusive``: gpugate.preflight.select.
+  exclusive; ``--exclusive=user`` lets the same user's CPU-only job share
+  the node);
 - free space in /dev/shm (NCCL's shared-memory transport extends files
   there) and /tmp, as much as ``[preflight] shm_free_mb`` and
   ``tmp_free_mb`` ask: an earlier job of the user can leave either full.
@@ -23,15 +24,13 @@ UNFIT = "unfit_env"  # a Member's ``own`` when its environment failed (gpugate.p
 _MIB = 1 << 20
 
 
-def judge(oversubscribe: Optional[str], jobs, job: str, free: Iterable[Tuple[str, object, int]]) -> str:
-    """Why the environment is not fit ("" when it is).  Pure.
-    ``oversubscribe``: SLURM_JOB_OVERSUBSCRIBE (None where slurmd sets
-    none); ``jobs``: the jobs with a slurmstepd on the node, or a
-    ProbeFailure; ``free``: (path, free bytes or a ProbeFailure, MiB
-    wanted)."""
-    if oversubscribe is not None and oversubscribe != "NO":
-        return "the node is not the job's alone (SLURM_JOB_OVERSUBSCRIBE=%s; --exclusive makes it NO)" % (
-            oversubscribe[:16])
+def judge(alone: Tuple[Optional[bool], str], jobs, job: str, free: Iterable[Tuple[str, object, int]]) -> str:
+    """Why the environment is not fit ("" when it is).  Pure.  ``alone``:
+    select.exclusive's answer (None where slurmd says nothing); ``jobs``:
+    the jobs with a slurmstepd on the node, or a ProbeFailure; ``free``:
+    (path, free bytes or a ProbeFailure, MiB wanted)."""
+    if alone[0] is False:
+        return "the node is not the job's alone (%s; submit with --exclusive)" % alone[1]
     if failed(jobs):
         return "the jobs on the node cannot be told: %s" % jobs.describe()[:160]
     others = sorted(j for j in jobs if str(j) != job)
@@ -51,12 +50,13 @@ def judge(oversubscribe: Optional[str], jobs, job: str, free: Iterable[Tuple[str
 def check(settings, node: str, env: Mapping[str, str]) -> str:
     """This node's environment for the job in ``env`` (the prolog's), judged."""
     from ..probes.owners import running_jobs
+    from .select import exclusive
 
     root = settings.node_root(node)
     cfg = settings.preflight
     free = [(path, _free(os.path.join(root, path.lstrip("/"))), int(cfg[key]))
             for path, key in (("/dev/shm", "shm_free_mb"), ("/tmp", "tmp_free_mb")) if int(cfg[key]) > 0]
-    return judge(env.get("SLURM_JOB_OVERSUBSCRIBE"), running_jobs(os.path.join(root, "proc")),
+    return judge(exclusive(env), running_jobs(os.path.join(root, "proc")),
                  env.get("SLURM_JOB_ID", ""), free)
 
 

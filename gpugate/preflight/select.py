@@ -67,11 +67,28 @@ def wanted(cfg: Mapping[str, object], env: Mapping[str, str]) -> Tuple[bool, str
     return True, "asked by %s, %d nodes" % (who, count)
 
 
+def exclusive(env: Mapping[str, str]) -> Tuple[Optional[bool], str]:
+    """Slurm's own word on whether the job has its nodes alone, and the
+    variable that said it; None where slurmd says nothing (22.05).
+    26.05+ says it in SLURM_JOB_EXCLUSIVE (NO, NODE, USER, MCS, TOPO), and
+    its SLURM_JOB_OVERSUBSCRIBE is NO for any job that does not share CPUs;
+    23.02 to 25.11 say NO there only for ``--exclusive`` (or a partition's
+    OverSubscribe=EXCLUSIVE).  ``--exclusive=user`` lets the same user's
+    other jobs in: not alone."""
+    said = env.get("SLURM_JOB_EXCLUSIVE")
+    if said is not None:
+        return said in ("NODE", "TOPO"), "SLURM_JOB_EXCLUSIVE=%s" % said[:16]
+    said = env.get("SLURM_JOB_OVERSUBSCRIBE")
+    if said is not None:
+        return said in ("NO", "TOPO"), "SLURM_JOB_OVERSUBSCRIBE=%s" % said[:16]
+    return None, ""
+
+
 def exclusive_gpus(env: Mapping[str, str], count: Optional[int]) -> Optional[List[int]]:
-    """Every GPU of the node for a job that holds the whole node
-    (``--exclusive``: slurmd's SLURM_JOB_OVERSUBSCRIBE=NO, 23.02+) where
-    Slurm names no GPU GRES; None otherwise (the baseline pins no count,
-    or another job may share the node)."""
-    if env.get("SLURM_JOB_OVERSUBSCRIBE") != "NO" or not count:
+    """Every GPU of the node for a job that holds the whole node in Slurm's
+    word (``--exclusive``: exclusive()) where Slurm names no GPU GRES; None
+    otherwise (the baseline pins no count, another job may share the node,
+    or slurmd does not say)."""
+    if exclusive(env)[0] is not True or not count:
         return None
     return list(range(count))

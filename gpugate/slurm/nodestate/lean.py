@@ -19,12 +19,16 @@ states, a bad name, state or time) is read by parse_nodes_text itself,
 which says what it says of it (ParseError, and nothing else, for what it
 refuses).  tests/test_keeper_lean.py compares the two on generated fleets."""
 
+from collections import Counter
+from itertools import repeat
 from typing import Dict, Mapping
 
 from ..pending import OPEN
+
+_OPEN = OPEN
 from .fields import _NOT_IN_NAMES, _name
 from .record import NodeState, _parse_state, _without_stale_reason
-from .text import _comment_and_reason, _text_time, parse_nodes_text
+from .text import _text_time, parse_nodes_text
 
 __all__ = ["Fleet", "deciding", "of_states", "read_text"]
 
@@ -94,45 +98,69 @@ def _plain(text: str):
     if lines and lines[-1] == "":
         lines.pop()  # the final newline
     first = {}  # name -> [the line after its partition, its partition, its further partitions...]
-    for line in lines:
-        fields = line.split("|", 2)
-        if len(fields) != 3:
-            return None  # a reason's next line, or a blank one
-        seen = first.get(fields[0])
+    # A line of fewer than three fields (a reason's next line, a blank one)
+    # does not unpack: ValueError, and the full reader reads the text.
+    for name, part, rest in map(str.split, lines, repeat("|"), repeat(2)):
+        seen = first.get(name)
         if seen is None:
-            first[fields[0]] = [fields[2], fields[1]]
-        elif seen[0] == fields[2]:
-            seen.append(fields[1])
+            first[name] = [rest, part]
+        elif seen[0] == rest:
+            seen.append(part)
         else:
             return None  # printed twice with different text: the full reader compares
     del lines
     names = "".join(first)
     if "" in first or not names.isprintable() or _NOT_IN_NAMES.search(names):
         return None  # parse_nodes_text reads such a line as a reason's continuation
-    partitions = set()
-    for seen in first.values():
-        partitions.update(seen[1:])
-    for part in partitions:
-        _name(part, "sinfo text", "partition name")
     states: Dict[str, NodeState] = {}
-    sizes = dict.fromkeys(partitions, 0)
-    words = {}  # state text -> (base, flags)
+    combos = []  # each node's partitions
+    combo = combos.append
+    words, stamps = {}, {"Unknown": None}  # state text -> (base, flags); time text -> its time
     for name, seen in first.items():
         state_text, stamp, user, tail = seen[0].split("|", 3)
         parsed = words.get(state_text)
         if parsed is None:
             parsed = words[state_text] = _parse_state(state_text, None, "sinfo text (%s)" % name)
-        when = None if stamp == "Unknown" else _text_time(stamp, "sinfo text (%s)" % name)
         if len(seen) == 2:
             parts = (seen[1],)
+        elif len(seen) == 3 and seen[1] < seen[2]:
+            parts = (seen[1], seen[2])
         else:
             parts = tuple(sorted(set(seen[1:])))
-        for part in parts:
-            sizes[part] += 1
-        if "DRAIN" in parsed[1] or OPEN in tail:
-            comment, reason = _comment_and_reason(tail)
-            if "DRAIN" in parsed[1] or OPEN in comment:  # else the mark was in the reason: a node like any other
-                state = NodeState(name, parsed[0], parsed[1], reason, when, "" if user == "Unknown" else user, parts,
-                                  comment)
+        combo(parts)
+        when = stamps.get(stamp, stamps)
+        if when is stamps:
+            when = stamps[stamp] = _text_time(stamp, "sinfo text (%s)" % name)
+        if _OPEN in tail or "DRAIN" in parsed[1]:
+            comment, sep, reason = tail.partition("\x1f")  # _comment_and_reason's, inline
+            if not sep:
+                comment, reason = "", tail
+            elif comment == "(null)":
+                comment = ""
+            if "DRAIN" in parsed[1] or _OPEN in comment:  # else the mark was in the reason: a node like any other
+                if reason == "none":
+                    reason = ""
+                state = _made(name, parsed[0], parsed[1], reason, when, "" if user == "Unknown" else user, parts,
+                              comment)
                 states[name] = _without_stale_reason(state) if reason else state
+    sizes: Dict[str, int] = {}
+    for parts, count in Counter(combos).items():  # a fleet has few distinct ones
+        for part in parts:
+            if part not in sizes:
+                sizes[part] = 0
+                _name(part, "sinfo text", "partition name")
+            sizes[part] += count
     return Fleet(states, sizes, len(first))
+
+
+def _made(name, state, flags, reason, reason_time, reason_user, partitions, comment, _new=object.__new__,
+          _set=object.__setattr__):
+    """NodeState(name, state, ...), a third faster: its __init__ sets each
+    field in turn past the frozen __setattr__; here its __dict__ at once
+    (the same record: it compares, hashes and prints the same;
+    tests/test_keeper_lean.py compares the two)."""
+    made = _new(NodeState)
+    _set(made, "__dict__", {"name": name, "state": state, "flags": flags, "reason": reason,
+                            "reason_time": reason_time, "reason_user": reason_user, "partitions": partitions,
+                            "comment": comment})
+    return made
