@@ -314,6 +314,11 @@ class Settings:
 
 def parse_settings(data: object, source: str) -> Settings:
     raw = validate(data, _CONFIG, source)
+    if raw["preflight"]["allreduce_multi"] and float(raw["drain_budget"]["max_share"]) >= 1:
+        # A pin across nodes is a finding a job's user can cause: it drains only within the budget.
+        raise ConfigError("%s: preflight.allreduce_multi needs the drain budget on (drain_budget.max_share below 1): "
+                          "its pins are budgeted, and with the budget off they would drain themselves without "
+                          "bound" % source)
     commands = dict(DEFAULT_COMMANDS)
     commands.update(raw["commands"])
     return Settings(

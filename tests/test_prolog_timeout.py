@@ -125,7 +125,7 @@ def test_the_audit_flags_a_prolog_timeout_under_the_worst_case(tmp_path):
             return super().rig_slurm_conf(ports) + "PrologEpilogTimeout=%d\n" % self.timeout
 
     cluster = Short(str(tmp_path / "c"), nodes=2, health_interval=30)
-    extra = ("[drain_budget]\nmax_share = 1.0\n[preflight]\npartitions = [\"gpu\"]\ntimeout_seconds = 120\n"
+    extra = ("[drain_budget]\nmax_share = 0.5\n[preflight]\npartitions = [\"gpu\"]\ntimeout_seconds = 120\n"
              "across_seconds = 300\nallreduce_multi = [\"/opt/gpugate/allreduce-rank\", \"{rank}\"]\n")
     with open(DEMO_BASELINE) as handle:
         cluster.write(handle.read(), extra)

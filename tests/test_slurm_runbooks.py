@@ -23,7 +23,8 @@ RIGS = {
     "first-install-slurm.md": dict(nodes=4, extra="[drain_budget]\nmax_share = 0.10\n"),
     "driver-upgrade-slurm.md": dict(nodes=4, extra="[drain_budget]\nmax_share = 0.25\n",
                                     sweep={"floor": 0.5, "max_batch": 2}),
-    "preflight.md": dict(nodes=2),
+    # A proof across nodes needs the drain budget on (its pins are budgeted).
+    "preflight.md": dict(nodes=2, extra="[drain_budget]\nmax_share = 0.5\n"),
 }
 # The runbooks the default run takes (the rest are `long`: CI runs them on
 # every Slurm release).

@@ -6,6 +6,8 @@ own (the sweep's repeat-offender rule counts only what stands beside it).
 Pure functions here; the prolog's part through real Slurm as uid 65534:
 tests/test_slurm_preflight_user.py."""
 
+import os
+
 from hypothesis import example, given, settings, strategies as st
 
 from gpugate import budget
@@ -210,3 +212,43 @@ def test_a_user_caused_finding_is_never_acute_through_the_verdict():
         assert not reasons.acute(parsed), reason
     verdict = decide([Finding(HEALTH, "preflight_across", "busbw=17GB/s pairs=a,b", ">= 50", INVESTIGATE)], TAG)
     assert budget.applies(verdict)
+
+
+def test_a_proof_across_nodes_with_the_budget_off_is_refused():
+    """Its pins are budgeted: with max_share = 1 they would drain themselves without bound."""
+    import pytest
+
+    from gpugate.config import parse_settings
+    from gpugate.errors import ConfigError
+
+    multi = {"allreduce_multi": ["/opt/gpugate/allreduce-rank", "{rank}"]}
+    with pytest.raises(ConfigError, match="needs the drain budget on"):
+        parse_settings({"preflight": multi, "drain_budget": {"max_share": 1.0}}, "(test)")
+    parse_settings({"preflight": multi, "drain_budget": {"max_share": 0.5}}, "(test)")
+    parse_settings({"preflight": {"partitions": ["gpu"]}, "drain_budget": {"max_share": 1.0}}, "(test)")
+
+
+def test_a_slurmstepd_whose_job_cannot_be_told_leaves_the_node_unknown(tmp_path):
+    """The environment check reads Slurm's own view (root's slurmstepds in
+    the process table); one whose cgroup cannot be read is unknown, never
+    "no other job here"."""
+    from gpugate.probes.owners import running_jobs
+
+    proc = tmp_path / "proc"
+    uid = os.getuid()
+    for pid, cgroup in ((3000, "0::/system.slice/slurmstepd.scope/job_4242/step_extern/slurm\n"), (3001, None)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text("slurmstepd\n")
+        (proc / str(pid) / "cmdline").write_text("slurmstepd: [%d.extern]\x00" % (4242 if cgroup else 4300))
+        (proc / str(pid) / "status").write_text("Name:\tslurmstepd\nPPid:\t1\nUid:\t%d\t%d\t%d\t%d\n" % ((uid,) * 4))
+        if cgroup:
+            (proc / str(pid) / "cgroup").write_text(cgroup)
+        else:
+            (proc / str(pid) / "cgroup").mkdir()  # unreadable as a file: EISDIR
+    found = running_jobs(str(proc))
+    assert isinstance(found, ProbeFailure), found
+    assert judge((True, "SLURM_JOB_OVERSUBSCRIBE=NO"), found, "4242", _free()).startswith(
+        "the jobs on the node cannot be told")
+    (proc / "3001" / "cgroup").rmdir()
+    (proc / "3001" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4300/step_0/slurm\n")
+    assert running_jobs(str(proc)) == {4242, 4300}

@@ -3,8 +3,9 @@ node's own proof, the job's prologs meet at its first node (rank 0,
 gpugate.preflight.meet), run ``[preflight] allreduce_multi`` as one
 collective over every node, and, when it fails, halve and re-pair until
 one node is pinned (gpugate.preflight.culprit).  Rank 0 decides; every
-node hears its verdict; the culprit's prolog drains it (acute) and exits 1,
-so Slurm requeues the job; the rest exit 0.  Nothing on the controller.
+node hears its verdict; the culprit's prolog publishes its pin
+(``preflight_across``, budgeted: a job's user can slow a shared link) for
+the keeper, rank 0 requeues the job once, and every prolog exits 0.
 
 Each rank of a collective runs the site's command as root with an
 environment of gpugate's making: the job's GPUs, and where to meet
@@ -15,9 +16,12 @@ Rank 0 of a group judges its output as the sweep's pair job is judged,
 against the baseline's ``[smoke] min_pair_busbw_gbps`` for the product.
 
 What cannot be decided pins nothing: a node that does not come, a node
-whose own proof already failed (Slurm requeues the job for it), a job on
-part of a node's GPUs (another job's traffic shares the fabric), a
-command that cannot run, a meeting that breaks."""
+whose own proof already failed (Slurm requeues the job for it), a node
+whose environment failed before it joined (gpugate.preflight.environment),
+a job on part of a node's GPUs (another job's traffic shares the fabric),
+a command that cannot run, an abort, an exit code without a result, a
+hang, a meeting that breaks: only a result read and held to a rule (wrong
+values, a bandwidth under the floor) fails a run."""
 
 import os
 import time

@@ -208,7 +208,7 @@ def _server(family: int, port: int, v6only=None) -> socket.socket:
                 raise OSError(errno.ENOPROTOOPT, "no IPV6_V6ONLY")
             server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
         server.bind(("::" if family == socket.AF_INET6 else "", port))
-        server.listen(128)
+        server.listen(4096)  # the kernel caps it at somaxconn: a flood of strangers queues, joiners still do
         server.setblocking(False)
         return server
     except OSError:

@@ -173,8 +173,9 @@ def _stat(proc: str) -> Optional[int]:
         return None
 
 
-def _running_jobs(proc: str) -> Any:
-    """The jobs with a live slurmstepd; a ProbeFailure when /proc cannot be listed."""
+def _running_jobs(proc: str, strict: bool = False) -> Any:
+    """The jobs with a live slurmstepd; a ProbeFailure when /proc cannot be
+    listed (``strict``: or a slurmstepd's job cannot be told)."""
     try:
         names = [n for n in os.listdir(proc) if n.isdigit()]
         owner = os.stat(proc).st_uid  # root on a node; whoever made a simulated node's
@@ -197,13 +198,16 @@ def _running_jobs(proc: str) -> Any:
             continue
         if isinstance(job, int):
             jobs.add(job)
+        elif strict and isinstance(job, ProbeFailure):  # root's slurmstepd whose cgroup cannot be read: unknown
+            return job
     return jobs
 
 
 def running_jobs(proc: str) -> Any:
     """The jobs with a live slurmstepd on this node (Slurm's own view of who
-    runs here: gpugate.preflight.environment), or a ProbeFailure."""
-    return _running_jobs(proc)
+    runs here: gpugate.preflight.environment), or a ProbeFailure, also when
+    one slurmstepd's job cannot be told."""
+    return _running_jobs(proc, strict=True)
 
 
 def _real_uid(path: str) -> Optional[int]:
