@@ -72,8 +72,9 @@ class _Disk:
 
 def test_a_write_error_frees_its_own_journal_and_it_goes_on(tmp_path, monkeypatch):
     """ENOSPC injected at the write boundary (every write: the journal's and
-    the heartbeat's): no exception, the application's part goes first, what
-    it could not keep is counted and read as a window it lost."""
+    the heartbeat's): no exception, the application's part goes, never the
+    driver's (the Xid 79 kept in it stays), what it could not keep is
+    counted and read as a window it lost."""
     state = str(tmp_path / "state")
     disk = _Disk()
     follower = Follower(state, BOOT, 1.0)
@@ -89,15 +90,84 @@ def test_a_write_error_frees_its_own_journal_and_it_goes_on(tmp_path, monkeypatc
     beat = gpujournal.read_heartbeat(state)
     assert beat["write_errors"] >= 2 and beat["dropped_records"] == 1
     assert beat["write_error"]["error"].startswith("ENOSPC")
-    assert [12, 12] in beat["lost"] and [10, 10] in beat["lost"] and [11, 11] in beat["lost"]
+    assert [12, 12] in beat["lost"] and [10, 10] in beat["lost"]  # the new record, the application's part
+    assert not any(a <= 11 <= b for a, b in beat["lost"])  # the driver's part was never given up
     kept = gpujournal.read_events(state, BOOT)
-    assert sorted(kept) == [13, 14]  # written again once the disk had room
+    assert sorted(kept) == [11, 13, 14]  # the kept Xid 79 still there; written again once the disk had room
     # The checks: a ring that lost seq 12 is not "covered" by the journal.
     cover = gpujournal.coverage(beat, BOOT, {"records": 1, "first": 12, "last": 12}, 3.5, 60)
     assert cover["covered"] is False and cover["follower_write_errors"] == beat["write_errors"]
     # Restarted: the counts go on from the heartbeat (a counter per boot).
     again = Follower(state, BOOT, 4.0)
     assert (again.write_errors, again.dropped_records) == (beat["write_errors"], 1)
+
+
+def test_a_disk_a_job_keeps_full_never_costs_a_kept_driver_record(tmp_path, monkeypatch):
+    """A job that keeps the root file system full (its /tmp on /): the
+    follower frees the application's parts only; the Xids kept in the
+    driver's parts (current and .1: an Xid 79 the ring already lost) stay,
+    and the new records are dropped, counted, a window lost."""
+    monkeypatch.setattr(gpujournal, "MAX_FILE", 1024)  # a few entries a part: one rotation below
+    state = str(tmp_path / "state")
+    follower = Follower(state, BOOT, 1.0)
+    follower.feed([_record(seq, 79, 0x18 + seq) for seq in range(1, 11)] + [_record(11, 13)])
+    directory = gpujournal.directory(state)
+    assert os.path.exists(os.path.join(directory, gpujournal.EVENTS + ".1"))
+    before = gpujournal.read_events(state, BOOT)
+    driver = sorted(s for s in before if s != 11)
+    assert driver == list(range(1, 11)), before
+    disk = _Disk()
+    monkeypatch.setattr(kmsgfollow.os, "write", disk)
+    disk.full = True
+    for seq in range(12, 40):  # the disk stays full: Xid after Xid is refused
+        follower.feed([_record(seq, 119)])
+    follower.heartbeat(2.0)
+    disk.full = False
+    follower.heartbeat(3.0)
+    kept = gpujournal.read_events(state, BOOT)
+    assert sorted(s for s in kept if s != 11) == driver  # every kept driver record still there
+    assert 11 not in kept  # the application's part made what room it could
+    beat = gpujournal.read_heartbeat(state)
+    assert beat["dropped_records"] == 28 and [12, 12] in beat["lost"] and [39, 39] in beat["lost"]
+    assert not any(a <= seq <= b for a, b in beat["lost"] for seq in driver), beat["lost"]
+    # The driver's parts refuse to be dropped, whoever asks.
+    assert follower.writer.drop(True, BOOT) == (False, None) and follower.writer.drop(False, BOOT) == (False, None)
+    assert sorted(s for s in gpujournal.read_events(state, BOOT)) == driver
+
+
+def test_the_driver_s_part_is_preallocated_to_its_bound_when_opened(tmp_path, monkeypatch):
+    """Its appends then need no block of the file system; the zeros past its
+    entries are no entry; a restart appends after the entries; where the
+    file system cannot preallocate, it goes on as before, silently."""
+    state = str(tmp_path / "state")
+    follower = Follower(state, BOOT, 1.0)
+    path = os.path.join(gpujournal.directory(state), gpujournal.EVENTS)
+    st = os.stat(path)
+    assert st.st_size == gpujournal.MAX_FILE and st.st_blocks * 512 >= gpujournal.MAX_FILE
+    follower.feed([_record(1), _record(2, 13)])
+    follower.close(2.0)
+    assert not os.path.exists(path + ".1") and os.path.getsize(path) == gpujournal.MAX_FILE
+    app = os.path.join(gpujournal.directory(state), gpujournal.APP_EVENTS)
+    assert os.path.getsize(app) == len(gpujournal.entry(BOOT, _record(2, 13)))  # the application's: not
+    again = Follower(state, BOOT, 3.0)  # restarted: after the entries, never after the zeros
+    again.feed([_record(3)])
+    again.close(4.0)
+    assert sorted(gpujournal.read_events(state, BOOT)) == [1, 2, 3]
+    with open(path, "rb") as handle:
+        data = handle.read()
+    assert data.rstrip(b"\0") == gpujournal.entry(BOOT, _record(1)) + gpujournal.entry(BOOT, _record(3))
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(gpujournal.os, "posix_fallocate", unsupported)
+    other = str(tmp_path / "other")
+    writer = gpujournal.Writer(other)
+    writer.append(BOOT, [_record(5)])
+    writer.close()
+    plain = os.path.join(gpujournal.directory(other), gpujournal.EVENTS)
+    assert os.path.getsize(plain) == len(gpujournal.entry(BOOT, _record(5)))
+    assert list(gpujournal.read_events(other, BOOT)) == [5]
 
 
 def test_a_torn_line_a_killed_run_left_costs_no_later_entry(tmp_path):
@@ -272,4 +342,26 @@ def test_a_full_file_system_costs_the_journal_never_the_follower(node_env):  # n
     finally:
         if proc is not None and proc.poll() is None:
             _stop(proc)
+        subprocess.run(["umount", state], capture_output=True, timeout=30)
+
+
+def test_on_a_real_full_file_system_the_preallocated_driver_part_still_takes_xids(tmp_path):
+    """A 1 MiB tmpfs a file fills to its last byte after the follower
+    started: the driver's part, preallocated at the start, takes every Xid
+    (no write error, none dropped), and nothing of it was deleted."""
+    state = str(tmp_path / "state")
+    _root_tmpfs_or_skip(state, "1m")
+    follower = None
+    try:
+        follower = Follower(state, BOOT, 1.0)
+        follower.feed([_record(1), _record(2, 13)])
+        _fill(os.path.join(state, "filler"))
+        follower.feed([_record(seq, 119, 0x18 + seq % 8) for seq in range(3, 600)])
+        assert (follower.write_errors, follower.dropped_records) == (0, 0)
+        kept = gpujournal.read_events(state, BOOT)
+        assert {1, 2} <= set(kept) and set(range(3, 600)) <= set(kept)
+    finally:
+        if follower is not None:  # its open parts would keep the tmpfs busy
+            follower.writer.close()
+            follower.app_writer.close()
         subprocess.run(["umount", state], capture_output=True, timeout=30)

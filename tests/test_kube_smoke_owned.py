@@ -4,6 +4,8 @@ namespace, leaves through its PodDisruptionBudget like any other), pods
 that come to the node after the eviction pass are evicted before the smoke
 Pod, and a smoke Pod the kubelet refused (its GPUs held by another pod)
 proves nothing: the node is deferred, held, never failed or sent to rma.
+A user's DaemonSet pod that requests GPUs is evicted like any other, and
+while its DaemonSet makes it again the node is deferred with it named.
 
 The user is a ServiceAccount token with rights in its own namespace only
 (team-a): it may make pods and PodDisruptionBudgets there, bound to a node
@@ -77,6 +79,20 @@ def boot_id(site, node):
     return site.admin.get(node_path(node))["status"]["nodeInfo"]["bootID"]
 
 
+def deferred(site, node, *named):
+    """A sweep (drain_timeout 3 s) that defers ``node``: held, not rebooted,
+    no smoke Pod run; its outcome names each of ``named``."""
+    before = boot_id(site, node)
+    out, report, _ = sweep(site, drain_timeout=3)
+    assert out.returncode == 0, out.stderr[-2000:]
+    outcome = report["outcomes"][node]
+    assert outcome["result"] == "deferred", (report, out.stdout[-3000:])
+    assert all(word in outcome["detail"] for word in named), outcome
+    assert [t["value"] for t in held(site.admin, node)] == ["health"]
+    assert boot_id(site, node) == before and site.kubelets.ran == []
+    return outcome
+
+
 def test_a_user_pod_labelled_smoke_in_its_own_namespace_is_evicted_through_its_budget(site, user):  # noqa: F811
     agent = site.config("agent")
     site.sim("gpu02", "gpu.1.xid=79")  # acute; a reboot repairs it
@@ -90,15 +106,8 @@ def test_a_user_pod_labelled_smoke_in_its_own_namespace_is_evicted_through_its_b
     pdb(site.admin, "sneaky", "sneaky", 0, TEAM, user)
     before = boot_id(site, "gpu02")
 
-    out, report, _ = sweep(site, drain_timeout=3)
-    assert out.returncode == 0, out.stderr[-2000:]
-    outcome = report["outcomes"]["gpu02"]
-    assert outcome["result"] == "deferred", (report, out.stdout[-3000:])
-    assert "team-a/sneaky-0" in outcome["detail"] and "disruption budget" in outcome["detail"], outcome
-    # The budget held: the pod is there, not terminating; the node held, not rebooted, no smoke Pod.
-    assert not gone(site, "sneaky-0")
-    assert [t["value"] for t in held(site.admin, "gpu02")] == ["health"]
-    assert boot_id(site, "gpu02") == before and site.kubelets.ran == []
+    deferred(site, "gpu02", "team-a/sneaky-0", "disruption budget")
+    assert not gone(site, "sneaky-0")  # the budget held: the pod is there, not terminating
 
     pdb(site.admin, "sneaky", "sneaky", 1, TEAM, user)  # the budget allows it now: through the Eviction API
     out, report, _ = sweep(site)
@@ -158,3 +167,57 @@ def test_a_smoke_pod_the_kubelet_refuses_for_want_of_gpus_defers_the_node_never_
     out, report, _ = sweep(site)
     assert report["outcomes"]["gpu03"]["result"] == "resumed", (report, out.stdout[-3000:])
     assert held(site.admin, "gpu03") == []
+
+
+def test_a_user_gpu_daemonset_pod_is_evicted_and_defers_the_node_while_it_comes_back(site, user):  # noqa: F811
+    """A user's DaemonSet that tolerates everything and requests nvidia.com/gpu:
+    its pod is evicted like any other (a DaemonSet's pod is spared only while
+    it requests no GPU); while its DaemonSet makes it again, the node is
+    deferred, held, never rebooted, with the pod named; once it is gone, the
+    sweep proves the node and returns it."""
+    admin = site.admin
+    agent = site.config("agent")
+    site.sim("gpu01", "gpu.1.xid=79")
+    site.healthcheck(agent, "gpu01")
+    daemonset = admin.create("/apis/apps/v1/namespaces/%s/daemonsets" % TEAM, {
+        "metadata": {"name": "gpu-hog"}, "spec": {
+            "selector": {"matchLabels": {"app": "gpu-hog"}},
+            "template": {"metadata": {"labels": {"app": "gpu-hog"}}, "spec": {
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "main", "image": "registry.example.com/train:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}})
+    owner = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-hog",
+              "uid": daemonset["metadata"]["uid"], "controller": True}]
+    made, stop = [], threading.Event()
+
+    def controller():  # the DaemonSet controller's part: the node always has its pod
+        client = site.api.admin()  # one client per thread
+        while not stop.is_set():
+            mine = [p for p in client.list_pages("/api/v1/namespaces/%s/pods" % TEAM, labelSelector="app=gpu-hog")
+                    if not p["metadata"].get("deletionTimestamp")]
+            if not mine:
+                name = "gpu-hog-%d" % len(made)
+                client.create("/api/v1/namespaces/%s/pods" % TEAM, {"metadata": {
+                    "name": name, "labels": {"app": "gpu-hog"}, "ownerReferences": owner}, "spec": {
+                    "nodeName": "gpu01", "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "registry.example.com/train:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+                client.patch("/api/v1/namespaces/%s/pods/%s/status" % (TEAM, name), {"status": {
+                    "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, "strategic")
+                made.append(name)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=controller, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        deferred(site, "gpu01", "team-a/gpu-hog-", "made again by their DaemonSet")
+        assert len(made) >= 2 and gone(site, made[0])  # evicted, and made again
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    admin.request("DELETE", "/apis/apps/v1/namespaces/%s/daemonsets/gpu-hog" % TEAM)  # the user gives up
+    out, report, _ = sweep(site)
+    assert report["outcomes"]["gpu01"]["result"] == "resumed", (report, out.stdout[-3000:])
+    assert all(gone(site, name) for name in made)
+    assert [(n, code) for _, n, code in site.kubelets.ran] == [("gpu01", 0)]

@@ -10,7 +10,9 @@ the steps that are Slurm's done the Kubernetes way:
   bound by spec.nodeName, or tolerating everything, passes the cordon and
   the taint): what came since is evicted the same way, or the node deferred.
   Only gpugate's own smoke Pod is spared (evict.OwnSmoke), never a pod
-  because of its label;
+  because of its label, and a DaemonSet's pod only while it requests no
+  GPU (evict.gpus_requested): one that does is evicted, and if its
+  DaemonSet makes it again the node is deferred with it named;
 - reboot / wait_up: the site's [kubernetes] reboot command; the reboot is
   proven by a new bootID in the Node's status and Ready again (the bootID
   before it is journaled, so a sweeper killed in between proves it after);
@@ -98,6 +100,12 @@ class KubeSweeper(Sweeper):
     def _own(self) -> evict.OwnSmoke:
         return evict.OwnSmoke(self._namespace(), self._key(), getattr(self, "_made", ()))
 
+    def _gpus(self) -> tuple:
+        """The site's GPU resources ([kubernetes] smoke_resource, smoke_resource_amd): a DaemonSet's pod
+        that requests one is evicted (evict.gpu_resource adds nvidia.com/gpu, amd.com/gpu, .../gpu)."""
+        kube = self.settings.kubernetes
+        return tuple(str(kube.get(k)) for k in ("smoke_resource", "smoke_resource_amd") if kube.get(k))
+
     # ------------------------------------------------------------- evictions
     def _step_wait_drained(self, nodes, records) -> None:
         self._begin(nodes, "wait_drained")
@@ -133,7 +141,7 @@ class KubeSweeper(Sweeper):
         refused: Dict[str, str] = {}
         still: Dict[str, list] = {}
         found: Dict[str, list] = {}
-        own = self._own()
+        own, gpus = self._own(), self._gpus()
 
         def settle(states, waiting):
             for name in sorted(waiting):
@@ -142,7 +150,7 @@ class KubeSweeper(Sweeper):
                     self._leave(name, "its hold is no longer gpugate's: %r" % (st.reason if st else "gone"))
                     yield name
                     continue
-                left, why = evict.evict_round(self.slurm.client, name, own)
+                left, why = evict.evict_round(self.slurm.client, name, own, gpus)
                 found.setdefault(name, list(left))
                 if not left:
                     cleared(name, found[name])
@@ -156,7 +164,8 @@ class KubeSweeper(Sweeper):
 
         return {name: ("eviction refused at the drain timeout (PodDisruptionBudgets are respected, never "
                        "bypassed): " + refused[name]) if name in refused else (
-            "pods still terminating at the drain timeout: " + ", ".join(still.get(name, [])[:3]))
+            "pods still on the node at the drain timeout (terminating, or made again by their DaemonSet): "
+            + ", ".join(still.get(name, [])[:3]))
             for name in self._wait(nodes, settle, float(self.cfg["drain_timeout"]))}
 
     def _step_reset(self, nodes, records) -> None:
@@ -302,7 +311,8 @@ class KubeSweeper(Sweeper):
     def _smoke_not_run(self, name: str, pod: str, why: str) -> None:
         """A smoke Pod that never ran proves nothing about the node: deferred, held, never a finding."""
         try:
-            there = [evict.label_of(p) for p in evict.pods_on(self.slurm.client, name) if evict.must_go(p, self._own())]
+            own, gpus = self._own(), self._gpus()
+            there = [evict.label_of(p) for p in evict.pods_on(self.slurm.client, name) if evict.must_go(p, own, gpus)]
         except KubeError:
             there = []
         self._defer_held(name, "the smoke Pod %s could not run, %s: not a finding against the node%s" % (

@@ -17,10 +17,14 @@ ring no longer holds are a window lost.  Nothing here drains or judges:
 the node's checks read the journal beside the ring (gpugate.probes.collect).
 
 It does not stop on its own (issue 44): a journal write that fails (a full
-disk, EIO) frees its own parts, the application's first, and is tried
-again; what it still cannot keep is dropped, counted (``write_errors``,
-``dropped_records``) and its seqs become a window it lost, so the checks
-never read that window as covered.  A heartbeat it cannot write is counted;
+disk, EIO) frees the application's parts, and is tried again; the driver's
+parts are never deleted to make room (a kept Xid 79 the ring lost is what a
+job that fills the disk would otherwise erase), and the driver's current
+part is preallocated to its bound when opened (at start and at each
+rotation), so its appends do not meet a full disk.  What it still cannot
+keep is dropped, counted (``write_errors``, ``dropped_records``) and its
+seqs become a window it lost, so the checks never read that window as
+covered.  A heartbeat it cannot write is counted;
 one it cannot read back (garbled) is skipped, as if none.
 
 On a simulated node (``--sim``) the kernel log is a regular file the
@@ -63,6 +67,10 @@ class Follower:
         self.state_dir, self.boot_id, self.started = state_dir, boot_id, now
         self.writer = gpujournal.Writer(state_dir)
         self.app_writer = gpujournal.Writer(state_dir, gpujournal.APP_EVENTS)  # the application's faults
+        try:
+            self.writer.open()  # the driver's part, preallocated now, while the disk has room
+        except OSError:
+            pass  # opened again by its first append (a write error then, counted)
         (self.seq, self.from_seq, self.lost, self.lost_records, self.write_errors, self.dropped_records,
          self.write_error) = _resume(gpujournal.read_heartbeat(state_dir), boot_id)
         self.kept = self.read = self.forgot = 0  # forgot: windows a write error cost, this run
@@ -84,17 +92,19 @@ class Follower:
             if part is not None:
                 (app if part == gpujournal.APP else keep).append(record)
         if app:
-            self._keep(self.app_writer, app, ())
-        if keep:  # the application's parts give way first: an Xid 79 is worth more than an Xid 13
-            self._keep(self.writer, keep, (self.app_writer,))
+            self._keep(self.app_writer, app)
+        if keep:  # only the application's parts give way: an Xid 79 is worth more than an Xid 13
+            self._keep(self.writer, keep)
 
-    def _keep(self, writer, records: List[str], spare) -> None:
+    def _keep(self, writer, records: List[str]) -> None:
         """Write the records; on a write error (a full disk, EIO) free the
-        follower's own parts, the spare writers' first, older parts before
-        current ones, and write again.  Never an exit: what it could not
-        keep, or dropped, is counted and its seqs become a window it lost
-        (the checks then say Xids there may be missed, never "covered")."""
-        steps = [(w, older) for older in (True, False) for w in spare] + [(writer, True), (writer, False)]
+        application's parts, the older before the current, and write again.
+        The driver's parts are never deleted to make room (a job that keeps
+        the disk full would erase the Xid 79 the ring no longer holds).
+        Never an exit: what it could not keep is dropped, counted, and its
+        seqs become a window it lost (the checks then say Xids there may be
+        missed, never "covered")."""
+        steps = [(self.app_writer, True), (self.app_writer, False)]
         while True:
             try:
                 writer.append(self.boot_id, records)

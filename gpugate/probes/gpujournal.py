@@ -39,8 +39,11 @@ Xid 79 or 119 out of ``gpu-events.log``.
 
 The files (directory ``kmsg`` of the state directory, root's alone, 0700):
 ``gpu-events.log`` and its previous part ``gpu-events.log.1`` (rotated by
-rename once over MAX_FILE: at most 2 x MAX_FILE on disk), ``app-events.log``
-and ``.1`` the same at MAX_APP_FILE; one line per
+rename once over MAX_FILE: at most 2 x MAX_FILE on disk; the current part
+is preallocated to MAX_FILE when opened, zeros past its entries, so a full
+disk cannot refuse a driver's record, and the driver's parts are never
+deleted to make room: only the application's are), ``app-events.log``
+and ``.1`` rotated the same at MAX_APP_FILE (never preallocated); one line per
 record, "BOOT_ID CRC32 RECORD": a line torn by a crash, or of another boot,
 fails its check and is skipped (a torn "Xid 79" must never read as
 "Xid 7").  ``follower.json``: the follower's heartbeat (coverage)."""
@@ -101,6 +104,31 @@ def is_gpu_record(record: str) -> bool:
     return classify(record) is not None
 
 
+def _preallocate(fd: int, size: int) -> None:
+    """Allocate the part's blocks up to ``size`` now, so that its appends
+    never need a block from the file system (a job that fills the disk
+    cannot cost a driver's record).  The file is ``size`` long then, zeros
+    past its entries (a reader skips them: no line).  Silently nothing
+    where the file system cannot (no fallocate, or already full)."""
+    try:
+        if os.fstat(fd).st_size < size:
+            os.posix_fallocate(fd, 0, size)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+def _content_end(fd: int) -> int:
+    """Where the part's entries end: its length less the preallocated zeros past them."""
+    pos = os.fstat(fd).st_size
+    while pos > 0:
+        n = min(pos, 65536)
+        block = os.pread(fd, n, pos - n).rstrip(b"\0")
+        if block:
+            return pos - n + len(block)
+        pos -= n
+    return 0
+
+
 def entry(boot_id: str, record: str) -> bytes:
     record = record.rstrip("\n")
     return ("%s %08x %s\n" % (boot_id, zlib.crc32(record.encode("utf-8", "replace")), record)).encode(
@@ -108,8 +136,10 @@ def entry(boot_id: str, record: str) -> bytes:
 
 
 class Writer:
-    """Appends entries (O_APPEND, fsync) and rotates by rename, each step
-    crash safe: a reader sees whole parts, and a torn last line is skipped."""
+    """Appends entries (past the part's last entry, fsync) and rotates by
+    rename, each step crash safe: a reader sees whole parts, and a torn last
+    line is skipped.  The driver's current part is preallocated to MAX_FILE
+    when it is opened (``_preallocate``): its appends do not hit ENOSPC."""
 
     def __init__(self, state_dir: str, name: str = EVENTS):
         from ..safeio import makedirs
@@ -120,6 +150,7 @@ class Writer:
         self.path = os.path.join(self.dir, name)
         self.app = name == APP_EVENTS
         self.fd = -1
+        self.end = 0  # where the next entry goes: the end of the current part's entries
         self.torn = False  # a failed write left a partial line that the next must end first
 
     def append(self, boot_id: str, records: Iterable[str]) -> int:
@@ -139,16 +170,24 @@ class Writer:
             size += len(line)
         return written + self._write(chunk)
 
+    def open(self) -> None:
+        """Open the current part now (the follower, at its start: the
+        driver's part is then preallocated while the disk has room)."""
+        self._size()
+
     def _size(self) -> int:
+        """The current part's length: its entries, never the preallocated
+        zeros past them (the driver's part, opened, is allocated to its
+        bound: ``_preallocate``)."""
         if self.fd < 0:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              0o600)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.fchmod(self.fd, 0o600)  # an older file of root's with a looser mode
-            size = os.fstat(self.fd).st_size
+            if not self.app:
+                _preallocate(self.fd, MAX_FILE)
+            self.end = _content_end(self.fd)
             # A run killed mid-write left a torn last line: the next entry starts on a line of its own.
-            self.torn = bool(size) and os.pread(self.fd, 1, size - 1) != b"\n"
-            return size
-        return os.fstat(self.fd).st_size
+            self.torn = bool(self.end) and os.pread(self.fd, 1, self.end - 1) != b"\n"
+        return self.end
 
     def _rotate(self) -> None:
         os.close(self.fd)
@@ -161,30 +200,40 @@ class Writer:
             return 0
         view = memoryview((b"\n" if self.torn else b"") + b"".join(chunk))
         total = len(view)
-        start = os.fstat(self.fd).st_size
+        start = self.end
         try:
+            os.lseek(self.fd, start, os.SEEK_SET)  # past the entries, into the preallocated part
             while view:
                 view = view[os.write(self.fd, view):]
             os.fsync(self.fd)  # an Xid just before a crash is kept
         except OSError:  # a full disk, EIO: no torn line left for the next entry to run into
+            done = total - len(view)
             try:
-                os.ftruncate(self.fd, start)
+                if start + done < os.fstat(self.fd).st_size:  # within the preallocated part: zeros again
+                    os.pwrite(self.fd, bytes(done), start)
+                else:
+                    os.ftruncate(self.fd, start)
             except OSError:
-                self.torn = True
+                self.torn, self.end = True, start + done
             raise
-        self.torn = False
+        self.torn, self.end = False, start + total
         return total
 
     def drop(self, older: bool, boot_id: str):
         """Free the disk this part holds (the follower's answer to a write
-        error): the older part (``.1``) or the current one.  Returns (freed:
+        error): the older part (``.1``) or the current one.  Only the
+        application's parts are ever dropped: the driver's (an Xid 79 the
+        ring no longer holds) are never deleted to make room, whoever fills
+        the disk (a driver's Writer answers (False, None)).  Returns (freed:
         whether a file was removed, (first, last) seq of this boot's records
         it held, or None for none, or () when they could not be read)."""
         from ..safeio import read_capped
 
+        if not self.app:
+            return False, None
         path = self.path + ".1" if older else self.path
         try:
-            data = read_capped(path, 2 * (MAX_APP_FILE if self.app else MAX_FILE), follow=False)
+            data = read_capped(path, 2 * MAX_APP_FILE, follow=False)
         except FileNotFoundError:
             return False, None
         except (OSError, ValueError):
