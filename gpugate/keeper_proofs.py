@@ -139,10 +139,11 @@ def _screen(states, proofs: Proofs, now: float):
         got = (remembered.get(name) or old.get(name)) if recall else None
         if got is None or got[0] != comment:
             m = head(comment)
-            end = -1 if m is None else comment.find(_TAIL, m.end())
+            at = m.end() if m is not None else 0
+            end = comment.find(_TAIL, at) if at else -1
             if end >= 0 and comment.count(_OPEN) == 1:
                 since, seen, proof = m.groups()
-                since, seen, reason = int(since), int(seen), comment[m.end():end]
+                since, seen, reason = int(since), int(seen), comment[at:end]
                 mac = inner.copy()
                 mac.update((domain % (name, since, seen, reason)).encode("utf-8", "surrogateescape"))
                 check = outer.copy()
