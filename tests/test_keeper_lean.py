@@ -295,6 +295,7 @@ def test_a_record_made_at_once_is_the_record():
     args = ("n1", "IDLE", frozenset({"DRAIN"}), "admin: PSU", NOW, "root", ("gpu", "pool0"), "rack 3")
     made, plain = _made(*args), NodeState(*args)
     assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain) and made.drain
+    assert made.__dict__ == plain.__dict__  # every field of NodeState, none besides (a new field fails here)
     assert replace(made, comment="") == replace(plain, comment="")
     with pytest.raises(AttributeError):
         made.comment = "x"
