@@ -15,7 +15,8 @@ import pytest
 # 24.11, 25.11 (both backends) and 26.05 too (`scripts/test --release R -m slurm
 # tests/test_slurm_preflight_across.py`); kept off the release runs, which share 2 cores with each other.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-CLUSTER = {"nodes": 5, "interval": 600, "gpus": 8}  # GPU GRES: jobs get SLURM_JOB_GPUS
+# GPU GRES: jobs get SLURM_JOB_GPUS; a drain budget: a pin across nodes is budgeted (the keeper drains it).
+CLUSTER = {"nodes": 5, "interval": 600, "gpus": 8, "extra": "[drain_budget]\nmax_share = 0.5\n"}
 
 
 def _free_port():
@@ -74,10 +75,9 @@ def test_four_healthy_nodes_pass_and_the_job_runs(across):
 
 def test_one_slow_node_among_five_is_drained_and_the_job_runs_on_four_good(across):
     across.sim("set", "FLEET", "gpu04", "smoke=pair-slow")
+    across.start_keeper(every=5)  # a pin is budgeted (a job's user can slow a shared link): the keeper drains it
     job = _submit(across, 4)
-    across.wait_for(lambda: "drain" in across.state("gpu04"), 150, "gpu04 drained by the preflight")
-    # Budgeted (a job's user can slow a shared link); the rig's budget is off (max_share = 1), so it drains
-    # itself as every budgeted finding does there: tests/test_slurm_preflight_user.py keeps a budget.
+    across.wait_for(lambda: "drain" in across.state("gpu04"), 150, "gpu04 drained by the keeper for its pin")
     assert across.reason("gpu04").startswith("gpugate: health preflight_across=busbw=17.")
     info = _done(across, job, timeout=240)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, info
@@ -88,7 +88,8 @@ def test_one_slow_node_among_five_is_drained_and_the_job_runs_on_four_good(acros
     others = [n for n in across.nodes if n != "gpu04"]
     assert all("drain" not in across.state(n) for n in others)
     first = _prolog_records(across, job, ["gpu04"])["gpu04"][0]
-    assert first["action"] == "drain" and first["preflight"]["across"]["culprit"]
+    assert first["action"] == "held" and first["preflight"]["across"]["culprit"]
+    across.stop_keeper()
 
 
 def test_status_says_what_the_preflights_came_to(across):
