@@ -43,8 +43,9 @@ NOT_ON_THE_HOT_PATH = {
 # 46: gpugate.iblimits, the [health] IB keys the baseline's table holds (it
 # imports only gpugate.schema; kept apart to hold baseline.py under 400 lines);
 # 47: gpugate.config_kube, gpugate.toml's [kubernetes] table (it imports only
-# gpugate.schema; kept apart to hold config.py under 400 lines).
-MAX_GPUGATE_MODULES = 47
+# gpugate.schema; kept apart to hold config.py under 400 lines); 48:
+# gpugate.config_preflight, the [preflight] table, likewise.
+MAX_GPUGATE_MODULES = 48
 
 # What the interpreter loaded at start (site, .pth files, an editable
 # install's finder) is the environment's, not the prolog's.

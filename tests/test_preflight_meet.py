@@ -116,10 +116,17 @@ def test_a_taken_port_costs_one_try(settings_for, fleet8, tmp_path):
     0's node: rank 0 listens on the next, and the joiners find it there."""
     from gpugate.budgetkey import load
 
-    settings = _settings(settings_for, fleet8, tmp_path, ports=64, port=20000 + os.getpid() % 20000)
-    first = meet.ports_for(settings.preflight["port"], 64, "4242", load(settings))[0]
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", first))
+    squatter = socket.socket()
+    for attempt in range(50):  # a range whose first port is free here (other tests' sockets come and go)
+        settings = _settings(settings_for, fleet8, tmp_path, ports=64,
+                             port=20000 + (os.getpid() * 7 + attempt * 131) % 20000)
+        first = meet.ports_for(settings.preflight["port"], 64, "4242", load(settings))[0]
+        try:
+            squatter.bind(("127.0.0.1", first))
+            break
+        except OSError:
+            continue
+    with squatter:
         squatter.listen(8)
         out = _job(settings, NODES[:3])
     assert all(a.ran and a.why.startswith("passed: 3 nodes") for a in out.values()), out
