@@ -8,10 +8,11 @@ import os
 from hypothesis import given, strategies as st
 
 from gpugate.baseline import load_baseline
-from gpugate.findings import DRIFT, PROBE
+from gpugate.findings import DRIFT, PENDING, PROBE
 from gpugate.judges import operator as op
 from gpugate.reason import render
 from gpugate.record import replace
+from gpugate.verdict import decide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = load_baseline(os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml"))  # driver 580.65.06, CUDA 13.0
@@ -111,3 +112,46 @@ def test_a_failed_driver_upgrade_of_the_operator_is_drift_one_in_progress_is_not
         assert op.judge(BASELINE, "gpu01", dict(GFD, **{op.UPGRADE_STATE: state})) == []
     found = op.judge(BASELINE, "gpu01", dict(GFD, **{op.UPGRADE_STATE: "upgrade-failed"}))
     assert [(f.cls, f.component, f.observed) for f in found] == [(DRIFT, "operator_upgrade", "upgrade-failed")]
+
+
+def test_during_a_rollout_labels_still_on_previous_are_pending_as_the_driver_nvml_reports_is():
+    """[pin] 590.48.01 (CUDA 13.1), [previous] the demo's 580.65.06 (13.0): a
+    node GFD still labels with the old driver is pending (reported, never
+    drained), as gpugate.judges.versions judges NVML's driver; the new
+    driver is fit; a third one, or the old one once the rollout is over, is drift."""
+    new = replace(BASELINE.pin, driver="590.48.01", cuda_driver="13.1")
+    rollout = replace(BASELINE, pin=new, previous=BASELINE.pin, rollout_in_progress=True)
+    found = op.judge(rollout, "gpu01", GFD)
+    assert [(f.cls, f.component, f.observed, f.expected) for f in found] == [
+        (PENDING, "operator_driver", "580.65.06", "590.48.01"), (PENDING, "operator_cuda", "13.0", "13.1")]
+    assert all("on the previous baseline; rollout in progress" in f.detail for f in found)
+    verdict = decide(found, "gpugate:")
+    assert verdict.fit and verdict.notes == tuple(found)
+    upgraded = dict(GFD, **{"nvidia.com/cuda.driver-version.full": "590.48.01",
+                            "nvidia.com/cuda.runtime-version.full": "13.1"})
+    assert op.judge(rollout, "gpu01", upgraded) == []
+    # An older GFD's split labels, leading zeros as numbers: [previous] too.
+    split = {"nvidia.com/cuda.driver.major": "580", "nvidia.com/cuda.driver.minor": "65", "nvidia.com/cuda.driver.rev": "6"}
+    assert [f.cls for f in op.judge(rollout, "gpu01", split)] == [PENDING]
+    other = dict(GFD, **{"nvidia.com/cuda.driver-version.full": "570.172.08"})
+    assert [(f.cls, f.component) for f in op.judge(rollout, "gpu01", other)] == [
+        (DRIFT, "operator_driver"), (PENDING, "operator_cuda")]
+    finished = replace(rollout, rollout_in_progress=False)
+    assert [(f.cls, f.component) for f in op.judge(finished, "gpu01", GFD)] == [
+        (DRIFT, "operator_driver"), (DRIFT, "operator_cuda")]
+    # A failed upgrade stays drift during the rollout.
+    failed = op.judge(rollout, "gpu01", dict(upgraded, **{op.UPGRADE_STATE: "upgrade-failed"}))
+    assert [(f.cls, f.component) for f in failed] == [(DRIFT, "operator_upgrade")]
+
+
+def test_during_a_rollout_the_amd_label_on_previous_is_pending():
+    from gpugate.baseline import parse_baseline
+
+    amd = parse_baseline({"name": "amd", "pin": {"amdgpu": "6.14.1"}, "previous": {"amdgpu": "6.12.12"},
+                          "rollout": {"in_progress": True},
+                          "nodes": {"mi[01-02]": {"vendor": "amd", "gpus": 8, "product": "AMD Instinct MI300X OAM"}}},
+                         "baseline.toml")
+    found = op.judge(amd, "mi01", {"amd.com/gpu.driver-version": "6.12.12"})
+    assert [(f.cls, f.component, f.observed, f.expected) for f in found] == [
+        (PENDING, "operator_amdgpu", "6.12.12", "6.14.1")]
+    assert [f.cls for f in op.judge(amd, "mi01", {"amd.com/gpu.driver-version": "6.10.5"})] == [DRIFT]

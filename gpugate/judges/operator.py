@@ -3,7 +3,9 @@ the same baseline: NVIDIA's GPU Feature Discovery labels (the driver and
 the CUDA version it reports, the MIG strategy) and AMD's node labeller
 (the amdgpu driver).  A label that disagrees with the pin is drift (the
 operator runs another driver than the node is pinned to, or its labels
-went stale): a precise reason, budgeted like any drift.  Pure: the labels
+went stale): a precise reason, budgeted like any drift; while a rollout is
+in progress, a label still on ``[previous]``'s version is pending, as the
+driver NVML reports is (gpugate.judges.versions).  Pure: the labels
 come from the node's own Node object (gpugate.node.operator_labels).
 
 Labels (GFD's README, "Generated Labels"; AMD GPU Operator's node labeller):
@@ -18,7 +20,8 @@ an upgrade in progress, which holds the node with the operator's own cordon)."""
 
 from __future__ import annotations
 
-from ..findings import DRIFT, INVESTIGATE, PROBE, RECONVERGE, Finding
+from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, RECONVERGE, Finding
+from .versions import ON_PREVIOUS, previous_pin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -86,14 +89,23 @@ def judge(baseline, node: str, labels: Optional[Mapping[str, str]], error: str =
         out.append(Finding(DRIFT, component, observed, expected, RECONVERGE,
                            detail="the operator's label %s on the Node" % label))
 
+    def compare(component, pinned, label, parts=0):
+        """The label against the pin; during a rollout [previous]'s version is pending."""
+        observed, expected = seen[pinned], getattr(pin, pinned)
+        if not observed or not expected or _same(observed, expected, parts):
+            return
+        was = previous_pin(baseline, pinned)
+        if was and _same(observed, was, parts):
+            out.append(Finding(PENDING, component, observed, expected, RECONVERGE,
+                               detail="the operator's label %s: %s" % (label, ON_PREVIOUS)))
+            return
+        drift(component, observed, expected, label)
+
     if amd:
-        if seen["amdgpu"] and pin.amdgpu and not _same(seen["amdgpu"], pin.amdgpu):
-            drift("operator_amdgpu", seen["amdgpu"], pin.amdgpu, AMD_DRIVER)
+        compare("operator_amdgpu", "amdgpu", AMD_DRIVER)
         return out
-    if seen["driver"] and pin.driver and not _same(seen["driver"], pin.driver):
-        drift("operator_driver", seen["driver"], pin.driver, _DRIVER[0])
-    if seen["cuda_driver"] and pin.cuda_driver and not _same(seen["cuda_driver"], pin.cuda_driver, parts=2):
-        drift("operator_cuda", seen["cuda_driver"], pin.cuda_driver, _CUDA[0])
+    compare("operator_driver", "driver", _DRIVER[0])
+    compare("operator_cuda", "cuda_driver", _CUDA[0], parts=2)
     if labels.get(UPGRADE_STATE) == "upgrade-failed":
         drift("operator_upgrade", "upgrade-failed", "upgrade-done", UPGRADE_STATE)
     want_mig = str(policy.get("mig_strategy") or "")

@@ -11,6 +11,9 @@ from ..facts import ProbeFailure, failed, unchecked
 from ..findings import DRIFT, PENDING, RECONVERGE, Finding
 from .common import nvswitch, probe_finding
 
+# A pending finding's detail (here and gpugate.judges.operator's labels).
+ON_PREVIOUS = "on the previous baseline; rollout in progress"
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Callable, List, Optional
@@ -33,8 +36,7 @@ def comparer(baseline, out: List[Finding], gpu_name: Callable[[Optional[int]], O
         if observed == expected:
             return
         if _on_previous(baseline, component, observed, gpu_name=gpu_name(gpu)):
-            out.append(Finding(PENDING, component, observed, expected, RECONVERGE, gpu=gpu,
-                               detail="on the previous baseline; rollout in progress"))
+            out.append(Finding(PENDING, component, observed, expected, RECONVERGE, gpu=gpu, detail=ON_PREVIOUS))
             return
         out.append(Finding(DRIFT, component, str(observed), expected, RECONVERGE, gpu=gpu))
     return compare
@@ -102,13 +104,21 @@ def _holds(packages):
     return out
 
 
-def _on_previous(baseline, component, observed, gpu_name=None) -> bool:
+def previous_pin(baseline, component: str) -> Optional[str]:
+    """[previous]'s version of a component while a rollout is in progress
+    (None: no rollout, no [previous], or it names none)."""
     prev = baseline.previous
     if not baseline.rollout_in_progress or prev is None:
-        return False
+        return None
+    return prev.get(component)
+
+
+def _on_previous(baseline, component, observed, gpu_name=None) -> bool:
     if component in ("vbios", "ifwi"):  # per product
-        return gpu_name is not None and getattr(prev, component).get(gpu_name) == observed
-    return prev.get(component) is not None and prev.get(component) == observed
+        prev = baseline.previous if baseline.rollout_in_progress else None
+        return prev is not None and gpu_name is not None and getattr(prev, component).get(gpu_name) == observed
+    was = previous_pin(baseline, component)
+    return was is not None and was == observed
 
 
 def _gpu_name(facts, index):

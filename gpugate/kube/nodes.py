@@ -176,7 +176,8 @@ class KubeNodes:
         """The GpugateHealthy condition, written only when it changes."""
         held = state.reason if state is not None and verdict.fit and reasons.parse(
             state.reason, self.tag) is not None else ""
-        wanted = nv.condition_for(verdict.fit, verdict.cls, verdict.reason, held)
+        pending = "; ".join(reasons.render_finding(f) for f in verdict.notes) if verdict.fit else ""
+        wanted = nv.condition_for(verdict.fit, verdict.cls, verdict.reason, held, pending)
         now_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
         patch = nv.condition_patch(self.node_object(name), wanted, now_iso)
         if patch is not None:

@@ -181,13 +181,16 @@ def slim(node: Dict[str, Any]) -> Dict[str, Any]:
     return keep
 
 
-def condition_for(fit: bool, cls: str, reason: str, held: str = "") -> Tuple[str, str, str]:
+def condition_for(fit: bool, cls: str, reason: str, held: str = "", pending: str = "") -> Tuple[str, str, str]:
     """(status, reason, message) of the GpugateHealthy condition: the
     reason a CamelCase word (Fit, Drift, Health, ...), the message
-    gpugate's reason text (and, when fit but still held, what holds it)."""
+    gpugate's reason text (and, when fit but still held, what holds it;
+    when fit, what is pending: still on [previous] during a rollout)."""
     if fit:
-        return ("True", "FitHeld" if held else "Fit",
-                ("fit now; held by gpugate until the sweep proves it: " + held) if held else "fit")
+        message = ("fit now; held by gpugate until the sweep proves it: " + held) if held else "fit"
+        if pending:
+            message += "; pending, rollout in progress: " + pending
+        return ("True", "FitHeld" if held else "Fit", message)
     return "False", (cls if cls in CLASSES else "probe").capitalize(), reason
 
 

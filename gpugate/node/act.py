@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
     from typing import Any, Dict, Optional
 
 MARKER = "drained-by-gpugate"
-# Kubernetes: the node's GpugateHealthy condition says unfit; a fit run must
-# read the node (and set it True) even when gpugate holds nothing there.
+# Kubernetes: the node's GpugateHealthy condition says unfit, or names what
+# is pending during a rollout; a fit run must read the node (and set it to a
+# plain True) even when gpugate holds nothing there.
 REPORTED_UNFIT = "reported-unfit"
 
 
@@ -44,7 +45,11 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
-    if (verdict.fit and not check_fit and not os.path.exists(marker) and not hold.published(settings, node)
+    # A fit run with something pending (a rollout) on Kubernetes reads the
+    # node: its condition names what is pending (written only on change).
+    reports_pending = bool(verdict.notes) and getattr(settings, "scheduler", "slurm") != "slurm"
+    if (verdict.fit and not check_fit and not reports_pending and not os.path.exists(marker)
+            and not hold.published(settings, node)
             and not os.path.exists(os.path.join(settings.state_dir(node), REPORTED_UNFIT))):
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
     if verdict.fit and in_service and not hold.published(settings, node):
@@ -140,7 +145,7 @@ def _report(settings, slurm, node: str, verdict, state) -> str:
         slurm.report_verdict(node, verdict, state)
     except (GpugateError, OSError) as exc:
         return str(exc)[:300]
-    _set_marker(os.path.join(settings.state_dir(node), REPORTED_UNFIT), not verdict.fit)
+    _set_marker(os.path.join(settings.state_dir(node), REPORTED_UNFIT), not verdict.fit or bool(verdict.notes))
     return ""
 
 
