@@ -25,16 +25,22 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def across(cluster):
+def preflight_across(cluster, more=""):
+    """The cluster's gpugate.toml with a [preflight] across nodes run by the
+    simulated nodes' all_reduce_perf (read again by every prolog)."""
     with open(cluster.gpugate_conf, "a") as handle:
         handle.write(
             '\n[preflight]\nmin_nodes = 2\ntimeout_seconds = 30\nacross_seconds = 60\nrun_seconds = 20\n'
-            'rendezvous_host = "127.0.0.1"\nport = %d\nports = 1\n'
+            'rendezvous_host = "127.0.0.1"\nport = %d\nports = 1\n%s'
             'allreduce = ["%s/{node}/bin/all_reduce_perf", "-b", "8", "-e", "8G", "-g", "{gpus}"]\n'
             'allreduce_multi = ["%s/{node}/bin/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]\n'
-            % (_free_port(), cluster.fleet, cluster.fleet))
+            % (_free_port(), more, cluster.fleet, cluster.fleet))
     return cluster
+
+
+@pytest.fixture(scope="module")
+def across(cluster):
+    return preflight_across(cluster)
 
 
 def _submit(cluster, nodes, comment="gpugate-preflight"):

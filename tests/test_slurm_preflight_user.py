@@ -19,22 +19,16 @@ node before, and the keeper's bound on pins.
    ``[preflight] pins_per_hour``."""
 
 import os
-import socket
 import subprocess
 
 import pytest
+from test_slurm_preflight_across import preflight_across
 
 # slow: real jobs of 4 nodes (minutes); CI runs it on 22.05, as test_slurm_preflight_across.py.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Two CPUs a node: the user's CPU-only job fits beside their preflighted job (--exclusive=user).
 CLUSTER = {"nodes": 5, "interval": 600, "gpus": 8, "cpus": 2, "extra": "[drain_budget]\nmax_share = 0.5\n"}
 NOBODY = 65534
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _open_path(path):
@@ -54,13 +48,7 @@ def _open_path(path):
 
 @pytest.fixture(scope="module")
 def rig(cluster):
-    with open(cluster.gpugate_conf, "a") as handle:
-        handle.write(
-            '\n[preflight]\nmin_nodes = 2\ntimeout_seconds = 30\nacross_seconds = 60\nrun_seconds = 20\n'
-            'rendezvous_host = "127.0.0.1"\nport = %d\nports = 1\nshm_free_mb = 64\ntmp_free_mb = 0\n'
-            'allreduce = ["%s/{node}/bin/all_reduce_perf", "-b", "8", "-e", "8G", "-g", "{gpus}"]\n'
-            'allreduce_multi = ["%s/{node}/bin/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]\n'
-            % (_free_port(), cluster.fleet, cluster.fleet))
+    preflight_across(cluster, "shm_free_mb = 64\ntmp_free_mb = 0\n")
     changed = _open_path(cluster.path("munge", "munge.sock")) + _open_path(cluster.path("fleet", "x"))
     for path in (cluster.conf, cluster.path("gres.conf")):
         if os.path.exists(path):
