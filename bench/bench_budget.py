@@ -35,23 +35,17 @@ TARGET_RATIO = 0.2  # keeper's wall time / the reference's, measured in the same
 TARGET_RSS_MB = 512
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, resource, sys, time
 sys.path.insert(0, %(root)r)
 started, cpu0 = time.perf_counter(), time.process_time()
 from gpugate import keeper, keeper_proofs
 from gpugate.slurm.nodestate import lean
 with open(sys.argv[2]) as handle:
     text = handle.read()
-save = 0.0
 if sys.argv[1] == "text":  # the keeper's read: sinfo's text, records for the nodes that decide
     with lean.paused_gc():  # as keeper.run_once: one pause over the read and the decision
-        proofs = keeper_proofs.Proofs(%(key)r)
-        proofs.recall(sys.argv[4])  # the last run's verdicts: none in a cold run, the file in a warm one
         fleet = lean.read_text(text)
-        decided = keeper.decide(fleet, proofs, "gpugate:", 0.1, 4, {}, lambda: %(now)d)
-    saved = time.perf_counter()
-    proofs.keep()  # after the decision (keeper.run_once: after its writes): timed apart
-    save = time.perf_counter() - saved
+        decided = keeper.decide(fleet, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {}, lambda: %(now)d)
 else:  # the reference: a full read as 24.11's scontrol --json prints it
     from gpugate.slurm.nodestate import parse_nodes_json
     fleet = lean.of_states(parse_nodes_json(text))
@@ -64,8 +58,7 @@ def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the par
             return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:")) / 1024.0
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-print(json.dumps({"took": took, "cpu": cpu, "rss_mb": peak_mb(), "save": save,
-                  "file_mb": os.path.getsize(sys.argv[4]) / 1e6 if os.path.isfile(sys.argv[4]) else 0,
+print(json.dumps({"took": took, "cpu": cpu, "rss_mb": peak_mb(),
                   "nodes": fleet.nodes, "records": len(fleet.states), "published": len(decided.spans),
                   "drain": len(decided.plan.drain), "held": len(decided.plan.held)}))
 """
@@ -103,9 +96,9 @@ def scontrol_json(count: int, share: float = 1.0) -> str:
     return json.dumps(doc)
 
 
-def _child(kind: str, path: str, share: float, verdicts: str = "") -> dict:
+def _child(kind: str, path: str, share: float) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD % {"root": ROOT, "key": KEY, "now": NOW}, kind, path,
-                          repr(share), verdicts], capture_output=True, text=True, check=True)
+                          repr(share)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -128,15 +121,11 @@ def main(argv=None) -> int:
         with open(json_path, "w") as handle:
             handle.write(scontrol_json(args.nodes, args.published))
         sizes = os.path.getsize(text_path) / 1e6, os.path.getsize(json_path) / 1e6
-        verdicts = os.path.join(tmp, "budget-keeper-verdicts.bin")  # keeper_proofs.path's, beside the memory
-        ref_runs, runs, warm_runs = [], [], []
+        ref_runs, runs = [], []
         for _ in range(args.repeat):  # interleaved: a neighbour's load falls on both alike
             ref_runs.append(_child("json", json_path, args.published))
-            if os.path.exists(verdicts):
-                os.unlink(verdicts)
-            runs.append(_child("text", text_path, args.published, verdicts))  # cold: no verdicts remembered
-            warm_runs.append(_child("text", text_path, args.published, verdicts))  # the next run, with the file
-    ref, mine, warm = _summary(ref_runs), _summary(runs), _summary(warm_runs)
+            runs.append(_child("text", text_path, args.published))
+    ref, mine = _summary(ref_runs), _summary(runs)
     last = mine["last"]
     assert (last["drain"], last["held"]) == (ref["last"]["drain"], ref["last"]["held"]), "the two decided apart"
     ratio, cpu_ratio = mine["wall"] / ref["wall"], mine["cpu"] / ref["cpu"]
@@ -144,15 +133,10 @@ def main(argv=None) -> int:
         last["nodes"], PARTITIONS + 1, last["published"], last["records"], last["drain"], last["held"]))
     print("reference: 24.11 scontrol --json (%.0f MB) + decision: wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (
         sizes[1], ref["wall"], ref["cpu"], ref["rss"]))
-    print("keeper:    sinfo text (%.0f MB) + decision, cold:      wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (
+    print("keeper:    sinfo text (%.0f MB) + decision:            wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (
         sizes[0], mine["wall"], mine["cpu"], mine["rss"]))
-    print("ratio keeper / reference: wall %.3f, CPU %.3f   (targets, on the cold run: wall ratio < %g, peak RSS < %d MB)" % (
+    print("ratio keeper / reference: wall %.3f, CPU %.3f   (targets: wall ratio < %g, peak RSS < %d MB)" % (
         ratio, cpu_ratio, TARGET_RATIO, TARGET_RSS_MB))
-    print("warm (not the target's): the next run with the verdicts' file (%.0f MB): wall median %.2f s, CPU %.2f s, "
-          "peak RSS %.0f MB, ratio %.3f; writing the file after the cold run %.2f s, after the warm %.2f s" % (
-              warm["last"].get("file_mb", 0), warm["wall"], warm["cpu"], warm["rss"], warm["wall"] / ref["wall"],
-              statistics.median(r["save"] for r in runs), statistics.median(r["save"] for r in warm_runs)))
-    assert (warm["last"]["drain"], warm["last"]["held"]) == (last["drain"], last["held"]), "warm decided apart"
     missed = [what for what, bad in (("wall ratio", ratio >= TARGET_RATIO), ("peak RSS", mine["rss"] >= TARGET_RSS_MB))
               if bad]
     print("MISSED: " + ", ".join(missed) if missed else "targets met")

@@ -95,7 +95,6 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         return figures
     key = _key(settings)  # before any read: no key, nothing published is drained
     proofs = keeper_proofs.Proofs(key)  # each (node, comment) checked once
-    proofs.recall(keeper_proofs.path(status_path(settings)))  # the last run's verdicts, HMACed
     from .slurm.nodestate.lean import of_states, paused_gc
 
     with paused_gc():  # one pause over the read and the decision: no collection walks the records between them

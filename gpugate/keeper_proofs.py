@@ -66,23 +66,11 @@ class Proofs:
         self.key, self.signer, self._same = key, Signer(key), hmac.compare_digest
         self._head = re.compile(pending._HEAD.pattern)
         self.old = _LAST[1] if _LAST[0] == key else {}
-        self.new, self.file, self.loaded = {}, None, {}
-
-    def recall(self, path: str) -> None:
-        """The previous run's verdicts from ``path`` (a timer's run is a new
-        process), unless this process remembers its own; kept there by keep()."""
-        self.file = path
-        if not self.old:
-            self.old = self.loaded = _load(path, self.key)
+        self.new = {}
 
     def keep(self) -> None:
-        """This run's memory serves the next run (this process's, and the
-        file's when recall() named one: written only when it changed)."""
+        """This run's memory serves the next run (this process's)."""
         _LAST[:] = [self.key, self.new]
-        if self.file:
-            mine = {n: got for n, got in self.new.items() if len(got) == 3}
-            if len(mine) != len(self.loaded) or any(self.loaded.get(n) is not got for n, got in mine.items()):
-                _save(self.file, self.key, mine)
 
     def _spans(self, node: str, comment: str) -> tuple:
         """((span, its proof is this node's), ...) for each span of the comment."""
@@ -193,63 +181,3 @@ def _one():
 
         _ONE.append(re.compile(r"\[gpugate-pending @(\d{1,12}) seen @(\d{1,12}) proof ([0-9a-f]{32})\] ").search)
     return _ONE[0]
-
-
-_FILE_DOMAIN = b"gpugate-keeper-verdicts/1\n"
-
-
-def path(status_path: str) -> str:
-    """The verdicts' file, beside the keeper's memory (gpugate.keeper_memory)."""
-    import os
-
-    return os.path.join(os.path.dirname(status_path), "budget-keeper-verdicts.bin")
-
-
-def _load(path: str, key: bytes) -> dict:
-    """{node: remembered entry} from the file _save wrote under this key;
-    {} when absent, damaged, of another key or another shape (every span
-    then checked afresh).  The file is HMACed under the key: a verdict is
-    taken only as this keeper wrote it, keyed by the exact comment."""
-    import hmac
-    import marshal
-
-    try:
-        with open(path, "rb") as handle:
-            blob = handle.read()
-        if not hmac.compare_digest(blob[:32], hmac.digest(key, _FILE_DOMAIN + blob[32:], "sha256")):
-            return {}
-        rows = marshal.loads(blob[32:])
-        Pending, out = pending.Pending, {}
-        for name, (comment, since, seen, at, end, proof, mine) in rows.items():
-            if not (type(name) is str and type(comment) is str and type(since) is int and type(seen) is int
-                    and type(at) is int and type(end) is int and type(proof) is str and type(mine) is bool):
-                return {}
-            out[name] = (comment, ((Pending(comment[at:end], since, seen, proof), mine),), 1)
-        return out
-    except Exception:  # noqa: BLE001 - absent or unreadable: checked afresh
-        return {}
-
-
-def _save(path: str, key: bytes, entries: dict) -> None:
-    """The entries of one signed span (screen's, marked by a third item) to
-    the file, HMACed under the key; a failure to write costs the next run
-    its checks only."""
-    import hmac
-    import marshal
-    import os
-
-    rows = {}
-    for name, (comment, ((span, mine),), _one) in entries.items():
-        end = comment.find(_TAIL, comment.find(_OPEN))
-        rows[name] = (comment, span.since, span.seen, end - len(span.reason), end, span.proof, mine)
-    blob = marshal.dumps(rows)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
-            handle.write(hmac.digest(key, _FILE_DOMAIN + blob, "sha256") + blob)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
