@@ -64,6 +64,10 @@ class FakeSlurm:
                     self._set(name, "IDLE", set(), self.states[name].reason + " : reboot complete")
         return {n: s for n, s in self.states.items() if wanted is None or n in wanted}
 
+    def own_record(self, name):
+        """One node's record, the backends' single-node read (no reboot progress)."""
+        return self.states.get(name)
+
     def _names(self, hostlist):
         from ClusterShell.NodeSet import NodeSet
 

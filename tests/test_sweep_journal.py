@@ -39,6 +39,43 @@ def test_a_journal_of_another_format_is_refused(tmp_path):
         jr.Journal(str(path))
 
 
+ROLLOUT = "gpugate: rollout driver=570.1 (want 580.1)"
+
+
+def test_the_nodes_a_rollout_took_are_kept_when_they_are_enrolled_again(tmp_path):
+    j = jr.Journal(str(tmp_path / "sweep.db"))
+    j.start_run(["test"])
+    j.enrol("gpu01", "rollout", 1, ROLLOUT, rollout=ROLLOUT)
+    j.enrol("gpu02", "reboot", 2, "gpugate: health xid:gpu3=79 (want none)")
+    assert j.rollout_taken(ROLLOUT) == ["gpu01"]
+    j.enrol("gpu01", "reconverge", 3, "gpugate: drift driver=570.1 (want 580.1)")  # deferred, taken up later
+    assert j.nodes()["gpu01"].remedy == "reconverge" and j.rollout_taken(ROLLOUT) == ["gpu01"]
+    assert j.rollout_taken("gpugate: rollout driver=580.1 (want 590.1)") == []  # another rollout: its own
+    j.close()
+
+
+def test_a_journal_of_an_older_gpugate_gains_the_rollouts_table_from_its_nodes(tmp_path):
+    import sqlite3
+
+    path = str(tmp_path / "v2.db")
+    db = sqlite3.connect(path)
+    db.executescript(jr.SCHEMA.split("CREATE TABLE IF NOT EXISTS rollouts")[0])
+    db.execute("INSERT INTO nodes VALUES ('gpu01', 1, 'rollout', 1, 3, 'resume', 'done', ?, 0, '', 'r')", (ROLLOUT,))
+    db.execute("INSERT INTO nodes VALUES ('gpu02', 1, 'reboot', 2, 1, 'resume', 'done', 'x', 0, '', 'r')")
+    db.execute("PRAGMA user_version = 2")
+    db.commit()
+    db.close()
+    j = jr.Journal(path)
+    j.start_run(["test"])
+    j.enrol("gpu01", "reboot", 1, "gpugate: health xid:gpu3=79 (want none)")
+    assert j.rollout_taken(ROLLOUT) == ["gpu01"]
+    assert j.db.execute("PRAGMA user_version").fetchone()[0] == 2  # an older gpugate still reads it
+    j.close()
+    j = jr.Journal(path)  # opened again: nothing more to fill
+    assert j.rollout_taken(ROLLOUT) == ["gpu01"]
+    j.close()
+
+
 def rec(step, status, attempt=1, remedy="reconverge"):
     return jr.NodeRecord("gpu01", 1, remedy, 1, attempt, step, status, "", 0.0, "", "r")
 

@@ -2,6 +2,7 @@
 stand-in Slurm (tests/test_sweep_engine.py); the real rig runs the way back
 from rma in tests/test_slurm_repaired.py."""
 
+import sys
 import types
 
 from gpugate import reason as reasons
@@ -11,11 +12,11 @@ from gpugate.slurm import ownership
 from gpugate.sweep import history as hist
 from gpugate.sweep import run as sweep_run
 from gpugate.sweep import timed_rollout
-from gpugate.sweep.engine import rollout_reason
+from gpugate.sweep.engine import Sweeper, rollout_reason
 from gpugate.sweep.plan import REBOOT, RECONVERGE, remedy_for
 from gpugate.sweep.repaired import repaired, repaired_reason
 
-from test_sweep_engine import DAY, DRIFT, TAG, XID, FakeSlurm, events, make
+from test_sweep_engine import DAY, DRIFT, TAG, XID, FakeSlurm, converge_failing_on, events, make
 
 RMA_XID = "gpugate: rma xid:gpu2=79 (want none); evidence=gpu003-20270101T000000Z-a1"
 ADMIN = "fan replaced, burn-in pending"
@@ -54,6 +55,38 @@ def test_repaired_turns_gpugate_s_rma_into_the_sweep_s_work_and_refuses_the_rest
     steps = [s for s, st, _ in events(journal, "gpu003") if st == "done"]
     assert steps.index("reboot") < steps.index("verify") < steps.index("resume")
     assert "gpu004" not in report.outcomes and "gpu004" not in slurm.resumed
+    journal.close()
+
+
+class AdminRacingSlurm(FakeSlurm):
+    """An admin sets a reason of their own just after gpugate read the node's rma reason."""
+
+    def __init__(self, racing, **kw):
+        super().__init__(**kw)
+        self.racing = racing
+
+    def nodes(self, names=None):
+        out = super().nodes(names)
+        for name in self.racing:
+            if name in out:
+                self._set(name, reason=ADMIN)
+        return out
+
+
+def test_repaired_re_reads_the_node_and_never_overwrites_a_reason_set_since_the_read(tmp_path):
+    slurm = AdminRacingSlurm(racing={"gpu003"}, count=4)
+    slurm.drain("gpu003", RMA_XID)
+    slurm.drain("gpu004", RMA_XID)
+    sweeper, journal, _ = make(tmp_path, slurm)
+    done, refused = repaired(sweeper.settings, slurm, journal, ["gpu003", "gpu004"], who="ops")
+    assert slurm.states["gpu003"].reason == ADMIN and "DRAIN" in slurm.states["gpu003"].flags
+    assert len(refused) == 1 and refused[0].startswith("gpu003: refused, left as it is: its reason changed")
+    assert ADMIN in refused[0]
+    # Untouched in the journal too: no repair noted, the repeat record not cleared.
+    assert "gpu003" not in journal.history() and events(journal, "gpu003") == []
+    # The node whose reason did not change is handed back as before.
+    assert len(done) == 1 and done[0].startswith("gpu004: repaired")
+    assert slurm.states["gpu004"].reason == "gpugate: health sweep=reboot after repair (want verified)"
     journal.close()
 
 
@@ -109,4 +142,49 @@ def test_no_rollout_in_progress_rolls_nothing(tmp_path):
     sweeper, journal, _ = make(tmp_path, slurm)
     opts, note = timed_rollout.canary(sweeper.settings, sweeper.baseline, slurm, None, journal, sweeper.options)
     assert opts is None and "no rollout in progress" in note
+    journal.close()
+
+
+class RolloutTransport:
+    """Every node still on [previous] (the healthcheck says so); a verification passes."""
+
+    def check(self, nodes, args, timeout):
+        pending = [{"component": "driver"}] if "healthcheck" in args else []
+        return {n: {"node": n, "fit": True, "pending": pending} for n in nodes}
+
+
+def _timer(settings, baseline, slurm, journal):
+    """What the shipped timer runs (`gpugate sweep --apply --rollout-if-in-progress`, gpugate.cli.sweep):
+    the repairs, then the canary when timed_rollout says so; on the real engine."""
+    transport, clock = RolloutTransport(), (lambda: 10 * DAY)
+    opts = sweep_run.options(settings, baseline)
+    journal.start_run(["timer"])
+    Sweeper(settings, baseline, slurm, transport, journal, opts, sleep=lambda s: None, clock=clock).run()
+    canary_opts, note = timed_rollout.canary(settings, baseline, slurm, transport, journal, opts)
+    if canary_opts is not None:
+        journal.start_run(["timer"])
+        Sweeper(settings, baseline, slurm, transport, journal, canary_opts, sleep=lambda s: None, clock=clock).run()
+    return canary_opts, note
+
+
+def test_a_rolled_back_canary_enrolled_again_for_an_xid_is_never_followed_by_another(tmp_path):
+    slurm = FakeSlurm(count=6)
+    sweeper, journal, _ = make(tmp_path, slurm, canary=1, max_batch=4, converge=converge_failing_on("gpu001"),
+                               rollback=converge_failing_on())
+    baseline = types.SimpleNamespace(rollout_in_progress=True, previous={"driver": "570.1"},
+                                     pin={"driver": "580.1"}, health=types.SimpleNamespace(xid_actions={}))
+    key = rollout_reason(TAG, baseline)
+    # The first timer run: the canary (gpu001) fails its converge twice and is rolled back to [previous].
+    opts, note = _timer(sweeper.settings, baseline, slurm, journal)
+    assert opts.rollout == {"gpu001"} and "canary batch (gpu001)" in note
+    assert "rollback" in [s for s, st, _ in events(journal, "gpu001") if st == "done"]
+    assert "gpu001" in slurm.resumed and journal.nodes()["gpu001"].reason == key
+    # Later an Xid drains it, and the next timer run repairs it: enrolled again, as a reboot.
+    slurm.drain("gpu001", XID)
+    opts, note = _timer(sweeper.settings, baseline, slurm, journal)
+    assert journal.nodes()["gpu001"].remedy == "reboot" and journal.nodes()["gpu001"].step == "resume"
+    # The rollout was canaried: no other canary, not even the same node again.
+    assert opts is None and "rolled already" in note and "gpu001" in note
+    assert not any(r.remedy == "rollout" for r in journal.nodes().values())
+    assert all(not slurm.states["gpu%03d" % i].reason for i in range(1, 7))
     journal.close()

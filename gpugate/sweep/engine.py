@@ -152,7 +152,8 @@ class Sweeper(Steps, ResetStep, SmokeStep, DeferStep):
             if past and past[-1] == hist.RESUMED and hist.components(view.ours):
                 # Back after the sweep returned it to service: the history the repeat rule counts on.
                 self.journal.note(name, hist.REDRAINED, hist.components(view.ours), at=view.reason_time or None)
-            self.journal.enrol(name, remedy, batch.index, reason_text)
+            self.journal.enrol(name, remedy, batch.index, reason_text,
+                               rollout=self._rollout_reason(name) if remedy == "rollout" else "")
             self.report.outcomes[name] = Outcome(name, remedy)
         self._track_out(snap, nodes)
         self.report.batches.append({"index": batch.index, "remedy": remedy, "nodes": _hostlist(nodes),

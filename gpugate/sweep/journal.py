@@ -4,7 +4,10 @@ Every step of every node is recorded before it is taken ("started") and
 after ("done" / "failed"), in its own committed transaction, so a sweeper
 killed at any point is taken up by the next one from the recorded step.
 The history table keeps, per node, when the sweep returned it to service and
-for what (sweep/history.py: repeat offenders).
+for what (sweep/history.py: repeat offenders).  The rollouts table keeps
+which nodes each rollout ([previous] -> [pin], by its reason) took, for the
+timer's once-per-rollout canary (sweep/timed_rollout.py): a node's row in
+`nodes` is replaced when it is enrolled again, that record never is.
 """
 
 import json
@@ -20,7 +23,9 @@ from .reservations import PREFIX as RESERVATION_PREFIX
 from ..record import dataclass
 
 SCHEMA_VERSION = 2
-# Formats this version reads; the tables it adds are created on open (v1 had no history).
+# Formats this version reads; the tables it adds are created on open (v1 had no history; a v2
+# journal of an older gpugate has no rollouts table: made on open and filled from `nodes`, and
+# an older gpugate that opens this one leaves the table alone, so the format stays 2).
 _READS = (1, 2)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -34,6 +39,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS history (
     id INTEGER PRIMARY KEY, node TEXT, kind TEXT, at REAL, components TEXT, run INTEGER, detail TEXT);
 CREATE INDEX IF NOT EXISTS history_node ON history (node, at);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout TEXT, node TEXT, run INTEGER, at REAL, PRIMARY KEY (rollout, node));
 """
 STARTED, DONE, FAILED = "started", "done", "failed"
 # A node whose last step is one of these is finished (not in flight).
@@ -122,12 +129,16 @@ class Journal:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a recorded step survives a power cut
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        tables = self.db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if tables and version not in _READS:
             self.db.close()
             raise ConfigError("%s: a sweep journal of another gpugate version (format %d, this one reads %d); "
                               "finish or move it away" % (path, version, SCHEMA_VERSION))
         self.db.executescript(SCHEMA)
+        if tables and "rollouts" not in tables:  # the rollouts an older gpugate took, as far as `nodes` holds them
+            with self.db:
+                self.db.execute("INSERT OR IGNORE INTO rollouts SELECT reason, node, run, updated FROM nodes "
+                                "WHERE remedy = 'rollout'")
         self.db.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
         self.run_id: Optional[int] = None
 
@@ -143,13 +154,24 @@ class Journal:
     def end_run(self, outcome: str) -> None:
         self.db.execute("UPDATE runs SET ended = ?, outcome = ? WHERE id = ?", (time.time(), outcome, self.run_id))
 
-    def enrol(self, node: str, remedy: str, batch: int, reason: str) -> None:
-        """A node enters the sweep's hands (replacing any finished record)."""
+    def enrol(self, node: str, remedy: str, batch: int, reason: str, rollout: str = "") -> None:
+        """A node enters the sweep's hands (replacing any finished record);
+        ``rollout``: the rollout that takes it (its reason), kept for good."""
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, 1, 'planned', ?, ?, ?, '', ?)",
                             (node, self.run_id, remedy, batch, DONE, reason, time.time(),
                              "%s%d_b%d" % (RESERVATION_PREFIX, self.run_id, batch)))
+            if rollout:
+                self.db.execute("INSERT OR IGNORE INTO rollouts VALUES (?, ?, ?, ?)",
+                                (rollout, node, self.run_id, time.time()))
             self._event(node, "planned", DONE, 1, remedy)
+
+    def rollout_taken(self, rollout: str) -> List[str]:
+        """The nodes this rollout (its reason: [previous] -> [pin]) ever took,
+        whatever they were enrolled for since (a rollback, a later Xid)."""
+        return sorted(r[0] for r in self.db.execute(
+            "SELECT node FROM rollouts WHERE rollout = ? UNION "
+            "SELECT node FROM nodes WHERE remedy = 'rollout' AND reason = ?", (rollout, rollout)))
 
     def record(self, node: str, step: str, status: str, attempt: Optional[int] = None, detail: str = "") -> None:
         with self.db:

@@ -52,6 +52,10 @@ def repaired(settings, slurm, journal, names: Sequence[str], who: str = "") -> T
             continue
         record = records.get(name)
         text = repaired_reason(tag, reasons.parse(record.reason, tag) if record is not None else None)
+        changed = _changed(slurm, name, st.reason)
+        if changed:
+            refused.append("%s: refused, left as it is: %s" % (name, changed))
+            continue
         by = " by " + who if who else ""
         journal.note(name, hist.FORGIVEN, detail="repaired%s: rma %r -> %r" % (by, st.reason, text))
         journal.stage(name, "repaired", jr.DONE, detail="repaired%s: was %r" % (by, st.reason))
@@ -60,6 +64,19 @@ def repaired(settings, slurm, journal, names: Sequence[str], who: str = "") -> T
         done.append("%s: repaired: repeat record cleared; rma reason replaced by %r; the next `gpugate sweep "
                     "--apply` reboots, verifies and smoke-tests it, and only then resumes it%s" % (name, text, up))
     return done, refused
+
+
+def _changed(slurm, name: str, reason: str) -> str:
+    """Why the node's reason is no longer the rma reason read ("": it still is):
+    its own record, read again just before the write, so that a reason an
+    admin set since the read is never overwritten."""
+    now = slurm.own_record(name)
+    if now is None:
+        return "Slurm no longer knows it"
+    if now.reason != reason:
+        return ("its reason changed since it was read (%r, was %r): a reason gpugate did not write is never "
+                "replaced; run it again if the node is still to return from rma" % (now.reason[:80], reason[:80]))
+    return ""
 
 
 def _not_rma(st, ours) -> str:

@@ -10,9 +10,11 @@ baseline says `[rollout] in_progress = true` rolls the canary batch (`[sweep]
 canary` nodes still on [previous]) once per rollout, and never more: the
 rest of the fleet waits for approval, which is an admin running `gpugate
 sweep --rollout --apply` by hand after looking at the canary.  A rollout is
-"already canaried" when the sweep journal holds a node the rollout took (its
-reason names this [previous] -> [pin]), or when a node of the scope is on
-the new pin already; then nothing more is rolled, and a canary that failed
+"already canaried" when the sweep journal records a node the rollout took
+(its reason names this [previous] -> [pin]; the journal's rollouts table,
+kept when the node is enrolled again later, for a drain_timeout deferral's
+reconverge or for an Xid after its rollback), or when a node of the scope is
+on the new pin already; then nothing more is rolled, and a canary that failed
 (rolled back or escalated) is never followed by another one on the timer."""
 
 import time
@@ -31,7 +33,7 @@ def canary(settings, baseline, slurm, transport, journal, opts: Options) -> Tupl
     if not baseline.rollout_in_progress or baseline.previous is None:
         return None, "no rollout in progress ([rollout] in_progress is false): nothing rolled"
     key = rollout_reason(settings.reason_tag, baseline)
-    taken = sorted(n for n, r in journal.nodes().items() if r.remedy == "rollout" and r.reason == key)
+    taken = journal.rollout_taken(key)
     snap = take(slurm.nodes(), settings.reason_tag, time.time())
     rolling = sorted(n for n, v in snap.nodes.items() if v.ours is not None and v.ours.cls == ROLLOUT)
     if taken or rolling:
