@@ -188,7 +188,10 @@ def parse_problem(argv: List[str]) -> Optional[str]:
             ctx = command.make_context(" ".join(path), args, resilient_parsing=False)
             if not isinstance(command, click.Group):
                 return None
-            rest = list(getattr(ctx, "_protected_args", None) or []) + list(ctx.args)
+            # click 8.2+ keeps the subcommand's words in _protected_args; 8.1 (the newest for Python 3.9)
+            # in protected_args.
+            words = ctx._protected_args if hasattr(ctx, "_protected_args") else ctx.protected_args
+            rest = list(words or []) + list(ctx.args)
             if not rest:
                 return None
             name, sub, rest = command.resolve_command(ctx, rest)
