@@ -101,8 +101,11 @@ def _require_slurm():
 
 
 def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, baseline=None, sweep=None, gpus=0,
-                 cpus=1):
-    """Write and boot a test cluster; the caller stops it."""
+                 cpus=1, day_one=False):
+    """Write and boot a test cluster; the caller stops it.  day_one: the
+    baseline file is removed before any daemon starts (a first install: the
+    simulated nodes run its stack, but no health check has ever loaded a
+    baseline, so there is no last good copy either)."""
     from gpugate.testbed import Cluster
 
     _require_slurm()
@@ -119,6 +122,8 @@ def make_cluster(directory, nodes=4, interval=5, extra="", partitions=None, base
             cluster.write(handle.read(), extra)
     except NoDeviceNodes as exc:  # a rig with GPU GRES only (gpus=N): said, not failed
         pytest.skip(str(exc))
+    if day_one:
+        os.remove(cluster.baseline)
     try:
         cluster.start()
     except Exception:

@@ -76,6 +76,33 @@ def test_capture_refuses_a_hostlist_the_baseline_would_refuse_and_warns_when_the
     assert '[nodes."gpu[02-08]"]' in result.stdout
 
 
+def test_capture_warns_when_the_node_named_is_not_this_host(tmp_path):
+    """--node only names the result: the facts are this machine's unless a
+    simulated fleet is read.  Captured on the controller "for gpu01", the
+    baseline would pin the controller's stack; said on stderr, before the
+    facts are read (a controller without a driver then fails as well)."""
+    import socket
+
+    from gpugate.fleet.coverage import host_notes
+
+    assert host_notes("gpu01", "gpu01") == [] and host_notes("gpu01", "gpu01.cluster.example") == []
+    assert host_notes("GPU01", "gpu01.example") == [] and host_notes("gpu01.example", "gpu01.example") == []
+    assert host_notes("gpu01", None) == []  # a simulated fleet: the node's own facts
+    (note,) = host_notes("gpu01", "ctl01.cluster.example")
+    assert "--node gpu01 is not this host (ctl01)" in note and "on gpu01 itself" in note
+
+    config = tmp_path / "gpugate.toml"  # no [sim]: this machine's facts
+    config.write_text('baseline = "%s"\n' % (tmp_path / "none.toml"))
+    other = "not-" + socket.gethostname().split(".")[0]
+    result = gpugate_cmd("baseline", "capture", "--config", str(config), "--node", other, "-o",
+                         str(tmp_path / "b.toml"))
+    assert "Traceback" not in result.stderr
+    assert "warning: --node %s is not this host" % other in result.stderr, result.stderr
+    fleet = sim_fleet(tmp_path, "gpu01")
+    result = gpugate_cmd("baseline", "capture", "--node", "gpu01", "--nodes", "gpu01", "--sim", fleet)
+    assert result.returncode == 0 and "not this host" not in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------------
 # baseline check refuses uncovered audited nodes
 

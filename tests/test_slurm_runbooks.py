@@ -18,9 +18,10 @@ pytestmark = pytest.mark.slurm
 # Per runbook: the test cluster it runs on (conftest.make_cluster's
 # arguments).  Without a [drain_budget] in extra the rig lets nodes drain
 # themselves; the runbooks that show the keeper keep the default budget.
+# The first install starts with no baseline anywhere (day_one), as a real one.
 RIGS = {
     "morning-after-xid.md": dict(nodes=4),
-    "first-install-slurm.md": dict(nodes=4, extra="[drain_budget]\nmax_share = 0.10\n"),
+    "first-install-slurm.md": dict(nodes=4, extra="[drain_budget]\nmax_share = 0.10\n", day_one=True),
     "driver-upgrade-slurm.md": dict(nodes=4, extra="[drain_budget]\nmax_share = 0.25\n",
                                     sweep={"floor": 0.5, "max_batch": 2}),
     # A proof across nodes needs the drain budget on (its pins are budgeted).

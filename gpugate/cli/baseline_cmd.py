@@ -3,6 +3,7 @@ a change between two baselines before it is pushed to the fleet."""
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -32,15 +33,13 @@ def baseline():
     """
 
 
-def _node_facts(config, sim, node):
+def _node_facts(settings, node):
     """The node's facts, as `gpugate facts` collects them (DCGM always asked)."""
     from ..fleet.capture import probe_baseline
     from ..config import load_checked_baseline
     from ..facts import to_jsonable
     from ..node.check import run_check
-    from .context import load_context
 
-    settings = load_context(config, sim, None)
     try:
         current = load_checked_baseline(settings)  # only to run the probes
     except ConfigError:
@@ -100,9 +99,14 @@ def capture(config, sim, node, nodes, name, output, force):
     from ..findings import BROKEN, HEALTH
     from ..fleet.capture import capture as capture_text
     from ..fleet import coverage
+    from .context import load_context
 
     key = coverage.section_key(nodes) if nodes is not None else None
-    result, facts = _node_facts(config, sim, node)
+    settings = load_context(config, sim, None)
+    # The facts are this machine's unless a simulated fleet is read: --node only names the result.
+    for line in coverage.host_notes(node, None if settings.sim_fleet else socket.gethostname()):
+        click.echo(line, err=True)
+    result, facts = _node_facts(settings, node)
     name = name or "captured-%s-%s" % (node, time.strftime("%Y%m%d", time.gmtime()))
     text = capture_text(node, facts, name, nodes=key)
     for line in coverage.capture_notes(node, key):

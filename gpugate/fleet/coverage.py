@@ -44,6 +44,24 @@ def capture_notes(node: str, key: Optional[str]) -> List[str]:
     return []
 
 
+def host_notes(node: str, host: Optional[str]) -> List[str]:
+    """What `baseline capture` says on stderr when it reads this machine's
+    facts (``host``: this machine's name, socket.gethostname(); None when
+    the facts come from a simulated fleet, --sim or gpugate.toml's [sim])
+    and --node names another machine.  --node only names the result: run
+    on the controller, the capture pins the controller's stack (no GPUs, no
+    driver) for every node of the hostlist.  Said before the facts are
+    read, so it stands beside the error a machine without a driver gives."""
+    if host is None:
+        return []
+    short = host.split(".")[0]
+    if node.lower() in (host.lower(), short.lower()):
+        return []
+    return ["gpugate baseline capture: warning: --node %s is not this host (%s): the facts are read from this "
+            "machine, --node only names the result.  Run it on %s itself (through ssh from the controller: "
+            "`ssh %s /opt/gpugate/bin/gpugate baseline capture --node %s ...`)" % (node, short, node, node, node)]
+
+
 def uncovered_audited(baseline, facts: Mapping[str, object]) -> Tuple[Sequence[str], Sequence[str]]:
     """(refused, unreached): the audited nodes no [nodes] section of
     ``baseline`` names.  Refused: gpugate answered the audit there, so it
