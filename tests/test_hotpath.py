@@ -403,3 +403,23 @@ def test_a_reader_answer_that_is_not_plain_values_is_an_error_not_a_crash():
     dead = Forked(lambda: os._exit(3))
     state, text = dead.result(30)
     assert state == ERROR and "the reader died" in text
+
+
+def test_a_fit_node_with_a_pending_rollout_asks_no_controller_where_slurm_runs_the_checks(tmp_path):
+    """During a rollout a fit verdict carries notes (pending findings): the
+    Kubernetes node agent reads its Node to name them in its condition; a
+    Slurm prolog (slurm, and Slurm on Kubernetes) still asks nothing."""
+    from gpugate.config import parse_settings
+    from gpugate.findings import PENDING, RECONVERGE, Finding
+    from gpugate.node.act import act
+    from gpugate.record import replace
+    from gpugate.verdict import decide
+
+    verdict = decide([Finding(PENDING, "driver", "580.65.06", "590.48.01", RECONVERGE)], "gpugate:")
+    assert verdict.fit and verdict.notes
+    for scheduler in ("slurm", "slurm+kubernetes"):
+        settings = replace(parse_settings({"scheduler": scheduler}, "(test)"),
+                           state_dir_template=str(tmp_path / scheduler / "{node}"))
+        (tmp_path / scheduler / "gpu01").mkdir(parents=True)
+        outcome = act(settings, "gpu01", verdict)
+        assert outcome["rpc"] is False and outcome["ok"], (scheduler, outcome)

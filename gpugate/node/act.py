@@ -47,7 +47,9 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     marker = marker_path(settings, node)
     # A fit run with something pending (a rollout) on Kubernetes reads the
     # node: its condition names what is pending (written only on change).
-    reports_pending = bool(verdict.notes) and getattr(settings, "scheduler", "slurm") != "slurm"
+    # Not where Slurm runs the checks (slurm, slurm+kubernetes): a fit
+    # prolog asks the controller nothing.
+    reports_pending = bool(verdict.notes) and getattr(settings, "scheduler", "slurm") == "kubernetes"
     if (verdict.fit and not check_fit and not reports_pending and not os.path.exists(marker)
             and not hold.published(settings, node)
             and not os.path.exists(os.path.join(settings.state_dir(node), REPORTED_UNFIT))):
