@@ -149,3 +149,9 @@ def test_the_audit_flags_a_prolog_timeout_under_the_worst_case(tmp_path):
         assert code == 0 and "short" not in data["prolog_timeout"], (data, err)
     finally:
         cluster.stop()
+
+
+def test_the_drain_reserve_is_the_prologs_own():
+    """The formula's drain is the prolog's reserve for acting (node.check), copied, not imported:
+    slurm/ stands below node/."""
+    assert pt.DRAIN_SECONDS == ACT_RESERVE["prolog"]

@@ -29,6 +29,10 @@ from typing import Mapping, Optional, Tuple
 
 DEFAULT = 120  # seconds: PrologEpilogTimeout when no preflight can run (the gate's 8 s, the epilog's 50)
 NOTE_SECONDS = 5.0  # the first node's job note and requeue (gpugate.node.prolog._note_job)
+# The prolog's reserve for acting on what its proof found (gpugate.node.check's
+# ACT_RESERVE["prolog"]; held equal by tests/test_prolog_timeout.py: slurm/
+# stands below node/ and imports nothing of it).
+DRAIN_SECONDS = 3.0
 MARGIN_SECONDS = 4.0
 # scontrol show config's value for "wait forever": NO_VAL16 (unset), INFINITE16.
 UNLIMITED = (65534, 65535)
@@ -44,14 +48,12 @@ def preflight_runs(cfg: Mapping[str, object]) -> bool:
 
 def worst_case(preflight: Mapping[str, object], budgets: Mapping[str, float]) -> Tuple[float, str]:
     """(seconds, the sum said) the prolog may run at most."""
-    from ..node.check import ACT_RESERVE
-
     parts = [("the gate", float(budgets["prolog"]))]
     if preflight_runs(preflight):
         parts.append(("the node's proof", float(preflight["timeout_seconds"])))
         if preflight.get("allreduce_multi"):
             parts += [("across nodes", float(preflight["across_seconds"])), ("the job note", NOTE_SECONDS)]
-    parts += [("the drain", ACT_RESERVE["prolog"]), ("a margin", MARGIN_SECONDS)]
+    parts += [("the drain", DRAIN_SECONDS), ("a margin", MARGIN_SECONDS)]
     total = sum(seconds for _, seconds in parts)
     return total, " + ".join("%g s %s" % (seconds, what) for what, seconds in parts) + " = %g s" % total
 
