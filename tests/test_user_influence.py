@@ -102,12 +102,17 @@ def test_pins_beyond_the_hour_s_allowance_wait_oldest_first():
 
 
 def test_a_pin_beside_a_drift_or_another_partition_s_pin_is_not_held_for_it():
+    """p1's hour is spent (old); a pin in p2 is not held for it, and a pin
+    beside a finding a user cannot cause drains on that one's account."""
+    mixed = reasons.render(TAG, HEALTH, [
+        Finding(HEALTH, "preflight_across", "busbw=17.3GB/s pairs=gpu01,gpu02", ">= 50", INVESTIGATE),
+        Finding(HEALTH, "gpu_count", "7", "8", INVESTIGATE)])
+    assert budget.pin_only(PIN, TAG) and not budget.pin_only(mixed, TAG)
     states = {s.name: s for s in (_node("old", ("p1",), reason=PIN, when=1000),
-                                  _published("mixed", PIN.replace(" (want", " (want") + "; " + "driver=1 (want 2)",
-                                             10, ("p1",)),
+                                  _published("mixed", mixed, 10, ("p1",)), _published("pin", PIN, 11, ("p1",)),
                                   _published("other", PIN, 10, ("p2",)), _published("drift", DRIFT, 5, ("p1",)))}
     held = budget.pins_held(states, TAG, 1500.0, 1)
-    assert "other" not in held and "drift" not in held
+    assert set(held) == {"pin"} and held["pin"].startswith("preflight allowance of partition p1 spent: 1 node")
 
 
 def test_a_pin_the_sweep_took_or_an_admin_resumed_still_counts_for_the_hour():
