@@ -54,7 +54,13 @@ class SshRig:
         self.other_pub = _keygen(os.path.join(self.dir, "other_host_key"))  # never served
         client_pub = _keygen(os.path.join(self.dir, "client_key"))
         self._write("authorized_keys", client_pub + "\n", 0o600)
-        self.port, self.hang_port, self.closed_port = free_port(), free_port(), free_port()
+        self.port, self.hang_port = free_port(), free_port()
+        # The closed node's port stays bound and never listens: connecting is
+        # refused at once, and no other test's server can take the port in
+        # the meantime (a freed port can be, and then ssh waits for a banner).
+        self._closed = socket.socket()
+        self._closed.bind(("127.0.0.1", 0))
+        self.closed_port = self._closed.getsockname()[1]
         self.config = self._write("sshd_config", "\n".join([
             "ListenAddress 127.0.0.1:%d" % self.port,
             "ListenAddress 127.0.0.1:%d" % self.hang_port,
@@ -112,6 +118,7 @@ class SshRig:
         return self._write("ssh_config", "\n".join(hosts), 0o600)
 
     def stop(self) -> None:
+        self._closed.close()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
