@@ -124,15 +124,25 @@ def test_an_acute_finding_taints_and_cordons_its_node_only_and_fit_nodes_say_so(
     reason = json.loads(n1["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason.startswith("gpugate: health ecc:gpu3="), reason
     cond = condition(n1)
-    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Health", reason)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "EccFault", reason)
     for name in ("gpu02", "gpu03"):
         other = site.admin.get(node_path(name))
         assert not other["spec"].get("unschedulable") and nv.our_taints(other) == []
         assert (condition(other)["status"], condition(other)["reason"]) == ("True", "Fit")
-    # Written only on change: a second run with the same findings writes nothing.
-    version = n1["metadata"]["resourceVersion"]
-    site.healthcheck(agent, "gpu01")
-    assert site.admin.get(node_path("gpu01"))["metadata"]["resourceVersion"] == version
+    # A second run with the same findings writes the condition's heartbeat only (node-problem-detector's
+    # convention: a dead agent shows as a stale heartbeat), on the unfit node and on a fit one alike.
+    fit_before = condition(site.admin.get(node_path("gpu02")))
+    time.sleep(1.1)  # the heartbeat has a second's resolution
+    for name in ("gpu01", "gpu02"):
+        site.healthcheck(agent, name)
+    again = site.admin.get(node_path("gpu01"))
+    assert condition(again)["lastHeartbeatTime"] > cond["lastHeartbeatTime"]
+    assert condition(again)["lastTransitionTime"] == cond["lastTransitionTime"]
+    assert (again["spec"], again["metadata"]["annotations"]) == (n1["spec"], n1["metadata"]["annotations"])
+    fit_after = condition(site.admin.get(node_path("gpu02")))
+    assert fit_after["lastHeartbeatTime"] > fit_before["lastHeartbeatTime"]
+    assert (fit_after["status"], fit_after["reason"], fit_after["lastTransitionTime"]) == (
+        "True", "Fit", fit_before["lastTransitionTime"])
 
 
 def test_a_one_time_event_leaves_the_node_held_and_says_it_is_fit_now(site):
@@ -197,7 +207,7 @@ def test_budgeted_drift_is_published_and_the_keeper_taints_within_the_pools_budg
         node = site.admin.get(node_path(name))
         assert nv.our_taints(node) == [] and not node["spec"].get("unschedulable")  # held, not drained
         assert node["metadata"]["annotations"].get(nv.PENDING)  # published, signed, for the keeper
-        assert condition(node)["reason"] == "Drift"
+        assert condition(node)["reason"] == "DriverDrift"
     keeper = site.config("keeper", share=0.34)
     figures = site.keeper(keeper)
     assert figures["_exit"] == 0 and figures["fleet_reads"] >= 1, figures
@@ -322,7 +332,7 @@ def test_the_gpu_operator_s_labels_are_held_to_the_same_pin(site):
     n1 = site.admin.get(node_path("gpu01"))
     reason = json.loads(n1["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason == "gpugate: drift operator_driver=570.172.08 (want 580.65.06)", reason
-    assert (condition(n1)["status"], condition(n1)["reason"]) == ("False", "Drift")
+    assert (condition(n1)["status"], condition(n1)["reason"]) == ("False", "OperatorDriverDrift")
     n2 = site.admin.get(node_path("gpu02"))
     assert (condition(n2)["status"], condition(n2)["reason"]) == ("True", "Fit") and nv.our_taints(n2) == []
 

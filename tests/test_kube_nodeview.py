@@ -160,18 +160,3 @@ def test_the_pool_is_the_label_the_site_names():
 def test_a_node_not_ready_is_out_of_service():
     assert not nv.state_of(node(ready="False")).in_service
     assert "NOT_RESPONDING" in nv.state_of(node(ready="Unknown")).flags
-
-
-def test_the_condition_is_written_only_when_it_changes():
-    wanted = nv.condition_for(False, "health", ECC)
-    assert wanted == ("False", "Health", ECC)
-    first = nv.condition_patch(node(), wanted, "2026-11-28T00:00:00Z")
-    cond = first["status"]["conditions"][0]
-    assert cond["type"] == nv.CONDITION and cond["lastTransitionTime"] == "2026-11-28T00:00:00Z"
-    written = node()
-    written["status"]["conditions"].append(cond)
-    assert nv.condition_patch(written, wanted, "2026-11-28T00:05:00Z") is None
-    fit = nv.condition_patch(written, nv.condition_for(True, "", "", held=ECC), "2026-11-28T00:10:00Z")
-    cond = fit["status"]["conditions"][0]
-    assert (cond["status"], cond["reason"]) == ("True", "FitHeld") and ECC in cond["message"]
-    assert cond["lastTransitionTime"] == "2026-11-28T00:10:00Z"

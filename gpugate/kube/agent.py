@@ -40,16 +40,20 @@ class Agent:
         self.gpugate = list(gpugate or [sys.executable, "-m", "gpugate"])
         self.clock, self.sleep = clock, sleep
         self.watching = True  # said once when a watch cannot be made, not on every poll
+        self.check_now = False  # its Node registered anew without the hold this node keeps: check at once
+        self.rechecked = ""  # the Node (uid) last checked at once for that
 
     # ---------------------------------------------------------------- the loop
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         next_check = self.clock()
         while not stop():
             try:
-                if self.clock() >= next_check:
-                    next_check = self.clock() + self.interval
+                if self.clock() >= next_check or self.check_now:
+                    next_check, self.check_now = self.clock() + self.interval, False
                     self.health_check()
                 version = self.serve_once()
+                if self.check_now:
+                    continue
                 left = max(0.0, next_check - self.clock())
                 if not self._wait(version, min(left, 600.0)):
                     self.sleep(min(self.poll, left))
@@ -86,6 +90,42 @@ class Agent:
             run(self.healthcheck_argv, float(self.settings.budgets["healthcheck"]) + 30, env=env, ok_codes=(0, 1, 2))
         except CommandError as exc:
             sys.stderr.write("gpugate agent: the health check did not run: %s\n" % str(exc)[:300])
+            self._not_run(str(exc))
+
+    def _not_run(self, why: str) -> None:
+        """The condition says gpugate cannot tell (Unknown), rather than a
+        verdict that is no longer being checked."""
+        from .nodes import connect
+
+        try:
+            backend = connect(self.settings, timeout=10.0)
+            try:
+                backend.report_unknown(self.kube_node, why)
+            finally:
+                backend.close()
+        except GpugateError as exc:
+            sys.stderr.write("gpugate agent: the condition was not written: %s\n" % str(exc)[:300])
+
+    def _follow_hold(self, node) -> None:
+        """The hold this node keeps (gpugate.kube.survive) follows its Node
+        as read: a hold seen there is remembered now (under the act lock,
+        as the health check writes it); a Node registered anew without it
+        is checked at once, and the check holds it again."""
+        from ..node.act import _act_lock
+        from . import survive
+
+        state_dir = self.settings.state_dir(self.node)
+        action, _ = survive.decide(survive.read(state_dir), node, self.settings.reason_tag)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        if action == survive.RESTORE and uid != self.rechecked:
+            self.check_now, self.rechecked = True, uid  # once a Node object: a failed write waits its interval
+        elif action == survive.REMEMBER:
+            try:
+                with _act_lock(state_dir, 0.5):
+                    action, reason = survive.decide(survive.read(state_dir), node, self.settings.reason_tag)
+                    survive.settle(state_dir, action if action == survive.REMEMBER else "", reason, node)
+            except (GpugateError, OSError) as exc:  # a health check has the lock: it records the hold
+                sys.stderr.write("gpugate agent: the hold was not recorded this time: %s\n" % str(exc)[:200])
 
     def serve_once(self) -> str:
         """Read the Node; serve its request if gpugate holds it.  Returns the
@@ -100,6 +140,7 @@ class Agent:
         try:
             node = backend.client.get(node_path(self.kube_node))
             version = str((node.get("metadata") or {}).get("resourceVersion") or "")
+            self._follow_hold(node)
             hold = reasons.parse(nv.state_of(node).reason, self.settings.reason_tag)
             request = channel.read_request(node)
             if hold is None or request is None or channel.claimed(node, request["id"]):

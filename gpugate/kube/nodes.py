@@ -13,6 +13,7 @@ import time
 
 from .. import reason as reasons
 from ..errors import GpugateError
+from . import condition as cond
 from . import nodeview as nv
 from .client import KubeError, node_path
 
@@ -173,16 +174,60 @@ class KubeNodes:
         self._patch(name, patch)
 
     def report_verdict(self, name: str, verdict, state) -> None:
-        """The GpugateHealthy condition, written only when it changes."""
+        """The GpugateHealthy condition, written on every run that reads
+        the Node (its heartbeat; the transition time kept while the status
+        stands)."""
         held = state.reason if state is not None and verdict.fit and reasons.parse(
             state.reason, self.tag) is not None else ""
-        pending = "; ".join(reasons.render_finding(f) for f in verdict.notes) if verdict.fit else ""
-        wanted = nv.condition_for(verdict.fit, verdict.cls, verdict.reason, held, pending)
-        now_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-        patch = nv.condition_patch(self.node_object(name), wanted, now_iso)
-        if patch is not None:
-            self._patch(name, patch, sub="status", kind="strategic")
+        self._patch(name, cond.patch(self.node_object(name), self._wanted(verdict, held), self._now()),
+                    sub="status", kind="strategic")
 
+    def heartbeat(self, name: str, verdict) -> None:
+        """A fit run that holds nothing reads no Node: one status patch, its
+        heartbeat.  The server keeps the transition time there; a Node
+        without one (registered anew) gets it in a second patch."""
+        now = self._now()
+        done = self.client.patch(node_path(name, "status"), cond.patch(None, self._wanted(verdict, ""), now),
+                                 "strategic")
+        if not cond.current(done).get("lastTransitionTime"):
+            self.client.patch(node_path(name, "status"), cond.patch(done, self._wanted(verdict, ""), now),
+                              "strategic")
+
+    def report_unknown(self, name: str, why: str) -> None:
+        """GpugateHealthy Unknown: the health check did not run."""
+        self._patch(name, cond.patch(self.node_object(name), cond.not_run(why), self._now()),
+                    sub="status", kind="strategic")
+
+    def _wanted(self, verdict, held: str):
+        pending = "; ".join(reasons.render_finding(f) for f in verdict.notes) if verdict.fit else ""
+        return cond.wanted(verdict.fit, verdict.cls, verdict.reason, self.tag, held, pending)
+
+    def _now(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+
+    # ------------------------------------------- the node's own hold record
+    def restore_hold(self, state_dir: str, name: str, state):
+        """Node side, after own_record: a hold this node remembers that its
+        Node lost (registered anew) is written again (gpugate.kube.survive).
+        Returns the state to decide on."""
+        from . import survive
+
+        if state is None or name not in self._seen:
+            return state
+        action, reason = survive.decide(survive.read(state_dir), self._seen[name], self.tag)
+        if action != survive.RESTORE:
+            return state
+        self.drain(name, reason)
+        return nv.state_of(self._seen[name], self.pool_label)
+
+    def remember_hold(self, state_dir: str, name: str) -> None:
+        """Node side, after this run's writes: the record follows the Node as last written or read."""
+        from . import survive
+
+        node = self._seen.get(name)
+        if node is not None:
+            action, reason = survive.decide(survive.read(state_dir), node, self.tag)
+            survive.settle(state_dir, action, reason, node)
 
 def connect(settings, deadline: Optional[float] = None, timeout: Optional[float] = None,
             cordon: bool = True) -> KubeNodes:

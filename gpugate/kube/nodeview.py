@@ -25,15 +25,15 @@ import json
 from ..findings import CLASSES
 from ..jsontext import loads_bounded
 from ..slurm.nodestate.record import NodeState
+from .condition import CONDITION  # noqa: F401 (read by the demo and the tests as nodeview.CONDITION)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Dict
 
 TAINT_KEY = "gpugate.io/unfit"
 OWNED = "gpugate.io/owned"  # what gpugate set on this node: reason, when, its taints' effects, its cordon
 PENDING = "gpugate.io/pending"  # a budgeted finding, signed, for the keeper (gpugate.slurm.pending's text)
-CONDITION = "GpugateHealthy"
 FOREIGN_CORDON = "cordoned (spec.unschedulable) by someone else"
 
 
@@ -171,7 +171,8 @@ def slim(node: Dict[str, Any]) -> Dict[str, Any]:
     """Only what gpugate reads or writes of a Node (a real one carries its
     images and more, 10-20 KB; the keeper holds thousands)."""
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
-    keep = {"metadata": {k: meta[k] for k in ("name", "resourceVersion", "labels", "annotations") if k in meta},
+    keep = {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels", "annotations")
+                         if k in meta},
             "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
             "status": {"conditions": status.get("conditions") or [],
                        "nodeInfo": {"bootID": (status.get("nodeInfo") or {}).get("bootID") or ""}}}
@@ -179,32 +180,3 @@ def slim(node: Dict[str, Any]) -> Dict[str, Any]:
         if key in node:
             keep[key] = node[key]
     return keep
-
-
-def condition_for(fit: bool, cls: str, reason: str, held: str = "", pending: str = "") -> Tuple[str, str, str]:
-    """(status, reason, message) of the GpugateHealthy condition: the
-    reason a CamelCase word (Fit, Drift, Health, ...), the message
-    gpugate's reason text (and, when fit but still held, what holds it;
-    when fit, what is pending: still on [previous] during a rollout)."""
-    if fit:
-        message = ("fit now; held by gpugate until the sweep proves it: " + held) if held else "fit"
-        if pending:
-            message += "; pending, rollout in progress: " + pending
-        return ("True", "FitHeld" if held else "Fit", message)
-    return "False", (cls if cls in CLASSES else "probe").capitalize(), reason
-
-
-def condition_patch(node: Dict[str, Any], wanted: Tuple[str, str, str], now_iso: str) -> Optional[Dict[str, Any]]:
-    """The status patch that sets GpugateHealthy, or None when it already
-    says the same (written only on change)."""
-    status, reason, message = wanted
-    old = {}
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if isinstance(cond, dict) and cond.get("type") == CONDITION:
-            old = cond
-    if (old.get("status"), old.get("reason"), old.get("message")) == wanted:
-        return None
-    moved = old.get("status") != status or not old.get("lastTransitionTime")
-    cond = {"type": CONDITION, "status": status, "reason": reason, "message": message[:1024],
-            "lastHeartbeatTime": now_iso, "lastTransitionTime": now_iso if moved else old["lastTransitionTime"]}
-    return {"status": {"conditions": [cond]}}

@@ -24,6 +24,9 @@ MARKER = "drained-by-gpugate"
 # is pending during a rollout; a fit run must read the node (and set it to a
 # plain True) even when gpugate holds nothing there.
 REPORTED_UNFIT = "reported-unfit"
+# Kubernetes: the hold this node remembers, the authority when its Node is
+# registered anew (gpugate.kube.survive.FILE): while it is there, a fit run reads the Node.
+KUBE_HOLD = "kube-hold.json"
 
 
 def marker_path(settings, node: str) -> str:
@@ -49,10 +52,14 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     # node: its condition names what is pending (written only on change).
     # Not where Slurm runs the checks (slurm, slurm+kubernetes): a fit
     # prolog asks the controller nothing.
-    reports_pending = bool(verdict.notes) and getattr(settings, "scheduler", "slurm") == "kubernetes"
+    kube = getattr(settings, "scheduler", "slurm") == "kubernetes"
+    reports_pending = bool(verdict.notes) and kube
     if (verdict.fit and not check_fit and not reports_pending and not os.path.exists(marker)
             and not hold.published(settings, node)
-            and not os.path.exists(os.path.join(settings.state_dir(node), REPORTED_UNFIT))):
+            and not os.path.exists(os.path.join(settings.state_dir(node), REPORTED_UNFIT))
+            and not (kube and os.path.exists(os.path.join(settings.state_dir(node), KUBE_HOLD)))):
+        if kube:  # the condition's heartbeat, every run: one status patch, no read
+            return _heartbeat(settings, node, verdict, deadline)
         return {"action": ownership.NONE, "ok": True, "rpc": False, "applied": True}
     if verdict.fit and in_service and not hold.published(settings, node):
         # slurmctld says the node is in service: no drain of ours to clear.
@@ -105,6 +112,9 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             budgeted = hold.applies(settings, verdict)
             # The node's own record only, in one RPC: never the fleet, nor the partitions.
             state = slurm.own_record(node)
+            survives = getattr(slurm, "restore_hold", None)  # Kubernetes: a hold its Node lost, written again
+            if survives is not None:
+                state = survives(settings.state_dir(node), node, state)
             decision = ownership.decide(state, verdict, settings.reason_tag, settings.slurm["self_clearing"])
             stale = (decision.kind in (ownership.DRAIN, ownership.UPDATE)
                      and _reset_since(settings, node, read_at))
@@ -128,11 +138,32 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
                 slurm.undrain(node)
             reported = _report(settings, slurm, node, verdict, state if decision.kind != ownership.UNDRAIN
                                else None) if decision.kind != ownership.UNKNOWN else ""
+            if survives is not None:
+                slurm.remember_hold(settings.state_dir(node), node)
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
     outcome = _decided(settings, verdict, decision, state, marker, why_held)
     if reported:
         outcome["condition_error"] = reported
+    return outcome
+
+
+def _heartbeat(settings, node: str, verdict, deadline: Optional[float]) -> Dict[str, Any]:
+    """Kubernetes, a fit run with nothing to lift: the GpugateHealthy
+    condition written all the same (its lastHeartbeatTime: a dead agent
+    shows as a stale heartbeat, never as a node fit for ever)."""
+    from ..schedulers import connect
+    from ..slurm import ownership
+
+    outcome = {"action": ownership.NONE, "ok": True, "rpc": True, "applied": True}
+    try:
+        backend = connect(settings, deadline=deadline)
+        try:
+            backend.heartbeat(node, verdict)
+        finally:
+            backend.close()
+    except (GpugateError, OSError) as exc:  # the verdict stands; the next run writes it
+        outcome["condition_error"] = str(exc)[:300]
     return outcome
 
 
