@@ -175,6 +175,9 @@ def test_a_probe_finding_clears_itself_and_lifts_only_gpugates_hold(site):
     reason = json.loads(n2["metadata"]["annotations"][nv.OWNED])["reason"]
     assert reason.startswith("gpugate: probe dcgm_health="), reason
     assert [t["value"] for t in nv.our_taints(n2)] == ["probe"] and n2["spec"]["unschedulable"] is True
+    # Could not tell: Unknown (node-problem-detector's convention), never False.
+    assert (condition(n2)["status"], condition(n2)["reason"], condition(n2)["message"]) == (
+        "Unknown", "DcgmHealthUnknown", reason)
     subprocess.run(replay + ["--clear", "--", "dcgmi", "health", "-c", "-j"], check=True, timeout=60, capture_output=True)
     site.healthcheck(agent, "gpu02")  # DCGM answers again: fit, and probe clears itself
     n2 = site.admin.get(node_path("gpu02"))
@@ -489,3 +492,19 @@ def test_gpugate_status_shows_the_kubernetes_fleet_as_it_shows_slurm_s(site):
     assert "gpu01" in text and "ecc" in text, summary["gpugate"]
     assert "gpu02" in json.dumps(summary.get("held")), summary.get("held")
     assert "NVIDIA-H100-80GB-HBM3" in summary["partitions"], summary["partitions"]
+
+
+def test_a_health_check_that_does_not_run_leaves_the_condition_unknown(site):
+    """The agent's check ends outside its exit codes (killed, timed out):
+    the condition says gpugate cannot tell, rather than the last verdict."""
+    from gpugate.config import load_settings
+    from gpugate.kube.agent import Agent
+
+    agent = site.config("agent")
+    site.healthcheck(agent, "gpu01")
+    assert condition(site.admin.get(node_path("gpu01")))["status"] == "True"
+    failing = [sys.executable, "-c", "import sys; sys.exit(9)"]
+    Agent(load_settings(agent), "gpu01", agent, failing, interval=300, poll=1).health_check()
+    cond = condition(site.admin.get(node_path("gpu01")))
+    assert (cond["status"], cond["reason"]) == ("Unknown", "HealthCheckNotRun"), cond
+    assert "did not run" in cond["message"] and cond["lastTransitionTime"] == cond["lastHeartbeatTime"]
