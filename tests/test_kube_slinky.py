@@ -106,7 +106,7 @@ def test_one_finding_holds_both_sides_with_one_reason_and_one_proof_returns_both
     cluster.wait_for(lambda: mirrored(cluster, "gpu02", reason) or check_now(cluster, "gpu02"), 60,
                      "gpu02's Node held with Slurm's reason")
     cond = condition(node(cluster, "gpu02"))
-    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "Drift", reason)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "DriverDrift", reason)
     record = [r for r in cluster.log_records("gpu02") if r.get("action") == "drain"][-1]
     assert record["backend"].endswith("+kubernetes"), record
 
@@ -160,8 +160,8 @@ def test_one_budget_the_keeper_drains_in_slurm_and_holds_the_same_nodes_nodes(bu
     cluster.sim("set", "FLEET", ",".join(names), "driver=550.54.15")
     # Budgeted: each node publishes in Slurm (its comment) and says so in its
     # condition; no node is held on either side without the keeper.
-    cluster.wait_for(lambda: all(condition(node(cluster, n)).get("reason") == "Drift" for n in names)
-                     or check_now(cluster, *names), 90, "every Node's condition says Drift")
+    cluster.wait_for(lambda: all(condition(node(cluster, n)).get("reason") == "DriverDrift" for n in names)
+                     or check_now(cluster, *names), 90, "every Node's condition says DriverDrift")
     assert all(not drain_flag(cluster, n) and nv.our_taints(node(cluster, n)) == [] for n in names)
     # One keeper (Slurm's: one budget, not one per side) drains half the
     # partition, and each node it drains is held on its Node with the same reason.
