@@ -245,6 +245,28 @@ def test_the_keepers_view_keeps_the_sizes(tmp_path):
     assert keeper.take_view(cfg, NOW + 1) is None  # once
 
 
+@settings(max_examples=300, deadline=None)
+@given(fleets(), st.integers(1, 300))
+def test_the_text_split_a_chunk_at_a_time_is_read_as_in_one(case, chunk):
+    """lean splits sinfo's text a chunk at a time: a chunk's end falling
+    anywhere (between a node's lines, after a blank or odd line) reads as
+    the full reader reads the whole, lines of a node together or apart."""
+    from gpugate.slurm.nodestate import lean
+
+    text = case[0]
+    full = _full(text)
+    saved, lean._CHUNK = lean._CHUNK, chunk
+    try:
+        got = _lean(text)
+    finally:
+        lean._CHUNK = saved
+    if isinstance(full, ParseError):
+        assert isinstance(got, ParseError) and str(got) == str(full)
+    else:
+        assert got.states == {n: s for n, s in full.items() if deciding(s)}
+        assert got.sizes == of_states(full).sizes and got.nodes == len(full)
+
+
 @pytest.mark.parametrize("text", ["", "\n", "n1|gpu|idle|Unknown|Unknown\n", "x\nn1|gpu|idle|Unknown|Unknown|y\n"])
 def test_what_the_plain_reader_leaves_is_read_as_the_full_reader_reads_it(text):
     full, lean = _full(text), _lean(text)

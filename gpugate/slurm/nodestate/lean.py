@@ -13,7 +13,9 @@ node, as before.
 
 What it reads is what parse_nodes_text reads, line for line: the plain
 shape (every line a record, each node's lines the same but for the
-partition, every name and partition a valid one) is read here in one pass;
+partition, every name and partition a valid one) is read here in one pass
+over the lines, a chunk at a time (a node's lines grouped as sinfo --Node
+prints them, together; merged by name when apart);
 anything else (a reason on several lines, a node printed with different
 states, a bad name, state or time) is read by parse_nodes_text itself,
 which says what it says of it (ParseError, and nothing else, for what it
@@ -21,6 +23,7 @@ refuses).  tests/test_keeper_lean.py compares the two on generated fleets."""
 
 from collections import Counter
 from itertools import repeat
+from operator import itemgetter
 from typing import Dict, Mapping
 
 from ..pending import OPEN
@@ -94,21 +97,22 @@ def read_text(text: str) -> Fleet:
 
 def _plain(text: str):
     """The Fleet when every line is a plain record, else None."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline
-    first = {}  # name -> [the line after its partition, its partition, its further partitions...]
-    # A line of fewer than three fields (a reason's next line, a blank one)
-    # does not unpack: ValueError, and the full reader reads the text.
-    for name, part, rest in map(str.split, lines, repeat("|"), repeat(2)):
-        seen = first.get(name)
-        if seen is None:
-            first[name] = [rest, part]
-        elif seen[0] == rest:
-            seen.append(part)
-        else:
-            return None  # printed twice with different text: the full reader compares
-    del lines
+    groups = _groups(text)
+    if groups is None:
+        return None
+    # name -> [name, the line after its partition, its partition, its further partitions...]
+    first = dict(zip(map(itemgetter(0), groups), groups))
+    if len(first) != len(groups):  # a node's lines apart (not sinfo's order): merged here, compared as text
+        first = {}
+        for group in groups:
+            seen = first.get(group[0])
+            if seen is None:
+                first[group[0]] = group
+            elif seen[1] == group[1]:
+                seen.extend(group[2:])
+            else:
+                return None  # printed twice with different text: the full reader compares
+    del groups
     names = "".join(first)
     if "" in first or not names.isprintable() or _NOT_IN_NAMES.search(names):
         return None  # parse_nodes_text reads such a line as a reason's continuation
@@ -117,16 +121,16 @@ def _plain(text: str):
     combo = combos.append
     words, stamps = {}, {"Unknown": None}  # state text -> (base, flags); time text -> its time
     for name, seen in first.items():
-        state_text, stamp, user, tail = seen[0].split("|", 3)
+        state_text, stamp, user, tail = seen[1].split("|", 3)
         parsed = words.get(state_text)
         if parsed is None:
             parsed = words[state_text] = _parse_state(state_text, None, "sinfo text (%s)" % name)
-        if len(seen) == 2:
-            parts = (seen[1],)
-        elif len(seen) == 3 and seen[1] < seen[2]:
-            parts = (seen[1], seen[2])
+        if len(seen) == 3:
+            parts = (seen[2],)
+        elif len(seen) == 4 and seen[2] < seen[3]:
+            parts = (seen[2], seen[3])
         else:
-            parts = tuple(sorted(set(seen[1:])))
+            parts = tuple(sorted(set(seen[2:])))
         combo(parts)
         when = stamps.get(stamp, stamps)
         if when is stamps:
@@ -151,6 +155,39 @@ def _plain(text: str):
                 _name(part, "sinfo text", "partition name")
             sizes[part] += count
     return Fleet(states, sizes, len(first))
+
+
+_CHUNK = 1 << 20  # characters of text split into lines at a time: the lines are grouped while in cache
+
+
+def _groups(text: str):
+    """[name, the line after its partition, its partitions...] for each run
+    of adjacent lines of one node (sinfo --Node prints a node's lines
+    together), or None when a line is not a record or a node's adjacent
+    lines differ beyond the partition.  The text is split a chunk at a
+    time: no list of every line is held, and each is grouped while at hand."""
+    groups = []
+    add = groups.append
+    cur = cur_rest = group = None
+    if not text:
+        return groups
+    pos, stop = 0, len(text) - 1 if text.endswith("\n") else len(text)  # the final newline ends the last line
+    while pos >= 0:
+        cut = text.find("\n", pos + _CHUNK, stop)
+        lines = text[pos:cut if cut >= 0 else stop].split("\n")
+        pos = cut + 1 if cut >= 0 else -1
+        # A line of fewer than three fields (a reason's next line, a blank
+        # one) does not unpack: ValueError, and the full reader reads the text.
+        for name, part, rest in map(str.split, lines, repeat("|"), repeat(2)):
+            if name == cur:
+                if rest != cur_rest:
+                    return None  # printed twice with different text: the full reader compares
+                group.append(part)
+            else:
+                group = [name, rest, part]
+                add(group)
+                cur, cur_rest = name, rest
+    return groups
 
 
 def _made(name, state, flags, reason, reason_time, reason_user, partitions, comment, _new=object.__new__,
