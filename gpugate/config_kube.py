@@ -45,6 +45,10 @@ def table(opt_path, word) -> Table:
         # Slurm on Kubernetes (scheduler = "slurm+kubernetes"): the Node that runs a Slurm
         # node, {node} its Slurm name (Slinky's DaemonSet mode: the same name).
         "node_name": (Str("{node}", _node_template), "{node}"),
+        # Slurm on Kubernetes: slurmd's gpugate writes the Node's hold and condition into this file
+        # ({node}: the Slurm node's name), never the Node; the slurmd pod's sidecar (`gpugate agent
+        # --mirror-from FILE`) alone holds a token and writes the Node ("": slurmd's gpugate writes it).
+        "mirror_file": (opt_path, ""),
         "smoke_resource_amd": (Str("amd.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
                                "amd.com/gpu"),  # ... and of an AMD node (the baseline's vendor)
     })

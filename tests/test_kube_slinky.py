@@ -4,7 +4,11 @@ Kubernetes Node (Slinky's DaemonSet mode, slurmd in a pod, one name).
 health checks and the sweep as on any Slurm; each hold gpugate puts on a
 Slurm node, or lifts, is mirrored on its Node of a real kube-apiserver,
 with the same reason, under the node agent's and the sweep's own
-ServiceAccount tokens.  gpugate.testbed.slinky stands in for the
+ServiceAccount tokens.  slurmd's gpugate holds no token (job processes
+run beside it): it writes the Node's hold and condition into a mirror file
+(``[kubernetes] mirror_file``), and a sidecar per node, `gpugate agent
+--mirror-from FILE` with the node agent's token, writes the Node
+(gpugate.kube.mirror).  gpugate.testbed.slinky stands in for the
 slurm-operator's NodeSet controller (a cordoned Node's Slurm node drained,
 "slurm-operator: ..."; lifted on uncordon), so that gpugate's holds never
 set it off (no cordon of gpugate's) is tested, not assumed."""
@@ -39,6 +43,27 @@ def _paired_config(cluster, api, who, path):  # noqa: F811
     return path
 
 
+def _slurmd_config(cluster, mirror_dir):
+    """slurmd's gpugate.toml: Slurm on Kubernetes with a mirror file, and no token at all."""
+    with open(cluster.gpugate_conf) as handle:
+        text = handle.read()
+    with open(cluster.gpugate_conf, "w") as handle:
+        handle.write('scheduler = "slurm+kubernetes"\n' + text + '\n[kubernetes]\nnode_name = "{node}"\n'
+                     'token_file = "%s/no-token"\nmirror_file = "%s/{node}.json"\n' % (mirror_dir, mirror_dir))
+
+
+def _sidecars(config, mirror_dir, names):
+    """One `gpugate agent --mirror-from` per node: the slurmd pod's sidecar, the only one with a token."""
+    procs = []
+    for name in names:
+        with open(os.path.join(os.path.dirname(mirror_dir), "sidecar-%s.err" % name), "w") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gpugate", "agent", "--mirror-from", os.path.join(mirror_dir, name + ".json"),
+                 "--node", name, "--config", config, "--poll", "0.2"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+    return procs
+
+
 def _boot(api, tmp_path, extra=""):  # noqa: F811
     from gpugate.testbed import smoke_command, smoke_pair_command
     from gpugate.testbed.kube import add_node
@@ -50,18 +75,27 @@ def _boot(api, tmp_path, extra=""):  # noqa: F811
         "smoke_pair": smoke_pair_command(str(directory))})
     admin = api.admin()
     names = ["gpu%02d" % i for i in range(1, 5)]
-    operator = None
+    operator, sidecars = None, []
+    mirror_dir = str(tmp_path / "mirror")
     try:
         for name in names:
             add_node(admin, name)
         sweep_conf = _paired_config(cluster, api, "sweep", str(tmp_path / "gpugate-sweep.toml"))
         keeper_conf = _paired_config(cluster, api, "keeper", str(tmp_path / "gpugate-keeper.toml"))
-        _paired_config(cluster, api, "agent", cluster.gpugate_conf)  # what slurmd's health check reads (last)
+        sidecar_conf = _paired_config(cluster, api, "agent", str(tmp_path / "gpugate-sidecar.toml"))
+        _slurmd_config(cluster, mirror_dir)  # what slurmd's health check reads (last): no token
+        os.makedirs(mirror_dir, 0o777)
+        os.chmod(mirror_dir, 0o777)  # as the kubelet makes an emptyDir: slurmd's gpugate closes it
+        sidecars = _sidecars(sidecar_conf, mirror_dir, names)
         operator = NodeSetController(api.admin(), cluster, names).start()  # its own connection: its own thread
         cluster.admin, cluster.operator, cluster.sweep_conf = admin, operator, sweep_conf
+        cluster.mirror_dir = mirror_dir
         cluster.keeper_conf = keeper_conf
         yield cluster
     finally:
+        for proc in sidecars:
+            proc.terminate()
+            proc.wait(10)
         if operator is not None:
             operator.stop()
         cluster.stop()
@@ -107,6 +141,11 @@ def test_one_finding_holds_both_sides_with_one_reason_and_one_proof_returns_both
                      "gpu02's Node held with Slurm's reason")
     cond = condition(node(cluster, "gpu02"))
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "DriverDrift", reason)
+    # Written by the sidecar from slurmd's mirror file: slurmd's gpugate has no token to write with.
+    with open(os.path.join(cluster.mirror_dir, "gpu02.json")) as handle:
+        assert json.load(handle)["hold"] == reason
+    assert not os.path.exists(os.path.join(cluster.mirror_dir, "no-token"))
+    assert os.stat(cluster.mirror_dir).st_mode & 0o777 == 0o755  # the emptyDir closed: no job's user writes there
     record = [r for r in cluster.log_records("gpu02") if r.get("action") == "drain"][-1]
     assert record["backend"].endswith("+kubernetes"), record
 
@@ -138,18 +177,16 @@ def test_one_finding_holds_both_sides_with_one_reason_and_one_proof_returns_both
     check_now(cluster, "gpu02")
     cluster.wait_for(lambda: condition(node(cluster, "gpu02")).get("status") == "True" or check_now(cluster, "gpu02"),
                      60, "gpu02 fit again in its condition")
-    # A mirror that could not be written (gpu04's Node was away when its Slurm
-    # node was drained) is put right by the next health check, from Slurm's hold.
+    # gpu04's Node is away when its Slurm node is drained: slurmd's gpugate writes its
+    # mirror file all the same, and the sidecar holds the Node once it is registered again.
     from gpugate.testbed.kube import add_node
 
     cluster.admin.request("DELETE", node_path("gpu04"))
     cluster.sim("set", "FLEET", "gpu04", "driver=550.54.15")
     cluster.wait_for(lambda: drain_flag(cluster, "gpu04") or check_now(cluster, "gpu04"), 60, "gpu04 drained")
-    failed = cluster.records_when("gpu04", lambda r: r.get("action") == "failed")
-    assert "its Kubernetes Node not yet" in failed[-1]["slurm_error"], failed[-1]
     add_node(cluster.admin, "gpu04")
-    cluster.wait_for(lambda: mirrored(cluster, "gpu04", cluster.reason("gpu04")) or check_now(cluster, "gpu04"), 60,
-                     "the next health check holds gpu04's Node")
+    cluster.wait_for(lambda: mirrored(cluster, "gpu04", cluster.reason("gpu04")), 30,
+                     "the sidecar holds gpu04's Node registered anew")
     # gpu03: the admin's cordon and Slinky's drain stand.
     assert node(cluster, "gpu03")["spec"]["unschedulable"] and cluster.reason("gpu03").startswith("slurm-operator:")
 

@@ -14,7 +14,10 @@ import click
               help="Seconds between health checks.")
 @click.option("--poll", type=click.FloatRange(0.1, 600), default=5, show_default=True,
               help="Seconds between reads of the Node while gpugate holds it (the sweep's requests).")
-def agent(config, node, interval, poll):
+@click.option("--mirror-from", "mirror_from", type=click.Path(dir_okay=False), default=None,
+              help="Slurm on Kubernetes: run as the slurmd pod's sidecar, writing the Node from this mirror file "
+                   "(slurmd's gpugate writes it: [kubernetes] mirror_file) and doing nothing else.")
+def agent(config, node, interval, poll, mirror_from):
     """Run the node agent on a Kubernetes node: gpugate-healthcheck every
     --interval, and, while gpugate holds the Node, the sweep's requests
     ([sweep] transport = "kubernetes": check, facts, reset-gpus; nothing
@@ -24,6 +27,12 @@ def agent(config, node, interval, poll):
     Examples:
       gpugate agent --config /etc/gpugate/gpugate.toml
       GPUGATE_NODE_NAME=gpu07 gpugate agent --interval 300 --poll 5
+      gpugate agent --mirror-from /run/gpugate-mirror/gpu07.json --poll 2
+
+    With --mirror-from FILE (scheduler = "slurm+kubernetes"): the slurmd
+    pod's sidecar, the only container with a token; it writes on its Node
+    what slurmd's gpugate wrote into FILE (gpugate's hold and the
+    GpugateHealthy condition), read every --poll seconds when it changed.
     """
     import shutil
     import socket
@@ -37,6 +46,14 @@ def agent(config, node, interval, poll):
     check_node_name(node, "--node")
     path = config_path(config)
     settings = load_settings(path)
+    if mirror_from:
+        from ..kube.mirror_agent import MirrorAgent
+
+        if settings.scheduler != "slurm+kubernetes":
+            raise click.UsageError("--mirror-from is the slurmd pod's sidecar (Slurm on Kubernetes); %s says "
+                                   "scheduler = %r" % (path, settings.scheduler))
+        MirrorAgent(settings, node, os.path.abspath(mirror_from), poll=poll).run()
+        return
     if settings.scheduler != "kubernetes":
         raise click.UsageError("gpugate agent serves Kubernetes nodes; %s says scheduler = %r (on Slurm, slurmd "
                                "runs gpugate-healthcheck itself)" % (path, settings.scheduler))

@@ -179,8 +179,11 @@ class KubeNodes:
         stands)."""
         held = state.reason if state is not None and verdict.fit and reasons.parse(
             state.reason, self.tag) is not None else ""
-        self._patch(name, cond.patch(self.node_object(name), self._wanted(verdict, held), self._now()),
-                    sub="status", kind="strategic")
+        self.write_condition(name, self._wanted(verdict, held), self._now())
+
+    def write_condition(self, name: str, want, at_iso: str) -> None:
+        """GpugateHealthy as ``want`` (status, reason, message), its heartbeat ``at_iso``."""
+        self._patch(name, cond.patch(self.node_object(name), want, at_iso), sub="status", kind="strategic")
 
     def heartbeat(self, name: str, verdict) -> None:
         """A fit run that holds nothing reads no Node: one status patch, its
@@ -195,8 +198,7 @@ class KubeNodes:
 
     def report_unknown(self, name: str, why: str) -> None:
         """GpugateHealthy Unknown: the health check did not run."""
-        self._patch(name, cond.patch(self.node_object(name), cond.not_run(why), self._now()),
-                    sub="status", kind="strategic")
+        self.write_condition(name, cond.not_run(why), self._now())
 
     def _wanted(self, verdict, held: str):
         pending = "; ".join(reasons.render_finding(f) for f in verdict.notes) if verdict.fit else ""

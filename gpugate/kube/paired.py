@@ -190,6 +190,12 @@ def connect(settings, timeout=None, deadline=None) -> PairedNodes:
     from .nodes import connect as kube_connect
 
     slurm = slurm_connect(settings, timeout=timeout, deadline=deadline)
+    template = str(settings.kubernetes.get("mirror_file") or "")
+    if template:  # slurmd's gpugate holds no token: the sidecar writes the Node (gpugate.kube.mirror)
+        from .mirror import MirrorFile
+
+        return PairedNodes(slurm, MirrorFile(template, settings.reason_tag),
+                           str(settings.kubernetes.get("node_name") or "{node}"))
     try:
         kube = kube_connect(settings, deadline=deadline, timeout=timeout, cordon=False)
     except BaseException:
