@@ -3,13 +3,23 @@ the sweep reach the API server, and what the sweep needs that Slurm gave
 it (a reboot command, the smoke Pod's image).  Defaults: a pod's own
 ServiceAccount.  The validators for paths and words are config.py's."""
 
-from .schema import Bool, ListOf, Number, Str, Table
+from .schema import Bool, Int, ListOf, Number, Str, Table
 
 
 def _node_template(value: str):
     rest = value.replace("{node}", "")
     if "{node}" not in value or "{" in rest or "}" in rest or "/" in value or " " in value:
         return "expected a Node name with {node} for the Slurm node's name (\"{node}\", \"{node}.example.com\")"
+    return None
+
+
+def _address(value: str):
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value or "0.0.0.0")
+    except ValueError:
+        return "expected an IP address to serve metrics on (\"0.0.0.0\", \"127.0.0.1\", \"::\") or \"\" (every address)"
     return None
 
 
@@ -25,6 +35,12 @@ def table(opt_path, word) -> Table:
         "namespace": (Str("gpugate", lambda v: word(v, "a namespace")), "gpugate"),  # the Lease, the smoke Pods
         # > a keeper run (25 s) + the watch interval (30 s): the leader renews in time
         "lease_seconds": (Number(60, 3600), 60.0),
+        # The leader gives the Lease up after this many failed runs in a row: another replica takes over.
+        "lease_give_up_runs": (Int(1, 1000), 3),
+        # Prometheus metrics over HTTP from `gpugate budget --watch` and `gpugate agent` (0: none;
+        # --metrics-port overrides), on this address ("": every address of the pod).
+        "metrics_port": (Int(0, 65535), 0),
+        "metrics_address": (Str("0.0.0.0", _address), ""),
         # The nodes the keeper and the sweep read ("": every Node; "nvidia.com/gpu.present=true": GPU nodes only).
         "node_selector": (Str("nvidia.com/gpu.present=true"), ""),
         # The sweep's reboot: Kubernetes has no reboot verb, so the site's own

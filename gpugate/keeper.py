@@ -45,7 +45,7 @@ import os
 import socket
 import time
 
-from . import budget, keeper_memory, keeper_pins, keeper_proofs
+from . import budget, keeper_memory, keeper_pins, keeper_pools, keeper_proofs
 from . import reason as reasons
 from .errors import GpugateError, MirrorError
 from .record import replace
@@ -75,7 +75,7 @@ def hostlist(nodes) -> str:
     return str(NodeSet.fromlist(sorted(nodes)))
 
 
-def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memory=None) -> dict:
+def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memory=None, pools=None) -> dict:
     """One keeper run against ``slurm`` (a connected backend).  Returns its
     figures; raises GpugateError when Slurm fails (nothing half-decided is
     left: drains already sent are within the budget, or given back by the
@@ -83,7 +83,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
     previous run's re-read, to decide on instead of reading the fleet; the
     figures carry this run's re-read as "_view" when it made one.  memory:
     the spans earlier runs drained (gpugate.keeper_memory), the figures
-    carry it brought up to date as "_memory"."""
+    carry it brought up to date as "_memory".  pools: node -> the pools a
+    held node was counted in (gpugate.keeper_pools; Kubernetes, whose pools
+    are labels), carried up to date as "_pools"; None (Slurm): none kept."""
     tag, share = settings.reason_tag, float(settings.drain_budget["max_share"])
     started = clock()
     read_at = started
@@ -106,6 +108,10 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         else:
             fleet = read_fleet(slurm)
             figures["fleet_reads"] += 1
+        if pools is not None:  # a held node counts in every pool it was held in, whatever its labels say now
+            alone = {n: slurm.own_record(n) for n in keeper_pools.absent(fleet, pools)}
+            figures["single_reads"] += len(alone)
+            fleet = keeper_pools.count_held(fleet, pools, tag, alone)
         pins = keeper_pins.load(status_path(settings))  # the preflight pins drained in the last hour
         step = decide(fleet, proofs, tag, share, int(settings.preflight["pins_per_hour"]), memory or {}, clock,
                       pins)
@@ -135,6 +141,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         reread_at = clock()
         final = read_fleet(slurm)
         figures["fleet_reads"] += 1
+        raw_final = final
+        if pools is not None:
+            final = keeper_pools.count_held(final, pools, tag, alone)
         mine, unverified, spans = keeper_proofs.screen(final.states, proofs, clock())
         # Stamped since the view decided on was read: ours, or a concurrent keeper's.
         back = budget.over(mine, tag, share, int(read_at) - 1, final.sizes)
@@ -142,7 +151,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
             slurm.undrain(hostlist(back))
             figures["given_back"] = list(back)
         else:
-            figures["_view"] = (reread_at, final)
+            figures["_view"] = (reread_at, raw_final)  # as read: the next run counts the held pools anew
     # Held: published and not drained after this run (given back included);
     # an unverified tag is held too, and said so.
     kept = set(figures["drained"]) - set(figures["given_back"])
@@ -167,6 +176,8 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         keeper_pins.save(status_path(settings), keeper_pins.noted(
             pins, kept, drained_for, {n: final[n].partitions for n in kept if n in final}, tag, clock()))
     figures["_memory"] = {n: e for n, e in memory.items() if n not in given_back}
+    if pools is not None:
+        figures["_pools"] = keeper_pools.remember(final, tag, given_back)
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in given_back else s
                          for n, s in final.items()}, tag, share, sizes=sizes)
     proofs.keep()
@@ -242,9 +253,11 @@ def screen(states, key: bytes, now: float, checked=None):
     return keeper_proofs.screen(states, proofs, now)[:2]
 
 
-def record(settings, figures: dict, error: str = "") -> dict:
+def record(settings, figures: dict, error: str = "", last_ok=False) -> dict:
     """Write the run's status (what `gpugate metrics` and `gpugate status`
-    read): the last successful run's time survives a failed one."""
+    read): the last successful run's time survives a failed one; the
+    failed runs in a row are counted.  last_ok: the keeper's last good run
+    when another keeper ran it (a Kubernetes standby: the Lease's word)."""
     from .node.state import read_json, write_json
 
     path = status_path(settings)
@@ -252,9 +265,11 @@ def record(settings, figures: dict, error: str = "") -> dict:
     status = dict(figures)
     status["at"] = round(time.time(), 3)
     if error:
-        status.update(ok=False, error=error[:500], last_ok=last.get("last_ok"))
+        status.update(ok=False, error=error[:500], last_ok=last.get("last_ok"),
+                      failed_runs=failed_runs(last) + 1)
     else:
-        status["last_ok"] = status["at"]
+        status["last_ok"] = status["at"] if last_ok is False else last_ok
+        status["failed_runs"] = 0
     from .safeio import makedirs
 
     makedirs(os.path.dirname(path), 0o755)
@@ -309,6 +324,12 @@ def take_view(settings, now: float):
         return None  # absent, damaged or an older keeper's: read the fleet
 
 
+def failed_runs(status) -> int:
+    """The keeper's failed runs in a row, as its status counts them (0 when it does not say)."""
+    runs = (status or {}).get("failed_runs")
+    return runs if isinstance(runs, int) and not isinstance(runs, bool) and runs > 0 else 0
+
+
 def read_status(settings):
     """The keeper's latest status, or None (never ran here)."""
     from .node.state import read_json
@@ -343,37 +364,37 @@ class _host_lock:
 def run(settings, connect=None) -> dict:
     """One run as `gpugate budget` makes it: connect with a deadline, run,
     record the outcome (failures too: the metric says how long since the
-    last good run)."""
+    last good run).  On Kubernetes through the Lease (gpugate.kube.keeper_lead)."""
     if connect is None:
         from .schedulers import connect
     try:
         with _host_lock(settings):
             slurm = connect(settings, deadline=time.monotonic() + RUN_SECONDS)
-            who = socket.gethostname()
-            # Kubernetes keeps the memory on the Lease (a failover keeps it); Slurm, in a file.
-            on_lease = getattr(slurm, "load_memory", None) is not None
+            memory = None
             try:
-                standby = slurm.lead(who)
-                if standby:  # another keeper acts (Kubernetes' Lease): this one drains nothing
-                    return record(settings, {"fleet_reads": 0, "drained": [], "given_back": [], "ok": True,
-                                             "standby": standby[:300]})
-                loaded = slurm.load_memory() if on_lease else keeper_memory.load(status_path(settings))
-                figures = run_once(settings, slurm, view=take_view(settings, time.time()), memory=loaded or {})
-                memory = figures.pop("_memory", None)
-                if loaded is None:  # unreadable this run: what the Lease holds is not written over
-                    memory = None
-                if memory is not None and on_lease:
-                    try:
-                        slurm.save_memory(memory, who)
-                    except GpugateError as exc:  # lost memory: the keeper behaves as before, never worse
-                        figures["memory_error"] = str(exc)[:300]
+                if getattr(slurm, "load_memory", None) is not None:  # Kubernetes: memory and status on the Lease
+                    from .kube import keeper_lead
+
+                    figures = keeper_lead.run(settings, slurm, failed_runs(read_status(settings)), lambda loaded, pools: run_once(
+                        settings, slurm, view=take_view(settings, time.time()), memory=loaded, pools=pools))
+                else:
+                    standby = slurm.lead(socket.gethostname())
+                    if standby:
+                        return record(settings, {"fleet_reads": 0, "drained": [], "given_back": [], "ok": True,
+                                                 "standby": standby[:300]})
+                    figures = run_once(settings, slurm, view=take_view(settings, time.time()),
+                                       memory=keeper_memory.load(status_path(settings)))
+                    memory = figures.pop("_memory", None)
             finally:
                 slurm.close()
             view = figures.pop("_view", None)
             if view is not None:
                 save_view(settings, *view)
-            if memory is not None and not on_lease:
+            if memory is not None:
                 keeper_memory.save(status_path(settings), memory)
     except GpugateError as exc:
         return record(settings, {"fleet_reads": 0, "drained": [], "given_back": []}, str(exc) or type(exc).__name__)
-    return record(settings, figures)
+    error = figures.pop("_error", "")
+    if "standby" in figures:  # the keeper's last good run is the leader's, from the Lease
+        return record(settings, figures, last_ok=figures.pop("last_ok", None))
+    return record(settings, figures, error)

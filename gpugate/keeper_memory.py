@@ -26,6 +26,16 @@ file beside the keeper's status."""
 import os
 
 FILE = "budget-keeper-drained.json"
+
+
+class Memory(dict):
+    """The spans (node -> entry), and on Kubernetes ``pools``: node -> the
+    pools a held node was counted in (gpugate.keeper_pools; None: none kept,
+    Slurm's partitions being slurm.conf's)."""
+
+    def __init__(self, spans=(), pools=None):
+        super().__init__(spans)
+        self.pools = pools
 _CAP = 64 << 20
 
 
@@ -111,4 +121,4 @@ def drained(memory: dict, names, states, tag: str, now: float) -> dict:
     return out
 
 
-__all__ = ["FILE", "load", "save", "parse", "newest", "review", "drained"]
+__all__ = ["FILE", "Memory", "load", "save", "parse", "newest", "review", "drained"]

@@ -14,10 +14,12 @@ import click
               help="Seconds between health checks.")
 @click.option("--poll", type=click.FloatRange(0.1, 600), default=5, show_default=True,
               help="Seconds between reads of the Node while gpugate holds it (the sweep's requests).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this port (GET /metrics; default [kubernetes] metrics_port; 0: none).")
 @click.option("--mirror-from", "mirror_from", type=click.Path(dir_okay=False), default=None,
               help="Slurm on Kubernetes: run as the slurmd pod's sidecar, writing the Node from this mirror file "
                    "(slurmd's gpugate writes it: [kubernetes] mirror_file) and doing nothing else.")
-def agent(config, node, interval, poll, mirror_from):
+def agent(config, node, interval, poll, metrics_port, mirror_from):
     """Run the node agent on a Kubernetes node: gpugate-healthcheck every
     --interval, and, while gpugate holds the Node, the sweep's requests
     ([sweep] transport = "kubernetes": check, facts, reset-gpus; nothing
@@ -27,6 +29,7 @@ def agent(config, node, interval, poll, mirror_from):
     Examples:
       gpugate agent --config /etc/gpugate/gpugate.toml
       GPUGATE_NODE_NAME=gpu07 gpugate agent --interval 300 --poll 5
+      gpugate agent --metrics-port 9477
       gpugate agent --mirror-from /run/gpugate-mirror/gpu07.json --poll 2
 
     With --mirror-from FILE (scheduler = "slurm+kubernetes"): the slurmd
@@ -61,4 +64,10 @@ def agent(config, node, interval, poll, mirror_from):
     healthcheck = os.path.join(sysconfig.get_path("scripts"), "gpugate-healthcheck")
     if not os.access(healthcheck, os.X_OK):
         healthcheck = shutil.which("gpugate-healthcheck") or healthcheck
-    Agent(settings, node, path, [healthcheck, "--config", path], interval=interval, poll=poll).run()
+    runner = Agent(settings, node, path, [healthcheck, "--config", path], interval=interval, poll=poll)
+    from ..kube.metrics_server import AgentWatch, port_of, serve
+
+    port = port_of(settings, metrics_port)
+    if port:  # when its last check ended, from a thread beside the loop (GpugateHealthCheckStale)
+        serve(settings, port, AgentWatch(runner).text)
+    runner.run()

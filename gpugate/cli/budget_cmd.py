@@ -42,7 +42,10 @@ def _when(epoch) -> str:
 @click.option("--watch", type=click.FloatRange(5, 3600), default=None, metavar="SECONDS",
               help="Run again every SECONDS, until stopped (sites without systemd; the timer runs it every 30 s).")
 @click.option("--json", "as_json", is_flag=True, help="The run's figures as one JSON object.")
-def budget(config, watch, as_json):
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="With --watch: serve Prometheus metrics on this port (GET /metrics; default [kubernetes] "
+                   "metrics_port; 0: none): the last good run, failed runs in a row, leader or standby.")
+def budget(config, watch, as_json, metrics_port):
     """Drain published nodes within the drain budget (controller side).
 
     Nodes never read the fleet: one with a budgeted finding (a wrong pin,
@@ -66,14 +69,26 @@ def budget(config, watch, as_json):
       gpugate budget
       gpugate budget --watch 30
       gpugate budget --json | jq '.drained, .standby'
+      gpugate budget --watch 30 --metrics-port 9477
     """
     from ..config import load_settings
     from ..keeper import run
 
     settings = load_settings(config, missing_ok=config is None)
+    latest = {}
+    from ..kube.metrics_server import keeper_families, port_of, serve
+
+    port = port_of(settings, metrics_port)
+    if port and watch is None:
+        raise click.UsageError("--metrics-port serves a --watch loop's metrics: add --watch SECONDS")
+    if port:
+        from ..promtext import render
+
+        serve(settings, port, lambda: render(keeper_families(latest, time.time())))
     while True:
         began = time.monotonic()
         status = run(settings)
+        latest = status
         click.echo(json.dumps(status, sort_keys=True) if as_json else _render(status), nl=as_json)
         if watch is None:
             raise SystemExit(0 if status.get("ok") else 1)

@@ -72,6 +72,7 @@ def status(config, as_json, partition, nodes):
     slurm = connect(settings)
     try:
         states = slurm.nodes()
+        on_lease = _keeper_on_lease(settings, slurm)
     finally:
         slurm.close()
     now = time.time()
@@ -100,11 +101,25 @@ def status(config, as_json, partition, nodes):
         from ..keeper import read_status
 
         summary["held"] = budget_held(states, settings.reason_tag)
-        summary["budget_keeper"] = read_status(settings) or {}
+        # Kubernetes: the keeper's Lease says it (a replica's emptyDir is no one's to read).
+        summary["budget_keeper"] = on_lease if on_lease is not None else (read_status(settings) or {})
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
     else:
         click.echo(render_text(summary))
+
+
+def _keeper_on_lease(settings, backend):
+    """The keeper's latest run as its Lease tells it (gpugate.kube.lease.STATUS),
+    or None where the keeper keeps no Lease (Slurm)."""
+    if getattr(backend, "load_memory", None) is None:
+        return None
+    from ..kube.lease import read_status
+
+    try:
+        return read_status(backend.client, str(settings.kubernetes.get("namespace") or "gpugate"))
+    except GpugateError as exc:  # said, and the rest of the screen still shown
+        return {"ok": False, "error": "the keeper's Lease cannot be read: %s" % exc}
 
 
 def _last_audit(settings):

@@ -356,6 +356,11 @@ def budget_held(states: Mapping[str, object], tag: str) -> dict:
     return {name: info for _since, name, info in sorted(held)}
 
 
+def _count(nodes) -> int:
+    """Nodes as a list (the local status), or their count (the Kubernetes Lease's)."""
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else len(nodes or ())
+
+
 def _held_lines(summary: Mapping) -> list:
     """The published nodes the budget holds, and the keeper's last run."""
     if "budget_keeper" not in summary:
@@ -380,8 +385,13 @@ def _held_lines(summary: Mapping) -> list:
                      "(install slurm_conf/gpugate-budget.timer, or run `gpugate budget --watch 30`)")
     else:
         line = "budget keeper: last good run %s ago (drained %d, gave back %d, held %d)" % (
-            format_age(_time.time() - float(last)), len(keeper.get("drained") or ()),
-            len(keeper.get("given_back") or ()), int(keeper.get("held") or 0))
+            format_age(_time.time() - float(last)), _count(keeper.get("drained")),
+            _count(keeper.get("given_back")), int(keeper.get("held") or 0))
+        if keeper.get("last_ok_by"):  # Kubernetes: the Lease's word, whichever replica ran it
+            line += " by %s; the Lease is %s" % (keeper["last_ok_by"], "held by " + keeper["holder"]
+                                                if keeper.get("holder") else "free (given up, or never taken)")
+        if keeper.get("failed_runs"):
+            line += "; %d FAILED RUNS IN A ROW since" % int(keeper["failed_runs"])
         if keeper.get("unverified"):  # tags their node did not sign: held, never drained (`gpugate budget`)
             line += "; %d UNVERIFIED TAGS (not signed by their node: never drained)" % int(keeper["unverified"])
         if failed:  # whole (record() keeps 500): the fix it names, a key's path and command, included

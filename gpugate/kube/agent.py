@@ -82,7 +82,8 @@ class Agent:
             self.watching = False
             return False
 
-    def health_check(self) -> None:
+    def health_check(self) -> bool:
+        """True when the check ran to the end (its metrics say when: gpugate.kube.metrics_server)."""
         from ..runner import run
 
         env = dict(os.environ, GPUGATE_NODE_NAME=self.node)
@@ -91,6 +92,8 @@ class Agent:
         except CommandError as exc:
             sys.stderr.write("gpugate agent: the health check did not run: %s\n" % str(exc)[:300])
             self._not_run(str(exc))
+            return False
+        return True
 
     def _not_run(self, why: str) -> None:
         """The condition says gpugate cannot tell (Unknown), rather than a

@@ -1,0 +1,251 @@
+"""The budget keeper on Kubernetes against a real kube-apiserver (issue 45,
+items 4 and 5): a held node's pool cannot be changed under the budget (the
+pools ride on the keeper's Lease), a leader whose runs fail gives its Lease
+up so another keeper takes over, `gpugate status` reads the keeper's last
+good run from the Lease, and the keeper serves its metrics over HTTP."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from unittest import mock
+
+import pytest
+
+from gpugate.kube import lease
+from gpugate.kube import nodeview as nv
+from gpugate.kube.client import KubeError, node_path
+from test_kube_agent import DEMO_BASELINE, api  # noqa: F401 (the module's API server)
+
+pytestmark = pytest.mark.kube
+
+POOL = "nvidia.com/gpu.product"
+H100 = "NVIDIA-H100-80GB-HBM3"
+SIX = ("gpu01", "gpu02", "gpu03", "gpu04", "gpu05", "gpu06")
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/" + lease.NAME
+
+
+@pytest.fixture
+def six(api, tmp_path):  # noqa: F811
+    from gpugate.testbed.kube import KubeFleet
+
+    try:
+        api.admin().request("DELETE", LEASE)  # another test's keeper may hold it
+    except KubeError:
+        pass
+    return KubeFleet(api, str(tmp_path), SIX, DEMO_BASELINE, labels={POOL: H100})
+
+
+DRIFT = "gpugate: drift driver=550.54.15 (want 580.65.06)"
+
+
+def _publish_drift(fleet, share):
+    """Each node publishes its drift for the keeper, signed with the drain
+    budget key, one second apart (gpu01 the oldest), as its agent does
+    (gpugate.node.hold; the agent's own writes are tests/test_kube_agent.py's)."""
+    from gpugate.slurm import pending
+
+    with open(fleet.key, "rb") as handle:
+        key = handle.read().strip()  # as gpugate.budgetkey reads it
+    now = int(time.time())
+    for i, name in enumerate(SIX):
+        text = pending.publish("", DRIFT, now - 60 + i, key, name)
+        fleet.admin.patch(node_path(name), {"metadata": {"annotations": {nv.PENDING: text}}})
+
+
+def _tainted(fleet):
+    return [n for n in SIX if nv.our_taints(fleet.admin.get(node_path(n)))]
+
+
+def test_a_held_node_that_loses_its_pool_label_still_counts_in_its_pool(six):
+    """Issue 45 item 4 as reproduced: six drifted Nodes, a budget of one;
+    the held node loses its nvidia.com/gpu.product label.  Before, the
+    next keeper run held a second node (the pool counted (5, 1, none));
+    now the held node still counts there, and the budget stays one."""
+    _publish_drift(six, 0.2)  # 20% of six: one node
+    keeper = six.config("keeper", share=0.2)
+    first = six.keeper(keeper)
+    assert first["_exit"] == 0 and len(first["drained"]) == 1, json.dumps(first)
+    held = first["drained"][0]
+    six.admin.patch(node_path(held), {"metadata": {"labels": {POOL: None}}})  # anyone with Node patch rights
+    assert POOL not in (six.admin.get(node_path(held))["metadata"].get("labels") or {})
+    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper's view), the second reads
+        again = six.keeper(keeper)
+        assert _tainted(six) == [held], again  # before: gpu02 as well
+        assert again["_exit"] == 0 and again["drained"] == [], again
+        assert again["partitions"][H100]["drained"] == 1, again["partitions"]
+    stored = json.loads(six.admin.get(LEASE)["metadata"]["annotations"][lease.MEMORY])
+    assert stored["pools"] == {H100: [held]}, stored  # where the keeper remembers it
+    # Moved into another pool instead: counted in both while held.
+    six.admin.patch(node_path(held), {"metadata": {"labels": {POOL: "NVIDIA-A100-SXM4-80GB"}}})
+    both = six.keeper(keeper)
+    assert both["drained"] == [] and both["partitions"][H100]["drained"] == 1, both
+    assert both["partitions"]["NVIDIA-A100-SXM4-80GB"]["drained"] == 1, both["partitions"]
+    assert _tainted(six) == [held]
+
+
+def test_a_held_node_out_of_the_keepers_selector_still_counts(six):
+    """The keeper lists the Nodes its node_selector names; a held node that
+    loses that label is read on its own and still counted."""
+    _publish_drift(six, 0.2)
+    for name in SIX:
+        six.admin.patch(node_path(name), {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}})
+    keeper = six.config("keeper", share=0.2, extra='node_selector = "nvidia.com/gpu.present=true"')
+    first = six.keeper(keeper)
+    assert len(first["drained"]) == 1, first
+    held = first["drained"][0]
+    six.admin.patch(node_path(held), {"metadata": {"labels": {"nvidia.com/gpu.present": None, POOL: None}}})
+    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper's view), the second reads
+        again = six.keeper(keeper)
+        assert _tainted(six) == [held], again
+        assert again["_exit"] == 0 and again["drained"] == [], again
+        assert again["partitions"][H100]["drained"] == 1
+    # Returned by an admin: forgotten, and the budget goes to the next node.
+    six.admin.patch(node_path(held), {"metadata": {"annotations": {nv.OWNED: None}}, "spec": {
+        "taints": [], "unschedulable": False}})
+    later = six.keeper(keeper)
+    assert len(later["drained"]) == 1 and later["drained"] != [held], later
+    stored = json.loads(six.admin.get(LEASE)["metadata"]["annotations"][lease.MEMORY])
+    assert stored["pools"] == {H100: later["drained"]}, stored
+
+
+def _with_key(config: str, key: str, controller: str) -> str:
+    """The keeper's gpugate.toml with another drain budget key file and its own state directory."""
+    text = open(config).read()
+    start = text.index('key_file = "') + len('key_file = "')
+    text = text[:start] + key + text[text.index('"', start):]
+    text = text.replace("/controller/sweep.db", "/%s/sweep.db" % controller)
+    path = config.replace(".toml", "-%s.toml" % controller)
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def _run_as(identity: str, config: str) -> dict:
+    """One keeper run in this process under another pod's name (a second replica)."""
+    from gpugate.config import load_settings
+    from gpugate.keeper import run
+
+    with mock.patch("gpugate.kube.keeper_lead.socket.gethostname", return_value=identity):
+        return run(load_settings(config))
+
+
+def test_a_leader_whose_runs_fail_gives_its_lease_up_and_another_keeper_takes_it(six):
+    """Issue 45 item 5: the leader renews its Lease before each run; runs
+    that all fail (here its drain budget key is gone) used to keep it for
+    ever, nothing budgeted drained.  After lease_give_up_runs (3) failed
+    runs it releases the Lease; a second keeper takes it and drains."""
+    _publish_drift(six, 0.2)
+    good = six.config("keeper", share=0.2)
+    broken = _with_key(good, os.path.join(six.dir, "no-such.key"), "controller-a")
+    me = socket.gethostname()
+    for run in (1, 2, 3):
+        figures = six.keeper(broken)
+        assert figures["_exit"] == 1 and figures["ok"] is False and "missing" in figures["error"], figures
+        assert figures["failed_runs"] == run and figures["drained"] == [], figures
+        spec = six.admin.get(LEASE)["spec"]
+        assert spec.get("holderIdentity") == (me if run < 3 else None), (run, spec)
+    said = json.loads(six.admin.get(LEASE)["metadata"]["annotations"][lease.STATUS])
+    assert said["ok"] is False and said["failed_runs"] == 3 and "missing" in said["error"], said
+    # The keeper that gave up stands back while another may take it ...
+    back = six.keeper(broken)
+    assert back["_exit"] == 0 and back["standby"].startswith("this keeper gave up the Lease"), back
+    # ... and another replica does, and drains within the budget.
+    other = _with_key(good, six.key, "controller-b")
+    taken = _run_as("gpugate-keeper-7d9f-b", other)
+    assert taken["ok"] is True and len(taken["drained"]) == 1, taken
+    assert six.admin.get(LEASE)["spec"]["holderIdentity"] == "gpugate-keeper-7d9f-b"
+    assert not any(n for n in SIX if n not in taken["drained"] and nv.our_taints(six.admin.get(node_path(n))))
+    # The failing one, now a standby, says the keeper's last good run is the other's (from the Lease).
+    standby = six.keeper(broken)
+    assert standby["standby"].startswith("another keeper leads: gpugate-keeper-7d9f-b"), standby
+    assert abs(standby["last_ok"] - taken["at"]) < 5 and standby["failed_runs"] == 0, standby
+
+
+def test_gpugate_status_shows_the_keepers_last_good_run_from_the_lease(six):
+    """Not from a replica's emptyDir: the status files here are removed first."""
+    _publish_drift(six, 0.2)
+    keeper = six.config("keeper", share=0.2)
+    assert six.keeper(keeper)["_exit"] == 0
+    controller = os.path.join(six.dir, "controller")
+    for name in os.listdir(controller):
+        if name.startswith("budget-keeper"):
+            os.unlink(os.path.join(controller, name))
+
+    def status(*flags):
+        out = subprocess.run([sys.executable, "-m", "gpugate", "status", "--config", keeper] + list(flags),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    said = json.loads(status("--json"))["budget_keeper"]
+    assert said["ok"] is True and said["last_ok_by"] == socket.gethostname() and said["drained"] == 1, said
+    assert time.time() - said["last_ok"] < 120 and said["holder"] == socket.gethostname()
+    text = status()
+    assert "budget keeper: last good run" in text and "by %s" % socket.gethostname() in text, text
+    broken = _with_key(keeper, os.path.join(six.dir, "no-such.key"), "controller")
+    assert six.keeper(broken)["_exit"] == 1
+    text = status()
+    assert "1 FAILED RUNS IN A ROW" in text and "LATEST RUN FAILED" in text and "missing" in text, text
+
+
+def _scrape(port: int, want, timeout: float = 60.0) -> str:
+    deadline, text = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as answer:
+                text = answer.read().decode()
+            if want(text):
+                return text
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the metrics never said it: %s" % text[-2000:])
+
+
+def test_the_keeper_serves_its_metrics_and_a_failing_one_fires_the_stale_keeper_alert(six, tmp_path):
+    """`gpugate budget --watch --metrics-port`: what Prometheus scrapes,
+    fed to promtool with slurm_conf/gpugate-alerts.yml: a leader whose runs
+    fail fires GpugateBudgetKeeperStale; a good one is quiet."""
+    from gpugate.testbed.procs import free_ports
+    from test_alerts import RULES, expected, promtool, series
+
+    tool = promtool()
+    _publish_drift(six, 0.2)
+    good = six.config("keeper", share=0.2)
+    broken = _with_key(good, os.path.join(six.dir, "no-such.key"), "controller-a")
+    texts = {}
+    for name, config in (("broken", broken), ("good", good)):
+        port = free_ports(1)[0]
+        proc = subprocess.Popen([sys.executable, "-m", "gpugate", "budget", "--config", config, "--watch", "5",
+                                 "--metrics-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            done = "gpugate_budget_keeper_failed_runs 1" if name == "broken" else "gpugate_budget_keeper_leader 1"
+            texts[name] = _scrape(port, lambda text, done=done: done in text)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        try:
+            six.admin.request("DELETE", LEASE)  # the next keeper leads at once
+        except KubeError:
+            pass
+    assert "gpugate_budget_keeper_last_run_timestamp_seconds 0" in texts["broken"], texts["broken"]
+    assert "gpugate_budget_keeper_last_error 1" in texts["broken"]
+    assert "gpugate_budget_keeper_last_error 0" in texts["good"]
+    import yaml
+
+    with open(RULES) as handle:
+        rules = {r["alert"]: r for g in yaml.safe_load(handle)["groups"] for r in g["rules"]}
+    stale = "GpugateBudgetKeeperStale"
+    tests = [{"interval": "1m", "input_series": series(texts["good"], "keeper-a", False),
+              "alert_rule_test": [{"eval_time": "60m", "alertname": stale, "exp_alerts": []}]},
+             {"interval": "1m", "input_series": series(texts["broken"], "keeper-a", True),
+              "alert_rule_test": [{"eval_time": "60m", "alertname": stale,
+                                   "exp_alerts": [expected(rules, stale, {"instance": "keeper-a"})]}]}]
+    spec = tmp_path / "keeper-alerts.test.yml"
+    spec.write_text(json.dumps({"rule_files": [RULES], "evaluation_interval": "1m", "tests": tests}))
+    result = subprocess.run([tool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
