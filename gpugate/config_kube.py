@@ -67,4 +67,7 @@ def table(opt_path, word) -> Table:
         "mirror_file": (opt_path, ""),
         "smoke_resource_amd": (Str("amd.com/gpu", lambda v: word(v.replace("/", "."), "a resource name")),
                                "amd.com/gpu"),  # ... and of an AMD node (the baseline's vendor)
+        # After a reboot the sweep waits this long past Ready for the Node's GPUs (smoke_resource) to be
+        # allocatable again (a GPU operator's driver container loads minutes after Ready); then held.
+        "gpus_allocatable_timeout": (Number(1, 86400), 600.0),
     })

@@ -11,7 +11,13 @@ message (the API server keeps it in the Pod's status; no kubelet log
 stream is needed): a small sh wrapper runs the command and leaves the
 nccl-tests table and summary there (the per-rank device lines dropped,
 spaces squeezed: Kubernetes keeps 4096 bytes).  The image is the site's
-(nccl-tests or rccl-tests, and a POSIX sh, grep, tr and tail)."""
+(nccl-tests or rccl-tests, and a POSIX sh, grep, tr and tail).
+
+Two clocks (SmokePods.run): a Pod has smoke_deadline to start, and once
+started smoke_deadline to end.  The wait to start (scheduling, the image
+pull) is the site's: a Pod not started by then proves nothing and defers
+its node (``site_wait`` says why); only what the started command did is the
+node's, so a slow pull never eats the command's time."""
 
 from __future__ import annotations
 
@@ -115,13 +121,42 @@ def _started(status: dict, ended_only: bool) -> bool:
     return False
 
 
-def could_not_run(pod: dict, late: bool = False) -> str:
+# Waiting reasons while the kubelet fetches the image and makes the container: the site's
+# registry, network and image size, never the node's GPUs.
+PULLING = ("ContainerCreating", "PodInitializing", "ErrImagePull", "ImagePullBackOff", "RegistryUnavailable")
+
+
+def _said(reason, message) -> str:
+    said = " ".join(str(message or "").split())[:240]
+    return "%s%s" % (reason or "?", ": " + said if said else "")
+
+
+def site_wait(pod: dict, waited: float) -> str:
+    """Why a smoke Pod not started after ``waited`` seconds is the site's
+    ("" once its container started: then what it does is the node's):
+    unscheduled (PodScheduled False), its image not pulled (ContainerCreating,
+    ErrImagePull, ImagePullBackOff), or not started at all."""
+    status = pod.get("status") or {}
+    if _started(status, False):
+        return ""
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return "the site's: not scheduled in %.0f s (%s)" % (waited, _said(cond.get("reason"), cond.get("message")))
+    for cs in status.get("containerStatuses") or []:
+        wait = ((cs or {}).get("state") or {}).get("waiting") if isinstance(cs, dict) else None
+        if isinstance(wait, dict) and wait.get("reason") in PULLING:
+            return "the site's: image not pulled in %.0f s (%s)" % (waited, _said(wait["reason"], wait.get("message")))
+    return "the site's: not started in %.0f s (%s)" % (waited, waiting_reason(pod) or status.get("phase") or "Pending")
+
+
+def could_not_run(pod: dict, late: bool = False, waited: float = 0.0) -> str:
     """Why the smoke Pod proves nothing about its node ("" when it ran, or
     is yet to be judged): the kubelet refused it (OutOfnvidia.com/gpu: the
     GPUs another pod holds; UnexpectedAdmissionError: the device plugin's
     allocation), stopped it (Evicted, NodeShutdown), it ended without its
-    container having run, or (late: at the sweep's deadline) it had not
-    started.  Such a Pod defers the node's sweep; it is never a finding."""
+    container having run, or (late: at the sweep's deadline, after
+    ``waited`` seconds) it had not started: the site's (site_wait).  Such a
+    Pod defers the node's sweep; it is never a finding."""
     status = pod.get("status") or {}
     reason = str(status.get("reason") or "")
     said = " ".join(str(status.get("message") or "").split())[:240]
@@ -134,8 +169,8 @@ def could_not_run(pod: dict, late: bool = False) -> str:
             return ""
         wait = waiting_reason(pod)
         return "it ended (%s) without its container having run%s" % (reason or phase, " (%s)" % wait if wait else "")
-    if late and not _started(status, False):
-        return "it had not started at the deadline (%s)" % (waiting_reason(pod) or phase or "Pending")
+    if late:
+        return site_wait(pod, waited)
     return ""
 
 
@@ -148,10 +183,12 @@ class SmokePods:
 
     def run(self, specs: Dict[str, dict], deadline: float, poll: float) -> Dict[str, dict]:
         """{node: {"exit", "message", "why", "seconds", "pod", "late", "not_run"}}; every Pod deleted
-        after.  not_run: why the Pod proves nothing (could_not_run), else ""."""
+        after.  Each Pod has ``deadline`` seconds to start and, once seen started, ``deadline`` more to
+        end.  not_run: why the Pod proves nothing (could_not_run), else ""."""
         made: Dict[str, str] = {}
         out: Dict[str, dict] = {}
-        started = time.monotonic()
+        began: Dict[str, float] = {}  # when each Pod was first seen started (the sweep's clock)
+        created = time.monotonic()
         try:
             for node, spec in specs.items():
                 self.client.create(self.base, spec)
@@ -160,20 +197,25 @@ class SmokePods:
             while waiting:
                 for node in sorted(waiting):
                     pod = self.client.get("%s/%s" % (self.base, quote(made[node], safe="")))
+                    now = time.monotonic()
+                    if node not in began and _started(pod.get("status") or {}, False):
+                        began[node] = now
                     end = ended(pod)
                     if end is not None:
                         out[node] = {"exit": end[0], "message": end[1], "why": end[2], "pod": made[node],
-                                     "seconds": time.monotonic() - started, "late": False,
-                                     "not_run": could_not_run(pod)}
+                                     "seconds": now - created, "late": False,
+                                     "not_run": could_not_run(pod, waited=now - created)}
                         waiting.discard(node)
-                    else:
-                        out[node] = {"exit": None, "message": "", "why": waiting_reason(pod) or "not started",
-                                     "pod": made[node], "seconds": time.monotonic() - started, "late": True,
-                                     "not_run": could_not_run(pod, late=True)}
-                left = deadline - (time.monotonic() - started)
-                if not waiting or left <= 0:
+                        continue
+                    out[node] = {"exit": None, "message": "", "pod": made[node], "seconds": now - created,
+                                 "why": waiting_reason(pod) or ("running" if node in began else "not started"),
+                                 "late": True, "not_run": could_not_run(pod, late=True, waited=now - created)}
+                    if now >= began.get(node, created) + deadline:
+                        waiting.discard(node)  # judged as it is now: never started (the site's), or hung
+                if not waiting:
                     break
-                self.sleep(min(poll, left))
+                left = min(began.get(n, created) + deadline for n in waiting) - time.monotonic()
+                self.sleep(max(0.0, min(poll, left)))
             return out
         finally:
             self.delete(made.values())

@@ -13,12 +13,14 @@ the steps that are Slurm's done the Kubernetes way:
   because of its label, and a DaemonSet's pod only while it requests no
   GPU (evict.gpus_requested): one that does is evicted, and if its
   DaemonSet makes it again the node is deferred with it named;
-- reboot / wait_up: the site's [kubernetes] reboot command; the reboot is
-  proven by a new bootID in the Node's status and Ready again (the bootID
-  before it is journaled, so a sweeper killed in between proves it after);
+- reboot / wait_up (gpugate.kube.reboot_step): the site's [kubernetes]
+  reboot command; the reboot is proven by a new bootID in the Node's status
+  and Ready again (the bootID before it is journaled, so a sweeper killed
+  in between proves it after), then its GPUs allocatable again;
 - smoke: a Pod bound to the node (gpugate.kube.smokepod), judged as the
-  Slurm job is; a Pod the kubelet refused or that never started proves
-  nothing: the node is deferred, held, the reason said, never failed;
+  Slurm job is; a Pod the kubelet refused, or not started by smoke_deadline
+  (its image not pulled, not scheduled: the site's), proves nothing: the
+  node is deferred, held, the reason said, never failed;
 - reservations: none; gpugate's taint and cordon keep every pod off while
   the sweep has the node, and resume lifts only those (KubeNodes.resume).
 
@@ -28,42 +30,30 @@ Slurm ([sweep] transport: gpugate on the node over ssh, or local)."""
 from __future__ import annotations
 
 from .. import reason as reasons
-from ..errors import CommandError
-from ..runner import run
 from ..sweep import journal as jr
 from ..sweep.engine import Sweeper
 from ..sweep.smoke import SmokeResult, _command_key, _want, finding, template
 from ..sweep.steps import hostlist
-from ..sweep.transport import expand
 from . import evict
 from .client import KubeError
+from .gpus import resource_for
+from .reboot_step import KubeRebootSteps
 from .smokepod import SmokePods, nonce, pod_name, pod_spec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict
 
-# A Pod that never started for these reasons says nothing of the node: the site's image or spec.
-_SITE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError", "ErrImageNeverPull")
+# A Pod that never started for these reasons says nothing of the node, and no node would do better:
+# the site's image name or spec; the sweep stops.  (An image that pulls slowly or not at all, from a
+# registry that may answer later, defers the node instead: smokepod.site_wait.)
+_SITE_WAITING = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull")
+# The kubelet ends the Pod only well after the sweep's two clocks (start, then run) have run out.
+_ACTIVE_MARGIN = 30
 
 
-def resource_for(kube, baseline, node: str) -> str:
-    """The device plugin's resource for the node's GPUs, by its vendor in the baseline."""
-    vendor_for = getattr(baseline, "vendor_for", None)
-    amd = vendor_for is not None and vendor_for(node) == "amd"
-    return str(kube.get("smoke_resource_amd" if amd else "smoke_resource") or "")
-
-
-def _boot_of(detail: str) -> str:
-    for word in detail.split():
-        if word.startswith("boot_id="):
-            return word[len("boot_id="):]
-    return ""
-
-
-class KubeSweeper(Sweeper):
-    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes."""
+class KubeSweeper(KubeRebootSteps, Sweeper):
+    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes (its reboot and wait_up: reboot_step)."""
 
     smoke_unit = "pod"
 
@@ -184,81 +174,6 @@ class KubeSweeper(Sweeper):
                 out.append(name)
         return out
 
-    # --------------------------------------------------------------- reboot
-    def _step_reboot(self, nodes, records) -> None:
-        template_ = list(self.settings.kubernetes.get("reboot") or [])
-        if not template_:
-            for name in nodes:
-                self.journal.record(name, "reboot", jr.STARTED, detail="no [kubernetes] reboot command")
-            self.report.stopped = ("%s need a reboot and gpugate.toml sets no [kubernetes] reboot command (the site's "
-                                   "own: a BMC tool, or ssh {node} systemctl reboot): they stay held; set it, then run "
-                                   "gpugate sweep again" % hostlist(nodes))
-            return
-        ready = []
-        for name in self._still_held(nodes, "the reboot"):
-            before = self._boot_before(name) if records[name].step == "reboot" else ""
-            now = self.slurm.boot_id(name)
-            if before and now and now != before:
-                self._done(name, "reboot", "boot_id=%s (rebooted before the sweeper was interrupted)" % before)
-            elif not now:
-                self._leave(name, "the Node reports no bootID (status.nodeInfo.bootID): its reboot could not be "
-                                  "proven; held")
-            else:
-                ready.append(name)
-        ready = self._evict_again(ready, "the reboot")
-        for (_, reason_text), group in self._work_groups(ready, records).items():
-            self.slurm.drain(hostlist(group), reason_text)  # the sweep's work reason while it has the node
-        timeout = float(self.cfg["converge_timeout"])
-        for name in ready:
-            boot = self.slurm.boot_id(name)
-            self.journal.record(name, "reboot", jr.STARTED, detail="boot_id=" + boot)
-            try:
-                run(expand(template_, [name]), timeout)
-            except CommandError as exc:
-                self.failures.add(name)
-                self.journal.record(name, "reboot", jr.FAILED, detail="boot_id=%s %s" % (boot, exc))
-                self._attempt_failed(name, records[name], "the reboot command failed: %s" % exc)
-                continue
-            self._done(name, "reboot", "boot_id=" + boot)
-
-    def _boot_before(self, name: str) -> str:
-        """The bootID journaled when this attempt's reboot was issued."""
-        for event in reversed(self.journal.events(name)):
-            if event[2] == "reboot" and _boot_of(event[6] or ""):
-                return _boot_of(event[6])
-            if event[2] == "planned":
-                break
-        return ""
-
-    def _step_wait_up(self, nodes, records) -> None:
-        before = {name: self._boot_before(name) for name in nodes}
-        self._begin(nodes, "wait_up")
-
-        def settle(states, waiting):
-            back = []
-            for name in sorted(waiting):
-                st = states.get(name)
-                if st is None or st.state != "IDLE" or not st.responding:
-                    continue  # not Ready (yet)
-                if st.reason and reasons.parse(st.reason, self.tag) is None:
-                    self._leave(name, "its hold changed during the reboot: %r" % st.reason)
-                    yield name
-                    continue
-                now = self.slurm.boot_id(name)
-                if now and before[name] and now != before[name]:
-                    back.append(name)
-            for (_, reason_text), group in self._work_groups(back, records).items():
-                # Held again (a Node registered anew has lost gpugate's taint): out until proven.
-                self.slurm.drain(hostlist(group), reason_text)
-                for name in group:
-                    self._done(name, "wait_up", "boot_id %s -> %s" % (before[name], self.slurm.boot_id(name)))
-                    yield name
-
-        for name in sorted(self._wait(nodes, settle, float(self.cfg["reboot_timeout"]))):
-            self.failures.add(name)
-            self.journal.record(name, "wait_up", jr.FAILED, detail="no new bootID with Ready=True in time")
-            self._attempt_failed(name, records[name], "did not come back from the reboot (no new bootID, Ready)")
-
     # ---------------------------------------------------------------- smoke
     def _smoke_nodes(self, nodes, records) -> None:
         kube = self.settings.kubernetes
@@ -280,7 +195,7 @@ class KubeSweeper(Sweeper):
             gpus = self.baseline.expect_for(name).gpus
             specs[name] = pod_spec(pod_name(name, nonce()), name, self._namespace(), str(kube["smoke_image"]),
                                    template(argvs[name], name, gpus), gpus, resource_for(kube, self.baseline, name),
-                                   int(deadline), self._key())
+                                   int(2 * deadline) + _ACTIVE_MARGIN, self._key())
             self._made.add(specs[name]["metadata"]["name"])
             self.say("  %s: smoke Pod %s" % (name, specs[name]["metadata"]["name"]))
         try:

@@ -2,7 +2,9 @@
 through the Node object to the node agent (gpugate.kube.channel), not ssh.
 One request per node, written with the resourceVersion read; the answers
 are read back each poll (one GET per node of the batch) until the
-command's timeout and the agent's poll have passed."""
+command's timeout and the agent's poll have passed.  An answer read is
+removed from the Node with its request, in one patch (``_clear``): every
+watcher of Nodes would carry its up to 64 KiB of facts for ever."""
 
 from __future__ import annotations
 
@@ -54,12 +56,14 @@ class KubeTransport:
             self.sleep(self.poll)
             for node in list(waiting):
                 try:
-                    got = channel.read_answer(self.client.get(node_path(node)), ident)
+                    obj = self.client.get(node_path(node))
+                    got = channel.read_answer(obj, ident)
                 except KubeError:
                     continue  # asked again next poll, until the deadline
                 if got is not None:
                     answers[node] = (problem(got) or got) if isinstance(got, dict) else got
                     waiting.remove(node)
+                    self._clear(node, obj, ident)
         for node in waiting:
             self._withdraw(node, ident)
             answers[node] = ("no answer from the node agent within %.0fs: it serves requests while gpugate holds "
@@ -77,6 +81,30 @@ class KubeTransport:
                                                              "resourceVersion": obj["metadata"]["resourceVersion"]}})
         except (KubeError, KeyError, TypeError):
             pass
+
+    def _clear(self, node: str, obj: dict, ident: str) -> None:
+        """Request ``ident`` and its answer off the Node, with the resourceVersion they were read at; on a
+        conflict read again, and only what is still this request's goes (a newer request or answer stays).
+        Best effort: one left is replaced by the next request and its answer."""
+        for _ in range(3):
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            request = channel.read_request(obj)
+            gone = {key: None for key, ours in (
+                (channel.REQUEST, request is not None and request["id"] == ident),
+                (channel.ANSWER, channel.ANSWER in annotations and channel.claimed(obj, ident))) if ours}
+            if not gone:
+                return
+            try:
+                self.client.patch(node_path(node), {"metadata": {
+                    "annotations": gone, "resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")}})
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    return
+            try:
+                obj = self.client.get(node_path(node))
+            except KubeError:
+                return
 
     def _ask(self, node: str, text: str) -> None:
         for attempt in (1, 2):

@@ -8,12 +8,23 @@ at the boundary gpugate does not cross (there is no kubelet here):
   terminationMessagePath made here (the kubelet's mount), on the simulated
   node's executables; its status written as the kubelet would (phase,
   the container's exit code and termination message,
-  truncated to 4096 bytes); or, on a node in ``reject``, it is refused at
+  truncated to 4096 bytes); or, on a node in ``reject`` or whose Node
+  offers fewer GPUs than the Pod asks for (allocatable), it is refused at
   admission as the kubelet refuses a Pod whose GPUs another pod holds
   (phase Failed, the reason and message, no container status);
+- the image pull: the smoke Pod waits in ContainerCreating while its node
+  pulls the image (``pull``: seconds, per node, until a pull completes
+  there once: then the image is on the node) or for ever with ``pull_error``
+  (ErrImagePull, then ImagePullBackOff); a Pod deleted meanwhile stops its
+  pull; activeDeadlineSeconds counts from the Pod's start, pull included;
+  the container reports running once its command starts;
 - a reboot (``python -m gpugate.testbed.kubelet reboot``: the site's reboot
   command in the tests): the simulated node reboots and its Node reports a
-  new bootID and Ready again."""
+  new bootID and Ready again, with none of its GPU resources (capacity and
+  allocatable 0, as a kubelet reports a device plugin's resource until the
+  plugin registers again); the device plugin comes back ``gpus_late``
+  seconds after the kubelet sees the new bootID (0 by default; None: never,
+  a driver that does not load), and the Node offers its GPUs again."""
 
 import os
 import subprocess
@@ -33,11 +44,23 @@ def boot(admin, name: str) -> str:
 
     boot_id = str(uuid.uuid4())
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = admin.get(node_path(name)).get("status") or {}
+    none = {r: "0" for r in _gpu_resources(status)}
     admin.patch(node_path(name, "status"), {"status": {
-        "nodeInfo": {"bootID": boot_id},
+        "nodeInfo": {"bootID": boot_id}, "capacity": none, "allocatable": none,
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpugate testbed",
                         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, "strategic")
     return boot_id
+
+
+def _gpu_resources(status) -> dict:
+    """{resource: its count} of a Node status's GPU resources (nvidia.com/gpu, amd.com/gpu, .../gpu)."""
+    counts = {}
+    for field in ("capacity", "allocatable"):
+        for resource, value in ((status or {}).get(field) or {}).items():
+            if resource.endswith("/gpu") and str(value).isdigit():
+                counts[resource] = max(counts.get(resource, 0), int(value))
+    return counts
 
 
 class Kubelets(threading.Thread):
@@ -51,6 +74,16 @@ class Kubelets(threading.Thread):
         self.namespace = "gpugate-smoke"
         self.reject = {}  # node: (reason, message) its kubelet refuses the smoke Pods with
         self.ran = []  # (pod, node, exit code): what the tests may assert on
+        self.pull = {}  # node: seconds a pull of the smoke image takes there, until one completes
+        self.pull_error = {}  # node: the message its pulls fail with (ErrImagePull, ImagePullBackOff)
+        self.gpus_late = {}  # node: seconds after a new bootID until its GPUs are offered again (None: never)
+        self.gpus = {}  # node: {resource: count} it offers when its device plugin is up
+        self.boots = {}  # node: (bootID, when this kubelet first saw it)
+        for node in self.admin.list_pages("/api/v1/nodes"):
+            name = node["metadata"]["name"]
+            if name in self.nodes:
+                self.gpus[name] = _gpu_resources(node.get("status"))
+                self.boots[name] = ((node.get("status") or {}).get("nodeInfo", {}).get("bootID"), 0.0)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -67,6 +100,7 @@ class Kubelets(threading.Thread):
     def _round(self) -> None:
         from ..kube.client import KubeError
 
+        self._device_plugins()
         for pod in self.admin.list_pages("/api/v1/pods"):
             meta, spec = pod["metadata"], pod.get("spec") or {}
             if spec.get("nodeName") not in self.nodes:
@@ -82,15 +116,101 @@ class Kubelets(threading.Thread):
             if (SMOKE_LABEL in (meta.get("labels") or {}) and meta["namespace"] == self.namespace
                     and meta["uid"] not in self.started_pods):
                 self.started_pods.add(meta["uid"])
-                if spec["nodeName"] in self.reject:
-                    reason, message = self.reject[spec["nodeName"]]
+                refused = self.reject.get(spec["nodeName"]) or self._short(spec)
+                if refused:
+                    reason, message = refused
                     self.admin.patch(path + "/status", {"status": {"phase": "Failed", "reason": reason,
                                                                     "message": message}}, "strategic")
                     continue
                 threading.Thread(target=self._run_pod, args=(pod, path), daemon=True).start()
 
+    def _short(self, spec):
+        """(reason, message) of the kubelet's admission refusal when the Node's allocatable GPUs are
+        fewer than the Pod asks for (None: admitted)."""
+        from ..kube.client import node_path
+
+        allocatable = (self.admin.get(node_path(spec["nodeName"])).get("status") or {}).get("allocatable") or {}
+        for resource, asked in ((spec["containers"][0].get("resources") or {}).get("limits") or {}).items():
+            have = str(allocatable.get(resource, "0"))
+            if resource.endswith("/gpu") and have.isdigit() and int(have) < int(asked):
+                return ("OutOf" + resource, "Pod was rejected: Node didn't have enough resource: %s, requested: %s, "
+                                            "used: 0, capacity: %s" % (resource, asked, have))
+        return None
+
+    def _device_plugins(self) -> None:
+        """Each rebooted node's GPUs offered again gpus_late seconds after its new bootID was seen."""
+        from ..kube.client import node_path
+
+        for node in self.admin.list_pages("/api/v1/nodes"):
+            name, status = node["metadata"]["name"], node.get("status") or {}
+            if name not in self.nodes:
+                continue
+            boot = (status.get("nodeInfo") or {}).get("bootID")
+            if self.boots.get(name, (None,))[0] != boot:
+                self.boots[name] = (boot, time.monotonic())
+            late = self.gpus_late.get(name, 0.0)
+            want = self.gpus.get(name) or {}
+            offered = {r: int(str((status.get("allocatable") or {}).get(r, "0")) or 0) for r in want}
+            if late is None or not want or offered == want or time.monotonic() - self.boots[name][1] < late:
+                continue
+            counts = {r: str(n) for r, n in want.items()}
+            self.admin.patch(node_path(name, "status"), {"status": {"capacity": counts, "allocatable": counts}},
+                             "strategic")
+
+    def _status(self, path, status) -> bool:
+        """The Pod's status as the kubelet writes it (None: only read); False once the Pod is gone or going."""
+        from ..kube.client import KubeError
+
+        client = self.api.admin()
+        try:
+            pod = client.get(path)
+            if pod["metadata"].get("deletionTimestamp"):
+                return False
+            if status is not None:
+                client.patch(path + "/status", {"status": status}, "strategic")
+            return True
+        except KubeError:
+            return False
+
+    def _pulled(self, pod, path, container, started: float) -> bool:
+        """The image pulled (True), or the Pod gone or past its activeDeadlineSeconds meanwhile (False)."""
+        node = pod["spec"]["nodeName"]
+        deadline = float(pod["spec"].get("activeDeadlineSeconds") or 600)
+        pulling = {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                   "restartCount": 0}
+        errors, said = 0, {"reason": "ContainerCreating"}
+        while node in self.pull_error or time.monotonic() - started < self.pull.get(node, 0.0):
+            if time.monotonic() - started >= deadline:
+                self._status(path, {"phase": "Failed", "reason": "DeadlineExceeded",
+                                    "message": "Pod was active on the node longer than the specified deadline"})
+                return False
+            wait = {"reason": "ContainerCreating"}
+            if node in self.pull_error:
+                errors += 1
+                wait = {"reason": "ErrImagePull" if errors % 2 else "ImagePullBackOff",
+                        "message": self.pull_error[node]}
+            status = {"containerStatuses": [dict(pulling, state={"waiting": wait})]} if wait != said else None
+            said = wait
+            if not self._status(path, status):
+                return False  # deleted: the pull stops with it
+            time.sleep(0.2)
+        self.pull.pop(node, None)  # the image is on the node now
+        return True
+
     def _run_pod(self, pod, path) -> None:
         container = pod["spec"]["containers"][0]
+        started = time.monotonic()
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if not self._status(path, {"phase": "Pending", "startTime": now, "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}):
+            return
+        if not self._pulled(pod, path, container, started):
+            return
+        if not self._status(path, {"phase": "Running", "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "imageID": "", "ready": True,
+                "restartCount": 0, "state": {"running": {"startedAt": now}}}]}):
+            return
         term_path = container.get("terminationMessagePath") or "/dev/termination-log"
         with tempfile.TemporaryDirectory() as tmp:
             mounted = os.path.join(tmp, "termination-log")
@@ -98,7 +218,7 @@ class Kubelets(threading.Thread):
             argv = [mounted if word == term_path else word for word in container["command"] + container.get("args", [])]
             # /dev/shm is the Pod's emptyDir: here, a directory of its own.
             argv = [w.replace("/dev/shm/", tmp + "/") for w in argv]
-            deadline = float(pod["spec"].get("activeDeadlineSeconds") or 600)
+            deadline = float(pod["spec"].get("activeDeadlineSeconds") or 600) - (time.monotonic() - started)
             try:
                 code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, timeout=deadline).returncode
