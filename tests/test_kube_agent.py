@@ -504,7 +504,8 @@ def test_a_health_check_that_does_not_run_leaves_the_condition_unknown(site):
     site.healthcheck(agent, "gpu01")
     assert condition(site.admin.get(node_path("gpu01")))["status"] == "True"
     failing = [sys.executable, "-c", "import sys; sys.exit(9)"]
-    Agent(load_settings(agent), "gpu01", agent, failing, interval=300, poll=1).health_check()
+    own = getattr(site, "node_config", lambda config, name: config)(agent, "gpu01")  # a token naming gpu01
+    Agent(load_settings(own), "gpu01", own, failing, interval=300, poll=1).health_check()
     cond = condition(site.admin.get(node_path("gpu01")))
     assert (cond["status"], cond["reason"]) == ("Unknown", "HealthCheckNotRun"), cond
     assert "did not run" in cond["message"] and cond["lastTransitionTime"] == cond["lastHeartbeatTime"]

@@ -20,6 +20,17 @@ TAG = "gpugate:"
 DRIFT = "gpugate: drift driver=550.54.15 (want 580.65.06)"
 
 
+def node_bound(api, config, node):
+    """``config`` with a token of the node agent naming ``node``, where the rig
+    hands those out (the agent's admission policy refuses one naming none),
+    minted again each call (a Node registered anew refuses the old one)."""
+    try:
+        from gpugate.testbed.kube_tokens import node_config
+    except ImportError:
+        return config
+    return node_config(api, config, node)
+
+
 def test_what_slurmd_s_gpugate_writes_reads_back_as_the_node_s_hold(tmp_path):
     shared = tmp_path / "volume"
     shared.mkdir()
@@ -91,7 +102,8 @@ def test_the_sidecar_writes_the_node_from_the_file_and_holds_a_node_registered_a
                           % (tmp_path, kube["server"], kube["token_file"], kube["ca_file"]))
         shared = tmp_path / "volume"
         side = mirror.MirrorFile(str(shared / "{node}.json"), TAG, clock=lambda: 1764300000.0)
-        sidecar = MirrorAgent(load_settings(str(config)), "gpu01", str(shared / "gpu01.json"), poll=0.1)
+        own = node_bound(api, str(config), "gpu01")
+        sidecar = MirrorAgent(load_settings(own), "gpu01", str(shared / "gpu01.json"), poll=0.1)
         side.drain("gpu01", DRIFT)
         assert sidecar.once()
         held = admin.get(node_path("gpu01"))
@@ -99,6 +111,7 @@ def test_the_sidecar_writes_the_node_from_the_file_and_holds_a_node_registered_a
         # The Node deleted and registered again: held again from the file.
         admin.request("DELETE", node_path("gpu01"))
         add_node(admin, "gpu01")
+        node_bound(api, str(config), "gpu01")  # its pod's new token (the old one named the Node deleted)
         assert sidecar.once() and nv.owned(admin.get(node_path("gpu01")))["reason"] == DRIFT
         # A forged file (a job's user could write it) changes nothing.
         path = str(shared / "gpu01.json")

@@ -24,6 +24,7 @@ from conftest import check_now, make_cluster
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import node_path
 from test_kube_agent import api  # noqa: F401 (the module's API server)
+from test_kube_mirror import node_bound
 from test_slurm_sweep import drain_flag
 
 pytestmark = [pytest.mark.kube, pytest.mark.slurm]
@@ -52,14 +53,15 @@ def _slurmd_config(cluster, mirror_dir):
                      'token_file = "%s/no-token"\nmirror_file = "%s/{node}.json"\n' % (mirror_dir, mirror_dir))
 
 
-def _sidecars(config, mirror_dir, names):
+def _sidecars(api, config, mirror_dir, names):  # noqa: F811
     """One `gpugate agent --mirror-from` per node: the slurmd pod's sidecar, the only one with a token."""
     procs = []
     for name in names:
+        own = node_bound(api, config, name)
         with open(os.path.join(os.path.dirname(mirror_dir), "sidecar-%s.err" % name), "w") as err:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "gpugate", "agent", "--mirror-from", os.path.join(mirror_dir, name + ".json"),
-                 "--node", name, "--config", config, "--poll", "0.2"],
+                 "--node", name, "--config", own, "--poll", "0.2"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
     return procs
 
@@ -86,7 +88,8 @@ def _boot(api, tmp_path, extra=""):  # noqa: F811
         _slurmd_config(cluster, mirror_dir)  # what slurmd's health check reads (last): no token
         os.makedirs(mirror_dir, 0o777)
         os.chmod(mirror_dir, 0o777)  # as the kubelet makes an emptyDir: slurmd's gpugate closes it
-        sidecars = _sidecars(sidecar_conf, mirror_dir, names)
+        sidecars = _sidecars(api, sidecar_conf, mirror_dir, names)
+        cluster.sidecar_conf, cluster.kube_api = sidecar_conf, api
         operator = NodeSetController(api.admin(), cluster, names).start()  # its own connection: its own thread
         cluster.admin, cluster.operator, cluster.sweep_conf = admin, operator, sweep_conf
         cluster.mirror_dir = mirror_dir
@@ -185,6 +188,7 @@ def test_one_finding_holds_both_sides_with_one_reason_and_one_proof_returns_both
     cluster.sim("set", "FLEET", "gpu04", "driver=550.54.15")
     cluster.wait_for(lambda: drain_flag(cluster, "gpu04") or check_now(cluster, "gpu04"), 60, "gpu04 drained")
     add_node(cluster.admin, "gpu04")
+    node_bound(cluster.kube_api, cluster.sidecar_conf, "gpu04")  # the new sidecar pod's token
     cluster.wait_for(lambda: mirrored(cluster, "gpu04", cluster.reason("gpu04")), 30,
                      "the sidecar holds gpu04's Node registered anew")
     # gpu03: the admin's cordon and Slinky's drain stand.
