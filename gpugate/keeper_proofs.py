@@ -16,6 +16,8 @@ event (100,000 nodes published at once) counted in microseconds a node.
   so the memory follows the fleet's published nodes and never grows past
   them.  A timer's run (a new process each time) starts with none: a file
   of 100,000 remembered comments costs as much to read as the checks.
+  What the screen verifies in one step is written there when the memory
+  is next looked at (Proofs.settle), with the exact comment it judged.
   The times are judged afresh by every call.
 - Comments with one opening mark (what a node writes, with an admin's
   text or not) are read here in one step; any other (an admin's paste
@@ -31,7 +33,9 @@ _TAIL = " " + pending.CLOSE
 _PAD_IN = bytes(b ^ 0x36 for b in range(256))
 _PAD_OUT = bytes(b ^ 0x5C for b in range(256))
 
-# The latest run's memory: (key, {node: (comment, ((Pending, its proof is the node's), ...))}).
+# The latest run's memory: (key, {node: entry}), an entry (comment, ((Pending, its proof is the
+# node's), ...)), or (comment, Pending, its proof is the node's) for a comment whose only opening
+# mark begins a signed span (read in one step: _screen).
 _LAST = [b"", {}]
 
 
@@ -67,13 +71,27 @@ class Proofs:
         self._head = re.compile(pending._HEAD.pattern)
         self.old = _LAST[1] if _LAST[0] == key else {}
         self.new = {}
+        self.fresh = []  # lists of (node, comment, span) _screen verified, not yet in new
 
     def keep(self) -> None:
         """This run's memory serves the next run (this process's)."""
+        self.settle()
         _LAST[:] = [self.key, self.new]
+
+    def settle(self) -> None:
+        """What _screen verified in one step, remembered: when the memory is
+        next looked at, not a dict entry a node while it checks (the timer's
+        run, a new process each time, mostly never looks)."""
+        new = self.new
+        for verified in self.fresh:
+            for node, comment, span in verified:
+                new[node] = (comment, span, True)
+        self.fresh = []
 
     def _spans(self, node: str, comment: str) -> tuple:
         """((span, its proof is this node's), ...) for each span of the comment."""
+        if self.fresh:
+            self.settle()
         got = self.new.get(node)
         if got is None or got[0] != comment:
             got = self.old.get(node)
@@ -82,7 +100,7 @@ class Proofs:
                     seen.proof, self.signer.proof(node, seen.since, seen.seen, seen.reason)))
                     for seen in self._read(comment)]))
             self.new[node] = got
-        return got[1]
+        return got[1] if len(got) == 2 else ((got[1], got[2]),)
 
     def _read(self, comment: str):
         """pending.read_all(comment), a comment with one opening mark in one step."""
@@ -123,15 +141,20 @@ def _screen(states, proofs: Proofs, now: float):
     """One pass.  A comment whose only opening mark begins a signed span
     (what a node writes, after an admin's text or not) is read and its
     proof checked here, each step as Proofs._spans and verified take it:
-    the same bytes HMACed, the same bounds, remembered alike (marked as
-    such by a third item); anything else goes through Proofs.verified
-    (pending's own words for what fails)."""
+    the same bytes HMACed, the same bounds, remembered alike (the one-step
+    entry); anything else goes through Proofs.verified (pending's own words
+    for what fails).  A fleet-wide event's 100,000 spans carry one reason:
+    each span holds the one string (the plan hashes it once)."""
+    if proofs.fresh:
+        proofs.settle()
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
     inner, outer, domain = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN + "\n%s\n%d\n%d\n%s"
     head = _one()
     newest, max_age = now + pending.CLOCK_SLACK_SECONDS, pending.MAX_AGE_SECONDS
     recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
+    verified, texts = [], {}
+    passed, one = verified.append, texts.setdefault
     for name, state in states.items():
         comment = state.comment
         if not comment or _OPEN not in comment:
@@ -144,18 +167,27 @@ def _screen(states, proofs: Proofs, now: float):
             if end >= 0 and comment.count(_OPEN) == 1:
                 since, seen, proof = m.groups()
                 since, seen, reason = int(since), int(seen), comment[at:end]
+                reason = one(reason, reason)
                 mac = inner.copy()
                 mac.update((domain % (name, since, seen, reason)).encode("utf-8", "surrogateescape"))
                 check = outer.copy()
                 check.update(mac.digest())
-                got = (comment, ((Pending(reason, since, seen, proof), same(proof, check.hexdigest()[:32])),), 1)
+                span = Pending(reason, since, seen, proof)
+                if same(proof, check.hexdigest()[:32]):
+                    if since <= seen <= newest and now - seen <= max_age:
+                        spans[name] = span  # the node's own span, alone: its state kept as it is
+                        passed((name, comment, span))
+                        continue
+                    got = (comment, span, True)
+                else:
+                    got = (comment, span, False)
             else:
                 got = None
         if got is not None and len(got) == 3:  # one signed span, the comment's only opening mark
-            span, mine = got[1][0]
             remembered[name] = got
-            if mine and span.since <= span.seen <= newest and now - span.seen <= max_age:
-                spans[name] = span  # the node's own span, alone: its state kept as it is
+            span = got[1]
+            if got[2] and span.since <= span.seen <= newest and now - span.seen <= max_age:
+                spans[name] = span
                 continue
         span, why = proofs.verified(name, comment, now)
         if span is None:
@@ -166,6 +198,8 @@ def _screen(states, proofs: Proofs, now: float):
                 out[name] = replace(state, comment=pending.alone(span))
                 span = pending.read(out[name].comment)  # what budget.published would read there
             spans[name] = span
+    if verified:
+        proofs.fresh.append(verified)
     return out, unverified, spans
 
 

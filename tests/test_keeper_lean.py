@@ -215,6 +215,41 @@ def test_a_remembered_verdict_is_the_verdict_of_the_exact_text(data):
             proofs = keeper_proofs.Proofs(key)
 
 
+@settings(max_examples=200, deadline=None)
+@given(fleets(), fleets(), st.data())
+def test_a_runs_re_read_is_judged_on_its_own_text(first, second, data):
+    """The run's read and its re-read (one Proofs; what the read verified in
+    one step is remembered only when next looked at): a node whose comment
+    changed between them (re-signed, forged, pasted from another node,
+    gone) is judged on the re-read's text, an unchanged one as before;
+    each screen as the reference screens it, at its own time; and the
+    memory kept for the next run (--watch) judges a third read alike."""
+    reads = []
+    for text, _share, _per_hour in (first, second):
+        full = _full(text)
+        reads.append({} if isinstance(full, ParseError) else {n: s for n, s in full.items() if deciding(s)})
+    # the re-read: the first read's nodes, each kept or taking a comment of the second's (another node's included)
+    later = dict(reads[0])
+    for name in data.draw(st.lists(st.sampled_from(sorted(later)), unique=True)) if later else ():
+        other = data.draw(st.sampled_from(sorted(reads[1]))) if reads[1] else None
+        comment = reads[1][other].comment if other is not None else ""
+        later[name] = replace(later[name], comment=comment)
+    proofs = keeper_proofs.Proofs(KEY)
+    for states, now in ((reads[0], NOW), (later, NOW + data.draw(st.sampled_from([0, 1, 600])))):
+        if data.draw(st.booleans()) and states:  # a single node's read between (the run's re-read before a drain)
+            name = data.draw(st.sampled_from(sorted(states)))
+            assert keeper_proofs.screen({name: states[name]}, proofs, now)[:2] == reference_screen(
+                {name: states[name]}, KEY, now)
+        mine, unverified, spans = keeper_proofs.screen(states, proofs, now)
+        want_mine, want_unverified = reference_screen(states, KEY, now)
+        assert (mine, unverified) == (want_mine, want_unverified)
+        assert spans == {n: seen for n, seen in ((n, pending.read(s.comment)) for n, s in want_mine.items())
+                         if seen is not None}
+    proofs.keep()
+    again = keeper_proofs.Proofs(KEY)
+    assert keeper_proofs.screen(reads[1], again, NOW)[:2] == reference_screen(reads[1], KEY, NOW)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(min_size=0, max_size=200), st.text(max_size=30), st.integers(0, 10 ** 12),
        st.integers(0, 10 ** 12), st.text(max_size=200))
