@@ -1,8 +1,9 @@
 """The budget keeper on Kubernetes against a real kube-apiserver (issue 45,
 items 4 and 5): a held node's pool cannot be changed under the budget (the
 pools ride on the keeper's Lease), a leader whose runs fail gives its Lease
-up so another keeper takes over, `gpugate status` reads the keeper's last
-good run from the Lease, and the keeper serves its metrics over HTTP."""
+up so another keeper takes over, and `gpugate status` reads the keeper's
+last good run from the Lease.  What it serves over HTTP and the alerts
+that fire from it: tests/test_kube_alerts.py."""
 
 import json
 import os
@@ -10,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from unittest import mock
 
 import pytest
@@ -190,62 +190,3 @@ def test_gpugate_status_shows_the_keepers_last_good_run_from_the_lease(six):
     assert six.keeper(broken)["_exit"] == 1
     text = status()
     assert "1 FAILED RUNS IN A ROW" in text and "LATEST RUN FAILED" in text and "missing" in text, text
-
-
-def _scrape(port: int, want, timeout: float = 60.0) -> str:
-    deadline, text = time.monotonic() + timeout, ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as answer:
-                text = answer.read().decode()
-            if want(text):
-                return text
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the metrics never said it: %s" % text[-2000:])
-
-
-def test_the_keeper_serves_its_metrics_and_a_failing_one_fires_the_stale_keeper_alert(six, tmp_path):
-    """`gpugate budget --watch --metrics-port`: what Prometheus scrapes,
-    fed to promtool with slurm_conf/gpugate-alerts.yml: a leader whose runs
-    fail fires GpugateBudgetKeeperStale; a good one is quiet."""
-    from gpugate.testbed.procs import free_ports
-    from test_alerts import RULES, expected, promtool, series
-
-    tool = promtool()
-    _publish_drift(six, 0.2)
-    good = six.config("keeper", share=0.2)
-    broken = _with_key(good, os.path.join(six.dir, "no-such.key"), "controller-a")
-    texts = {}
-    for name, config in (("broken", broken), ("good", good)):
-        port = free_ports(1)[0]
-        proc = subprocess.Popen([sys.executable, "-m", "gpugate", "budget", "--config", config, "--watch", "5",
-                                 "--metrics-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            done = "gpugate_budget_keeper_failed_runs 1" if name == "broken" else "gpugate_budget_keeper_leader 1"
-            texts[name] = _scrape(port, lambda text, done=done: done in text)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-        try:
-            six.admin.request("DELETE", LEASE)  # the next keeper leads at once
-        except KubeError:
-            pass
-    assert "gpugate_budget_keeper_last_run_timestamp_seconds 0" in texts["broken"], texts["broken"]
-    assert "gpugate_budget_keeper_last_error 1" in texts["broken"]
-    assert "gpugate_budget_keeper_last_error 0" in texts["good"]
-    import yaml
-
-    with open(RULES) as handle:
-        rules = {r["alert"]: r for g in yaml.safe_load(handle)["groups"] for r in g["rules"]}
-    stale = "GpugateBudgetKeeperStale"
-    tests = [{"interval": "1m", "input_series": series(texts["good"], "keeper-a", False),
-              "alert_rule_test": [{"eval_time": "60m", "alertname": stale, "exp_alerts": []}]},
-             {"interval": "1m", "input_series": series(texts["broken"], "keeper-a", True),
-              "alert_rule_test": [{"eval_time": "60m", "alertname": stale,
-                                   "exp_alerts": [expected(rules, stale, {"instance": "keeper-a"})]}]}]
-    spec = tmp_path / "keeper-alerts.test.yml"
-    spec.write_text(json.dumps({"rule_files": [RULES], "evaluation_interval": "1m", "tests": tests}))
-    result = subprocess.run([tool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -8,7 +8,8 @@ import click
 
 def _render(status: dict) -> str:
     if not status.get("ok"):
-        return "budget keeper: FAILED: %s (last good run: %s)\n" % (status.get("error"), _when(status.get("last_ok")))
+        return "budget keeper: FAILED: %s (last good run: %s; %s failed run(s) in a row)\n" % (
+            status.get("error"), _when(status.get("last_ok")), status.get("failed_runs", "?"))
     if status.get("why"):
         return "budget keeper: %s\n" % status["why"]
     if status.get("standby"):  # Kubernetes: another keeper holds the Lease
@@ -62,7 +63,12 @@ def budget(config, watch, as_json, metrics_port):
     With `scheduler = "kubernetes"` the same on Node objects: one paginated
     list, the pools by `[kubernetes] pool_label`, a drain is gpugate's
     taint and cordon; one keeper acts at a time (the Lease
-    gpugate/gpugate-budget-keeper), the others stand by (exit 0).
+    gpugate/gpugate-budget-keeper), the others stand by (exit 0).  A
+    leader whose runs fail gives the Lease up after `[kubernetes]
+    lease_give_up_runs` (3) of them in a row.  With --watch, `[kubernetes]
+    metrics_port` (or --metrics-port) serves Prometheus metrics: the
+    keeper's last good run (the Lease's word), leader or standby, failed
+    runs in a row.
 
     \b
     Examples:
@@ -78,9 +84,13 @@ def budget(config, watch, as_json, metrics_port):
     latest = {}
     from ..kube.metrics_server import keeper_families, port_of, serve
 
-    port = port_of(settings, metrics_port)
-    if port and watch is None:
+    if metrics_port and watch is None:
         raise click.UsageError("--metrics-port serves a --watch loop's metrics: add --watch SECONDS")
+    # [kubernetes] metrics_port: the keeper Deployment's loop; a run by hand serves nothing.
+    port = port_of(settings, metrics_port) if watch is not None and settings.scheduler == "kubernetes" else 0
+    if metrics_port and settings.scheduler != "kubernetes":
+        raise click.UsageError("--metrics-port is the Kubernetes keeper's (its replicas lead through a Lease); on "
+                               "Slurm `gpugate metrics -o FILE` exports the keeper's status for node_exporter")
     if port:
         from ..promtext import render
 
