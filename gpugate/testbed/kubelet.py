@@ -148,8 +148,11 @@ class Kubelets(threading.Thread):
             boot = (status.get("nodeInfo") or {}).get("bootID")
             if self.boots.get(name, (None,))[0] != boot:
                 self.boots[name] = (boot, time.monotonic())
+            seen = _gpu_resources(status)  # what it offers now, remembered at its most (a Node added late)
+            want = self.gpus.setdefault(name, {})
+            for resource, count in seen.items():
+                want[resource] = max(want.get(resource, 0), count)
             late = self.gpus_late.get(name, 0.0)
-            want = self.gpus.get(name) or {}
             offered = {r: int(str((status.get("allocatable") or {}).get(r, "0")) or 0) for r in want}
             if late is None or not want or offered == want or time.monotonic() - self.boots[name][1] < late:
                 continue
