@@ -1,6 +1,8 @@
 """A real Kubernetes API server for the tests and the demo: etcd and
 kube-apiserver as scripts/kube-build built them (no controller-manager,
-scheduler or kubelet: envtest's model, DESIGN.md section 10).
+scheduler or kubelet: envtest's model, DESIGN.md section 10); with
+``control_plane=True`` also kube-scheduler, kube-controller-manager and
+KWOK's fake kubelets (gpugate.testbed.kube_control).
 
 Users come from a static token file: ``admin`` (system:masters) for the
 test's own writes, and the ServiceAccount users the manifests bind
@@ -63,7 +65,7 @@ def built_versions() -> List[str]:
 
 
 class KubeAPI:
-    def __init__(self, workdir: str, version: Optional[str] = None):
+    def __init__(self, workdir: str, version: Optional[str] = None, control_plane: bool = False):
         versions = built_versions()
         if not versions:
             raise ClusterError("no kube-apiserver built in %s: run scripts/kube-build" % cache_dir())
@@ -77,11 +79,19 @@ class KubeAPI:
         self.procs: Dict[str, subprocess.Popen] = {}
         self.server = ""
         self.ca_file = os.path.join(workdir, "certs", "apiserver.crt")
+        self.control_plane = control_plane
 
     def token_file(self, who: str) -> str:
         return os.path.join(self.dir, "token-" + who)
 
     def start(self, timeout: float = 90.0) -> "KubeAPI":
+        try:
+            return self._start(timeout)
+        except BaseException:  # a start that failed leaves no process behind (its caller has no KubeAPI to stop)
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> "KubeAPI":
         os.makedirs(os.path.join(self.dir, "certs"), exist_ok=True)
         etcd_port, peer_port, api_port = free_ports(3)
         key = os.path.join(self.dir, "sa.key")
@@ -106,13 +116,23 @@ class KubeAPI:
             "--authorization-mode", "RBAC", "--token-auth-file", os.path.join(self.dir, "tokens.csv"),
             "--disable-admission-plugins", "ServiceAccount", "--service-cluster-ip-range", "10.0.0.0/24",
             "--allow-privileged=true", "--anonymous-auth=false",
-            "--endpoint-reconciler-type", "none"])  # a loopback advertise address: no Endpoints reconciling
+            "--endpoint-reconciler-type", "none"]  # a loopback advertise address: no Endpoints reconciling
+            # With the control plane, the Nodes' lists come from etcd (no watch cache for them): a
+            # continue token then expires with etcd's compaction (410 Gone), as a real server's does.
+            + (["--watch-cache-sizes", "nodes#0"] if self.control_plane else []))
+        self.etcd_url = etcd_url
         self.server = "https://127.0.0.1:%d" % api_port
         self._wait_ready(timeout)
         admin = self.admin()
         # gpugate's namespace, and the GPU operators' (their charts make them; operator-rbac.yaml binds in them)
         for name in (NAMESPACE,) + OPERATOR_NAMESPACES:
             admin.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        if self.control_plane:
+            from . import kube_control
+
+            ports = kube_control.start(self._spawn, self.dir, self.bin, cache_dir(), self.server, self.ca_file,
+                                       "admin-token")
+            kube_control.wait_ready(self.procs, ports, self.dir, timeout)
         return self
 
     def _spawn(self, name: str, argv: List[str]) -> None:
@@ -217,7 +237,7 @@ class KubeAPI:
                 handle.write("%d\n" % proc.pid)
 
     def stop(self) -> None:
-        for name in ("kube-apiserver", "etcd"):
+        for name in reversed(list(self.procs)):  # the control plane, the API server, etcd last
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -230,22 +250,51 @@ class KubeAPI:
         shutil.rmtree(os.path.join(self.dir, "etcd"), ignore_errors=True)
 
 
-def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(), gpus: int = 8) -> None:
+def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(), gpus: int = 8,
+             kwok: bool = False) -> None:
     """A Node object as a kubelet would register it (created fresh), and
-    the Ready condition and GPU capacity it would report."""
+    the Ready condition and GPU capacity it would report.  kwok: KWOK plays
+    its kubelet (KubeAPI(control_plane=True)): the Node has room for pods
+    and is waited for until KWOK has reported it Ready."""
     from ..kube.client import KubeError, node_path
 
     try:
         admin.request("DELETE", node_path(name))
     except KubeError:
         pass
-    admin.create("/api/v1/nodes", {"metadata": {"name": name, "labels": dict(labels or {})},
-                                   "spec": {"taints": [dict(t) for t in taints]}})
-    admin.patch(node_path(name, "status"), {"status": {
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "gpugate testbed",
-                        "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z"}],
-        "capacity": {"nvidia.com/gpu": str(gpus)}, "allocatable": {"nvidia.com/gpu": str(gpus)},
-        "nodeInfo": {"bootID": "boot-0-%s" % name}}}, "strategic")
+    meta = {"name": name, "labels": dict(labels or {})}
+    if kwok:
+        from .kube_control import KWOK_ANNOTATION
+
+        meta["annotations"] = {KWOK_ANNOTATION: "fake"}
+        meta["labels"].setdefault("kubernetes.io/hostname", name)  # as a kubelet registers it
+    admin.create("/api/v1/nodes", {"metadata": meta, "spec": {"taints": [dict(t) for t in taints]}})
+    room = {"nvidia.com/gpu": str(gpus)}
+    if kwok:
+        room.update({"cpu": "64", "memory": "512Gi", "pods": "110"})
+    status = {"capacity": room, "allocatable": room, "nodeInfo": {"bootID": "boot-0-%s" % name}}
+    if not kwok:  # KWOK writes its own conditions
+        status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                 "message": "gpugate testbed", "lastHeartbeatTime": "2026-11-28T00:00:00Z",
+                                 "lastTransitionTime": "2026-11-28T00:00:00Z"}]
+    admin.patch(node_path(name, "status"), {"status": status}, "strategic")
+    if kwok:
+        _wait_ready(admin, name)
+
+
+def _wait_ready(admin, name: str, timeout: float = 60.0) -> None:
+    """Ready=True and the node lifecycle controller's not-ready taint gone."""
+    from ..kube.client import node_path
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = admin.get(node_path(name))
+        ready = [c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+        taints = [t.get("key") for t in (node.get("spec") or {}).get("taints") or []]
+        if ready and ready[0].get("status") == "True" and "node.kubernetes.io/not-ready" not in taints:
+            return
+        time.sleep(0.2)
+    raise ClusterError("Node %s not Ready (KWOK) in %.0fs" % (name, timeout))
 
 
 class KubeFleet:
@@ -254,7 +303,8 @@ class KubeFleet:
     and gpugate.toml for the node agent or the keeper (each with its own
     ServiceAccount's token: the manifests' RBAC is all it has)."""
 
-    def __init__(self, api: KubeAPI, directory: str, names, baseline: str, labels=None, taints=()):
+    def __init__(self, api: KubeAPI, directory: str, names, baseline: str, labels=None, taints=(),
+                 kwok: bool = False):
         import sys
 
         self.api, self.dir, self.names, self.baseline = api, directory, list(names), baseline
@@ -271,7 +321,7 @@ class KubeFleet:
         os.chmod(self.key, 0o600)
         self.admin = api.admin()
         for name in self.names:
-            add_node(self.admin, name, labels, taints)
+            add_node(self.admin, name, labels, taints, kwok=kwok)
 
     def config(self, who: str, share: float = 1.0, extra: str = "", sweep: str = "") -> str:
         """extra: more [kubernetes] lines; sweep: more [sweep] lines."""
@@ -308,10 +358,18 @@ class KubeFleet:
         lines = "\n".join("%s = %s" % (k, json.dumps(v)) for k, v in sweep.items())
         return lines, 'reboot = %s\nsmoke_image = "registry.example.com/nccl-tests:2.13"' % json.dumps(reboot)
 
+    def node_config(self, config: str, node: str) -> str:
+        """The node agent's config for its run on ``node``: its token names that Node
+        (gpugate.testbed.kube_tokens; the agent's admission policy refuses one that names none)."""
+        from .kube_tokens import node_config
+
+        return node_config(self.api, config, node)
+
     def healthcheck(self, config: str, node: str) -> subprocess.CompletedProcess:
-        """gpugate-healthcheck as installed, as the DaemonSet runs it."""
+        """gpugate-healthcheck as installed, as the DaemonSet runs it (with a token naming its node)."""
         from .procs import installed_entry_point
 
+        config = self.node_config(config, node)
         return subprocess.run([installed_entry_point("healthcheck"), "--config", config],
                               env={"GPUGATE_NODE_NAME": node}, capture_output=True, text=True, timeout=120)
 
