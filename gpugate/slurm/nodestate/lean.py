@@ -23,7 +23,6 @@ refuses).  tests/test_keeper_lean.py compares the two on generated fleets."""
 
 from collections import Counter
 from itertools import repeat
-from operator import itemgetter
 from typing import Dict, Mapping
 
 from ..pending import OPEN
@@ -97,30 +96,30 @@ def read_text(text: str) -> Fleet:
 
 def _plain(text: str):
     """The Fleet when every line is a plain record, else None."""
-    groups = _groups(text)
-    if groups is None:
-        return None
-    # name -> [name, the line after its partition, its partition, its further partitions...]
-    first = dict(zip(map(itemgetter(0), groups), groups))
-    if len(first) != len(groups):  # a node's lines apart (not sinfo's order): merged here, compared as text
-        first = {}
-        for group in groups:
-            seen = first.get(group[0])
-            if seen is None:
-                first[group[0]] = group
-            elif seen[1] == group[1]:
-                seen.extend(group[2:])
-            else:
-                return None  # printed twice with different text: the full reader compares
-    del groups
-    names = "".join(first)
-    if "" in first or not names.isprintable() or _NOT_IN_NAMES.search(names):
-        return None  # parse_nodes_text reads such a line as a reason's continuation
+    fleet = _records(_runs(text))
+    if fleet is _APART:  # a node's lines apart (not sinfo's order): merged by name, compared as text
+        fleet = _records(_merged(text))
+    return fleet
+
+
+_APART = object()
+
+
+def _records(groups):
+    """The Fleet of [name, the line after its partition, its partitions...]
+    each node's, made as they come (each line's text let go once read);
+    _APART when a name comes twice, None when a name is not a plain one."""
     states: Dict[str, NodeState] = {}
+    names = set()
+    seen_name = names.add
     combos = []  # each node's partitions
     combo = combos.append
     words, stamps = {}, {"Unknown": None}  # state text -> (base, flags); time text -> its time
-    for name, seen in first.items():
+    for seen in groups:
+        name = seen[0]
+        if name in names:
+            return _APART
+        seen_name(name)
         state_text, stamp, user, tail = seen[1].split("|", 3)
         parsed = words.get(state_text)
         if parsed is None:
@@ -147,6 +146,9 @@ def _plain(text: str):
                 state = _made(name, parsed[0], parsed[1], reason, when, "" if user == "Unknown" else user, parts,
                               comment)
                 states[name] = _without_stale_reason(state) if reason else state
+    names_text = "".join(names)
+    if "" in names or not names_text.isprintable() or _NOT_IN_NAMES.search(names_text):
+        return None  # parse_nodes_text reads such a line as a reason's continuation
     sizes: Dict[str, int] = {}
     for parts, count in Counter(combos).items():  # a fleet has few distinct ones
         for part in parts:
@@ -154,50 +156,83 @@ def _plain(text: str):
                 sizes[part] = 0
                 _name(part, "sinfo text", "partition name")
             sizes[part] += count
-    return Fleet(states, sizes, len(first))
+    return Fleet(states, sizes, len(names))
 
 
 _CHUNK = 1 << 20  # characters of text split into lines at a time: the lines are grouped while in cache
 
 
-def _groups(text: str):
-    """[name, the line after its partition, its partitions...] for each run
-    of adjacent lines of one node (sinfo --Node prints a node's lines
-    together), or None when a line is not a record or a node's adjacent
-    lines differ beyond the partition.  The text is split a chunk at a
-    time: no list of every line is held, and each is grouped while at hand."""
-    groups = []
-    add = groups.append
-    cur = cur_rest = group = None
+def _lines(text: str):
+    """Each chunk's lines: the text's lines (the final newline ends the last
+    one), split a chunk at a time: no list of every line is held."""
     if not text:
-        return groups
-    pos, stop = 0, len(text) - 1 if text.endswith("\n") else len(text)  # the final newline ends the last line
+        return
+    pos, stop = 0, len(text) - 1 if text.endswith("\n") else len(text)
     while pos >= 0:
         cut = text.find("\n", pos + _CHUNK, stop)
-        lines = text[pos:cut if cut >= 0 else stop].split("\n")
+        yield text[pos:cut if cut >= 0 else stop].split("\n")
         pos = cut + 1 if cut >= 0 else -1
-        # A line of fewer than three fields (a reason's next line, a blank
-        # one) does not unpack: ValueError, and the full reader reads the text.
+
+
+def _runs(text: str):
+    """[name, the line after its partition, its partitions...] for each run
+    of adjacent lines of one node (sinfo --Node prints a node's lines
+    together), as each run ends.  ValueError when a line is not a record
+    (fewer than three fields: a reason's next line, a blank one; the full
+    reader reads the text) or a node's adjacent lines differ beyond the
+    partition (the full reader compares)."""
+    group = None
+    cur = cur_rest = None
+    for lines in _lines(text):
         for name, part, rest in map(str.split, lines, repeat("|"), repeat(2)):
             if name == cur:
                 if rest != cur_rest:
-                    return None  # printed twice with different text: the full reader compares
+                    raise ValueError("node %r printed twice with different text" % name)
                 group.append(part)
+                continue
+            if group is not None:
+                yield group
+            group = [name, rest, part]
+            cur, cur_rest = name, rest
+    if group is not None:
+        yield group
+
+
+def _merged(text: str):
+    """_runs' groups, a node's lines merged by name wherever they are."""
+    first = {}
+    for lines in _lines(text):
+        for name, part, rest in map(str.split, lines, repeat("|"), repeat(2)):
+            seen = first.get(name)
+            if seen is None:
+                first[name] = [name, rest, part]
+            elif seen[1] == rest:
+                seen.append(part)
             else:
-                group = [name, rest, part]
-                add(group)
-                cur, cur_rest = name, rest
-    return groups
+                raise ValueError("node %r printed twice with different text" % name)
+    return first.values()
+
+
+# A record's fields as NodeState's own __init__ leaves them: a dict whose keys are shared
+# by every record (a key-sharing table: 136 bytes where a dict written out is 296).
+_FIELDS = NodeState("", "", frozenset(), "", None, "", ()).__dict__
 
 
 def _made(name, state, flags, reason, reason_time, reason_user, partitions, comment, _new=object.__new__,
-          _set=object.__setattr__):
-    """NodeState(name, state, ...), a third faster: its __init__ sets each
-    field in turn past the frozen __setattr__; here its __dict__ at once
-    (the same record: it compares, hashes and prints the same;
-    tests/test_keeper_lean.py compares the two)."""
+          _set=object.__setattr__, _fields=_FIELDS.copy):
+    """NodeState(name, state, ...), faster: its __init__ sets each field in
+    turn past the frozen __setattr__; here a copy of a record's fields is
+    filled and set as its __dict__ at once (the same record: it compares,
+    hashes and prints the same; tests/test_keeper_lean.py compares the two)."""
+    fields = _fields()
+    fields["name"] = name
+    fields["state"] = state
+    fields["flags"] = flags
+    fields["reason"] = reason
+    fields["reason_time"] = reason_time
+    fields["reason_user"] = reason_user
+    fields["partitions"] = partitions
+    fields["comment"] = comment
     made = _new(NodeState)
-    _set(made, "__dict__", {"name": name, "state": state, "flags": flags, "reason": reason,
-                            "reason_time": reason_time, "reason_user": reason_user, "partitions": partitions,
-                            "comment": comment})
+    _set(made, "__dict__", fields)
     return made
