@@ -375,8 +375,8 @@ def run(settings, connect=None) -> dict:
                 if getattr(slurm, "load_memory", None) is not None:  # Kubernetes: memory and status on the Lease
                     from .kube import keeper_lead
 
-                    figures = keeper_lead.run(settings, slurm, failed_runs(read_status(settings)), lambda loaded, pools: run_once(
-                        settings, slurm, view=take_view(settings, time.time()), memory=loaded, pools=pools))
+                    figures = keeper_lead.run(settings, slurm, failed_runs(read_status(settings)), lambda mem, pools: (
+                        run_once(settings, slurm, view=take_view(settings, time.time()), memory=mem, pools=pools)))
                 else:
                     standby = slurm.lead(socket.gethostname())
                     if standby:

@@ -68,7 +68,8 @@ def test_the_keepers_families_say_leader_failed_runs_and_the_last_good_run():
     assert values["gpugate_budget_keeper_last_attempt_timestamp_seconds"] == 200.0
     standby = {"ok": True, "standby": "another keeper leads", "leader": 0, "last_ok": None, "failed_runs": 0}
     values = _values(render(keeper_families(standby, 300.0)))
-    assert values["gpugate_budget_keeper_leader"] == 0 and values["gpugate_budget_keeper_last_run_timestamp_seconds"] == 0
+    assert values["gpugate_budget_keeper_leader"] == 0
+    assert values["gpugate_budget_keeper_last_run_timestamp_seconds"] == 0
     assert _values(render(keeper_families({}, 300.0)))["gpugate_budget_keeper_leader"] == 0  # no run yet
 
 
