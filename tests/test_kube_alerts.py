@@ -183,3 +183,23 @@ def test_the_monitoring_services_apply_and_select_the_keeper_and_agent_pods(api)
         assert [s for s in services.values() if s["metadata"]["labels"] == wanted], monitor
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["spec"]["podTargetLabels"] == [
             "app.kubernetes.io/name"]
+
+
+def test_gpugate_agent_with_a_metrics_port_serves_when_its_last_check_ended(six):  # noqa: F811
+    """`gpugate agent --metrics-port` as the DaemonSet runs it: the first
+    health check runs at once, and the scrape says when it ended."""
+    from gpugate.testbed.procs import free_ports
+
+    port = free_ports(1)[0]
+    began = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "gpugate", "agent", "--config", six.config("agent"), "--node",
+                             "gpu03", "--interval", "600", "--metrics-port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        text = _scrape(port, lambda t: not _has(t, "gpugate_last_check_timestamp_seconds 0"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert began <= values["gpugate_last_check_timestamp_seconds"] <= time.time(), values
+    assert values["gpugate_agent_failed_checks"] == 0
