@@ -79,7 +79,12 @@ def test_the_manifests_apply_and_grant_each_component_only_what_it_needs(api):
     add_node(admin, "gpu09")
     agent, keeper, stranger = api.client("agent"), api.client("keeper"), api.client("stranger")
     assert agent.get(node_path("gpu09"))["metadata"]["name"] == "gpu09"
-    agent.patch(node_path("gpu09"), {"metadata": {"annotations": {"gpugate.io/x": "1"}}})
+    from gpugate.kube.client import KubeClient
+    from gpugate.testbed.kube_tokens import node_token
+
+    # (A write needs a token naming the Node: agent-policy.yaml, tests/test_kube_least_privilege.py.)
+    KubeClient(api.server, node_token(admin, "gpu09"), api.ca_file).patch(
+        node_path("gpu09"), {"metadata": {"annotations": {"gpugate.io/pending": "1"}}})
     sweep = api.client("sweep")
     for who, call in ((agent, lambda c: c.get("/api/v1/nodes")),  # the agent reads its own node, never the fleet
                       (agent, lambda c: c.get("/api/v1/namespaces/gpugate/secrets")),
@@ -383,12 +388,15 @@ def test_the_admission_policy_keeps_the_node_agent_to_gpugate_s_own_fields(site)
     """deploy/kubernetes/agent-policy.yaml, on the real API server: the
     agent's token may set gpugate's taint, annotations and condition (the
     other tests here run under it), and nothing else of a Node."""
-    agent = site.api.client("agent")
+    from gpugate.kube.client import KubeClient
+    from gpugate.testbed.kube_tokens import node_token
+
+    agent = KubeClient(site.api.server, node_token(site.admin, "gpu01"), site.api.ca_file)  # naming its Node
     node = site.admin.get(node_path("gpu01"))
     version = node["metadata"]["resourceVersion"]
     refused = [({"spec": {"taints": []}}, "gpugate.io/unfit taints"),  # the site's dedicated taint removed
                ({"metadata": {"labels": {"nvidia.com/gpu.product": "other"}}}, "labels"),
-               ({"metadata": {"annotations": {"example.com/owner": "me"}}}, "gpugate.io/ annotations")]
+               ({"metadata": {"annotations": {"example.com/owner": "me"}}}, "changes only the annotations")]
     for patch, said in refused:
         with pytest.raises(KubeError) as info:
             agent.patch(node_path("gpu01"), patch)
@@ -441,10 +449,10 @@ def _own_node_only(site, agent):
     who = review["status"]["userInfo"]
     assert who["username"] == "system:serviceaccount:gpugate:gpugate-node-agent"
     assert who["extra"]["authentication.kubernetes.io/node-name"] == ["gpu01"], who
-    agent.patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/test-note": "own"}}})
-    assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/test-note"] == "own"
+    agent.patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/pending": "own"}}})
+    assert site.admin.get(node_path("gpu01"))["metadata"]["annotations"]["gpugate.io/pending"] == "own"
     before = site.admin.get(node_path("gpu02"))["metadata"]["resourceVersion"]
-    for path, patch in [(node_path("gpu02"), {"metadata": {"annotations": {"gpugate.io/test-note": "other"}}}),
+    for path, patch in [(node_path("gpu02"), {"metadata": {"annotations": {"gpugate.io/pending": "other"}}}),
                         (node_path("gpu02"), {"spec": {"taints": [
                             DEDICATED, {"key": "gpugate.io/unfit", "value": "xid", "effect": "NoSchedule"}]}})]:
         with pytest.raises(KubeError) as info:

@@ -97,6 +97,8 @@ def test_the_kubernetes_driver_upgrade_runbook_runs_on_the_api_server(tmp_path):
         fleet = KubeFleet(api, str(rig), NODES, baseline, labels=GFD)
         _cluster_policy(fleet.admin)
         agent, keeper = fleet.config("agent"), fleet.config("keeper")
+        for name in NODES:  # each node's run with a token naming its Node (<agent>.<node>.toml: the rig's lines)
+            fleet.node_config(agent, name)
         shutil.copy(keeper, str(rig / "gpugate.toml"))
         home = tmp_path / "home"
         home.mkdir()
