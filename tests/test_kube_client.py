@@ -1,7 +1,8 @@
 """gpugate.kube.client's transport rules against a real HTTP server on
 loopback (http.server), for what a real kube-apiserver does not do on
 demand: drop a kept-alive connection, answer through a proxy's page.
-Everything else is tested against the real API server (test_kube_agent)."""
+Everything else is tested against the real API server (test_kube_agent;
+a 409 Conflict and a 410 Gone continue token: test_kube_control_plane)."""
 
 import http.server
 import json
