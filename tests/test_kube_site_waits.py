@@ -151,3 +151,24 @@ def test_gpus_that_never_come_back_after_the_reboot_hold_the_node_with_the_reaso
     # Never verified, never a smoke Pod.
     assert not any(step in ("verify", "smoke") for step, _, _ in journal(site, "gpu03"))
     assert site.kubelets.ran == []
+
+
+def test_a_smoke_pod_refused_for_gpus_the_device_plugin_reports_unhealthy_is_the_node_s(site):  # noqa: F811
+    """OutOfnvidia.com/gpu with the GPUs counted (capacity 8) but one not offered (allocatable 7: the
+    device plugin reports it unhealthy) is the node's, never deferred; another pod holding the GPUs
+    leaves allocatable as it is (test_kube_smoke_owned: deferred)."""
+    agent = site.config("agent")
+    site.sim("gpu01", "gpu.1.ecc.uncorrected.volatile=2")  # a GPU reset clears it: the reset rung, no reboot
+    site.healthcheck(agent, "gpu01")
+    site.kubelets.unhealthy["gpu01"] = 1
+    out, report = sweep(site, settings(site, gpus_timeout=3))
+    outcome = report["outcomes"]["gpu01"]
+    assert outcome["result"] == "escalated", (report, out.stderr[-2000:])
+    events = journal(site, "gpu01")
+    refused = [d for step, status, d in events if step == "smoke" and status == "failed"]
+    assert refused and "the kubelet refused the smoke Pod: 7 of 8 nvidia.com/gpu healthy" in refused[0], events
+    # The reboot rung after it: the GPU does not come back healthy either.
+    assert any(step == "wait_up" and status == "failed" and "7 of 8 nvidia.com/gpu allocatable" in d
+               for step, status, d in events), events
+    assert [t["value"] for t in held(site.admin, "gpu01")] == ["rma"]
+    assert site.kubelets.ran == []

@@ -20,7 +20,9 @@ the steps that are Slurm's done the Kubernetes way:
 - smoke: a Pod bound to the node (gpugate.kube.smokepod), judged as the
   Slurm job is; a Pod the kubelet refused, or not started by smoke_deadline
   (its image not pulled, not scheduled: the site's), proves nothing: the
-  node is deferred, held, the reason said, never failed;
+  node is deferred, held, the reason said, never failed; except a refusal
+  for GPUs the Node counts but does not offer (its device plugin reports
+  them unhealthy): the node's;
 - reservations: none; gpugate's taint and cordon keep every pod off while
   the sweep has the node, and resume lifts only those (KubeNodes.resume).
 
@@ -30,12 +32,14 @@ Slurm ([sweep] transport: gpugate on the node over ssh, or local)."""
 from __future__ import annotations
 
 from .. import reason as reasons
+from ..findings import RMA, Finding
 from ..sweep import journal as jr
 from ..sweep.engine import Sweeper
 from ..sweep.smoke import SmokeResult, _command_key, _want, finding, template
 from ..sweep.steps import hostlist
 from . import evict
-from .client import KubeError
+from . import gpus
+from .client import KubeError, node_path
 from .gpus import resource_for
 from .reboot_step import KubeRebootSteps
 from .smokepod import SmokePods, nonce, pod_name, pod_spec
@@ -209,6 +213,14 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
         if site:
             return self._smoke_cannot_run(group, site)
         for name in sorted(not_run):
+            bad = self._unhealthy(name, answers[name])
+            if bad is not None:  # the node's own GPUs, not the site's or another pod's: a finding
+                why = "the kubelet refused the smoke Pod: %d of %d %s healthy (the device plugin's count)" % bad
+                self.failures.add(name)
+                self.last_findings[name] = [Finding(RMA, "allocatable", "%d/%d %s" % bad, str(bad[1]), "rma")]
+                self.journal.record(name, "smoke", jr.FAILED, detail="pod %s: %s" % (answers[name]["pod"], why))
+                self._attempt_failed(name, records[name], why)
+                continue
             self._smoke_not_run(name, answers[name]["pod"], not_run[name])
         for name in group:
             if name in not_run:
@@ -222,6 +234,23 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
             self.last_findings[name] = [finding(res.problem)]
             self.journal.record(name, "smoke", jr.FAILED, detail=detail)
             self._attempt_failed(name, records[name], "smoke all_reduce " + res.problem)
+
+    def _unhealthy(self, name: str, answer: dict):
+        """A refusal for want of GPUs the Node counts but does not offer (capacity >= asked > allocatable:
+        its device plugin reports them unhealthy) is the node's: (allocatable, capacity, resource); else
+        None (another pod holding them leaves allocatable as it is: deferred)."""
+        resource = resource_for(self.settings.kubernetes, self.baseline, name)
+        asked = self.baseline.expect_for(name).gpus or 0
+        if answer.get("why") != "OutOf" + resource or not asked:
+            return None
+        try:
+            node = self.slurm.client.get(node_path(name))
+        except KubeError:
+            return None
+        cap, have = gpus.count(node, resource, "capacity"), gpus.count(node, resource)
+        if cap is None or have is None or cap < asked or have >= asked:
+            return None
+        return have, cap, resource
 
     def _smoke_not_run(self, name: str, pod: str, why: str) -> None:
         """A smoke Pod that never ran proves nothing about the node: deferred, held, never a finding."""

@@ -24,7 +24,9 @@ at the boundary gpugate does not cross (there is no kubelet here):
   allocatable 0, as a kubelet reports a device plugin's resource until the
   plugin registers again); the device plugin comes back ``gpus_late``
   seconds after the kubelet sees the new bootID (0 by default; None: never,
-  a driver that does not load), and the Node offers its GPUs again."""
+  a driver that does not load), and the Node offers its GPUs again, less
+  those its device plugin reports unhealthy (``unhealthy``: counted in
+  capacity, not allocatable)."""
 
 import os
 import subprocess
@@ -77,6 +79,7 @@ class Kubelets(threading.Thread):
         self.pull = {}  # node: seconds a pull of the smoke image takes there, until one completes
         self.pull_error = {}  # node: the message its pulls fail with (ErrImagePull, ImagePullBackOff)
         self.gpus_late = {}  # node: seconds after a new bootID until its GPUs are offered again (None: never)
+        self.unhealthy = {}  # node: how many of its GPUs its device plugin reports unhealthy (not allocatable)
         self.gpus = {}  # node: {resource: count} it offers when its device plugin is up
         self.boots = {}  # node: (bootID, when this kubelet first saw it)
         for node in self.admin.list_pages("/api/v1/nodes"):
@@ -153,11 +156,13 @@ class Kubelets(threading.Thread):
             for resource, count in seen.items():
                 want[resource] = max(want.get(resource, 0), count)
             late = self.gpus_late.get(name, 0.0)
-            offered = {r: int(str((status.get("allocatable") or {}).get(r, "0")) or 0) for r in want}
-            if late is None or not want or offered == want or time.monotonic() - self.boots[name][1] < late:
+            bad = self.unhealthy.get(name, 0)  # counted in capacity, not offered (allocatable)
+            now = ({r: str((status.get("capacity") or {}).get(r)) for r in want},
+                   {r: str((status.get("allocatable") or {}).get(r)) for r in want})
+            counts = ({r: str(n) for r, n in want.items()}, {r: str(max(0, n - bad)) for r, n in want.items()})
+            if late is None or not want or now == counts or time.monotonic() - self.boots[name][1] < late:
                 continue
-            counts = {r: str(n) for r, n in want.items()}
-            self.admin.patch(node_path(name, "status"), {"status": {"capacity": counts, "allocatable": counts}},
+            self.admin.patch(node_path(name, "status"), {"status": {"capacity": counts[0], "allocatable": counts[1]}},
                              "strategic")
 
     def _status(self, path, status) -> bool:
