@@ -84,6 +84,40 @@ def test_a_node_registered_anew_is_held_again_until_the_sweep_proves_it(site):  
     assert nv.our_taints(admin.get(node_path("gpu03"))) == []
 
 
+@pytest.mark.kube
+def test_the_sweeps_hold_on_a_node_registered_during_its_work_is_followed_and_its_return_proves_it(site):  # noqa: F811
+    """The Node registered anew during the sweep's reboot, held again there
+    by the sweep with its work reason: the node agent follows that hold
+    from its watch (the new uid), so the sweep's return on that Node is the
+    proof, and the node is not held again after it."""
+    from gpugate.config import load_settings
+    from gpugate.kube.agent import Agent
+    from gpugate.kube.nodes import connect
+    from gpugate.testbed.kube import add_node
+
+    admin, agent = site.admin, site.config("agent")
+    site.sim("gpu02", "gpu.1.xid=79")
+    site.healthcheck(agent, "gpu02")
+    state_dir = os.path.join(site.dir, "state", "gpu02")
+    assert survive.read(state_dir)["reason"].startswith("gpugate: health xid:gpu1=79")
+    admin.request("DELETE", node_path("gpu02"))
+    add_node(admin, "gpu02", LABELS, [DEDICATED])
+    work = "gpugate: health sweep=reboot (want verified)"
+    sweep = connect(load_settings(site.config("sweep")))
+    try:
+        sweep.drain("gpu02", work)  # the sweep's wait_up holds the new Node with its work reason
+        watcher = Agent(load_settings(agent), "gpu02", agent, ["/bin/true"], interval=300, poll=1)
+        watcher.serve_once()
+        uid = admin.get(node_path("gpu02"))["metadata"]["uid"]
+        assert survive.read(state_dir) == dict(survive.read(state_dir), reason=work, uid=uid)
+        assert not watcher.check_now  # held already: nothing to restore
+        sweep.resume("gpu02")  # its return, after its proof
+    finally:
+        sweep.close()
+    site.healthcheck(agent, "gpu02")
+    assert nv.our_taints(admin.get(node_path("gpu02"))) == [] and survive.read(state_dir) is None
+
+
 def node(uid, reason="", taint=True, cordon=False, foreign_cordon=False):
     notes = {}
     taints = []
