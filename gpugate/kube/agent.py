@@ -12,7 +12,11 @@ of two agents, one wins), and a request the Node's answer names, claimed
 or answered, is never run again (an agent restarted mid-reset leaves it
 claimed: the sweep's wait ends unanswered, the attempt fails, the next one
 asks anew).  Each served request leaves one structured log line (mode
-"agent").  An error in one pass is logged and the loop goes on."""
+"agent").  An error in one pass is logged and the loop goes on.
+
+Every read of its Node also keeps the node's own record of gpugate's hold
+in line (gpugate.kube.survive): a hold seen there is remembered, and a Node
+registered anew without it is health-checked at once, which holds it again."""
 
 from __future__ import annotations
 

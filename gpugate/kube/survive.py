@@ -25,7 +25,8 @@ on), and that record, not the Node, is the authority:
 
 Where the agent was down through all of a re-registration, the sweep's
 hold on the new Node and its return, the node is held again after that
-proof: the safe side (the sweep takes it again).
+proof, with the reason it had: the safe side (an admin's lift or the next
+sweep returns it).
 
 Pure decision (``decide``) apart from the file's I/O."""
 
