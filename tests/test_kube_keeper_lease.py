@@ -190,3 +190,27 @@ def test_gpugate_status_shows_the_keepers_last_good_run_from_the_lease(six):
     assert six.keeper(broken)["_exit"] == 1
     text = status()
     assert "1 FAILED RUNS IN A ROW" in text and "LATEST RUN FAILED" in text and "missing" in text, text
+
+
+def test_the_pools_are_kept_whole_or_not_written_and_a_status_alone_keeps_the_memory(api):  # noqa: F811
+    from gpugate.keeper_memory import Memory
+
+    admin = api.admin()
+    try:
+        admin.request("DELETE", LEASE)
+    except KubeError:
+        pass
+    assert lease.acquire(admin, "gpugate", "keeper-x", 60) == ""
+    spans = {"gpu01": {"since": 1, "drained": 2.0, "returned": None}}
+    lease.write_memory(admin, "gpugate", "keeper-x", Memory(spans, {"gpu01": (H100,)}), status={"ok": True})
+    assert lease.read_memory(admin, "gpugate") == spans
+    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
+    lease.write_memory(admin, "gpugate", "keeper-x", None, status={"ok": True, "last_ok": 5.0})  # budget off
+    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
+    assert lease.read_status(admin, "gpugate")["last_ok"] == 5.0
+    huge = Memory({}, {"node-%06d.rack-%04d.example.com" % (i, i): (H100,) for i in range(6000)})
+    with pytest.raises(KubeError, match="pools is over 128 KiB: not written"):
+        lease.write_memory(admin, "gpugate", "keeper-x", huge)
+    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}  # the last one kept
+    with pytest.raises(KubeError, match="no longer keeper-y's"):
+        lease.write_memory(admin, "gpugate", "keeper-y", Memory(spans, {}))

@@ -63,7 +63,8 @@ def run(settings, nodes, failed_before: int, decide: Callable, clock=time.time) 
         figures = decide(loaded, getattr(loaded, "pools", None) or {})
         from ..keeper_memory import Memory
 
-        memory = Memory(figures.pop("_memory", None) or {}, figures.pop("_pools", None) or {})
+        spans, pools = figures.pop("_memory", None), figures.pop("_pools", None)
+        memory = None if spans is None else Memory(spans, pools or {})  # None: the budget is off, kept as it is
         figures["leader"] = 1
         status = {"at": round(clock(), 3), "by": who, "ok": True, "last_ok": round(clock(), 3), "last_ok_by": who,
                   "failed_runs": 0, "drained": len(figures.get("drained") or ()),

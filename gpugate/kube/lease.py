@@ -182,7 +182,7 @@ def _annotate(lease, values: dict) -> None:
     meta["annotations"] = annotations
 
 
-def write_memory(client, namespace: str, identity: str, memory: dict, name: str = NAME,
+def write_memory(client, namespace: str, identity: str, memory: Optional[dict], name: str = NAME,
                  status: Optional[dict] = None) -> None:
     """Kept on the Lease while ``identity`` still holds it (a keeper that lost
     it writes nothing); the write carries the resourceVersion read.  The
@@ -195,13 +195,15 @@ def write_memory(client, namespace: str, identity: str, memory: dict, name: str 
     from ..keeper_pools import encode
 
     lease = _held(client, namespace, identity, name)
-    stored = {"pools": encode(getattr(memory, "pools", None) or {})}
-    room = MEMORY_CAP - len(json.dumps(stored, sort_keys=True, separators=(",", ":"))) - 12  # ,"nodes":{}
-    if room < 0:
-        raise KubeError("the keeper's memory of held nodes' pools is over %d KiB: not written (the keeper's "
-                        "Lease %s/%s keeps the last one)" % (MEMORY_CAP >> 10, namespace, name))
-    stored["nodes"] = newest(memory, room)
-    values = {MEMORY: stored, RELEASED: None}
+    values = {RELEASED: None}
+    if memory is not None:  # None: only the status (a run that decided nothing keeps the memory as it is)
+        stored = {"pools": encode(getattr(memory, "pools", None) or {})}
+        room = MEMORY_CAP - len(json.dumps(stored, sort_keys=True, separators=(",", ":"))) - 12  # ,"nodes":{}
+        if room < 0:
+            raise KubeError("the keeper's memory of held nodes' pools is over %d KiB: not written (the keeper's "
+                            "Lease %s/%s keeps the last one)" % (MEMORY_CAP >> 10, namespace, name))
+        stored["nodes"] = newest(memory, room)
+        values[MEMORY] = stored
     if status is not None:
         values[STATUS] = {k: v for k, v in status.items() if k in _STATUS_KEYS}
     _annotate(lease, values)
