@@ -149,7 +149,7 @@ def _screen(states, proofs: Proofs, now: float):
         proofs.settle()
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
-    inner, outer, domain = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN + "\n%s\n%d\n%d\n%s"
+    inner, outer, domain, join = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN, "\n".join
     head = _one()
     newest, max_age = now + pending.CLOCK_SLACK_SECONDS, pending.MAX_AGE_SECONDS
     recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
@@ -165,11 +165,13 @@ def _screen(states, proofs: Proofs, now: float):
             at = m.end() if m is not None else 0
             end = comment.find(_TAIL, at) if at else -1
             if end >= 0 and comment.count(_OPEN) == 1:
-                since, seen, proof = m.groups()
-                since, seen, reason = int(since), int(seen), comment[at:end]
+                first, last, proof = m.groups()
+                since, seen, reason = int(first), int(last), comment[at:end]
                 reason = one(reason, reason)
+                if first[0] == "0" or last[0] == "0" or not comment.isascii():  # as pending.proof writes them
+                    first, last = str(since), str(seen)
                 mac = inner.copy()
-                mac.update((domain % (name, since, seen, reason)).encode("utf-8", "surrogateescape"))
+                mac.update(join((domain, name, first, last, reason)).encode("utf-8", "surrogateescape"))
                 check = outer.copy()
                 check.update(mac.digest())
                 span = Pending(reason, since, seen, proof)

@@ -68,7 +68,7 @@ def reference_decide(states, share, per_hour, memory, now):
 def _span(draw, name, names):
     """One span in node ``name``'s comment, of the given kind."""
     kind = draw(st.sampled_from(["own", "own", "own", "forged", "copied", "stale", "future", "late_since",
-                                 "unsigned", "other_key", "acute", "padded"]))
+                                 "unsigned", "other_key", "acute", "padded", "wide"]))
     reason = draw(st.sampled_from([DRIFT, DRIFT, PIN])) if kind != "acute" else XID
     seen = NOW - draw(st.sampled_from([0, 5, 600, pending.MAX_AGE_SECONDS - 1]))
     since = seen - draw(st.integers(0, 3000))
@@ -91,7 +91,15 @@ def _span(draw, name, names):
         proof = draw(st.text("0123456789abcdef", min_size=32, max_size=32))
     if kind == "padded":  # a time written with a leading zero: the proof is over the number
         return "%s0%d seen @0%d proof %s] %s %s" % (pending.OPEN, since, seen, proof, reason, pending.CLOSE)
+    if kind == "wide":  # times in other decimal digits (pending reads any): the proof is over the number
+        return "%s%s seen @%s proof %s] %s %s" % (pending.OPEN, _digits(since), _digits(seen), proof, reason,
+                                                 pending.CLOSE)
     return "%s%d seen @%d proof %s] %s %s" % (pending.OPEN, since, seen, proof, reason, pending.CLOSE)
+
+
+def _digits(number: int) -> str:
+    """The number in Arabic-Indic digits (what \\d reads as decimal digits too)."""
+    return "".join(chr(0x660 + int(c)) for c in str(number))
 
 
 @st.composite
@@ -245,6 +253,12 @@ def test_a_runs_re_read_is_judged_on_its_own_text(first, second, data):
         assert (mine, unverified) == (want_mine, want_unverified)
         assert spans == {n: seen for n, seen in ((n, pending.read(s.comment)) for n, s in want_mine.items())
                          if seen is not None}
+    proofs.settle()
+    for name, entry in proofs.new.items():  # what is remembered says of each proof what pending says
+        pairs = ((entry[1], entry[2]),) if len(entry) == 3 else entry[1]
+        assert [mine for _, mine in pairs] == [
+            seen.proof is not None and seen.proof == pending.proof(KEY, name, seen.since, seen.seen, seen.reason)
+            for seen, _ in pairs]
     proofs.keep()
     again = keeper_proofs.Proofs(KEY)
     assert keeper_proofs.screen(reads[1], again, NOW)[:2] == reference_screen(reads[1], KEY, NOW)
