@@ -249,27 +249,37 @@ def test_the_node_agent_daemonset_runs_on_a_held_node_through_its_tolerations(pl
         admin.request("DELETE", "/apis/apps/v1/namespaces/default/daemonsets/no-tolerations")
 
 
-def test_a_409_on_a_node_write_leaves_the_other_change_and_the_next_read_writes(plane, tmp_path):
-    """gpugate.kube.nodes writes with the resourceVersion it read: a Node
-    changed in between is refused by the API server (409 Conflict), not
-    written over; the next write reads it again."""
+def test_a_409_on_a_node_write_reads_again_and_writes_only_while_gpugates_hold_stands(plane, tmp_path):
+    """gpugate.kube.nodes writes with the resourceVersion it read.  A Node
+    changed in between by someone else (a label, the kubelet's status: the
+    real API server answers 409 Conflict) is read again and the hold
+    written on the new read, the other change kept: an acute hold does not
+    wait for the next run.  A Node whose gpugate hold changed in between is
+    refused and not written over: the next run decides on it again."""
     from gpugate.kube.nodes import KubeNodes
 
     admin = plane.admin()
-    fleet_of(plane, tmp_path, ["gpu47"])
+    fleet_of(plane, tmp_path, ["gpu47", "gpu48"])
     nodes = KubeNodes(plane.admin(), {"pool_label": "nvidia.com/gpu.product"}, "gpugate:")
-    assert "gpu47" in nodes.nodes()  # the keeper's read: one paginated list
+    assert {"gpu47", "gpu48"} <= set(nodes.nodes())  # the keeper's read: one paginated list
+    before = admin.get(node_path("gpu47"))["metadata"]["resourceVersion"]
     admin.patch(node_path("gpu47"), {"metadata": {"labels": {"site.example.com/rack": "r7"}}})
+    admin.patch(node_path("gpu47", "status"), {"status": {"nodeInfo": {"kubeletVersion": "v9.9.9"}}}, "strategic")
     reason = "gpugate: health ecc:gpu6=4 uncorrected (want <= 0)"
-    with pytest.raises(KubeError) as refused:
-        nodes.drain("gpu47", reason)
-    assert "Node gpu47 changed since it was read: not written" in str(refused.value), refused.value
+    nodes.drain("gpu47", reason)  # the read's resourceVersion is stale: 409, read again, written
     node = admin.get(node_path("gpu47"))
-    assert nv.our_taints(node) == [] and node["metadata"]["labels"]["site.example.com/rack"] == "r7"
-    nodes.drain("gpu47", reason)
-    node = admin.get(node_path("gpu47"))
-    assert [t["value"] for t in nv.our_taints(node)] == ["health"]
+    assert node["metadata"]["resourceVersion"] != before
+    assert [t["value"] for t in nv.our_taints(node)] == ["health"] and nv.owned(node)["reason"] == reason
     assert node["metadata"]["labels"]["site.example.com/rack"] == "r7"
+
+    # Another gpugate writer held gpu48 between this one's read and its write.
+    other = KubeNodes(plane.admin(), {"pool_label": "nvidia.com/gpu.product"}, "gpugate:")
+    other_reason = "gpugate: health xid:gpu1=79 fallen off the bus"
+    other.drain("gpu48", other_reason)
+    with pytest.raises(KubeError) as refused:
+        nodes.drain("gpu48", "gpugate: drift driver=550.1 (want 570.2)")
+    assert "Node gpu48 changed since it was read: not written" in str(refused.value), refused.value
+    assert nv.owned(admin.get(node_path("gpu48")))["reason"] == other_reason  # not written over
 
 
 class Compacting(KubeClient):

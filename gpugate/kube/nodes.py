@@ -4,8 +4,12 @@ and what each write is).  Node-side runs read their own Node (one GET) and
 write only on change; the keeper lists the nodes once per run, paginated.
 
 Names may be a hostlist (the keeper groups the nodes it drains): each node
-is one PATCH, carrying the resourceVersion of the read it was decided on;
-a node changed since (409) is left for the next run, never written over."""
+is one PATCH, carrying the resourceVersion of the read it was decided on.
+A node changed since (409) is read once more: when gpugate's own hold on
+it (its record, taints, cordon, pending mark) is what it was, the change
+was someone else's (a kubelet's status, a label) and the patch is built
+from the new read and written; when the hold changed, it is left for the
+next run, never written over."""
 
 from __future__ import annotations
 
@@ -138,6 +142,26 @@ class KubeNodes:
                                 "reads it again)" % name, 409, "Conflict") from None
             raise
 
+    def _write(self, name: str, build, sub: str = "", kind: str = "merge") -> None:
+        """build(node) -> the patch, from the Node as read; on a 409 once
+        more from a new read while gpugate's hold there stands as decided on
+        (a kubelet updates its Node's status at any moment: an acute hold
+        must not wait for the next run for that)."""
+        node = self.node_object(name)
+        try:
+            return self._patch(name, build(node), sub, kind)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            conflict = exc
+        if self.own_record(name) is None:
+            raise KubeError("kubernetes: no Node named %s" % name, 404, "NotFound")
+        fresh = self._seen[name]
+        if nv.hold_of(fresh) != nv.hold_of(node):
+            self._seen.pop(name, None)  # as _patch: read again before any other write
+            raise conflict  # gpugate's own hold changed in between: the next run decides again
+        self._patch(name, build(fresh), sub, kind)
+
     def drain(self, names: str, reason: str) -> None:
         parsed = reasons.parse(reason, self.tag)
         cls = parsed.cls if parsed is not None else "probe"
@@ -147,8 +171,8 @@ class KubeNodes:
         failed = []
         for name in _expand(names):
             try:
-                patch = nv.drain_patch(self.node_object(name), reason, cls, no_execute, int(self.clock()), self.cordon)
-                self._patch(name, patch)
+                self._write(name, lambda node: nv.drain_patch(node, reason, cls, no_execute, int(self.clock()),
+                                                               self.cordon))
             except (ValueError, GpugateError) as exc:
                 failed.append("%s: %s" % (name, exc))
         if failed:
@@ -158,7 +182,7 @@ class KubeNodes:
         failed = []
         for name in _expand(names):
             try:
-                self._patch(name, nv.undrain_patch(self.node_object(name)))
+                self._write(name, nv.undrain_patch)
             except (ValueError, GpugateError) as exc:  # ValueError: a read with no resourceVersion
                 failed.append("%s: %s" % (name, exc))
         if failed:
@@ -168,10 +192,9 @@ class KubeNodes:
 
     def set_comment(self, name: str, text: str) -> None:
         try:
-            patch = nv.comment_patch(self.node_object(name), text)
+            self._write(name, lambda node: nv.comment_patch(node, text))
         except ValueError as exc:  # a read with no resourceVersion: nothing written
             raise KubeError("kubernetes: Node %s: %s" % (name, exc)) from None
-        self._patch(name, patch)
 
     def report_verdict(self, name: str, verdict, state) -> None:
         """The GpugateHealthy condition, written on every run that reads
@@ -183,7 +206,7 @@ class KubeNodes:
 
     def write_condition(self, name: str, want, at_iso: str) -> None:
         """GpugateHealthy as ``want`` (status, reason, message), its heartbeat ``at_iso``."""
-        self._patch(name, cond.patch(self.node_object(name), want, at_iso), sub="status", kind="strategic")
+        self._write(name, lambda node: cond.patch(node, want, at_iso), sub="status", kind="strategic")
 
     def heartbeat(self, name: str, verdict) -> None:
         """A fit run that holds nothing reads no Node: one status patch, its

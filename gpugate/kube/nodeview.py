@@ -69,6 +69,16 @@ def foreign_taints(node) -> list:
     return [t for t in _taints(node) if t.get("key") == TAINT_KEY and t not in mine]
 
 
+def hold_of(node: Dict[str, Any]) -> tuple:
+    """What of a Node gpugate's decisions rest on: its record and pending
+    mark as written, its key's taints, the cordon.  Two reads with the same
+    hold differ only in what others write (a kubelet's status, labels)."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    taints = [t for t in _taints(node) if t.get("key") == TAINT_KEY]
+    return (annotations.get(OWNED), annotations.get(PENDING), repr(taints),
+            bool((node.get("spec") or {}).get("unschedulable")))
+
+
 def _ready(node) -> str:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if isinstance(cond, dict) and cond.get("type") == "Ready":
