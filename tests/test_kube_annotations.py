@@ -39,7 +39,8 @@ def test_the_answer_read_goes_with_its_request_and_a_stale_answer_is_never_taken
     site.healthcheck(agent_config, "gpu01")
     assert [t["value"] for t in held(site.admin, "gpu01")] == ["drift"]  # the agent serves held nodes only
     stale(site, "gpu01", "old0")
-    agent = subprocess.Popen([sys.executable, "-m", "gpugate", "agent", "--config", agent_config, "--node", "gpu01",
+    agent = subprocess.Popen([sys.executable, "-m", "gpugate", "agent", "--config",
+                              site.node_config(agent_config, "gpu01"), "--node", "gpu01",
                               "--interval", "3600", "--poll", "0.3"], env=dict(os.environ, GPUGATE_NODE_NAME="gpu01"),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -57,6 +58,8 @@ def test_the_answer_read_goes_with_its_request_and_a_stale_answer_is_never_taken
 def test_with_no_answer_the_old_one_stays_untaken_and_untouched(site):  # noqa: F811
     """No agent: the sweep's request is withdrawn, nothing is taken, and the old answer it did not
     write for its request is not the sweep's to remove."""
+    site.sim("gpu02", "driver=550.54.15")
+    site.healthcheck(site.config("agent"), "gpu02")  # held: the sweep asks only on a Node gpugate holds
     stale(site, "gpu02", "old1")
     old = annotations(site, "gpu02")[channel.ANSWER]
     import gpugate.kube.transport as kt
