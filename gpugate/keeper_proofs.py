@@ -168,7 +168,7 @@ def _screen(states, proofs: Proofs, now: float):
                 first, last, proof = m.groups()
                 since, seen, reason = int(first), int(last), comment[at:end]
                 reason = one(reason, reason)
-                if first[0] == "0" or last[0] == "0" or not comment.isascii():  # as pending.proof writes them
+                if first[0] == "0" or last[0] == "0":  # as pending.proof writes them: the numbers' digits
                     first, last = str(since), str(seen)
                 mac = inner.copy()
                 mac.update(join((domain, name, first, last, reason)).encode("utf-8", "surrogateescape"))
@@ -210,10 +210,12 @@ _ONE = []
 
 def _one():
     """The search for a signed span's head, as pending._HEAD reads a signed
-    one (where the comment holds a single opening mark, it is found there);
-    its reason runs up to the first closing mark after it, as Proofs._read."""
+    one written in ASCII digits (where the comment holds a single opening
+    mark, it is found there; other decimal digits, which pending reads too,
+    are left to Proofs.verified); its reason runs up to the first closing
+    mark after it, as Proofs._read."""
     if not _ONE:
         import re
 
-        _ONE.append(re.compile(r"\[gpugate-pending @(\d{1,12}) seen @(\d{1,12}) proof ([0-9a-f]{32})\] ").search)
+        _ONE.append(re.compile(r"\[gpugate-pending @([0-9]{1,12}) seen @([0-9]{1,12}) proof ([0-9a-f]{32})\] ").search)
     return _ONE[0]
