@@ -352,6 +352,16 @@ def _documented():
     return rows
 
 
+def _readme_lists():
+    """README.md's short list (its Kubernetes section): {who: the annotations it names for each}."""
+    with open(os.path.join(ROOT, "README.md")) as handle:
+        text = handle.read()
+    block = text[text.index("may write on a Node (docs/kubernetes.md"):text.index("None of them changes labels")]
+    rows = re.split(r"\n  - the (node agent|keeper|sweep):", block)[1:]
+    return {{"node agent": "agent"}.get(who, who): set(re.findall(r"`(gpugate\.io/[a-z-]+)`", said)) - {nv.TAINT_KEY}
+            for who, said in zip(rows[::2], rows[1::2])}
+
+
 def _policy_lists():
     """node-fields-policy.yaml's annotation lists, per identity: {who: (sets, removes)}."""
     with open(os.path.join(MANIFESTS, "node-fields-policy.yaml")) as handle:
@@ -372,6 +382,7 @@ def test_the_documented_write_lists_are_the_policys_and_hold_on_the_server(rig):
     rig.nodes()
     documented = _documented()
     assert documented == _policy_lists()
+    assert _readme_lists() == {who: sets for who, (sets, _) in documented.items()}
     for who, (sets, removes) in sorted(documented.items()):
         name = "gpu01"
         rig.admin.patch(node_path(name), rig.held(name))  # held: the sweep may ask there
