@@ -16,6 +16,7 @@ import subprocess
 import time
 from typing import Dict, List, Optional
 
+from . import manifests
 from .procs import ClusterError, free_ports
 
 CACHE_ENV = "GPUGATE_KUBE_CACHE"
@@ -32,20 +33,8 @@ USERS = {
 }
 
 
-# kind -> its collection's path (namespaced ones under {ns}): what deploy/kubernetes uses.
-_COLLECTIONS = {
-    "Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
-    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
-    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
-    "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
-    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
-    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
-    "PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
-}
+# kind -> its collection's path (gpugate.testbed.manifests: every kind the chart renders).
+_COLLECTIONS = manifests.COLLECTIONS
 
 
 def cache_dir() -> str:
@@ -169,29 +158,14 @@ class KubeAPI:
     def admin(self):
         return self.client("admin")
 
-    def apply(self, directory: str) -> List[tuple]:
-        """Every manifest (*.yaml) in ``directory``, created by the admin with
-        strict server-side field validation (an unknown field is refused).
-        Returns the (kind, name) applied."""
-        import glob
-
-        import yaml
-
-        from ..kube.client import KubeError
-
-        admin, applied = self.admin(), []
-        for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
-            with open(path) as handle:
-                for doc in yaml.safe_load_all(handle):
-                    if not doc:
-                        continue
-                    where = _COLLECTIONS[doc["kind"]].format(ns=doc["metadata"].get("namespace", ""))
-                    try:
-                        admin.request("POST", where, doc, query={"fieldValidation": "Strict"})
-                    except KubeError as exc:
-                        if not (exc.status == 409 and doc["kind"] == "Namespace"):  # start() made it
-                            raise
-                    applied.append((doc["kind"], doc["metadata"]["name"]))
+    def apply(self, source) -> List[tuple]:
+        """Every manifest in ``source`` (a directory of *.yaml, as
+        deploy/kubernetes, or a list of objects, as `helm template` renders
+        them), created by the admin with strict server-side field validation
+        (gpugate.testbed.manifests.apply: an unknown field is refused; a
+        refusal raises the server's words).  Returns the (kind, name) applied."""
+        docs = manifests.load_dir(source) if isinstance(source, str) else list(source)
+        applied = manifests.apply(self.admin(), docs)
         if ("ValidatingAdmissionPolicy", "gpugate-node-agent") in applied:
             self._wait_for_agent_policy()
         return applied
