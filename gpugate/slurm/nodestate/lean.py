@@ -115,6 +115,7 @@ def _records(groups):
     combos = []  # each node's partitions
     combo = combos.append
     words, stamps = {}, {"Unknown": None}  # state text -> (base, flags); time text -> its time
+    shared = {}.setdefault
     for seen in groups:
         name = seen[0]
         if name in names:
@@ -130,6 +131,7 @@ def _records(groups):
             parts = (seen[2], seen[3])
         else:
             parts = tuple(sorted(set(seen[2:])))
+        parts = shared(parts, parts)  # one tuple for the nodes of the same partitions
         combo(parts)
         when = stamps.get(stamp, stamps)
         if when is stamps:
