@@ -1,7 +1,7 @@
 """Benchmark: the budget keeper's read and decision over a 100,000-node
 fleet in which every node published a budgeted finding (a wrong pin pushed to all).
 
-    python3 bench/bench_budget.py [--nodes 100000] [--repeat 3] [--published 1.0]
+    python3 bench/bench_budget.py [--nodes 100000] [--repeat 3] [--published 1.0] [--stages]
 
 The keeper (gpugate.keeper) reads the fleet once per run in sinfo's text
 format (SINFO_TEXT_ARGV), as gpugate.slurm.nodestate.lean reads it (records
@@ -14,7 +14,9 @@ parse_nodes_json, and the same decision.  Each repetition is a fresh process
 reading the output from a file; reports wall and CPU medians and the peak
 RSS (the process's own VmHWM) of both, the ratio, and exits 1 when the wall
 ratio is not under TARGET_RATIO or the keeper's peak RSS not under
-TARGET_RSS_MB.
+TARGET_RSS_MB.  --stages: each keeper process, after its timed run, times
+the read and each step of the decision again (CPU, printed apart, outside
+the figures above).
 """
 
 import argparse
@@ -58,7 +60,26 @@ def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the par
             return next(int(l.split()[1]) for l in status if l.startswith("VmHWM:")) / 1024.0
     except (OSError, StopIteration):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-print(json.dumps({"took": took, "cpu": cpu, "rss_mb": peak_mb(),
+rss_mb = peak_mb()  # the timed run's peak, before the steps are timed again
+stages = {}
+if %(stages)r and sys.argv[1] == "text":  # where the keeper's time goes, step by step (CPU), after the timed run
+    from gpugate import budget, keeper_memory
+    def _clock(what, call):
+        began = time.process_time()
+        out = call()
+        stages[what] = time.process_time() - began
+        return out
+    with lean.paused_gc():
+        del fleet, decided
+        again = _clock("lean read", lambda: lean.read_text(text))
+        proofs = keeper_proofs.Proofs(%(key)r)
+        mine, _, spans = _clock("screen", lambda: keeper_proofs.screen(again.states, proofs, %(now)d))
+        _clock("review and pins", lambda: (keeper_memory.review({}, mine, "gpugate:", %(now)d),
+                                           budget.pins_held(mine, "gpugate:", %(now)d, 4, spans, ())))
+        _clock("plan", lambda: budget.plan_published(mine, "gpugate:", 0.1, again.sizes, spans))
+        fleet, decided = again, keeper.decide(again, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {},
+                                              lambda: %(now)d)
+print(json.dumps({"took": took, "cpu": cpu, "rss_mb": rss_mb, "stages": stages,
                   "nodes": fleet.nodes, "records": len(fleet.states), "published": len(decided.spans),
                   "drain": len(decided.plan.drain), "held": len(decided.plan.held)}))
 """
@@ -96,9 +117,9 @@ def scontrol_json(count: int, share: float = 1.0) -> str:
     return json.dumps(doc)
 
 
-def _child(kind: str, path: str, share: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD % {"root": ROOT, "key": KEY, "now": NOW}, kind, path,
-                          repr(share)], capture_output=True, text=True, check=True)
+def _child(kind: str, path: str, share: float, stages: bool = False) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD % {"root": ROOT, "key": KEY, "now": NOW, "stages": stages},
+                          kind, path, repr(share)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -113,6 +134,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--published", type=float, default=1.0, metavar="SHARE",
                         help="the share of nodes that published a finding (default 1: a wrong pin pushed to all)")
+    parser.add_argument("--stages", action="store_true",
+                        help="after each timed keeper run, time its steps again in the same process (CPU): "
+                             "the lean read, the proofs' screen, the memory review and pins, the plan")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         text_path, json_path = os.path.join(tmp, "sinfo.txt"), os.path.join(tmp, "scontrol.json")
@@ -124,7 +148,7 @@ def main(argv=None) -> int:
         ref_runs, runs = [], []
         for _ in range(args.repeat):  # interleaved: a neighbour's load falls on both alike
             ref_runs.append(_child("json", json_path, args.published))
-            runs.append(_child("text", text_path, args.published))
+            runs.append(_child("text", text_path, args.published, args.stages))
     ref, mine = _summary(ref_runs), _summary(runs)
     last = mine["last"]
     assert (last["drain"], last["held"]) == (ref["last"]["drain"], ref["last"]["held"]), "the two decided apart"
@@ -137,6 +161,10 @@ def main(argv=None) -> int:
         sizes[0], mine["wall"], mine["cpu"], mine["rss"]))
     print("ratio keeper / reference: wall %.3f, CPU %.3f   (targets: wall ratio < %g, peak RSS < %d MB)" % (
         ratio, cpu_ratio, TARGET_RATIO, TARGET_RSS_MB))
+    if args.stages:
+        steps = runs[0]["stages"]
+        print("keeper's steps (CPU, min of %d, after the timed run in the same process): %s" % (
+            len(runs), ", ".join("%s %.3f s" % (what, min(r["stages"][what] for r in runs)) for what in steps)))
     missed = [what for what, bad in (("wall ratio", ratio >= TARGET_RATIO), ("peak RSS", mine["rss"] >= TARGET_RSS_MB))
               if bad]
     print("MISSED: " + ", ".join(missed) if missed else "targets met")
