@@ -36,7 +36,7 @@ import os
 import time
 
 from .. import reason as reasons
-from ..node.act import KUBE_HOLD
+from ..node.state import KUBE_HOLD
 from . import nodeview as nv
 
 TYPE_CHECKING = False

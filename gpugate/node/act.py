@@ -14,6 +14,7 @@ import time
 
 from ..errors import GpugateError
 from . import hold
+from .state import KUBE_HOLD
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -24,9 +25,6 @@ MARKER = "drained-by-gpugate"
 # is pending during a rollout; a fit run must read the node (and set it to a
 # plain True) even when gpugate holds nothing there.
 REPORTED_UNFIT = "reported-unfit"
-# Kubernetes: the hold this node remembers, the authority when its Node is
-# registered anew (gpugate.kube.survive.FILE): while it is there, a fit run reads the Node.
-KUBE_HOLD = "kube-hold.json"
 
 
 def marker_path(settings, node: str) -> str:

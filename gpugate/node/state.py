@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
 
 LAST = "last-healthcheck.json"
 JOBS = "jobs"
+# Kubernetes: the hold this node remembers, the authority when its Node is
+# registered anew (gpugate.kube.survive): while it is there, a fit run reads the Node.
+KUBE_HOLD = "kube-hold.json"
 
 
 def write_json(path: str, data: Dict[str, Any], durable: bool = True) -> None:
