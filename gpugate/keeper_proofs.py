@@ -150,7 +150,7 @@ def _screen(states, proofs: Proofs, now: float):
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
     inner, outer, domain, join = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN, "\n".join
-    head = _one()
+    head, whole = _one()
     newest, max_age = now + pending.CLOCK_SLACK_SECONDS, pending.MAX_AGE_SECONDS
     recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
     verified, texts = [], {}
@@ -161,12 +161,20 @@ def _screen(states, proofs: Proofs, now: float):
             continue
         got = (remembered.get(name) or old.get(name)) if recall else None
         if got is None or got[0] != comment:
-            m = head(comment)
-            at = m.end() if m is not None else 0
-            end = comment.find(_TAIL, at) if at else -1
-            if end >= 0 and comment.count(_OPEN) == 1:
-                first, last, proof = m.groups()
-                since, seen, reason = int(first), int(last), comment[at:end]
+            m = whole(comment)  # the span alone, its reason without "[" (so its only opening mark): one step
+            if m is not None:
+                first, last, proof, reason = m.groups()
+            else:
+                m = head(comment)
+                at = m.end() if m is not None else 0
+                end = comment.find(_TAIL, at) if at else -1
+                if end >= 0 and comment.count(_OPEN) == 1:
+                    first, last, proof = m.groups()
+                    reason = comment[at:end]
+                else:
+                    m = None
+            if m is not None:
+                since, seen = int(first), int(last)
                 reason = one(reason, reason)
                 if first[0] == "0" or last[0] == "0":  # as pending.proof writes them: the numbers' digits
                     first, last = str(since), str(seen)
@@ -213,9 +221,13 @@ def _one():
     one written in ASCII digits (where the comment holds a single opening
     mark, it is found there; other decimal digits, which pending reads too,
     are left to Proofs.verified); its reason runs up to the first closing
-    mark after it, as Proofs._read."""
+    mark after it, as Proofs._read.  And the match of a comment that is
+    such a span alone, its reason without "[" (what a node writes): no
+    other opening mark, and the closing mark after the reason is its first."""
     if not _ONE:
         import re
 
-        _ONE.append(re.compile(r"\[gpugate-pending @([0-9]{1,12}) seen @([0-9]{1,12}) proof ([0-9a-f]{32})\] ").search)
-    return _ONE[0]
+        head = r"\[gpugate-pending @([0-9]{1,12}) seen @([0-9]{1,12}) proof ([0-9a-f]{32})\] "
+        _ONE.append(re.compile(head).search)
+        _ONE.append(re.compile(head + r"([^\[]*) \[/gpugate-pending\]").fullmatch)
+    return _ONE[0], _ONE[1]

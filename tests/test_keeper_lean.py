@@ -29,6 +29,7 @@ NOW = 1800000000
 DRIFT = "gpugate: drift driver=550.54.15 (want 580.95.05)"
 PIN = "gpugate: health preflight_across=pinned (want none)"
 XID = "gpugate: health xid:gpu1=79 (want none)"
+BRACKETS = "gpugate: drift nic=[mlx5_0] (want [mlx5_1])"  # a reason with brackets: not read in one step
 PARTS = ("gpu", "pool0", "pool1", "debug")
 
 
@@ -69,7 +70,7 @@ def _span(draw, name, names):
     """One span in node ``name``'s comment, of the given kind."""
     kind = draw(st.sampled_from(["own", "own", "own", "forged", "copied", "stale", "future", "late_since",
                                  "unsigned", "other_key", "acute", "padded", "wide"]))
-    reason = draw(st.sampled_from([DRIFT, DRIFT, PIN])) if kind != "acute" else XID
+    reason = draw(st.sampled_from([DRIFT, DRIFT, PIN, BRACKETS])) if kind != "acute" else XID
     seen = NOW - draw(st.sampled_from([0, 5, 600, pending.MAX_AGE_SECONDS - 1]))
     since = seen - draw(st.integers(0, 3000))
     signer, key = name, KEY
