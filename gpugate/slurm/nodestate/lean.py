@@ -110,16 +110,14 @@ def _records(groups):
     each node's, made as they come (each line's text let go once read);
     _APART when a name comes twice, None when a name is not a plain one."""
     states: Dict[str, NodeState] = {}
-    names = set()
-    seen_name = names.add
+    names = []  # a name twice is found once all are read (one set made in C, not a lookup a node)
+    seen_name = names.append
     combos = []  # each node's partitions
     combo = combos.append
     words, stamps = {}, {"Unknown": None}  # state text -> (base, flags); time text -> its time
     shared = {}.setdefault
     for seen in groups:
         name = seen[0]
-        if name in names:
-            return _APART
         seen_name(name)
         state_text, stamp, user, tail = seen[1].split("|", 3)
         parsed = words.get(state_text)
@@ -148,8 +146,11 @@ def _records(groups):
                 state = _made(name, parsed[0], parsed[1], reason, when, "" if user == "Unknown" else user, parts,
                               comment)
                 states[name] = _without_stale_reason(state) if reason else state
+    unique = set(names)
+    if len(unique) != len(names):
+        return _APART
     names_text = "".join(names)
-    if "" in names or not names_text.isprintable() or _NOT_IN_NAMES.search(names_text):
+    if "" in unique or not names_text.isprintable() or _NOT_IN_NAMES.search(names_text):
         return None  # parse_nodes_text reads such a line as a reason's continuation
     sizes: Dict[str, int] = {}
     for parts, count in Counter(combos).items():  # a fleet has few distinct ones
