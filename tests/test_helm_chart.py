@@ -116,6 +116,20 @@ def test_default_values_apply_to_the_real_api_server(helm, api):
     import gpugate
 
     assert agent["spec"]["containers"][0]["image"] == "registry.example.com/gpugate:%s" % gpugate.__version__
+    # Metrics on the port deploy/kubernetes/monitoring's Services scrape.
+    import yaml
+
+    with open(os.path.join(ROOT, "deploy", "kubernetes", "monitoring", "monitoring.yaml")) as handle:
+        services = [d for d in yaml.safe_load_all(handle) if d and d["kind"] == "Service"]
+    scraped = {d["spec"]["ports"][0]["targetPort"] for d in services}
+    assert scraped == {9477}
+    keeper_pod = admin.get("/apis/apps/v1/namespaces/gpugate/deployments/gpugate-keeper")["spec"]["template"]
+    for pod in (agent, keeper_pod):
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9477"
+        assert pod["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
+    assert agent["spec"]["containers"][0]["command"][-2:] == ["--metrics-port", "9477"]
+    config = admin.get("/api/v1/namespaces/gpugate/configmaps/gpugate-keeper")["data"]["gpugate.toml"]
+    assert "metrics_port = 9477" in config.splitlines()
 
 
 SITE = ["--set", "namespace=gpu-health", "--set", "smokeNamespace=gpu-health-smoke",
@@ -127,13 +141,13 @@ SITE = ["--set", "namespace=gpu-health", "--set", "smokeNamespace=gpu-health-smo
         "--set-json", "keeper.tolerations=[]",
         "--set-json", 'nodeAgent.nodeSelector={"amd.com/gpu.present":"true","nvidia.com/gpu.present":null}',
         "--set", "pools.label=site.example/pool", "--set", "budget.maxShare=0.25",
-        "--set", "sweep.schedule=*/5 * * * *"]
+        "--set", "sweep.schedule=*/5 * * * *", "--set", "metrics.port=0"]
 
 
 def test_a_sites_values_apply_to_the_real_api_server(helm, api):
     """Another namespace, an image pinned by digest, the policies off, a
-    system pool for the keeper, AMD nodes: still valid, and each value
-    lands where it is meant to."""
+    system pool for the keeper, AMD nodes, no metrics: still valid, and
+    each value lands where it is meant to."""
     docs = _render(helm, *SITE)
     # Cluster-scoped names (ClusterRoles) are the defaults' too: taken as made once validated.
     manifests.apply(api.admin(), docs, existing_ok=True)
@@ -154,6 +168,10 @@ def test_a_sites_values_apply_to_the_real_api_server(helm, api):
     assert cron["spec"]["schedule"] == "*/5 * * * *"
     config = admin.get("/api/v1/namespaces/gpu-health/configmaps/gpugate-keeper")["data"]["gpugate.toml"]
     assert 'pool_label = "site.example/pool"' in config and "max_share = 0.25" in config
+    assert "metrics_port = 0" in config.splitlines()  # no metrics: nothing served, nothing annotated
+    for pod in (keeper, agent["spec"]):
+        assert "ports" not in pod["containers"][0]
+    assert "annotations" not in agent["metadata"]
 
 
 def test_bad_values_are_refused_by_helm(helm):

@@ -11,8 +11,3 @@
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
 {{- end -}}
 {{- end -}}
-
-{{/* A ServiceAccount's user name, as admission policies match it. */}}
-{{- define "gpugate.serviceAccountUser" -}}
-{{- printf "system:serviceaccount:%s:%s" (include "gpugate.namespace" .root) .name -}}
-{{- end -}}
