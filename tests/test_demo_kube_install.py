@@ -89,7 +89,7 @@ def test_a_refused_agent_write_stops_the_demo_with_the_servers_words(installed, 
                                                    "--set", "policies.enabled=false"), "helm template")
     docs = [d for d in docs if (d["kind"], d["metadata"]["name"]) != ("ClusterRoleBinding", "gpugate-node-agent")]
     text = _refused(installed, docs, tmp_path / "ungranted.json")
-    assert "the node agent on gpu01 could not write its Node" in text, text[-3000:]
+    assert "the API server refused the node agent on gpu01: " in text, text[-3000:]
     assert ('403 Forbidden: nodes "gpu01" is forbidden: User "system:serviceaccount:gpugate:gpugate-node-agent" '
             'cannot get resource "nodes"') in text, text[-3000:]
     assert "== 2." not in text  # stopped at the first refusal

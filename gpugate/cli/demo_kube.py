@@ -39,7 +39,7 @@ def _agents(fleet, config, names) -> None:
         why = _refusal(last) if last else "it wrote no log record (exit %d): %s" % (out.returncode,
                                                                                    out.stderr.strip()[-400:])
         if why:
-            raise click.ClickException("the node agent on %s could not write its Node: %s" % (name, why))
+            raise click.ClickException("the API server refused the node agent on %s: %s" % (name, why))
 
 
 def _table(fleet, keeper_note="") -> None:
