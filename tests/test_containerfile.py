@@ -35,13 +35,18 @@ def test_two_stages_the_image_installs_the_wheel_only(parsed):
     assert len(parsed) == 2, "a wheel stage and the image"
     (build_from, build), (_, final) = parsed
     build_name = build_from.split()[-1]
-    assert any(k == "RUN" and "pip wheel" in a and a.rstrip().endswith(" .") for k, a, _ in build)
+    wheel_runs = [a for k, a, _ in build if k == "RUN" and "pip wheel" in a]
+    assert wheel_runs and wheel_runs[0].rstrip().endswith(" .")
+    # What gpugate-healthcheck needs on a node (setup.cfg install_requires: nvidia-ml-py, click,
+    # ClusterShell) is built beside the wheel and installed with it: neither step skips them.
+    assert "--no-deps" not in wheel_runs[0]
     copies = [a for k, a, _ in final if k in ("COPY", "ADD")]
     assert copies and all(a.startswith("--from=%s " % build_name) for a in copies), \
         "the image takes the wheels from the wheel stage and nothing from the source tree: %s" % copies
     installs = [a for k, a, _ in final if k == "RUN" and "pip install" in a]
     assert installs and "--no-index" in installs[0] and "--find-links" in installs[0], \
         "installed from the wheels alone, nothing fetched in the image's stage"
+    assert "--no-deps" not in installs[0]
     assert re.search(r"\bgpugate\b", installs[0].split("--find-links")[1])
 
 
