@@ -178,8 +178,13 @@ def _screen(states, proofs: Proofs, now: float):
                 reason = one(reason, reason)
                 if first[0] == "0" or last[0] == "0":  # as pending.proof writes them: the numbers' digits
                     first, last = str(since), str(seen)
+                text = join((domain, name, first, last, reason))
+                try:
+                    text = text.encode()
+                except UnicodeEncodeError:  # a lone surrogate: pending.proof's bytes for it
+                    text = text.encode("utf-8", "surrogateescape")
                 mac = inner.copy()
-                mac.update(join((domain, name, first, last, reason)).encode("utf-8", "surrogateescape"))
+                mac.update(text)
                 check = outer.copy()
                 check.update(mac.digest())
                 span = Pending(reason, since, seen, proof)

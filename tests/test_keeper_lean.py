@@ -273,6 +273,21 @@ def test_the_signer_proves_as_pending(key, node, since, seen, reason):
                                pending.proof(key, node, since, seen, reason))
 
 
+@pytest.mark.parametrize("reason", [DRIFT + " \udcff", "gpugate: drift driver=\u00e9 (want 580)"])
+def test_a_span_whose_text_is_not_ascii_is_checked_on_pending_proofs_bytes(reason):
+    """A lone surrogate (bytes that were not UTF-8) or another non-ASCII
+    character in a signed span: the screen HMACs the bytes pending.proof
+    does, and a copy on another node is refused as pending refuses it."""
+    own = pending.publish("", reason, NOW, KEY, "gpu01")
+    states = {name: NodeState(name, "IDLE", frozenset(), "", None, "", ("gpu",), own) for name in ("gpu01", "gpu02")}
+    proofs = keeper_proofs.Proofs(KEY)
+    mine, unverified, spans = keeper_proofs.screen(states, proofs, NOW)
+    assert (mine, unverified) == reference_screen(states, KEY, NOW)
+    assert set(spans) == {"gpu01"} and spans["gpu01"].reason == reason and set(unverified) == {"gpu02"}
+    proofs.settle()
+    assert proofs.new["gpu01"][-1] is True  # verified in one step: the same bytes HMACed
+
+
 def test_a_healthy_node_is_counted_not_made_a_record():
     text = ("n1|gpu|idle|Unknown|Unknown|(null)\x1fnone\n"
             "n1|pool0|idle|Unknown|Unknown|(null)\x1fnone\n"
