@@ -144,8 +144,10 @@ class KubeClient:
             causes = [c["message"] for c in (details.get("causes") or [] if isinstance(details, dict) else [])
                       if isinstance(c, dict) and isinstance(c.get("message"), str)]
             message = "; ".join([message] + causes[:3])
+            # Up to 1000 characters: a write two admission policies refuse
+            # names both, in either order; an admin needs each one's words.
             raise KubeError("kubernetes %s %s: %d %s: %s" % (method, path, response.status, reason or
-                                                             response.reason, message[:300]),
+                                                             response.reason, message[:1000]),
                             response.status, reason)
         if not isinstance(answer, dict):
             raise KubeError("kubernetes %s %s: %d, but the answer is not a JSON object: %r"
