@@ -153,6 +153,7 @@ def _screen(states, proofs: Proofs, now: float):
     head, whole = _one()
     newest, max_age = now + pending.CLOCK_SLACK_SECONDS, pending.MAX_AGE_SECONDS
     recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
+    shared = None
     nodes, comments, verified, texts = [], [], [], {}  # the spans verified in one step, in step
     passed_node, passed_comment, passed, one = nodes.append, comments.append, verified.append, texts.setdefault
     for name, state in states.items():
@@ -175,7 +176,9 @@ def _screen(states, proofs: Proofs, now: float):
                     m = None
             if m is not None:
                 since, seen = int(first), int(last)
-                reason = one(reason, reason)
+                if reason != shared:  # a fleet-wide event: the reason the node before carried
+                    shared = one(reason, reason)
+                reason = shared
                 if first[0] == "0" or last[0] == "0":  # as pending.proof writes them: the numbers' digits
                     first, last = str(since), str(seen)
                 text = join((domain, name, first, last, reason))
