@@ -245,15 +245,12 @@ def plan_published(states: Mapping[str, object], tag: str, share: float, sizes: 
     other node has one), each distinct reason judged once.  The same Plan
     where ``states`` is keyed by node name and every partition of its
     nodes is in ``sizes`` (the keeper's read: gpugate.slurm.nodestate.lean);
-    tests/test_keeper_lean.py compares the two on generated fleets.
-
-    A node's record is read once, in the order the records were made, for
-    what the queue needs of it; the queue is then walked in its order with
-    the verdict of each distinct set of partitions remembered until one of
-    them fills (a fleet has few sets: 100,000 nodes held look up one)."""
+    tests/test_keeper_lean.py compares the two on generated fleets.  Each
+    record is read once; the verdict of a set of partitions is remembered
+    until one of them fills (100,000 nodes held look up one)."""
     drained, waiting, memo, get = {}, [], {}, spans.get
     queue = waiting.append
-    for name, state in states.items():  # one pass: the drained nodes, and the queue
+    for name, state in states.items():  # the drained nodes, and the queue
         if "DRAIN" in state.flags:
             drained[name] = state
             continue
