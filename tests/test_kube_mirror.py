@@ -113,6 +113,15 @@ def test_the_sidecar_writes_the_node_from_the_file_and_holds_a_node_registered_a
         add_node(admin, "gpu01")
         node_bound(api, str(config), "gpu01")  # its pod's new token (the old one named the Node deleted)
         assert sidecar.once() and nv.owned(admin.get(node_path("gpu01")))["reason"] == DRIFT
+        # The sweep returns the Node after its proof (its own token; here the
+        # admin's): the file still names the hold, yet the sidecar does not put
+        # it back on the same Node; slurmd's gpugate draining again does.
+        from gpugate.kube.nodes import KubeNodes
+
+        KubeNodes(api.admin(), {}, TAG).undrain("gpu01")
+        assert sidecar.once() and nv.owned(admin.get(node_path("gpu01"))) == {}
+        side.drain("gpu01", DRIFT)
+        assert sidecar.once() and nv.owned(admin.get(node_path("gpu01")))["reason"] == DRIFT
         # A forged file (a job's user could write it) changes nothing.
         path = str(shared / "gpu01.json")
         with open(path, "w") as handle:

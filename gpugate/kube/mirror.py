@@ -51,8 +51,10 @@ def parse(data, tag: str) -> Dict[str, Any]:
     hold, seq, at = data.get("hold"), data.get("seq"), data.get("at")
     if not isinstance(hold, str) or (hold and reasons.parse(hold, tag) is None):
         raise MirrorFileError("its hold is not a gpugate reason: %r" % str(hold)[:100])
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise MirrorFileError("its seq is not a count")
+    held = data.get("held", 0)  # the seq of the write that last held (a drain decided anew)
+    for count in (seq, held):
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise MirrorFileError("its seq is not a count")
     if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= at < 1e10:
         raise MirrorFileError("its time is not a time")
     want = data.get("condition")
@@ -61,7 +63,7 @@ def parse(data, tag: str) -> Dict[str, Any]:
                 and want[0] in ("True", "False", "Unknown") and cond.REASON_RE.match(want[1])
                 and len(want[1]) <= cond.REASON_MAX and len(want[2]) <= 1024):
             raise MirrorFileError("its condition is not GpugateHealthy's shape")
-    return {"hold": hold, "seq": seq, "at": float(at), "condition": tuple(want) if want else None,
+    return {"hold": hold, "seq": seq, "held": held, "at": float(at), "condition": tuple(want) if want else None,
             "node": str(data.get("node") or "")}
 
 
@@ -109,7 +111,7 @@ class MirrorFile:
         try:
             return parse(data, self.tag)
         except MirrorFileError:
-            return {"hold": "", "seq": 0, "at": 0.0, "condition": None}
+            return {"hold": "", "seq": 0, "held": 0, "at": 0.0, "condition": None}
 
     def own_record(self, node: str) -> NodeState:
         """The Node's hold as this node last wrote it (the sidecar writes it there)."""
@@ -118,7 +120,7 @@ class MirrorFile:
                          reason_time=None, reason_user="", partitions=(), comment="")
 
     def drain(self, node: str, reason: str) -> None:
-        self._write(node, hold=reason)
+        self._write(node, hold=reason, held=None)  # held: this write's seq
 
     def undrain(self, node: str) -> None:
         self._write(node, hold="")
@@ -136,9 +138,11 @@ class MirrorFile:
         path = path_for(self.template, node)
         _close_directory(os.path.dirname(path))
         old = self._read(node)
-        record = {"version": VERSION, "node": node, "hold": old["hold"], "seq": old["seq"] + 1,
+        record = {"version": VERSION, "node": node, "hold": old["hold"], "seq": old["seq"] + 1, "held": old["held"],
                   "at": round(self.clock(), 3), "condition": list(old["condition"]) if old["condition"] else None}
         record.update(change)
+        if record["held"] is None:
+            record["held"] = record["seq"]
         try:
             write_json(path, record)
         except OSError as exc:

@@ -7,9 +7,11 @@ can read it.
 It writes what slurmd's gpugate decided, as that gpugate would have
 written it on the Node itself (gpugate.kube.paired): gpugate's hold
 (taint and record, never a cordon: Slinky's signal) when the file's hold
-changes, a lift only when the file's hold changes to none (the sweep's own
-hold, written on the Node by the sweep's token, is never lifted by a file
-that merely says nothing), and the GpugateHealthy condition with the
+is written anew (a drain slurmd's gpugate decided: the file's "held"), a
+lift only when the file's hold changes to none (the sweep's own hold,
+written on the Node by the sweep's token, is never lifted by a file that
+merely says nothing; a hold the sweep lifted after its proof is not put
+back from a file that still names it, only by a new drain), and the GpugateHealthy condition with the
 file's time as its heartbeat (slurmd's checks stopping shows as a stale
 heartbeat even while this sidecar runs).  A Node registered anew (another
 uid) without gpugate's hold is held again from the file: the hold
@@ -39,6 +41,7 @@ class MirrorAgent:
         self.settings, self.node, self.path, self.poll = settings, node, path, float(poll)
         self.clock, self.sleep = clock, sleep
         self.hold: Optional[str] = None  # the file's hold as last applied (None: none yet, since start)
+        self.held = -1  # the file's "held" (the seq of its last drain) as last applied
         self.uid = ""  # the Node object it was applied on
         self.written = None  # (seq, uid) of the condition last written
         self.said = ""  # a refusal said once, not every poll
@@ -89,15 +92,20 @@ class MirrorAgent:
         uid = str((backend.node_object(self.node).get("metadata") or {}).get("uid") or "")
         hold, ours = record["hold"], reasons.parse(state.reason, tag) is not None
         changed = self.hold is not None and hold != self.hold
-        if hold and state.reason != hold and (not ours or changed):
-            backend.drain(self.node, hold)  # a new hold, or one the Node lost (registered anew)
+        # A Node without gpugate's hold is held from the file when the hold
+        # is new to this sidecar (its start, a drain written since) or the
+        # Node is another object (registered anew); not when the same Node
+        # was lifted since (the sweep's return after its proof).
+        fresh = self.hold is None or record["held"] != self.held or uid != self.uid
+        if hold and state.reason != hold and ((not ours and fresh) or changed):
+            backend.drain(self.node, hold)
         elif not hold and ours and changed and self.hold:
             backend.undrain(self.node)  # slurmd's gpugate lifted its hold
         want = record["condition"]
         if want is not None and self.written != (record["seq"], uid):
             at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["at"]))
             backend.write_condition(self.node, want, at)
-        self.hold, self.uid, self.written = hold, uid, (record["seq"], uid)
+        self.hold, self.held, self.uid, self.written = hold, record["held"], uid, (record["seq"], uid)
 
     def _say(self, text: str) -> bool:
         if text != self.said:
