@@ -63,7 +63,7 @@ def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the par
 rss_mb = peak_mb()  # the timed run's peak, before the steps are timed again
 stages = {}
 if %(stages)r and sys.argv[1] == "text":  # where the keeper's time goes, step by step (CPU), after the timed run
-    from gpugate import budget, keeper_memory
+    from gpugate import budget, budget_pins, keeper_memory
     def _clock(what, call):
         began = time.process_time()
         out = call()
@@ -75,7 +75,7 @@ if %(stages)r and sys.argv[1] == "text":  # where the keeper's time goes, step b
         proofs = keeper_proofs.Proofs(%(key)r)
         mine, _, spans = _clock("screen", lambda: keeper_proofs.screen(again.states, proofs, %(now)d))
         _clock("review and pins", lambda: (keeper_memory.review({}, mine, "gpugate:", %(now)d),
-                                           budget.pins_held(mine, "gpugate:", %(now)d, 4, spans, ())))
+                                           budget_pins.pins_held(mine, "gpugate:", %(now)d, 4, spans, ())))
         _clock("plan", lambda: budget.plan_published(mine, "gpugate:", 0.1, again.sizes, spans))
         fleet, decided = again, keeper.decide(again, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {},
                                               lambda: %(now)d)

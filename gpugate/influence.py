@@ -77,6 +77,10 @@ ROWS = (
            "run in the sweep's own reservation on a drained node; on Kubernetes a smoke Pod that never ran "
            "is the site's (deferred), never the node's", "the sweep's (the node is already drained)",
            "failing twice"),
+    Source("The GPUs a Node offers again after the sweep's reboot (Kubernetes: allocatable)", ("allocatable",), NO,
+           "the sweep's reboot of a node it holds, no job's pod on it; the device plugin counts the GPUs it finds "
+           "healthy, never the ones in use", "the sweep's (the node is already drained)",
+           "still not back after the retry's reboot"),
     Source("Comparisons with the baseline and gpugate.toml (pins, counts, products, settings, services, HCA, "
            "IMEX, operator pods and labels)",
            ("gpu_count", "pci_gpus", "product", "device_id", "amdgpu", "amdgpu_firmware", "compute_mode",

@@ -45,7 +45,7 @@ import os
 import socket
 import time
 
-from . import budget, keeper_memory, keeper_pins, keeper_pools, keeper_proofs
+from . import budget, budget_pins, keeper_memory, keeper_pins, keeper_pools, keeper_proofs
 from . import reason as reasons
 from .errors import GpugateError, MirrorError
 from .record import replace
@@ -172,7 +172,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
             held_in[part] = held_in.get(part, 0) + 1
     memory = keeper_memory.drained(memory, kept, final, tag, clock())
     drained_for = dict(decided.drain)
-    if pins is not None and any(budget.pin_only(drained_for.get(n, ""), tag) for n in kept):
+    if pins is not None and any(budget_pins.pin_only(drained_for.get(n, ""), tag) for n in kept):
         keeper_pins.save(status_path(settings), keeper_pins.noted(
             pins, kept, drained_for, {n: final[n].partitions for n in kept if n in final}, tag, clock()))
     figures["_memory"] = {n: e for n, e in memory.items() if n not in given_back}
@@ -215,7 +215,7 @@ def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: di
         # A span drained before and returned to service since waits for its node to sign it again.
         memory, waiting = keeper_memory.review(memory, mine, tag, clock())
         # A preflight's pins: at most [preflight] pins_per_hour a partition, within the budget besides.
-        for name, why in budget.pins_held(mine, tag, clock(), pins_per_hour, spans, pins).items():
+        for name, why in budget_pins.pins_held(mine, tag, clock(), pins_per_hour, spans, pins).items():
             waiting.setdefault(name, why)
         planned = {n: s for n, s in spans.items() if n not in waiting} if waiting else spans
         return Decision(mine, unverified, spans, memory, waiting,

@@ -51,7 +51,7 @@ def noted(entries: Optional[List[dict]], drained: Iterable[str], reasons: Mappin
           partitions: Mapping[str, Iterable[str]], tag: str, now: float) -> List[dict]:
     """The record with this run's pin drains added (``reasons``: the reason
     each drained node was drained with) and those past the window dropped."""
-    from .budget import pin_only
+    from .budget_pins import pin_only
 
     out = [e for e in (entries or []) if now - WINDOW <= float(e["at"]) <= now + 60]
     for name in sorted(drained):

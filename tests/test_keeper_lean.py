@@ -15,7 +15,7 @@ import hmac
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate import budget, keeper, keeper_memory, keeper_proofs
+from gpugate import budget, budget_pins, keeper, keeper_memory, keeper_proofs
 from gpugate.errors import ParseError
 from gpugate.record import replace
 from gpugate.slurm import pending
@@ -58,7 +58,7 @@ def reference_screen(states, key: bytes, now: float, checked=None):
 def reference_decide(states, share, per_hour, memory, now):
     mine, unverified = reference_screen(states, KEY, now, {})
     memory, waiting = keeper_memory.review(memory, mine, TAG, now)
-    for name, why in budget.pins_held(mine, TAG, now, per_hour).items():
+    for name, why in budget_pins.pins_held(mine, TAG, now, per_hour).items():
         waiting.setdefault(name, why)
     plan = budget.plan({n: replace(s, comment="") if n in waiting else s for n, s in mine.items()}, TAG, share)
     return mine, unverified, memory, waiting, plan

@@ -10,7 +10,7 @@ import os
 
 from hypothesis import example, given, settings, strategies as st
 
-from gpugate import budget
+from gpugate import budget, budget_pins
 from gpugate import reason as reasons
 from gpugate.facts import ProbeFailure
 from gpugate.findings import ACUTE, HEALTH, INVESTIGATE, USER_CAUSED, Finding, is_acute
@@ -93,12 +93,12 @@ def test_pins_beyond_the_hour_s_allowance_wait_oldest_first():
     states = {s.name: s for s in (_published("a", PIN, 30), _published("b", PIN, 10), _published("c", PIN, 20),
                                   _node("d", reason=PIN, when=1000))}
     # d was drained for a pin 600 s ago: with 2 an hour, one more (the oldest published: b).
-    held = budget.pins_held(states, TAG, 1600.0, 2)
+    held = budget_pins.pins_held(states, TAG, 1600.0, 2)
     assert set(held) == {"a", "c"}
     assert held["a"].startswith("preflight allowance of partition gpu spent: 2 nodes drained for a preflight pin")
     # An hour later d no longer counts; 0 an hour holds every pin.
-    assert set(budget.pins_held(states, TAG, 1000.0 + 3601, 2)) == {"a"}
-    assert set(budget.pins_held(states, TAG, 1600.0, 0)) == {"a", "b", "c"}
+    assert set(budget_pins.pins_held(states, TAG, 1000.0 + 3601, 2)) == {"a"}
+    assert set(budget_pins.pins_held(states, TAG, 1600.0, 0)) == {"a", "b", "c"}
 
 
 def test_a_pin_beside_a_drift_or_another_partition_s_pin_is_not_held_for_it():
@@ -107,11 +107,11 @@ def test_a_pin_beside_a_drift_or_another_partition_s_pin_is_not_held_for_it():
     mixed = reasons.render(TAG, HEALTH, [
         Finding(HEALTH, "preflight_across", "busbw=17.3GB/s pairs=gpu01,gpu02", ">= 50", INVESTIGATE),
         Finding(HEALTH, "gpu_count", "7", "8", INVESTIGATE)])
-    assert budget.pin_only(PIN, TAG) and not budget.pin_only(mixed, TAG)
+    assert budget_pins.pin_only(PIN, TAG) and not budget_pins.pin_only(mixed, TAG)
     states = {s.name: s for s in (_node("old", ("p1",), reason=PIN, when=1000),
                                   _published("mixed", mixed, 10, ("p1",)), _published("pin", PIN, 11, ("p1",)),
                                   _published("other", PIN, 10, ("p2",)), _published("drift", DRIFT, 5, ("p1",)))}
-    held = budget.pins_held(states, TAG, 1500.0, 1)
+    held = budget_pins.pins_held(states, TAG, 1500.0, 1)
     assert set(held) == {"pin"} and held["pin"].startswith("preflight allowance of partition p1 spent: 1 node")
 
 
@@ -120,10 +120,10 @@ def test_a_pin_the_sweep_took_or_an_admin_resumed_still_counts_for_the_hour():
     the keeper's own record counts the pin for the hour all the same."""
     states = {s.name: s for s in (_node("a"), _published("b", PIN, 10))}
     record = [{"node": "a", "at": 1000.0, "partitions": ["gpu"]}]
-    assert set(budget.pins_held(states, TAG, 1500.0, 1, drained_pins=record)) == {"b"}
-    assert budget.pins_held(states, TAG, 1000.0 + 3601, 1, drained_pins=record) == {}
+    assert set(budget_pins.pins_held(states, TAG, 1500.0, 1, drained_pins=record)) == {"b"}
+    assert budget_pins.pins_held(states, TAG, 1000.0 + 3601, 1, drained_pins=record) == {}
     # A record that cannot be read holds every pin, and says why.
-    assert budget.pins_held(states, TAG, 1500.0, 5, drained_pins=None)["b"].startswith(
+    assert budget_pins.pins_held(states, TAG, 1500.0, 5, drained_pins=None)["b"].startswith(
         "the keeper's record of the pins it drained")
 
 
@@ -185,7 +185,7 @@ def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_r
             states[name] = _node(name, comment=pending.publish("", USER_REASONS[which], since))
         elif action == "keeper":
             record = [{"node": n, "at": t, "partitions": ["gpu"]} for n, t in pin_drains]
-            waiting = budget.pins_held(states, TAG, now, per_hour, drained_pins=record)
+            waiting = budget_pins.pins_held(states, TAG, now, per_hour, drained_pins=record)
             plan = budget.plan({n: (s if n not in waiting else _node(n, s.partitions)) for n, s in states.items()},
                                TAG, share)
             for drained, why in plan.drain:
@@ -201,7 +201,7 @@ def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_r
         now += 400.0
         drained = [s for s in states.values() if s.drain]
         assert len(drained) <= allowance
-        assert all(sum(1 for _, t in pin_drains if at - budget.PIN_WINDOW < t <= at) <= per_hour
+        assert all(sum(1 for _, t in pin_drains if at - budget_pins.PIN_WINDOW < t <= at) <= per_hour
                    for _, at in pin_drains)
         for n in names:
             current = hist.components(reasons.parse(states[n].reason, TAG)) if states[n].drain else frozenset()
