@@ -35,8 +35,8 @@ _XIDS = {48: "XidDoubleBitEcc", 63: "XidRowRemapPending", 64: "XidRowRemapFailur
 _WORDS = {"fallen_off_bus": "GpuFallenOffBus", "sxid": "NvswitchXid", "ecc": "Ecc", "nvml": "Nvml",
           "gpus_lost": "GpusLost", "dcgm_health": "DcgmHealth", "dcgm_diag": "DcgmDiag"}
 # What follows the component's word, by class ("driver" + "Drift").
-_SUFFIX = {"health": "Fault", "broken": "Broken", "drift": "Drift", PROBE: "Unknown", RMA: "Rma",
-           ROLLOUT: "Rollout"}
+# (No rma or rollout entry: those reasons read AwaitingRepair and RolloutInProgress before this.)
+_SUFFIX = {"health": "Fault", "broken": "Broken", "drift": "Drift", PROBE: "Unknown"}
 
 
 def _camel(text: str) -> str:
