@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from kube_builds import require_helm, require_kube
@@ -116,14 +117,13 @@ def test_default_values_apply_to_the_real_api_server(helm, api):
     import gpugate
 
     assert agent["spec"]["containers"][0]["image"] == "registry.example.com/gpugate:%s" % gpugate.__version__
-    # Metrics on the port deploy/kubernetes/monitoring's Services scrape.
-    import yaml
-
-    with open(os.path.join(ROOT, "deploy", "kubernetes", "monitoring", "monitoring.yaml")) as handle:
-        services = [d for d in yaml.safe_load_all(handle) if d and d["kind"] == "Service"]
-    scraped = {d["spec"]["ports"][0]["targetPort"] for d in services}
-    assert scraped == {9477}
+    # Metrics on the port the chart's headless Services scrape (no ServiceMonitor by default: no CRD here).
+    assert "ServiceMonitor" not in kinds
     keeper_pod = admin.get("/apis/apps/v1/namespaces/gpugate/deployments/gpugate-keeper")["spec"]["template"]
+    for name, pod in (("gpugate-keeper-metrics", keeper_pod), ("gpugate-node-agent-metrics", agent)):
+        service = admin.get("/api/v1/namespaces/gpugate/services/" + name)["spec"]
+        assert service["clusterIP"] == "None" and service["ports"][0]["targetPort"] == 9477
+        assert service["selector"].items() <= pod["metadata"]["labels"].items()
     for pod in (agent, keeper_pod):
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9477"
         assert pod["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
@@ -141,7 +141,8 @@ SITE = ["--set", "namespace=gpu-health", "--set", "smokeNamespace=gpu-health-smo
         "--set-json", "keeper.tolerations=[]",
         "--set-json", 'nodeAgent.nodeSelector={"amd.com/gpu.present":"true","nvidia.com/gpu.present":null}',
         "--set", "pools.label=site.example/pool", "--set", "budget.maxShare=0.25",
-        "--set", "sweep.schedule=*/5 * * * *", "--set", "metrics.port=0"]
+        "--set", "sweep.schedule=*/5 * * * *", "--set", "metrics.port=0",
+        "--set", "metrics.serviceMonitor.enabled=true"]
 
 
 def test_a_sites_values_apply_to_the_real_api_server(helm, api):
@@ -172,6 +173,86 @@ def test_a_sites_values_apply_to_the_real_api_server(helm, api):
     for pod in (keeper, agent["spec"]):
         assert "ports" not in pod["containers"][0]
     assert "annotations" not in agent["metadata"]
+    assert not [d for d in docs if d["kind"] in ("Service", "ServiceMonitor")]  # nothing to scrape
+
+
+# The Prometheus Operator's ServiceMonitor CRD cut to the fields the chart writes, each as its
+# schema types it: strict validation refuses any other field (a misspelt one), as theirs would.
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList", "plural": "servicemonitors",
+                       "singular": "servicemonitor"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "properties": {"spec": {"type": "object", "required": ["selector"], "properties": {
+                     "selector": {"type": "object", "properties": {"matchLabels": {
+                         "type": "object", "additionalProperties": {"type": "string"}}}},
+                     "podTargetLabels": _STRINGS,
+                     "endpoints": {"type": "array", "items": {"type": "object", "properties": {
+                         "port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"},
+                         "relabelings": {"type": "array", "items": {"type": "object", "properties": {
+                             "sourceLabels": _STRINGS, "targetLabel": {"type": "string"}}}}}}}}}}}}}]}}
+
+
+def _with_service_monitors(admin):
+    """The CRD above, created and established (once per API server)."""
+    from gpugate.kube.client import KubeError
+
+    try:
+        admin.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_MONITOR_CRD)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        crd = admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + SERVICE_MONITOR_CRD["metadata"]["name"])
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        time.sleep(0.5)
+    raise AssertionError("the ServiceMonitor CRD was never established: %s" % crd.get("status"))
+
+
+def test_a_sites_monitoring_follows_its_namespace_and_port(helm, api):
+    """Another namespace and metrics port, the ServiceMonitors on: the
+    headless Services and the ServiceMonitors land in that namespace,
+    scrape that port, and select the keeper's and the agents' pods (the
+    ServiceMonitors applied through a minimal CRD: the Operator's is not here)."""
+    from gpugate.kube.client import KubeError
+
+    docs = _render(helm, "--set", "namespace=gpu-scrape", "--set", "smokeNamespace=gpu-scrape-smoke",
+                   "--set", "metrics.port=9500", "--set", "metrics.serviceMonitor.enabled=true",
+                   "--set-json", 'metrics.serviceMonitor.labels={"release":"kube-prometheus"}')
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    admin = api.admin()
+    manifests.apply(admin, [d for d in docs if d["kind"] != "ServiceMonitor"], existing_ok=True)
+    _with_service_monitors(admin)
+    where = "/apis/monitoring.coreos.com/v1/namespaces/gpu-scrape/servicemonitors"
+    misspelt = dict(monitors[0], spec=dict(monitors[0]["spec"], podTargetLabel=["x"]))
+    with pytest.raises(KubeError):  # the CRD's schema does hold the fields to their names
+        admin.request("POST", where, misspelt, query={"fieldValidation": "Strict"})
+    for monitor in monitors:
+        admin.request("POST", where, monitor, query={"fieldValidation": "Strict"})
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in ("Deployment", "DaemonSet")}
+    assert sorted(pods) == ["gpugate-keeper", "gpugate-node-agent"]
+    for name, pod in pods.items():
+        service = admin.get("/api/v1/namespaces/gpu-scrape/services/%s-metrics" % name)
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": 9500, "targetPort": 9500, "protocol": "TCP"}]
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == "9500"
+        assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 9500
+        monitor = admin.get("/apis/monitoring.coreos.com/v1/namespaces/gpu-scrape/servicemonitors/" + name)
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        # The port by the Service's name for it; the pod label the alert rules match on.
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+        assert monitor["spec"]["podTargetLabels"] == ["app.kubernetes.io/name"]
+    agent = admin.get("/apis/monitoring.coreos.com/v1/namespaces/gpu-scrape/servicemonitors/gpugate-node-agent")
+    assert agent["spec"]["endpoints"][0]["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"}]
 
 
 def test_bad_values_are_refused_by_helm(helm):

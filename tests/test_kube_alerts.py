@@ -24,8 +24,7 @@ from test_kube_keeper_lease import LEASE, _publish_drift, _with_key, six  # noqa
 
 pytestmark = pytest.mark.kube
 
-MONITORING = os.path.join(ROOT, "deploy", "kubernetes", "monitoring")
-KUBE_RULES = os.path.join(MONITORING, "gpugate-alerts-kubernetes.yml")
+KUBE_RULES = os.path.join(ROOT, "deploy", "kubernetes", "monitoring", "gpugate-alerts-kubernetes.yml")
 STEPS = 70
 AGENT = "gpugate-node-agent"
 
@@ -95,9 +94,15 @@ def _series(text: str, instance: str) -> list:
 
 
 def _up(instance: str, value: int) -> dict:
-    """What Prometheus records for the agent pod's scrape (the label monitoring.yaml copies from the pod)."""
+    """What Prometheus records for the agent pod's scrape (the label the chart's ServiceMonitor copies from the pod)."""
     return {"series": 'up{app_kubernetes_io_name="%s",instance="%s"}' % (AGENT, instance),
             "values": "%dx%d" % (value, STEPS)}
+
+
+def _unavailable(count: int) -> dict:
+    """kube-state-metrics' view of the agents' DaemonSet (a site's exporter, not gpugate's metrics)."""
+    return {"series": 'kube_daemonset_status_number_unavailable{daemonset="%s",namespace="gpu-health"}' % AGENT,
+            "values": "%dx%d" % (count, STEPS)}
 
 
 def test_on_kubernetes_the_keeper_and_agent_alerts_fire_from_what_they_serve(six, tmp_path):  # noqa: F811
@@ -126,15 +131,22 @@ def test_on_kubernetes_the_keeper_and_agent_alerts_fire_from_what_they_serve(six
         with open(path) as handle:
             rules.update({r["alert"]: r for g in yaml.safe_load(handle)["groups"] for r in g["rules"]})
     watched = ["GpugateBudgetKeeperStale", "GpugateHealthCheckStale", "GpugateBudgetKeeperDown",
-               "GpugateBudgetKeeperNoLeader", "GpugateNodeAgentDown"]
+               "GpugateBudgetKeeperNoLeader", "GpugateNodeAgentDown", "GpugateNodeAgentsUnavailable",
+               "GpugateNodeAgentsNotScraped"]
+    agents_gone = {"daemonset": AGENT, "namespace": "gpu-health"}
     cases = [  # (what Prometheus scraped, the alerts that fire)
-        (_series(leading, "keeper-a") + _series(checked, "gpu01") + [_up("gpu01", 1)], {}),
+        (_series(leading, "keeper-a") + _series(checked, "gpu01") + [_up("gpu01", 1), _unavailable(0)], {}),
         (_series(failing, "keeper-a") + _series(unchecked, "gpu02") + [_up("gpu02", 1), _up("gpu03", 0)],
          {"GpugateBudgetKeeperStale": {"instance": "keeper-a"}, "GpugateHealthCheckStale": {"instance": "gpu02"},
           "GpugateNodeAgentDown": {"app_kubernetes_io_name": AGENT, "instance": "gpu03"}}),
-        (_series(gave_up, "keeper-a") + _series(checked, "gpu01"),  # the Lease given up, no other replica
+        (_series(gave_up, "keeper-a") + _series(checked, "gpu01") + [_up("gpu01", 1)],  # the Lease given up
          {"GpugateBudgetKeeperStale": {"instance": "keeper-a"}, "GpugateBudgetKeeperNoLeader": {}}),
-        (_series(checked, "gpu01"), {"GpugateBudgetKeeperDown": {}}),  # no keeper replica scraped
+        (_series(checked, "gpu01") + [_up("gpu01", 1)], {"GpugateBudgetKeeperDown": {}}),  # no keeper scraped
+        # Two agent pods gone (no target, so no up == 0): only kube-state-metrics sees them.
+        (_series(leading, "keeper-a") + _series(checked, "gpu01") + [_up("gpu01", 1), _unavailable(2)],
+         {"GpugateNodeAgentsUnavailable": agents_gone}),
+        # No agent target at all (the DaemonSet runs none, or nothing scrapes them).
+        (_series(leading, "keeper-a"), {"GpugateNodeAgentsNotScraped": {"app_kubernetes_io_name": AGENT}}),
     ]
     tests = [{"interval": "1m", "input_series": scraped,
               "alert_rule_test": [{"eval_time": "60m", "alertname": a,
@@ -152,37 +164,8 @@ def test_the_kubernetes_rules_are_valid_and_every_one_is_tested():
     assert result.returncode == 0, result.stdout + result.stderr
     with open(KUBE_RULES) as handle:
         names = {r["alert"] for g in yaml.safe_load(handle)["groups"] for r in g["rules"]}
-    assert names == {"GpugateBudgetKeeperDown", "GpugateBudgetKeeperNoLeader", "GpugateNodeAgentDown"}
-
-
-def test_the_monitoring_services_apply_and_select_the_keeper_and_agent_pods(api):  # noqa: F811
-    """The Services on the real API server (strict validation); the
-    ServiceMonitors (the Prometheus Operator's CRD is not here) read as
-    they must: their Services' labels, the port's name, the pod label the
-    rules match on."""
-    with open(os.path.join(MONITORING, "monitoring.yaml")) as handle:
-        docs = [d for d in yaml.safe_load_all(handle) if d]
-    pods = {}
-    for name in ("keeper.yaml", "node-agent.yaml"):
-        with open(os.path.join(ROOT, "deploy", "kubernetes", name)) as handle:
-            for doc in yaml.safe_load_all(handle):
-                if doc and doc["kind"] in ("Deployment", "DaemonSet"):
-                    pods[doc["metadata"]["name"]] = doc["spec"]["template"]["metadata"]["labels"]
-    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
-    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    admin = api.admin()
-    for name, service in services.items():
-        admin.request("POST", "/api/v1/namespaces/gpugate/services", service, query={"fieldValidation": "Strict"})
-        got = admin.get("/api/v1/namespaces/gpugate/services/" + name)
-        assert got["spec"]["clusterIP"] == "None" and got["spec"]["ports"][0]["targetPort"] == 9477
-        assert any(all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
-                   for labels in pods.values()), (name, pods)
-    assert {m["metadata"]["name"] for m in monitors} == {"gpugate-keeper", AGENT}
-    for monitor in monitors:
-        wanted = monitor["spec"]["selector"]["matchLabels"]
-        assert [s for s in services.values() if s["metadata"]["labels"] == wanted], monitor
-        assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["spec"]["podTargetLabels"] == [
-            "app.kubernetes.io/name"]
+    assert names == {"GpugateBudgetKeeperDown", "GpugateBudgetKeeperNoLeader", "GpugateNodeAgentDown",
+                     "GpugateNodeAgentsUnavailable", "GpugateNodeAgentsNotScraped"}
 
 
 def test_gpugate_agent_with_a_metrics_port_serves_when_its_last_check_ended(six):  # noqa: F811

@@ -18,7 +18,7 @@ PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # kind -> its collection's path (namespaced ones under {ns}): every kind the chart renders.
 COLLECTIONS = {
     "Namespace": "/api/v1/namespaces", "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
-    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps", "Service": "/api/v1/namespaces/{ns}/services",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
