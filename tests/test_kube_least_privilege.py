@@ -287,14 +287,13 @@ def test_the_writes_gpugate_makes_still_pass(rig):
     assert nv.state_of(rig.get("gpu02")).drain
     keeper.undrain("gpu02")
     assert not nv.state_of(rig.get("gpu02")).drain
-    # The sweep: the keeper's hold, its work reason, a request and its answer (the agent's), cleared, returned.
+    # The sweep: the keeper's hold, its work reason, a request it gave up on with the agent's answer left
+    # on the Node: its return (one patch with the lift) takes both off.
     keeper.drain("gpu01", "gpugate: drift driver=550.54.15 (want 570.172.08)")
     sweep.drain("gpu01", "gpugate: sweep drift driver=550.54.15 (want 570.172.08)")
     transport = KubeTransport(rig.clients["sweep"])
     transport._ask("gpu01", '{"id":"abc","argv":["facts"],"timeout":5,"at":1}')
     rig.clients["agent"].patch(node_path("gpu01"), {"metadata": {"annotations": {"gpugate.io/answer": '{"id":"abc"}'}}})
-    rig.clients["sweep"].patch(node_path("gpu01"), {"metadata": {"annotations": {
-        "gpugate.io/request": None, "gpugate.io/answer": None}}})
     sweep.own_record("gpu01")
     sweep.set_comment("gpu01", "")
     sweep.resume("gpu01")
@@ -306,10 +305,15 @@ def test_the_writes_gpugate_makes_still_pass(rig):
 def test_the_sweep_reads_and_evicts_only_the_pods_of_the_node_it_holds(rig):
     """RBAC lets the sweep list every Pod and an Eviction names no Node, so no policy can hold it to
     the held node: its code does (every Pod list with fieldSelector spec.nodeName).  Its real requests,
-    recorded, on a held gpu01 beside a tenant's pod on gpu02."""
+    recorded, on gpu02 held by the sweep beside a tenant's pod on gpu01."""
     from gpugate.kube import evict
+    from gpugate.kube.nodes import KubeNodes
 
     rig.nodes()
+    keeper, holder = (KubeNodes(rig.clients[w], {}, "gpugate:") for w in ("keeper", "sweep"))
+    keeper.drain("gpu02", "gpugate: drift driver=550.54.15 (want 570.172.08)")
+    holder.drain("gpu02", "gpugate: sweep drift driver=550.54.15 (want 570.172.08)")
+    assert nv.our_taints(rig.get("gpu02")) and not nv.our_taints(rig.get("gpu01"))
     for name in ("gpu01", "gpu02"):
         rig.admin.create("/api/v1/namespaces/default/pods", {"metadata": {"name": "app-" + name}, "spec": {
             "nodeName": name, "containers": [{"name": "c", "image": "registry.example/app:1"}]}})
@@ -322,7 +326,7 @@ def test_the_sweep_reads_and_evicts_only_the_pods_of_the_node_it_holds(rig):
 
     try:
         sweep = Recorded(rig.api.server, rig.clients["sweep"].token, rig.api.ca_file)
-        left, refused = evict.evict_round(sweep, "gpu02")  # (gpu01 has the agent's token's Pod too)
+        left, refused = evict.evict_round(sweep, "gpu02")  # the held node (gpu01 has the agent's token's Pod too)
         assert left == ["default/app-gpu02"] and not refused
         lists = [(p, q) for m, p, q in seen if m == "GET"]
         assert lists and all(p == "/api/v1/pods" and q.get("fieldSelector") == "spec.nodeName=gpu02"

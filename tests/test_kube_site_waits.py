@@ -172,3 +172,69 @@ def test_a_smoke_pod_refused_for_gpus_the_device_plugin_reports_unhealthy_is_the
                for step, status, d in events), events
     assert [t["value"] for t in held(site.admin, "gpu01")] == ["rma"]
     assert site.kubelets.ran == []
+
+
+TOOLKIT = ('failed to create containerd task: OCI runtime create failed: nvidia-container-cli: initialization error: '
+           'nvml error: driver not loaded')
+
+
+def test_a_smoke_container_not_created_on_one_node_while_its_peer_starts_is_that_node_s(site):  # noqa: F811
+    """CreateContainerError on gpu02 (its NVIDIA container toolkit fails to inject the GPUs) after the
+    same image started and passed on gpu01 (the canary batch, before it): gpu02's finding, the ladder
+    (a retry, then rma); gpu01 returns."""
+    agent = site.config("agent")
+    for node in ("gpu01", "gpu02"):
+        site.sim(node, "gpu.1.xid=79")
+        site.healthcheck(agent, node)
+    site.kubelets.create_error["gpu02"] = ("CreateContainerError", TOOLKIT)
+    out, report = sweep(site, settings(site))
+    assert out.returncode == 0 and not report.get("stopped"), (report, out.stderr[-2000:])
+    outcome = report["outcomes"]["gpu02"]
+    assert (outcome["result"], outcome["attempts"]) == ("escalated", 2), (report, out.stderr[-2000:])
+    failed = [d for step, status, d in journal(site, "gpu02") if step == "smoke" and status == "failed"]
+    assert len(failed) == 2 and all("not started here (CreateContainerError: failed to create containerd task"
+                                    in d and "started on gpu01" in d for d in failed), failed
+    assert [t["value"] for t in held(site.admin, "gpu02")] == ["rma"]
+    reason = json.loads(site.admin.get(node_path("gpu02"))["metadata"]["annotations"][nv.OWNED])["reason"]
+    assert "smoke=container CreateContainerError" in reason, reason
+    assert report["outcomes"]["gpu01"]["result"] == "resumed", report
+    assert held(site.admin, "gpu01") == []
+    assert ("gpu01", 0) in [(n, code) for _, n, code in site.kubelets.ran]
+    assert not any(n == "gpu02" for _, n, _ in site.kubelets.ran)
+
+
+def test_a_smoke_container_not_created_on_every_node_is_the_site_s_deferred_never_stopping_the_sweep(site):  # noqa: F811
+    agent = site.config("agent")
+    for node in ("gpu01", "gpu02"):
+        site.sim(node, "gpu.1.xid=79")
+        site.healthcheck(agent, node)
+        site.kubelets.create_error[node] = ("CreateContainerError", TOOLKIT)
+    out, report = sweep(site, settings(site))
+    assert out.returncode == 0 and not report.get("stopped"), (report, out.stderr[-2000:])
+    for node in ("gpu01", "gpu02"):
+        outcome = report["outcomes"][node]
+        assert outcome["result"] == "deferred", (report, out.stderr[-2000:])
+        assert ("the site's: its container could not be made or started and the smoke image started on no node "
+                "of this sweep (CreateContainerError: failed to create containerd task") in outcome["detail"], outcome
+        assert "not a finding against the node" in outcome["detail"], outcome
+        assert [t["value"] for t in held(site.admin, node)] == ["health"]
+        not_counted(site, node)
+    assert site.kubelets.ran == [] and list(site.admin.list_pages("/api/v1/namespaces/gpugate-smoke/pods")) == []
+
+
+def test_which_smoke_containers_could_not_be_made_or_started():
+    from gpugate.kube import smokepod as sp
+
+    def pod(phase, **state):
+        return {"status": {"phase": phase, "containerStatuses": [{"name": "smoke", "state": state}]}}
+
+    assert sp.start_error(pod("Pending", waiting={"reason": "CreateContainerError", "message": TOOLKIT})) == (
+        "CreateContainerError: " + TOOLKIT)
+    assert sp.start_error(pod("Pending", waiting={"reason": "RunContainerError"})) == "RunContainerError"
+    assert sp.start_error(pod("Failed", terminated={"exitCode": 128, "reason": "StartError",
+                                                    "message": "nvidia-container-cli: mount error"})).startswith(
+        "StartError: nvidia-container-cli")
+    # Still pulling, or ran (even to a failure): not a start error.
+    assert sp.start_error(pod("Pending", waiting={"reason": "ImagePullBackOff"})) == ""
+    assert sp.start_error(pod("Failed", terminated={"exitCode": 1, "reason": "Error"})) == ""
+    assert sp.start_error(pod("Running", running={"startedAt": "2026-12-05T00:00:00Z"})) == ""

@@ -178,17 +178,20 @@ class KubeNodes:
         if failed:
             raise KubeError("; ".join(failed)[:600])
 
-    def undrain(self, names: str) -> None:
+    def undrain(self, names: str, build=nv.undrain_patch) -> None:
         failed = []
         for name in _expand(names):
             try:
-                self._write(name, nv.undrain_patch)
+                self._write(name, build)
             except (ValueError, GpugateError) as exc:  # ValueError: a read with no resourceVersion
                 failed.append("%s: %s" % (name, exc))
         if failed:
             raise KubeError("; ".join(failed)[:600])
 
-    resume = undrain  # one hold to lift on Kubernetes: gpugate's taint, cordon and record
+    def resume(self, names: str) -> None:
+        """The sweep's return: one hold to lift on Kubernetes (gpugate's taint, cordon and record), and
+        the transport's request and answer left on the Node with it (nodeview.return_patch)."""
+        self.undrain(names, nv.return_patch)
 
     def set_comment(self, name: str, text: str) -> None:
         try:

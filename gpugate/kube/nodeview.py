@@ -164,6 +164,18 @@ def undrain_patch(node: Dict[str, Any]) -> Dict[str, Any]:
     return patch
 
 
+def return_patch(node: Dict[str, Any]) -> Dict[str, Any]:
+    """The sweep's return of a node after its proof: undrain_patch, and in the same patch the
+    transport's request and answer where still there (one the sweep gave up on, up to 64 KiB:
+    the node agent's admission policy lets it remove the request, the sweep's lets it remove both)."""
+    from .channel import ANSWER, REQUEST
+
+    patch = undrain_patch(node)
+    there = (node.get("metadata") or {}).get("annotations") or {}
+    patch["metadata"]["annotations"].update({key: None for key in (REQUEST, ANSWER) if key in there})
+    return patch
+
+
 def comment_patch(node: Dict[str, Any], text: str) -> Dict[str, Any]:
     return {"metadata": _precondition(node, {PENDING: text or None})}
 

@@ -149,6 +149,27 @@ def site_wait(pod: dict, waited: float) -> str:
     return "the site's: not started in %.0f s (%s)" % (waited, waiting_reason(pod) or status.get("phase") or "Pending")
 
 
+# The container could not be made or started (the runtime, the NVIDIA container toolkit's hook that
+# injects the GPUs, the spec): one node's fault where the same image started on another node of the
+# sweep, the site's where it started nowhere (KubeSweeper compares, _start_errors).
+NOT_STARTED = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError", "StartError",
+               "ContainerCannotRun")
+
+
+def start_error(pod: dict) -> str:
+    """"REASON: message" while (or once) the container could not be made or started, else ""."""
+    status = pod.get("status") or {}
+    if _started(status, False):
+        return ""
+    for cs in status.get("containerStatuses") or []:
+        state = (cs or {}).get("state") if isinstance(cs, dict) else None
+        for key in ("waiting", "terminated"):
+            said = state.get(key) if isinstance(state, dict) else None
+            if isinstance(said, dict) and said.get("reason") in NOT_STARTED:
+                return _said(said["reason"], said.get("message"))
+    return ""
+
+
 def could_not_run(pod: dict, late: bool = False, waited: float = 0.0) -> str:
     """Why the smoke Pod proves nothing about its node ("" when it ran, or
     is yet to be judged): the kubelet refused it (OutOfnvidia.com/gpu: the
@@ -182,12 +203,15 @@ class SmokePods:
         self.base = "/api/v1/namespaces/%s/pods" % quote(namespace, safe="")
 
     def run(self, specs: Dict[str, dict], deadline: float, poll: float) -> Dict[str, dict]:
-        """{node: {"exit", "message", "why", "seconds", "pod", "late", "not_run"}}; every Pod deleted
-        after.  Each Pod has ``deadline`` seconds to start and, once seen started, ``deadline`` more to
-        end.  not_run: why the Pod proves nothing (could_not_run), else ""."""
+        """{node: {"exit", "message", "why", "seconds", "pod", "late", "not_run", "started", "start_error"}};
+        every Pod deleted after.  Each Pod has ``deadline`` seconds to start and, once seen started,
+        ``deadline`` more to end.  not_run: why the Pod proves nothing (could_not_run), else "";
+        started: its container was seen running or ended having run; start_error: the last
+        start_error() seen of a Pod never started ("" if none)."""
         made: Dict[str, str] = {}
         out: Dict[str, dict] = {}
         began: Dict[str, float] = {}  # when each Pod was first seen started (the sweep's clock)
+        broke: Dict[str, str] = {}  # its container could not be made or started (as last seen)
         created = time.monotonic()
         try:
             for node, spec in specs.items():
@@ -200,6 +224,7 @@ class SmokePods:
                     now = time.monotonic()
                     if node not in began and _started(pod.get("status") or {}, False):
                         began[node] = now
+                    broke[node] = start_error(pod) or broke.get(node, "")
                     end = ended(pod)
                     if end is not None:
                         out[node] = {"exit": end[0], "message": end[1], "why": end[2], "pod": made[node],
@@ -216,6 +241,9 @@ class SmokePods:
                     break
                 left = min(began.get(n, created) + deadline for n in waiting) - time.monotonic()
                 self.sleep(max(0.0, min(poll, left)))
+            for node, answer in out.items():
+                answer["started"] = node in began
+                answer["start_error"] = "" if node in began else broke.get(node, "")
             return out
         finally:
             self.delete(made.values())

@@ -49,9 +49,10 @@ if TYPE_CHECKING:
     from typing import Dict
 
 # A Pod that never started for these reasons says nothing of the node, and no node would do better:
-# the site's image name or spec; the sweep stops.  (An image that pulls slowly or not at all, from a
-# registry that may answer later, defers the node instead: smokepod.site_wait.)
-_SITE_WAITING = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull")
+# the site's image name; the sweep stops.  (An image that pulls slowly or not at all, from a registry
+# that may answer later, defers the node instead: smokepod.site_wait; a container that could not be
+# made or started is compared with the other nodes': _start_errors.)
+_SITE_WAITING = ("InvalidImageName", "ErrImageNeverPull")
 # The kubelet ends the Pod only well after the sweep's two clocks (start, then run) have run out.
 _ACTIVE_MARGIN = 30
 
@@ -207,22 +208,24 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
                 specs, deadline, float(self.cfg["poll_seconds"]))
         except KubeError as exc:
             return self._smoke_cannot_run(group, "the smoke Pod cannot be made or read: %s" % exc)
-        results = {name: self._judge(name, answers[name], deadline, argvs[name]) for name in group}
-        not_run = {n: answers[n].get("not_run") for n in group if answers[n].get("not_run") and not results[n].site}
-        site = self._journal_smoke([n for n in group if n not in not_run], results, [], {})
+        self._smoke_started = getattr(self, "_smoke_started", set()) | {n for n in group if answers[n]["started"]}
+        broke = {n: answers[n]["start_error"] for n in group if answers[n]["start_error"]}
+        rest = [n for n in group if n not in broke]
+        results = {name: self._judge(name, answers[name], deadline, argvs[name]) for name in rest}
+        not_run = {n: answers[n].get("not_run") for n in rest if answers[n].get("not_run") and not results[n].site}
+        site = self._journal_smoke([n for n in rest if n not in not_run], results, [], {})
         if site:
             return self._smoke_cannot_run(group, site)
+        self._start_errors(broke, answers, records)
         for name in sorted(not_run):
             bad = self._unhealthy(name, answers[name])
             if bad is not None:  # the node's own GPUs, not the site's or another pod's: a finding
                 why = "the kubelet refused the smoke Pod: %d of %d %s healthy (the device plugin's count)" % bad
-                self.failures.add(name)
-                self.last_findings[name] = [Finding(RMA, "allocatable", "%d/%d %s" % bad, str(bad[1]), "rma")]
-                self.journal.record(name, "smoke", jr.FAILED, detail="pod %s: %s" % (answers[name]["pod"], why))
-                self._attempt_failed(name, records[name], why)
+                self._smoke_failed(name, records[name], Finding(RMA, "allocatable", "%d/%d %s" % bad, str(bad[1]),
+                                                                "rma"), "pod %s: %s" % (answers[name]["pod"], why), why)
                 continue
             self._smoke_not_run(name, answers[name]["pod"], not_run[name])
-        for name in group:
+        for name in rest:
             if name in not_run:
                 continue
             res = results[name]
@@ -230,10 +233,30 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
             if res.passed:
                 self._done(name, "smoke", detail)
                 continue
-            self.failures.add(name)
-            self.last_findings[name] = [finding(res.problem)]
-            self.journal.record(name, "smoke", jr.FAILED, detail=detail)
-            self._attempt_failed(name, records[name], "smoke all_reduce " + res.problem)
+            self._smoke_failed(name, records[name], finding(res.problem), detail, "smoke all_reduce " + res.problem)
+
+    def _smoke_failed(self, name, rec, found: Finding, detail: str, why: str) -> None:
+        """The node's own failure: its finding, journaled, the sweep's ladder (a retry, then escalation)."""
+        self.failures.add(name)
+        self.last_findings[name] = [found]
+        self.journal.record(name, "smoke", jr.FAILED, detail=detail)
+        self._attempt_failed(name, rec, why)
+
+    def _start_errors(self, broke: Dict[str, str], answers, records) -> None:
+        """Smoke containers that could not be made or started (CreateContainerError, StartError, ...: the
+        runtime, the NVIDIA container toolkit's hook): the node's where the same image started on another
+        node in this sweep (a finding, the ladder); the site's where it started on none (deferred, held)."""
+        for name in sorted(broke):
+            pod, peers = answers[name]["pod"], sorted(self._smoke_started - {name})
+            if not peers:
+                self._smoke_not_run(name, pod, "the site's: its container could not be made or started and the "
+                                               "smoke image started on no node of this sweep (%s)" % broke[name])
+                continue
+            why = "smoke container not started here (%s) while the same image started on %s" % (
+                broke[name], hostlist(peers))
+            reason = broke[name].partition(":")[0]
+            self._smoke_failed(name, records[name], Finding(RMA, "smoke", "container " + reason, "started", "rma"),
+                               "pod %s: %s" % (pod, why), why)
 
     def _unhealthy(self, name: str, answer: dict):
         """A refusal for want of GPUs the Node counts but does not offer (capacity >= asked > allocatable:

@@ -85,7 +85,8 @@ class KubeTransport:
     def _clear(self, node: str, obj: dict, ident: str) -> None:
         """Request ``ident`` and its answer off the Node, with the resourceVersion they were read at; on a
         conflict read again, and only what is still this request's goes (a newer request or answer stays).
-        Best effort: one left is replaced by the next request and its answer."""
+        Best effort: one left goes with the sweep's return of the node (nodeview.return_patch), or is
+        replaced by the next request and its answer."""
         for _ in range(3):
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
             request = channel.read_request(obj)

@@ -18,6 +18,11 @@ at the boundary gpugate does not cross (there is no kubelet here):
   (ErrImagePull, then ImagePullBackOff); a Pod deleted meanwhile stops its
   pull; activeDeadlineSeconds counts from the Pod's start, pull included;
   the container reports running once its command starts;
+- a container that cannot be made or started on a node (``create_error``:
+  node -> (reason, message)): CreateContainerError or RunContainerError
+  waits (Pending) until the Pod goes or its deadline; StartError ends it
+  (Failed, exit code 128), as the NVIDIA container toolkit's hook failing
+  to inject the GPUs leaves it;
 - a reboot (``python -m gpugate.testbed.kubelet reboot``: the site's reboot
   command in the tests): the simulated node reboots and its Node reports a
   new bootID and Ready again, with none of its GPU resources (capacity and
@@ -78,6 +83,7 @@ class Kubelets(threading.Thread):
         self.ran = []  # (pod, node, exit code): what the tests may assert on
         self.pull = {}  # node: seconds a pull of the smoke image takes there, until one completes
         self.pull_error = {}  # node: the message its pulls fail with (ErrImagePull, ImagePullBackOff)
+        self.create_error = {}  # node: (reason, message) its container cannot be made or started with
         self.gpus_late = {}  # node: seconds after a new bootID until its GPUs are offered again (None: never)
         self.unhealthy = {}  # node: how many of its GPUs its device plugin reports unhealthy (not allocatable)
         self.gpus = {}  # node: {resource: count} it offers when its device plugin is up
@@ -205,6 +211,26 @@ class Kubelets(threading.Thread):
         self.pull.pop(node, None)  # the image is on the node now
         return True
 
+    def _not_created(self, pod, path, container, started: float) -> None:
+        """The container not made or started (create_error): StartError ends the Pod; any other reason
+        leaves it waiting until it is deleted or past its activeDeadlineSeconds."""
+        reason, message = self.create_error[pod["spec"]["nodeName"]]
+        said = {"name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                "restartCount": 0}
+        if reason == "StartError":
+            self._status(path, {"phase": "Failed", "containerStatuses": [dict(said, state={"terminated": {
+                "exitCode": 128, "reason": reason, "message": message}})]})
+            return
+        status = {"containerStatuses": [dict(said, state={"waiting": {"reason": reason, "message": message}})]}
+        deadline = float(pod["spec"].get("activeDeadlineSeconds") or 600)
+        while self._status(path, status):
+            status = None  # written once; then only read, until the Pod goes
+            if time.monotonic() - started >= deadline:
+                self._status(path, {"phase": "Failed", "reason": "DeadlineExceeded",
+                                    "message": "Pod was active on the node longer than the specified deadline"})
+                return
+            time.sleep(0.2)
+
     def _run_pod(self, pod, path) -> None:
         container = pod["spec"]["containers"][0]
         started = time.monotonic()
@@ -215,6 +241,8 @@ class Kubelets(threading.Thread):
             return
         if not self._pulled(pod, path, container, started):
             return
+        if pod["spec"]["nodeName"] in self.create_error:
+            return self._not_created(pod, path, container, started)
         if not self._status(path, {"phase": "Running", "containerStatuses": [{
                 "name": container["name"], "image": container["image"], "imageID": "", "ready": True,
                 "restartCount": 0, "state": {"running": {"startedAt": now}}}]}):
