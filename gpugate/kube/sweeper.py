@@ -22,7 +22,9 @@ the steps that are Slurm's done the Kubernetes way:
   (its image not pulled, not scheduled: the site's), proves nothing: the
   node is deferred, held, the reason said, never failed; except a refusal
   for GPUs the Node counts but does not offer (its device plugin reports
-  them unhealthy): the node's;
+  them unhealthy): the node's; and a container that could not be made
+  or started (CreateContainerError, StartError) where the same image
+  started on another node in this sweep: the node's (_start_errors);
 - reservations: none; gpugate's taint and cordon keep every pod off while
   the sweep has the node, and resume lifts only those (KubeNodes.resume).
 
