@@ -229,10 +229,16 @@ def test_the_health_check_keeps_its_drain_when_pyslurm_cannot_reach_slurmctld(cl
     pid = cluster.pids()["slurmctld"]
     os.kill(pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        result = subprocess.run([cluster.path("bin", "healthcheck")], env={"SLURMD_NODENAME": node},
-                                capture_output=True, text=True, timeout=120)
-        took = time.monotonic() - started
+        for _ in range(3):
+            started = time.monotonic()
+            result = subprocess.run([cluster.path("bin", "healthcheck")], env={"SLURMD_NODENAME": node},
+                                    capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - started
+            # slurmd's own health check may hold the node's lock (a loaded
+            # machine: it runs long while slurmctld is stopped): this run is
+            # then skipped (exit 0, said in its record); the next one judges.
+            if result.returncode != 0 or cluster.log_records(node)[-1].get("verdict") != "skipped":
+                break
     finally:
         os.kill(pid, signal.SIGCONT)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
