@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpugate.baseline import load_baseline  # noqa: E402
+from gpugate.model.baseline import load_baseline  # noqa: E402
 from gpugate.fleet.audit import DRIFT, fold  # noqa: E402
 from _measure import report, timed  # noqa: E402
 

@@ -3,9 +3,9 @@ fleet in which every node published a budgeted finding (a wrong pin pushed to al
 
     python3 bench/bench_budget.py [--nodes 100000] [--repeat 3] [--published 1.0] [--stages]
 
-The keeper (gpugate.keeper) reads the fleet once per run in sinfo's text
+The keeper (gpugate.keeper.run) reads the fleet once per run in sinfo's text
 format (SINFO_TEXT_ARGV), as gpugate.slurm.nodestate.lean reads it (records
-for the nodes that can decide only), and decides (gpugate.keeper.decide:
+for the nodes that can decide only), and decides (gpugate.keeper.run.decide:
 every published span's proof checked, the memory, the preflight pins, the
 plan of every partition).  The reference, measured in the same run and
 interleaved with it: the same fleet as 24.11's `scontrol --json show node`
@@ -40,7 +40,8 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, %(root)r)
 started, cpu0 = time.perf_counter(), time.process_time()
-from gpugate import keeper, keeper_proofs
+from gpugate.keeper import run as keeper
+from gpugate.budget import proofs as keeper_proofs
 from gpugate.slurm.nodestate import lean
 with open(sys.argv[2]) as handle:
     text = handle.read()
@@ -63,7 +64,7 @@ def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the par
 rss_mb = peak_mb()  # the timed run's peak, before the steps are timed again
 stages = {}
 if %(stages)r and sys.argv[1] == "text":  # where the keeper's time goes, step by step (CPU), after the timed run
-    from gpugate import budget, budget_pins, keeper_memory
+    from gpugate.budget import rules as budget, pins as budget_pins, memory as keeper_memory
     def _clock(what, call):
         began = time.process_time()
         out = call()

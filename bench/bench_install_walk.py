@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _measure import report, timed  # noqa: E402
 
-from gpugate import install_trust  # noqa: E402
+from gpugate.probes import install_trust  # noqa: E402
 
 
 def _reference(roots):

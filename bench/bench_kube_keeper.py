@@ -6,7 +6,7 @@ wrong pin published (a signed gpugate.io/pending annotation), 16 pools.
 
 The nodes are created in bulk first (as KWOK does: Node objects, no
 kubelet; Ready written as a kubelet would).  Then, in one run of the
-keeper (gpugate.keeper.run_once over gpugate.kube.nodes, the Lease taken
+keeper (gpugate.keeper.run.run_once over gpugate.kube.nodes, the Lease taken
 first as `gpugate budget` does), reported:
 
 - its requests to the API server, by verb (the list is paginated: 500 a page);
@@ -73,8 +73,9 @@ def main() -> int:
     parser.add_argument("--share", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args()
-    from gpugate import budget, keeper
-    from gpugate.config import parse_settings
+    from gpugate.budget import rules as budget
+    from gpugate.keeper import run as keeper
+    from gpugate.model.config import parse_settings
     from gpugate.kube.nodes import KubeNodes
     from gpugate.testbed.kube import KubeAPI
 

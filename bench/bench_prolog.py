@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _venv  # noqa: E402
 from _measure import run_once  # noqa: E402
 
-from gpugate import nhcbuild as _nhc  # noqa: E402
+from gpugate.testbed import nhcbuild as _nhc  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOT, COLD = "gpu01", "gpu02"

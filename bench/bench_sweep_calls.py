@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpugate.testbed import SBIN, Cluster  # noqa: E402
-from gpugate.config import load_settings  # noqa: E402
+from gpugate.model.config import load_settings  # noqa: E402
 from gpugate.errors import SlurmError  # noqa: E402
 from gpugate.slurm import connect  # noqa: E402
 from gpugate.sweep.engine import Sweeper  # noqa: E402
@@ -62,7 +62,7 @@ def main():
         cluster._spawn([SBIN + "/slurmctld", "-f", cluster.conf, "-i"], "slurmctld")
         cluster._wait(cluster._sinfo_ok, 60, "slurmctld")
         settings = load_settings(cluster.gpugate_conf)
-        from gpugate.baseline import load_baseline
+        from gpugate.model.baseline import load_baseline
 
         baseline = load_baseline(cluster.baseline)
         journal = Journal(cluster.path("state", "bench.db"))

@@ -17,8 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpugate import reason as reasons  # noqa: E402
-from gpugate.findings import Finding  # noqa: E402
+from gpugate.model import reason as reasons  # noqa: E402
+from gpugate.model.findings import Finding  # noqa: E402
 from gpugate.slurm.nodestate import parse_nodes_json  # noqa: E402
 from gpugate.sweep.plan import Options, plan  # noqa: E402
 from gpugate.sweep.snapshot import take  # noqa: E402

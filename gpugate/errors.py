@@ -26,8 +26,8 @@ class CommandError(GpugateError):
         self.stderr = stderr
         self.timed_out = timed_out
         self.missing = missing
-        self.refused = refused  # not root's alone (gpugate.trust): nothing ran
-        self.overflow = overflow  # printed more than its cap (gpugate.runner): killed
+        self.refused = refused  # not root's alone (gpugate.safety.trust): nothing ran
+        self.overflow = overflow  # printed more than its cap (gpugate.safety.runner): killed
         super().__init__(message)
 
 

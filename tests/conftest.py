@@ -70,9 +70,9 @@ def fleet(tmp_path):
 @pytest.fixture
 def settings_for():
     """Settings for a simulated fleet (no gpugate.toml needed)."""
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
 
     def make(fleet_dir, baseline=DEMO_BASELINE, **extra):
         base = parse_settings({}, "(test)")

@@ -8,13 +8,13 @@ deadline and the repaired node fell to the reboot rung)."""
 import os
 import time
 
-from gpugate.config import load_settings
-from gpugate.findings import Finding
+from gpugate.model.config import load_settings
+from gpugate.model.findings import Finding
 from gpugate.node import act as act_mod
 from gpugate.node.gpureset import MARKER
-from gpugate.node.state import write_json
+from gpugate.safety.state import write_json
 from gpugate.slurm.nodestate import NodeState
-from gpugate.verdict import decide
+from gpugate.model.verdict import decide
 from gpugate.slurm.base import NodeUpdates
 
 ECC = "gpugate: health ecc:gpu6=4 uncorrected (want <= 0)"

@@ -76,7 +76,7 @@ def node_textfiles(tmp_path) -> dict:
     baseline.write_text(open(DEMO_BASELINE).read())
     os.utime(str(baseline), (1, 1))
     # Held needs Slurm's view of the partition: gpugate's writer, given a real check's verdict.
-    from gpugate.config import load_checked_baseline, load_settings
+    from gpugate.model.config import load_checked_baseline, load_settings
     from gpugate.node.metrics import write_node_textfile
     from gpugate.node.check import run_check
 
@@ -107,7 +107,7 @@ def _follower_heartbeat(state_dir, fleet, node):
 def flooded_textfile() -> str:
     """A node whose ring a flood overwrote, no follower running: what its health check writes."""
     from gpugate.node.metrics import kernel_log_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     facts = SimpleNamespace(kernel_log_lost={"records": 2000, "first": 1001, "last": 3000},
                             kernel_log_follower={"follower": "absent", "covered": False, "why": "no follower"})
@@ -126,7 +126,7 @@ def write_error_textfile(tmp_path) -> str:
     from gpugate.node.kmsgfollow import Follower
     from gpugate.node.metrics import kernel_log_families
     from gpugate.probes.gpujournal import coverage, read_heartbeat
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     state, boot = str(tmp_path / "full"), "b" * 32
     follower = Follower(state, boot, time.time())
@@ -143,9 +143,9 @@ def write_error_textfile(tmp_path) -> str:
 
 
 def controller_textfile(alarm: bool) -> str:
-    from gpugate.budget import Use
+    from gpugate.budget.rules import Use
     from gpugate.fleet.metrics import fleet_families, keeper_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     def view(cls):
         return SimpleNamespace(ours=SimpleNamespace(cls=cls) if cls else None, in_service=cls is None)
@@ -192,7 +192,7 @@ def test_alerts_fire_on_what_gpugate_wrote(tmp_path):
     node = node_textfiles(tmp_path)
     quiet = series(node["gpu01"], "gpu01", False) + series(controller_textfile(False), "ctl", False)
     from gpugate.node.metrics import clock_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     # A power brake on three nodes at once (the room): what each node's health check writes.
     braked = render(clock_families({"power_brake": 0.3}))

@@ -13,8 +13,8 @@ from conftest import ROOT, gpugate_cmd
 from test_amd_judges import CLEAN, baseline, gpu, node, reason, with_gpu
 from test_check_sim import sim_set
 
-from gpugate.facts import ProbeFailure
-from gpugate.record import replace
+from gpugate.model.facts import ProbeFailure
+from gpugate.core.record import replace
 
 MIXED = os.path.join(ROOT, "slurm_conf", "baseline.mixed.example.toml")
 
@@ -53,7 +53,7 @@ def test_the_sweeps_own_reset_is_no_gpu_reset_event_for_any_later_run(tmp_path):
     assert _check(fleet)["fit"] is True  # a health check from the start of the kernel log
     sim_set(fleet, "mi001", "amd.gpu0.log=reset_begin")  # a reset of the driver's own, after ours: counted
     data = _check(fleet)
-    from gpugate.findings import is_acute
+    from gpugate.model.findings import is_acute
 
     assert "amdgpu_repeat:gpu0=gpu_reset (want" in data["reason"], data["reason"]
     assert not is_acute("health", "amdgpu_repeat")  # a rate: budgeted, as NVIDIA's xid_repeat
@@ -61,7 +61,7 @@ def test_the_sweeps_own_reset_is_no_gpu_reset_event_for_any_later_run(tmp_path):
 
 def test_epilog_counts_only_the_jobs_own_gpus_processes():
     from gpugate.judges import judge
-    from gpugate.verdict import decide
+    from gpugate.model.verdict import decide
 
     b = baseline()
     facts = replace(node(mode="epilog"), amd=replace(node().amd, kfd_processes=()))  # as narrowed to the job
@@ -112,7 +112,7 @@ def test_an_empty_fru_falls_back_to_the_nodesets_device_id_or_says_so():
 def test_an_unreadable_firmware_or_bus_is_a_probe_never_drift_or_missing_gpus():
     import copy
 
-    from gpugate.baseline import parse_baseline
+    from gpugate.model.baseline import parse_baseline
     from test_amd_judges import BASELINE, PRODUCT
 
     data = copy.deepcopy(BASELINE)
@@ -125,7 +125,7 @@ def test_an_unreadable_firmware_or_bus_is_a_probe_never_drift_or_missing_gpus():
 
 
 def test_a_finding_no_repair_fixes_escalates_wherever_it_stands_in_the_reason():
-    from gpugate import reason as reasons
+    from gpugate.model import reason as reasons
     from gpugate.sweep.plan import ESCALATE, Options, remedy_for
 
     text = reason(node([gpu(0, ras=dict(CLEAN, umc=(2, 0, 0))), gpu(1, bad_pages=(0, 0, 1))] +
@@ -142,7 +142,7 @@ def test_pairs_never_cross_vendors():
 
 
 def test_what_an_older_amd_smi_or_ras_off_leaves_unjudged_is_listed():
-    from gpugate.facts import unchecked_facts
+    from gpugate.model.facts import unchecked_facts
 
     old = ProbeFailure("amd_smi", "unchecked", "this amd-smi has no xgmi --link-status (AMD SMI 25.3+)")
     facts = node([gpu(i, xgmi=old, ras=None if i == 3 else dict(CLEAN)) for i in range(8)])
@@ -171,7 +171,7 @@ def test_an_amd_node_whose_nodeset_lacks_vendor_amd_is_never_drained_at_once(tmp
     findings the drain budget bounds, in every mode: the prolog and epilog
     read the bus on this failure path only (issue 34)."""
     from conftest import DEMO_BASELINE
-    from gpugate.findings import is_acute
+    from gpugate.model.findings import is_acute
 
     path = str(tmp_path / "fleet")
     assert gpugate_cmd("sim", "init", path, "--nodes", "gpu01", "--vendor", "amd",

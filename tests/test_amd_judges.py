@@ -1,7 +1,7 @@
-"""The AMD judges (gpugate.judges.amd, amdgpus): one finding per fault with
+"""The AMD judges (gpugate.vendors.amd.judge, amdgpus): one finding per fault with
 its exact reason, the same reason grammar and budget classes as NVIDIA's,
 and unknown never taken for good.  Facts are built as the probes build
-them (gpugate.amdfacts records)."""
+them (gpugate.vendors.amd.facts records)."""
 
 import re
 
@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.amdfacts import AmdFacts, AmdGpu
-from gpugate.baseline import parse_baseline
+from gpugate.vendors.amd.facts import AmdFacts, AmdGpu
+from gpugate.model.baseline import parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.facts import NodeFacts, Pcie, ProbeFailure, from_jsonable, to_jsonable
+from gpugate.model.facts import NodeFacts, Pcie, ProbeFailure, from_jsonable, to_jsonable
 from gpugate.judges import judge
-from gpugate.record import replace
-from gpugate.verdict import decide
+from gpugate.core.record import replace
+from gpugate.model.verdict import decide
 
 PRODUCT = "AMD Instinct MI300X OAM"
 BASELINE = {
@@ -211,7 +211,7 @@ def test_any_uncorrectable_error_in_a_listed_block_drains_and_correctables_never
 
 
 def test_textfile_metrics_name_the_amd_stack_not_nvidias():
-    from gpugate.facts import XidEvent
+    from gpugate.model.facts import XidEvent
     from gpugate.node.metrics import component_states, kernel_log_samples
 
     b = baseline()

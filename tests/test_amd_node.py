@@ -1,6 +1,6 @@
 """`gpugate check`, `reset-gpus`, `facts` and `baseline capture` on simulated
 AMD Instinct nodes (issue 29): only amdgpu's sysfs, amd-smi, rvs and the
-kernel log are simulated (gpugate.sim.amdnode, amdsmi_out, amdkeys); the
+kernel log are simulated (gpugate.vendors.amd.sim_node, amdsmi_out, amdkeys); the
 probes, parsers and judges run the production code.  Every injected fault
 gives its class and exact reason; unknown is never good."""
 
@@ -187,7 +187,7 @@ def test_capture_from_an_amd_node_without_any_baseline(amd_fleet, tmp_path):
     result = gpugate_cmd("baseline", "capture", "--node", "mi002", "--sim", amd_fleet, "--output", out,
                          "--name", "mi300x-captured")
     assert result.returncode == 0, result.stderr
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     captured = load_baseline(out)
     assert captured.vendor_for("mi002") == "amd" and captured.pin.driver is None

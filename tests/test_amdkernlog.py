@@ -2,7 +2,7 @@
 captures in tests/fixtures/amd/ (each with its source), the driver's other
 forms constructed from its format strings (each cited), /dev/kmsg records of
 the kernel's facility and of user space, the injection cases, and the judge
-(gpugate.judges.amdevents) with its exact findings."""
+(gpugate.vendors.amd.judge_events) with its exact findings."""
 
 import glob
 import os
@@ -14,15 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate import runbook
-from gpugate.baseline import load_baseline
-from gpugate.facts import NodeFacts, XidEvent
-from gpugate.findings import BROKEN, HEALTH, REBOOT, RESET_GPU, RMA_ACTION, Finding
-from gpugate.judges import amdevents, xids
-from gpugate.parsers import amdkernlog, kernlog
+from gpugate.model import runbook
+from gpugate.model.baseline import load_baseline
+from gpugate.model.facts import NodeFacts, XidEvent
+from gpugate.model.findings import BROKEN, HEALTH, REBOOT, RESET_GPU, RMA_ACTION, Finding
+from gpugate.vendors.amd import judge_events as amdevents
+from gpugate.judges import xids
+from gpugate.vendors.amd import parse_kernlog as amdkernlog
+from gpugate.parsers import kernlog
 from gpugate.probes.kernlog import bus_key, fresh_xids
-from gpugate.reason import render
-from gpugate.record import replace
+from gpugate.model.reason import render
+from gpugate.core.record import replace
 
 from conftest import DEMO_BASELINE, ROOT
 
@@ -353,7 +355,7 @@ def test_the_prolog_loads_no_amd_pattern_for_an_nvidia_log():
     code = ("import sys; from gpugate.parsers import kernlog; "
             "t = '4,1,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1\\n6,2,2,-;[drm] Initialized ast 0.1.0 for "
             "0000:02:00.0 on minor 0\\n6,3,3,-;ast 0000:02:00.0: [drm] fb0: astdrmfb frame buffer device\\n'; "
-            "assert len(kernlog.parse_kmsg(t, None)) == 1; print('gpugate.parsers.amdkernlog' in sys.modules)")
+            "assert len(kernlog.parse_kmsg(t, None)) == 1; print('gpugate.vendors.amd.parse_kernlog' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
                          check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""gpugate.parsers.amdsmi on real amd-smi captures (tests/fixtures/amd, each
+"""gpugate.vendors.amd.parse_smi on real amd-smi captures (tests/fixtures/amd, each
 with its .src.txt) from ROCm 6.1-7.2, MI210, MI300X, MI300A and MI350X; on
 files CONSTRUCTED from the CLI's source where no capture exists (their name
 says so); and property tests: no input raises, "N/A" never becomes a value.
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpugate.facts import ProbeFailure
-from gpugate.parsers import amdsmi
-from gpugate.parsers import amdsmi_fields as fields
+from gpugate.model.facts import ProbeFailure
+from gpugate.vendors.amd import parse_smi as amdsmi
+from gpugate.vendors.amd import parse_smi_fields as fields
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "amd")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ system, where `scripts/test --release 24.11` runs the tests marked
 ``amdsmi`` under chroot: no GPU, no amdgpu module, no /sys.  Every amd-smi
 subcommand gpugate runs goes through gpugate's own runner (deadline, its own
 process group, trust walk) with the environment gpugate gives tools, and
-must end fast in a clear probe finding of gpugate.parsers.amdsmi.failure:
+must end fast in a clear probe finding of gpugate.vendors.amd.parse_smi.failure:
 never a crash, a hang, or an answer read as one.  The binding's
 amdsmi_init() must raise the library's own error, fast.  gpugate itself
 runs the CLI and never imports the binding (docs/amd-design.md 1.3): the
@@ -32,7 +32,7 @@ import pytest
 
 from conftest import SAMPLES
 
-from gpugate.runner import run
+from gpugate.safety.runner import run
 
 AMD_SMI = "/usr/bin/amd-smi"
 # Debian installs the binding off sys.path (amd-smi appends this directory itself).
@@ -100,7 +100,7 @@ def _require_amd_smi():
 
 
 def _failure(rc, stdout, stderr):
-    from gpugate.parsers import amdsmi as parser
+    from gpugate.vendors.amd import parse_smi as parser
 
     return parser.failure(rc, stdout, stderr)
 

@@ -1,7 +1,7 @@
-"""gpugate.probes.amdsysfs on simulated AMD nodes (gpugate.sim.amdnode) and
+"""gpugate.vendors.amd.probe_sysfs on simulated AMD nodes (gpugate.vendors.amd.sim_node) and
 on hand-built sysfs trees of each degraded form: every case ends as an
 exact value or a ProbeFailure, never a healthy default.  The text parsers
-(gpugate.parsers.amdsysfs) are property-tested on their own."""
+(gpugate.vendors.amd.parse_sysfs) are property-tested on their own."""
 
 import os
 
@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SAMPLES
-from gpugate.amdfacts import NOT_READ_AMD, gpu_count
+from gpugate.vendors.amd.facts import NOT_READ_AMD, gpu_count
 from gpugate.errors import ConfigError, ParseError
-from gpugate.facts import Pcie, ProbeFailure
-from gpugate.parsers import amdsysfs as parse
-from gpugate.probes import amdsysfs
-from gpugate.sim import amdnode
+from gpugate.model.facts import Pcie, ProbeFailure
+from gpugate.vendors.amd import parse_sysfs as parse
+from gpugate.vendors.amd import probe_sysfs as amdsysfs
+from gpugate.vendors.amd import sim_node as amdnode
 
 BAD_PAGES_CAPTURE = os.path.join(SAMPLES, "amd", "sysfs-gpu_vram_bad_pages-8R-grep-unknownGPU-dridevel.FRAGMENT.txt")
 BUSES = ("1b", "3d", "4e", "5f", "9d", "bd", "cd", "dd")

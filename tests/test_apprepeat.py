@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import gpugate_cmd
-from gpugate.baseline import parse_baseline
-from gpugate.facts import NodeFacts, XidEvent
-from gpugate.findings import is_acute
+from gpugate.model.baseline import parse_baseline
+from gpugate.model.facts import NodeFacts, XidEvent
+from gpugate.model.findings import is_acute
 from gpugate.judges import apprepeat
 from test_node_side import node_env, run_entry  # noqa: F401  (the fixture)
 
@@ -247,7 +247,7 @@ def test_attack_one_user_raising_xids_in_three_jobs_drains_nothing(node_env):  #
 
 
 def test_amdgpu_vm_faults_are_the_applications_per_job_and_gpu(tmp_path):
-    """amdgpu's VM page faults (gpugate.parsers.amdkernlog) go to the same
+    """amdgpu's VM page faults (gpugate.vendors.amd.parse_kernlog) go to the same
     record: a job's own GPU only, jobs of different users on one GPU."""
     from conftest import ROOT
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.baseline import parse_baseline
+from gpugate.model.baseline import parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.facts import NodeFacts, XidEvent
-from gpugate.findings import is_acute
+from gpugate.model.facts import NodeFacts, XidEvent
+from gpugate.model.findings import is_acute
 from gpugate.judges import apprepeat
 from test_apprepeat import _SEQ, BUSES, POLICY, _facts, _replay
 
@@ -47,9 +47,9 @@ def test_attack_a_fault_on_several_gpus_across_users_is_the_nodes_finding():
     Xid 43 on GPU 5 (a shared NVSwitch, PCIe switch or baseboard shows so).
     Before: each user's faults 'followed them across GPUs', all set aside,
     no finding; the same jobs on GPU 2 alone were flagged."""
-    from gpugate import budget
-    from gpugate import reason as reasons
-    from gpugate.findings import RESET_GPU
+    from gpugate.budget import rules as budget
+    from gpugate.model import reason as reasons
+    from gpugate.model.findings import RESET_GPU
     from gpugate.sweep.plan import Options, remedy_for
     from gpugate.sweep.reset_step import _gpus
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import DEMO_BASELINE, EXAMPLE_BASELINE
-from gpugate.baseline import load_baseline, parse_baseline
-from gpugate.config import load_settings, parse_settings
+from gpugate.model.baseline import load_baseline, parse_baseline
+from gpugate.model.config import load_settings, parse_settings
 from gpugate.errors import ConfigError
 
 

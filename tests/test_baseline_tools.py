@@ -5,13 +5,13 @@ import json
 import os
 import subprocess
 import sys
-from gpugate.record import asdict
+from gpugate.core.record import asdict
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.baseline import PIN_COMPONENTS, load_baseline, parse_baseline
+from gpugate.model.baseline import PIN_COMPONENTS, load_baseline, parse_baseline
 from gpugate.errors import ConfigError
 from gpugate.fleet.capture import capture
 from gpugate.fleet.review import diff, diff_text

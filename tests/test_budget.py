@@ -1,14 +1,13 @@
-"""The fleet drain budget (gpugate.budget): the pure rule (allowance, what
+"""The fleet drain budget (gpugate.budget.rules): the pure rule (allowance, what
 counts, the ranking, the keeper's plan and what it says of a held node).
 The keeper's runs and two keepers racing: test_keeper.py."""
 
 from hypothesis import given, settings, strategies as st
 
-from gpugate import budget
-from gpugate import reason as reasons
-from gpugate.findings import (BROKEN, DRIFT, HEALTH, INVESTIGATE, PROBE, REBOOT, RECONVERGE, RELOAD_OR_REBOOT,
-                              RESET_GPU, RMA_ACTION, Finding)
-from gpugate.verdict import decide
+from gpugate.budget import rules as budget
+from gpugate.model import reason as reasons
+from gpugate.model.findings import BROKEN, DRIFT, HEALTH, INVESTIGATE, PROBE, REBOOT, RECONVERGE, RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding
+from gpugate.model.verdict import decide
 from gpugate.slurm.nodestate import NodeState
 
 TAG = "gpugate:"

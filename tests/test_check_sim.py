@@ -239,7 +239,7 @@ def test_pcie_below_the_policy_but_at_the_gpus_own_maximum_is_budgeted(fleet, tm
     """A link trained below what the GPU can do is hardware (acute); a policy
     minimum beyond what the GPU can do is a baseline that does not fit the
     node: pcie_max_width, budgeted, so a typo cannot drain a partition."""
-    from gpugate.findings import is_acute
+    from gpugate.model.findings import is_acute
 
     baseline = tmp_path / "baseline.toml"
     with open(DEMO_BASELINE) as handle:

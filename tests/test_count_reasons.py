@@ -5,7 +5,7 @@ new event rewrote the node's drain reason or its published comment, and a
 new comment sent the node to the back of the budget keeper's oldest-first
 queue (its first-published time started again)."""
 
-from gpugate.reason import render
+from gpugate.model.reason import render
 from gpugate.slurm import pending
 from test_amdkernlog import TIMEOUT, UE, judge
 from test_apprepeat import _replay

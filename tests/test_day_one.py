@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
-from gpugate.baseline import load_baseline
+from gpugate.model.baseline import load_baseline
 from test_kmsg_follow_restart import _unit
 from test_predict import audited, check, demo_with  # noqa: F401 (a fixture)
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from gpugate.findings import Finding
+from gpugate.model.findings import Finding
 from gpugate.node import act as act_mod
 from gpugate.slurm import pending
-from gpugate.verdict import decide
+from gpugate.model.verdict import decide
 
 from test_keeper import DRIFT, node
 from test_pending_proof import CommentSlurm, _settings

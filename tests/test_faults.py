@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from gpugate import schema
-from gpugate.baseline import load_baseline
+from gpugate.model import schema
+from gpugate.model.baseline import load_baseline
 from gpugate.errors import ConfigError
 
 from conftest import DEMO_BASELINE
@@ -345,7 +345,7 @@ def test_boot_time_in_the_future_is_no_boot_grace(fleet, tmp_path):
 # ------------------------------------------------- unusual node names
 from hypothesis import given, settings as hsettings, strategies as hst  # noqa: E402
 
-from gpugate.names import check_node_name, is_node_name  # noqa: E402
+from gpugate.core.names import check_node_name, is_node_name  # noqa: E402
 
 
 @hsettings(max_examples=500, deadline=None)
@@ -377,7 +377,7 @@ def test_the_sweep_plans_around_an_unsafe_name_and_never_expands_it():
     from gpugate.slurm.nodestate import NodeState
     from gpugate.sweep.plan import Options, plan
     from gpugate.sweep.snapshot import take
-    from gpugate.sweep.transport import expand
+    from gpugate.node.transport import expand
 
     reason = "gpugate: drift driver=550.54.15 (want 580.65.06)"
     states = {n: NodeState(n, "IDLE", frozenset({"DRAIN"}), reason, 100, "root", ("gpu",))
@@ -414,12 +414,12 @@ def test_a_published_hold_asks_nothing_until_the_findings_change(tmp_path):
     record of a gpugate before proofs); new findings or a damaged record
     make it read and publish again."""
     import json
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
     from gpugate.node import hold
-    from gpugate.verdict import decide
-    from gpugate.findings import Finding
+    from gpugate.model.verdict import decide
+    from gpugate.model.findings import Finding
 
     settings = replace(parse_settings({}, "(test)"), state_dir_template=str(tmp_path / "{node}"))
     verdict = decide([Finding("drift", "driver", "550.54.15", "580.65.06", "reconverge")], "gpugate:")
@@ -447,7 +447,9 @@ def test_sweep_deadlines_use_the_monotonic_clock():
     import ast
     import inspect
 
-    from gpugate.sweep import engine, steps, waits
+    from gpugate.sweep import engine
+    from gpugate.sweep import steps
+    from gpugate.sweep import waits
 
     deadlines = []
     for module in (engine, steps, waits):
@@ -489,7 +491,7 @@ def test_a_gpu_the_node_showed_before_and_lost_is_acute(fleet, tmp_path):
     the health check and in the prolog."""
     import json
 
-    from gpugate.findings import is_acute
+    from gpugate.model.findings import is_acute
 
     config = _node_config(tmp_path, fleet, ownership="false")
     assert _entry("healthcheck", config).returncode == 0

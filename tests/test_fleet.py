@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DEMO_BASELINE, check_now, gpugate_cmd, make_cluster, sim_config
-from gpugate.baseline import load_baseline
+from gpugate.model.baseline import load_baseline
 from gpugate.fleet.audit import DRIFT, PINNED, UNREADABLE, fold, hostlist, to_json
 
 

@@ -28,13 +28,15 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, EXAMPLE_BASELINE, ROOT
-from gpugate import reason
-from gpugate.baseline import MAX_NODESET, load_baseline, parse_baseline
-from gpugate.config import DEFAULT_COMMANDS, load_settings, parse_settings
+from gpugate.model import reason
+from gpugate.model.baseline import MAX_NODESET, load_baseline, parse_baseline
+from gpugate.model.config import DEFAULT_COMMANDS, load_settings, parse_settings
 from gpugate.errors import ConfigError, ParseError
-from gpugate.findings import CLASSES, Finding
-from gpugate.parsers import dcgm, kernlog, system
-from gpugate.schema import _toml
+from gpugate.model.findings import CLASSES, Finding
+from gpugate.parsers import dcgm
+from gpugate.parsers import kernlog
+from gpugate.parsers import system
+from gpugate.model.schema import _toml
 
 EXAMPLE_CONFIG = os.path.join(ROOT, "slurm_conf", "gpugate.example.toml")
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -309,7 +311,7 @@ def test_any_config_text_loads_or_names_the_file(fuzz_dir, text):
 def test_deeply_nested_and_huge_toml_is_a_config_error(fuzz_dir):
     # Under whatever recursion limit the tests before it left (Hypothesis
     # raises it while it runs): the nesting is measured before the parser
-    # recurses (gpugate.tomldepth; tests/test_tomldepth.py runs it in a child).
+    # recurses (gpugate.core.tomldepth; tests/test_tomldepth.py runs it in a child).
     _deeply_nested(fuzz_dir)
 
 
@@ -420,7 +422,7 @@ CLI_HOSTLISTS = st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(expr=CLI_HOSTLISTS)
 def test_cli_hostlists_never_give_a_traceback(cli_config, command, expr):
-    from gpugate.baseline import _hostlist_size
+    from gpugate.model.baseline import _hostlist_size
 
     assume(expr and _hostlist_size(expr) <= 50)  # "-w ''" is no filter; audit runs once per node
     result = _invoke(command, cli_config, expr)

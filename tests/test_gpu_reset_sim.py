@@ -74,7 +74,7 @@ def test_a_process_on_a_gpu_refuses_the_reset_before_anything_is_stopped(fleet, 
 def test_nvidia_smi_refuses_a_held_gpu_with_the_drivers_words(fleet):
     """nvidia-smi -r while persistenced holds the GPUs: the text and exit
     code NVIDIA/NVSentinel#1690 recorded."""
-    from gpugate.runner import run
+    from gpugate.safety.runner import run
 
     result = run([os.path.join(fleet, "gpu01", "bin", "nvidia-smi"), "-r", "-i", "0"], 30, ok_codes=range(256))
     assert result.rc == 255

@@ -9,16 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.baseline import parse_baseline
+from gpugate.model.baseline import parse_baseline
 from gpugate.errors import ParseError
-from gpugate.facts import NodeFacts, from_jsonable, to_jsonable
-from gpugate.findings import is_acute
-from gpugate.judges import hca, judge
+from gpugate.model.facts import NodeFacts, from_jsonable, to_jsonable
+from gpugate.model.findings import is_acute
+from gpugate.judges import judge
+from gpugate.judges import hca
 from gpugate.parsers import ib as ibparse
 from gpugate.parsers import imex as imexparse
 from gpugate.probes.ib import read_hcas
 from gpugate.sim.ib import rate_text
-from gpugate.toolfacts import Hca, HcaPort
+from gpugate.model.toolfacts import Hca, HcaPort
 
 from conftest import SAMPLES
 
@@ -278,8 +279,8 @@ def test_parsers_take_any_text(text):
 # -- IMEX -----------------------------------------------------------------------
 
 def test_imex_judged_on_members_only_and_budgeted():
-    from gpugate.facts import ProbeFailure
-    from gpugate.toolfacts import ImexStatus
+    from gpugate.model.facts import ProbeFailure
+    from gpugate.model.toolfacts import ImexStatus
 
     degraded = ImexStatus(service="READY", domain="DEGRADED", nodes=(("10.0.0.1", "READY"), ("10.0.0.2", "UNAVAILABLE")))
     member, other = _baseline(imex_member=True), _baseline()

@@ -3,7 +3,7 @@ capture, and the simulated nodes' sysfs tree, keys and nvidia-imex-ctl."""
 
 import os
 
-from gpugate.facts import to_jsonable
+from gpugate.model.facts import to_jsonable
 from gpugate.judges import judge
 from gpugate.probes.ib import read_hcas
 
@@ -11,7 +11,7 @@ from test_hca import _baseline, _facts, _ibstat_root, _sysfs_root
 
 
 def test_audit_shows_hca_firmware_per_type_like_vbios(tmp_path):
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
     from gpugate.fleet.audit import fold, to_text
 
@@ -30,7 +30,7 @@ def test_node_metrics_per_hca_port(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
     from gpugate.node.metrics import hca_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     hcas = read_hcas(_ibstat_root(tmp_path, "h100-roce400-cx7-2ports-down-disabled"))
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -110,7 +110,7 @@ def test_simulated_converge_flashes_the_pinned_hca_firmware():
     assert model["ib"][1]["ports"][0]["state"] == "1: DOWN"  # a link fault is not software
 
 def test_capture_pins_hca_firmware_and_the_fabric(tmp_path):
-    from gpugate.baseline import parse_baseline as parse
+    from gpugate.model.baseline import parse_baseline as parse
     from gpugate.fleet.capture import capture
 
     try:

@@ -15,20 +15,20 @@ import sys
 import pytest
 
 from conftest import DEMO_BASELINE, ROOT
-from gpugate.pynvml_loader import _WRAPPER_ASSIGNMENTS
+from gpugate.vendors.nvidia.pynvml_loader import _WRAPPER_ASSIGNMENTS
 
 # Loaded by the prolog's healthy path, they would cost every job: the TOML
 # parser (the kept parse is reused), OpenSSL's hashes, typing, the Slurm
 # commands and what runs tools (subprocess, threads), click, ClusterShell,
 # NVML's binding or the simulated node's (loaded in the forked reader only),
-# dataclasses and inspect (gpugate.record), pickle and signal (gpugate.forked),
-# contextlib (gpugate.node.act), json, re, enum and functools (gpugate.jsontext,
-# gpugate.lazyre).
+# dataclasses and inspect (gpugate.core.record), pickle and signal (gpugate.safety.forked),
+# contextlib (gpugate.node.act), json, re, enum and functools (gpugate.core.jsontext,
+# gpugate.core.lazyre).
 NOT_ON_THE_HOT_PATH = {
     "dataclasses", "inspect", "pickle", "signal", "contextlib", "tomllib", "tomli", "hashlib", "_hashlib", "typing", "subprocess", "threading", "concurrent.futures",
     "json", "re", "enum", "functools",
     "random", "logging", "datetime", "click", "ClusterShell", "ClusterShell.NodeSet", "pynvml", "ctypes",
-    "gpugate.sim", "gpugate.sim.nvml", "gpugate.runner", "gpugate.budget", "gpugate.slurm.commands",
+    "gpugate.sim", "gpugate.vendors.nvidia.nvml_sim", "gpugate.safety.runner", "gpugate.budget.rules", "gpugate.slurm.commands",
     "gpugate.probes.commands", "gpugate.parsers.system", "gpugate.parsers.dcgm", "gpugate.cli",
 }
 # Every gpugate module the hot prolog loads today.  A new one is a cost on
@@ -36,16 +36,18 @@ NOT_ON_THE_HOT_PATH = {
 # 42: the prolog judges the job's GPUs' runtime settings (judges.settings)
 # and its fresh kernel-log events (judges.xids), both checks it must run;
 # 43: the NVML reader's own small module (node.prolog_reader), which the
-# entry script forks before anything else loads; 44: gpugate.jsontext, the
+# entry script forks before anything else loads; 44: gpugate.core.jsontext, the
 # JSON of the prolog's files without the json package (re, enum: ~4 ms);
-# 45: gpugate.safeio (os, stat, errno only), the prolog's job file written
+# 45: gpugate.safety.safeio (os, stat, errno only), the prolog's job file written
 # through a random O_EXCL|O_NOFOLLOW temporary name and its state read capped;
-# 46: gpugate.iblimits, the [health] IB keys the baseline's table holds (it
-# imports only gpugate.schema; kept apart to hold baseline.py under 400 lines);
-# 47: gpugate.config_kube, gpugate.toml's [kubernetes] table (it imports only
-# gpugate.schema; kept apart to hold config.py under 400 lines); 48:
-# gpugate.config_preflight, the [preflight] table, likewise.
-MAX_GPUGATE_MODULES = 48
+# 46: gpugate.model.iblimits, the [health] IB keys the baseline's table holds (it
+# imports only gpugate.model.schema; kept apart to hold baseline.py under 400 lines);
+# 47: gpugate.model.config_kube, gpugate.toml's [kubernetes] table (it imports only
+# gpugate.model.schema; kept apart to hold config.py under 400 lines); 48:
+# gpugate.model.config_preflight, the [preflight] table, likewise; 49-53: the
+# packages those modules live in (gpugate.core, .safety, .model, .vendors,
+# .vendors.nvidia): their __init__s are docstrings only, no import each.
+MAX_GPUGATE_MODULES = 53
 
 # What the interpreter loaded at start (site, .pth files, an editable
 # install's finder) is the environment's, not the prolog's.
@@ -113,7 +115,7 @@ def test_the_cold_prolog_parses_no_toml_once_the_parse_is_kept(node):
 
 def test_the_kept_view_follows_the_baseline_text_and_the_gpugate_version(node, tmp_path):
     from gpugate import __version__
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
     from gpugate.node import lastgood
 
     baseline = str(tmp_path / "baseline.toml")
@@ -190,7 +192,7 @@ def test_a_kept_parse_is_still_validated(node):
 
 
 def test_no_module_loads_the_standard_dataclasses():
-    """gpugate.record stands in for dataclasses: `import dataclasses`
+    """gpugate.core.record stands in for dataclasses: `import dataclasses`
     loads inspect, ast, dis and tokenize, about 11 ms of every prolog."""
     for where, _, names in os.walk(os.path.join(ROOT, "gpugate")):
         for name in names:
@@ -257,7 +259,7 @@ def test_the_early_nvml_reader_leaves_when_the_configuration_fails(tmp_path):
 
 
 def test_the_early_nvml_reader_reads_what_it_is_sent_and_nothing_when_cancelled():
-    from gpugate.forked import OK, Forked
+    from gpugate.safety.forked import OK, Forked
 
     reader = Forked(lambda orders: orders["gpus"] + [len(orders["node"])], prepare=lambda: None)
     reader.send({"gpus": [0, 3], "node": "gpu01"})
@@ -283,15 +285,16 @@ def test_the_early_nvml_reader_reads_what_it_is_sent_and_nothing_when_cancelled(
 def test_the_nvml_reading_loads_nothing_of_gpugates():
     """The prolog's reader is forked before gpugate's records are defined:
     what it runs must not define them again (it answers with stand-ins)."""
-    out = subprocess.run([sys.executable, "-c", "import sys; b = set(sys.modules); import gpugate.nvmlread; "
+    out = subprocess.run([sys.executable, "-c", "import sys; b = set(sys.modules); import gpugate.vendors.nvidia.nvmlread; "
                           "print(sorted(set(sys.modules) - b))"], capture_output=True, text=True, timeout=60,
                          check=True)
-    assert "dataclasses" not in out.stdout and "gpugate.facts" not in out.stdout, out.stdout
+    assert "dataclasses" not in out.stdout and "gpugate.model.facts" not in out.stdout, out.stdout
 
 
 def test_the_readers_stand_ins_become_the_facts_records():
-    from gpugate import facts, nvmlread
-    from gpugate.probes.nvml import facts_of
+    from gpugate.model import facts
+    from gpugate.vendors.nvidia import nvmlread
+    from gpugate.vendors.nvidia.probe_nvml import facts_of
 
     fail = nvmlread.ProbeFailure("nvml.vbios", "nvml", "Unknown Error", 999)
     value = nvmlread.NvmlFacts("580.65.06", "13.0", 1, (nvmlread.GpuFacts(
@@ -305,11 +308,11 @@ def test_the_readers_stand_ins_become_the_facts_records():
 
 
 def test_pynvml_loads_without_ctypes_util_string_or_threading_and_is_the_same_module():
-    """gpugate.pynvml_loader: the stand-ins live only while pynvml loads;
+    """gpugate.vendors.nvidia.pynvml_loader: the stand-ins live only while pynvml loads;
     afterwards the real modules import, pynvml answers through them, and it
     defined the same names (its error classes are named with capwords) and
     the same kind of lock."""
-    code = ("import sys, json; before = set(sys.modules); from gpugate.pynvml_loader import import_pynvml; "
+    code = ("import sys, json; before = set(sys.modules); from gpugate.vendors.nvidia.pynvml_loader import import_pynvml; "
             "p = import_pynvml(); loaded = sorted(m for m in ('ctypes.util', 'string', 're', 'subprocess', "
             "'threading', 'functools', 'collections') if m in sys.modules and m not in before); "
             "import ctypes.util, string, threading; "
@@ -336,7 +339,7 @@ def test_pynvml_loads_without_ctypes_util_string_or_threading_and_is_the_same_mo
     assert names == json.loads(plain.stdout) and "NVMLError_GpuIsLost" in names
     # Modules already loaded are used as they are: no stand-in.
     code = ("import sys, ctypes.util, string, threading; real = (ctypes.util, string, threading); "
-            "from gpugate.pynvml_loader import import_pynvml; p = import_pynvml(); "
+            "from gpugate.vendors.nvidia.pynvml_loader import import_pynvml; p = import_pynvml(); "
             "print(sys.modules['ctypes.util'] is real[0] and p.string is real[1] and p.threading is real[2])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True"
@@ -351,7 +354,7 @@ _WRAPPED = ("import json, sys; %s; "
 def test_pynvml_wrapped_functions_are_the_same_with_the_stand_in_wraps():
     """pynvml decorates some 30 functions with functools.wraps at import:
     with the stand-in they carry the same names, docs and __wrapped__."""
-    ours = subprocess.run([sys.executable, "-c", _WRAPPED % "from gpugate.pynvml_loader import import_pynvml; "
+    ours = subprocess.run([sys.executable, "-c", _WRAPPED % "from gpugate.vendors.nvidia.pynvml_loader import import_pynvml; "
                            "p = import_pynvml()"], capture_output=True, text=True, timeout=60, check=True)
     plain = subprocess.run([sys.executable, "-c", _WRAPPED % "import pynvml as p"], capture_output=True, text=True,
                            timeout=60, check=True)
@@ -362,7 +365,7 @@ def test_pynvml_wrapped_functions_are_the_same_with_the_stand_in_wraps():
 def test_the_stand_in_wraps_copies_what_this_pythons_functools_copies():
     import functools
 
-    from gpugate.pynvml_loader import _wraps
+    from gpugate.vendors.nvidia.pynvml_loader import _wraps
 
     if sys.version_info[:2] not in _WRAPPER_ASSIGNMENTS:
         pytest.skip("this Python gets the real functools while pynvml loads")
@@ -385,7 +388,7 @@ def test_the_stand_in_wraps_copies_what_this_pythons_functools_copies():
 def test_capwords_is_the_standard_one():
     import string
 
-    from gpugate.pynvml_loader import _capwords
+    from gpugate.vendors.nvidia.pynvml_loader import _capwords
 
     for text, sep in (("NVML_ERROR_GPU_IS_LOST", "_"), ("hello  wide world", None), ("", None), ("a_b", "_"),
                       ("ERROR__DOUBLE", "_"), (" lead trail ", " "), ("mIxEd cAsE", None)):
@@ -393,7 +396,7 @@ def test_capwords_is_the_standard_one():
 
 
 def test_a_reader_answer_that_is_not_plain_values_is_an_error_not_a_crash():
-    from gpugate.forked import ERROR, OK, Forked
+    from gpugate.safety.forked import ERROR, OK, Forked
 
     plain = Forked(lambda: {"a": (1, 2.5, None, True, b"x", "t", [frozenset({3})])})
     assert plain.result(30) == (OK, {"a": (1, 2.5, None, True, b"x", "t", [frozenset({3})])})
@@ -409,11 +412,11 @@ def test_a_fit_node_with_a_pending_rollout_asks_no_controller_where_slurm_runs_t
     """During a rollout a fit verdict carries notes (pending findings): the
     Kubernetes node agent reads its Node to name them in its condition; a
     Slurm prolog (slurm, and Slurm on Kubernetes) still asks nothing."""
-    from gpugate.config import parse_settings
-    from gpugate.findings import PENDING, RECONVERGE, Finding
+    from gpugate.model.config import parse_settings
+    from gpugate.model.findings import PENDING, RECONVERGE, Finding
     from gpugate.node.act import act
-    from gpugate.record import replace
-    from gpugate.verdict import decide
+    from gpugate.core.record import replace
+    from gpugate.model.verdict import decide
 
     verdict = decide([Finding(PENDING, "driver", "580.65.06", "590.48.01", RECONVERGE)], "gpugate:")
     assert verdict.fit and verdict.notes

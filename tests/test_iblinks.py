@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.baseline import parse_baseline
+from gpugate.model.baseline import parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.facts import NodeFacts
-from gpugate.findings import is_acute
+from gpugate.model.facts import NodeFacts
+from gpugate.model.findings import is_acute
 from gpugate.judges import iblinks
-from gpugate.toolfacts import Hca, HcaPort
+from gpugate.model.toolfacts import Hca, HcaPort
 
 POLICY = parse_baseline({"pin": {"driver": "1"}}, "b").health
 

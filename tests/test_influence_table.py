@@ -1,15 +1,15 @@
-"""docs/reliability.md's "Can a job's user cause it?" table (gpugate.influence)
+"""docs/reliability.md's "Can a job's user cause it?" table (gpugate.model.influence)
 held to the code: every finding component a judge writes has a row, no
 acute component is one a job's user can cause, the user-caused ones are
-exactly gpugate.findings.USER_CAUSED (never acute, never counted towards a
+exactly gpugate.model.findings.USER_CAUSED (never acute, never counted towards a
 repeat offender), and the docs' copy is the table's."""
 
 import ast
 import os
 
 from conftest import ROOT
-from gpugate import influence
-from gpugate.findings import ACUTE, USER_CAUSED
+from gpugate.model import influence
+from gpugate.model.findings import ACUTE, USER_CAUSED
 
 # Components built at run time, each with a row by prefix or name.
 _DYNAMIC = {"'operator_' + key": "operator_x", "'pcie_' + name": "pcie_gen", "'pcie_max_' + name": "pcie_max_gen"}
@@ -59,7 +59,7 @@ def test_the_scan_sees_the_judges():
 
 def test_every_component_a_judge_writes_has_a_row():
     missing = sorted(c for c in written_components() | set().union(*ACUTE.values()) if influence.row_for(c) is None)
-    assert missing == [], "a finding with no row in gpugate.influence (docs/reliability.md): %s" % missing
+    assert missing == [], "a finding with no row in gpugate.model.influence (docs/reliability.md): %s" % missing
 
 
 def test_acute_only_where_no_user_can_cause_it():
@@ -80,10 +80,10 @@ def test_the_user_caused_rows_are_exactly_the_code_s():
 
 def test_the_docs_show_the_table_as_the_code_has_it():
     text = open(os.path.join(ROOT, "docs", "reliability.md")).read()
-    start, end = "<!-- influence table: gpugate.influence.render() -->\n", "<!-- /influence table -->"
+    start, end = "<!-- influence table: gpugate.model.influence.render() -->\n", "<!-- /influence table -->"
     assert start in text and end in text, "docs/reliability.md lost its influence table markers"
     shown = text.split(start, 1)[1].split(end, 1)[0]
-    assert shown == influence.render(), "docs/reliability.md's table is out of date: paste gpugate.influence.render()"
+    assert shown == influence.render(), "docs/reliability.md's table is out of date: paste gpugate.model.influence.render()"
 
 
 def test_every_test_docs_reliability_cites_exists():

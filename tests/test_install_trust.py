@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 import gpugate
-from gpugate import install_trust, trust
+from gpugate.probes import install_trust
+from gpugate.safety import trust
 from gpugate.errors import ConfigError
-from gpugate.facts import ProbeFailure
+from gpugate.model.facts import ProbeFailure
 
 from conftest import ROOT
 
@@ -52,7 +53,7 @@ def test_a_root_only_install_passes_and_every_file_of_the_package_is_walked(site
 
 @pytest.mark.parametrize("where, mode", [
     ("gpugate/judges", 0o777),  # a directory of the package: a new module there is imported as root
-    ("gpugate/verdict.py", 0o664),  # a module
+    ("gpugate/model/verdict.py", 0o664),  # a module
     ("gpugate/__pycache__", 0o775),  # compiled modules are code too
     ("gpugate/__pycache__/verdict.cpython-311.pyc", 0o666),
     ("hook.pth", 0o664),  # the interpreter runs its import line at every start
@@ -101,7 +102,7 @@ def test_pyslurm_is_walked_like_gpugate_s_other_imports():
 
 
 def test_a_module_owned_by_someone_else_is_refused(site):
-    module = str(site / "gpugate" / "names.py")
+    module = str(site / "gpugate" / "core" / "names.py")
     os.chown(module, 65534, 65534)
     with pytest.raises(trust.Untrusted) as info:
         _check(site)
@@ -124,7 +125,7 @@ def test_the_untrusted_install_is_a_fact_a_probe_finding_and_a_refused_fragment(
                                                                                settings_for):
     """`gpugate facts` / the health check report it (probe install=untrusted,
     budgeted like every probe); `gpugate slurm-conf` refuses, exit 2."""
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
     from gpugate.cli.main import main
     from gpugate.node.check import run_check
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from conftest import gpugate_cmd
 from gpugate.errors import ParseError
-from gpugate.facts import ProbeFailure
-from gpugate.jobfacts import GpuProcess, JobProcesses
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.jobfacts import GpuProcess, JobProcesses
 from gpugate.judges.leftover import leftovers
 from gpugate.parsers.cgroup import conf_value, constrain_devices, slurm_job
 from gpugate.probes import owners
@@ -266,7 +266,7 @@ def test_the_audit_and_slurm_conf_say_devices_are_not_constrained(tmp_path):
 
 def test_the_owners_survive_the_json_round_trip():
     """`gpugate facts --json` and the audit keep facts as JSON; the judge reads them back."""
-    from gpugate.facts import NodeFacts, from_jsonable, to_jsonable
+    from gpugate.model.facts import NodeFacts, from_jsonable, to_jsonable
 
     fail = ProbeFailure("processes", "error", "pid 9: lines name different jobs (1, 2)")
     owned = JobProcesses(202, (GpuProcess(1, 201, True), GpuProcess(9, fail), GpuProcess(5, gone=True)))

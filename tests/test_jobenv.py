@@ -30,8 +30,8 @@ def test_never_an_empty_list_nor_an_index_outside_0_to_max(value):
 
 def test_a_job_gpu_the_node_does_not_have_reads_every_gpu():
     """An index within MAX_GPUS but past the node's count: every GPU is
-    read (gpugate.nvmlread), not none."""
-    from gpugate import nvmlread
+    read (gpugate.vendors.nvidia.nvmlread), not none."""
+    from gpugate.vendors.nvidia import nvmlread
 
     class Fake:
         class NVMLError(Exception):

@@ -1,4 +1,4 @@
-"""gpugate.jsontext (the prolog's JSON without the json package) and the
+"""gpugate.core.jsontext (the prolog's JSON without the json package) and the
 regex-free readers of the hot path give what json and re give."""
 
 import json
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpugate import jsontext, lazyre
-from gpugate.names import is_node_name
+from gpugate.core import jsontext
+from gpugate.core import lazyre
+from gpugate.core.names import is_node_name
 from gpugate.parsers.kernlog import kmsg_record
 
 _KEYS = st.text(max_size=8)
@@ -115,7 +116,7 @@ def test_errors_are_jsons_own_in_a_process_that_never_loaded_json():
     import subprocess
     import sys
 
-    code = ("import sys; from gpugate import jsontext; assert 'json' not in sys.modules; "
+    code = ("import sys; from gpugate.core import jsontext; assert 'json' not in sys.modules; "
             "ok = jsontext.loads(' {\"a\": [1, 2.5, null, true]} '); assert 'json' not in sys.modules, 'loaded'; "
             "out = jsontext.dumps(ok, sort_keys=True, separators=(',', ':')); assert 'json' not in sys.modules; "
             "errors = []\n"

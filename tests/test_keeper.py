@@ -1,4 +1,4 @@
-"""The drain-budget keeper (gpugate.keeper, `gpugate budget`, issue 26):
+"""The drain-budget keeper (gpugate.keeper.run, `gpugate budget`, issue 26):
 nodes publish budgeted findings on their own Slurm record; one keeper
 drains them within each partition's budget, oldest first, and two keepers
 deciding at once give back exactly the excess.  Pure rule and the run
@@ -11,9 +11,11 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate import budget, keeper
-from gpugate.config import parse_settings
-from gpugate.record import replace
+from gpugate.budget import rules as budget
+from gpugate.keeper import run as keeper
+from gpugate.keeper import view as keeper_view
+from gpugate.model.config import parse_settings
+from gpugate.core.record import replace
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState
 from gpugate.slurm.base import NodeUpdates
@@ -155,7 +157,7 @@ class MemorySlurm(NodeUpdates):  # the scheduler interface's defaults (report_ve
         return replace(self.states[name], partitions=()) if name in self.states else None
 
     def drain(self, names, reason):
-        from gpugate.names import parse_hostlist
+        from gpugate.core.names import parse_hostlist
 
         self.calls.append(("drain", names))
         for name in parse_hostlist(names):
@@ -163,7 +165,7 @@ class MemorySlurm(NodeUpdates):  # the scheduler interface's defaults (report_ve
                                         reason=reason, reason_time=int(self.clock()))
 
     def undrain(self, names):
-        from gpugate.names import parse_hostlist
+        from gpugate.core.names import parse_hostlist
 
         self.calls.append(("undrain", names))
         for name in parse_hostlist(names):
@@ -260,7 +262,7 @@ def test_a_concurrent_keepers_excess_is_given_back(keeper_settings):
 def test_record_keeps_the_last_good_run_through_failures_and_metrics_export_it(keeper_settings):
     from gpugate.errors import SlurmError
     from gpugate.fleet.metrics import keeper_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     def failing(settings, deadline=None):
         raise SlurmError("sinfo: Unable to contact slurm controller")
@@ -298,9 +300,9 @@ def test_a_draining_runs_re_read_serves_the_next_run_once(keeper_settings):
         assert status["ok"], status
         reads.append(sum(1 for c in slurm.calls if c == ("read", None)))
     assert reads == [2, 0, 1]
-    assert not os.path.exists(os.path.join(os.path.dirname(keeper.status_path(keeper_settings)), keeper.VIEW_FILE))
+    assert not os.path.exists(os.path.join(os.path.dirname(keeper.status_path(keeper_settings)), keeper_view.VIEW_FILE))
     # A stale view is not used.
-    keeper.save_view(keeper_settings, time.time() - keeper.CACHE_SECONDS - 1, slurm.states)
+    keeper.save_view(keeper_settings, time.time() - keeper_view.CACHE_SECONDS - 1, slurm.states)
     assert keeper.take_view(keeper_settings, time.time()) is None
 
 

@@ -15,9 +15,13 @@ import hmac
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate import budget, budget_pins, keeper, keeper_memory, keeper_proofs
+from gpugate.budget import rules as budget
+from gpugate.budget import pins as budget_pins
+from gpugate.keeper import run as keeper
+from gpugate.budget import memory as keeper_memory
+from gpugate.budget import proofs as keeper_proofs
 from gpugate.errors import ParseError
-from gpugate.record import replace
+from gpugate.core.record import replace
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState, parse_nodes_text
 from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states, read_text
@@ -298,7 +302,7 @@ def test_a_healthy_node_is_counted_not_made_a_record():
 
 
 def test_the_keepers_view_keeps_the_sizes(tmp_path):
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
 
     base = parse_settings({"drain_budget": {"max_share": 0.25}}, "(test)")
     cfg = replace(base, sweep=dict(base.sweep, journal=str(tmp_path / "sweep.db")))

@@ -4,15 +4,16 @@ Before, the keeper (every 30 s) drained a RESUMEd node again from the
 comment its node had not yet cleared (the node sees the RESUME, clears its
 Xid history and its comment only at its next health check): a RESUME of an
 ``xid_repeat`` drain was undone a minute later with no new fault.  The
-keeper now remembers the spans it drained (gpugate.keeper_memory): one seen
+keeper now remembers the spans it drained (gpugate.budget.memory): one seen
 in service since waits, out of the queue and the budget, until its node
 signs it again; a standing drift the admin did not fix drains again then."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate import keeper, keeper_memory
-from gpugate.record import replace
+from gpugate.keeper import run as keeper
+from gpugate.budget import memory as keeper_memory
+from gpugate.core.record import replace
 from gpugate.slurm import pending
 
 from test_keeper import DRIFT, KEY, TAG, MemorySlurm, fleet, node

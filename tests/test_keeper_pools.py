@@ -1,16 +1,18 @@
 """Issue 45 item 4: the budget's pools cannot be changed under it.  On
 Kubernetes a pool is a label anyone with Node patch rights changes; the
-keeper remembers every pool a held node was counted in (gpugate.keeper_pools,
+keeper remembers every pool a held node was counted in (gpugate.budget.pools,
 kept on its Lease) and counts it in each until it is returned.  Here the
-keeper's run (gpugate.keeper.run_once, pools kept) against an in-memory
+keeper's run (gpugate.keeper.run.run_once, pools kept) against an in-memory
 fleet whose labels change between runs; the real API server is
 tests/test_kube_keeper_lease.py."""
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from gpugate import budget, keeper, keeper_pools
-from gpugate.record import replace
+from gpugate.budget import rules as budget
+from gpugate.keeper import run as keeper
+from gpugate.budget import pools as keeper_pools
+from gpugate.core.record import replace
 
 from test_keeper import DRIFT, MemorySlurm, node
 from test_pending_proof import _settings

@@ -168,7 +168,7 @@ def test_an_xid_line_is_never_an_sxid_or_fallen_off_bus(xid_case, sxid_case):
 
 
 def test_old_events_are_kept_only_for_rates_and_capped():
-    from gpugate import xidcatalog
+    from gpugate.vendors.nvidia import xidcatalog
     from gpugate.probes import kernlog as probe
     assert probe.COUNTED_XIDS == xidcatalog.NVLINK_XIDS
     nonfatal = "NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004)"

@@ -19,11 +19,11 @@ import time
 
 import pytest
 
-from gpugate.baseline import load_baseline
+from gpugate.model.baseline import load_baseline
 from gpugate.judges import xids
 from gpugate.parsers import kernlog
 from gpugate.probes import kernlog as probe
-from gpugate.reason import render
+from gpugate.model.reason import render
 
 from conftest import DEMO_BASELINE, gpugate_cmd
 from test_node_side import node_env, run_entry  # noqa: F401 - node_env is a fixture

@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from gpugate.baseline import load_baseline
+from gpugate.model.baseline import load_baseline
 from gpugate.probes import gpujournal
-from gpugate.sim import fleet as simfleet, keys as simkeys
+from gpugate.sim import fleet as simfleet
+from gpugate.sim import keys as simkeys
 from gpugate.sim.kmsg import append, write_ring
 
 from conftest import DEMO_BASELINE, gpugate_cmd

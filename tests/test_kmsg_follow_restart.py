@@ -20,7 +20,8 @@ from gpugate.node import kmsgfollow
 from gpugate.node.kmsgfollow import Follower
 from gpugate.probes import gpujournal
 from gpugate.probes.files import boot_id
-from gpugate.sim import fleet as simfleet, keys as simkeys
+from gpugate.sim import fleet as simfleet
+from gpugate.sim import keys as simkeys
 from gpugate.sim.kmsg import write_ring
 
 from conftest import ROOT

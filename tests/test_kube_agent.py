@@ -238,7 +238,7 @@ def test_the_keeper_s_memory_rides_on_its_lease_so_a_failover_keeps_it(site):
     """The keeper drains one node of three; an admin lifts that hold by
     hand; the replica that takes over (a fresh pod: no files of the first)
     still knows the span was returned and does not drain it again until
-    the node signs its finding anew (gpugate.keeper_memory)."""
+    the node signs its finding anew (gpugate.budget.memory)."""
     lease_path = "/apis/coordination.k8s.io/v1/namespaces/gpugate/leases/gpugate-budget-keeper"
     try:
         site.admin.request("DELETE", lease_path)  # another test's keeper may hold it
@@ -505,8 +505,8 @@ def test_gpugate_status_shows_the_kubernetes_fleet_as_it_shows_slurm_s(site):
 def test_a_health_check_that_does_not_run_leaves_the_condition_unknown(site):
     """The agent's check ends outside its exit codes (killed, timed out):
     the condition says gpugate cannot tell, rather than the last verdict."""
-    from gpugate.config import load_settings
-    from gpugate.kube.agent import Agent
+    from gpugate.model.config import load_settings
+    from gpugate.node.kube_agent import Agent
 
     agent = site.config("agent")
     site.healthcheck(agent, "gpu01")

@@ -65,9 +65,9 @@ def _keeper_texts(config: str, wants) -> list:
 
 def _agent_text(fleet, node: str, healthcheck) -> str:
     """The node agent's loop as `gpugate agent --metrics-port` wires it: one health check, then a scrape."""
-    from gpugate.config import load_settings
-    from gpugate.kube.agent import Agent
-    from gpugate.kube.metrics_server import AgentWatch, MetricsServer
+    from gpugate.model.config import load_settings
+    from gpugate.node.kube_agent import Agent
+    from gpugate.fleet.metrics_server import AgentWatch, MetricsServer
 
     config = fleet.config("agent")
     runner = Agent(load_settings(config), node, config, healthcheck + ["--config", config])

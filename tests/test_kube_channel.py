@@ -91,8 +91,8 @@ def test_a_claimed_request_is_pending_for_the_sweep_and_never_run_again():
 def test_the_agent_loop_outlives_a_bad_pass_and_never_spins():
     """The DaemonSet's only process: an unexpected error in one pass is
     said and the loop goes on, one poll later (never a hot loop)."""
-    from gpugate.config import parse_settings
-    from gpugate.kube.agent import Agent
+    from gpugate.model.config import parse_settings
+    from gpugate.node.kube_agent import Agent
 
     settings = parse_settings({"scheduler": "kubernetes"}, "(test)")
     now, slept, passes = [0.0], [], []

@@ -7,8 +7,8 @@ import copy
 
 from hypothesis import given, settings, strategies as st
 
-from gpugate import reason as reasons
-from gpugate.findings import CLASSES, Finding
+from gpugate.model import reason as reasons
+from gpugate.model.findings import CLASSES, Finding
 from gpugate.kube import condition as cond
 
 TAG = "gpugate:"

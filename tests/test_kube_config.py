@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpugate.config import ConfigError, parse_settings
+from gpugate.model.config import ConfigError, parse_settings
 
 DEMO_BASELINE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpugate", "data",
                              "demo-baseline.toml")

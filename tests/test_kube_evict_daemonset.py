@@ -6,7 +6,7 @@ The node agent, the GPU operator's device plugin and DCGM exporter request
 none, and stay."""
 
 from gpugate.kube import evict
-from gpugate.kube.sweeper import KubeSweeper
+from gpugate.sweep.kube_sweeper import KubeSweeper
 
 DAEMONSET = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u", "controller": True}]
 

@@ -34,8 +34,8 @@ def condition(node):
 
 @pytest.mark.kube
 def test_a_node_registered_anew_is_held_again_until_the_sweep_proves_it(site):  # noqa: F811
-    from gpugate.config import load_settings
-    from gpugate.kube.agent import Agent
+    from gpugate.model.config import load_settings
+    from gpugate.node.kube_agent import Agent
     from gpugate.testbed.kube import add_node
 
     admin, agent = site.admin, site.config("agent")
@@ -90,8 +90,8 @@ def test_the_sweeps_hold_on_a_node_registered_during_its_work_is_followed_and_it
     by the sweep with its work reason: the node agent follows that hold
     from its watch (the new uid), so the sweep's return on that Node is the
     proof, and the node is not held again after it."""
-    from gpugate.config import load_settings
-    from gpugate.kube.agent import Agent
+    from gpugate.model.config import load_settings
+    from gpugate.node.kube_agent import Agent
     from gpugate.kube.nodes import connect
     from gpugate.testbed.kube import add_node
 

@@ -15,6 +15,7 @@ from unittest import mock
 
 import pytest
 
+from gpugate.keeper import lease_memory
 from gpugate.kube import lease
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import KubeError, node_path
@@ -49,7 +50,7 @@ def _publish_drift(fleet, share):
     from gpugate.slurm import pending
 
     with open(fleet.key, "rb") as handle:
-        key = handle.read().strip()  # as gpugate.budgetkey reads it
+        key = handle.read().strip()  # as gpugate.safety.budgetkey reads it
     now = int(time.time())
     for i, name in enumerate(SIX):
         text = pending.publish("", DRIFT, now - 60 + i, key, name)
@@ -72,7 +73,7 @@ def test_a_held_node_that_loses_its_pool_label_still_counts_in_its_pool(six):
     held = first["drained"][0]
     six.admin.patch(node_path(held), {"metadata": {"labels": {POOL: None}}})  # anyone with Node patch rights
     assert POOL not in (six.admin.get(node_path(held))["metadata"].get("labels") or {})
-    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper's view), the second reads
+    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper.run's view), the second reads
         again = six.keeper(keeper)
         assert _tainted(six) == [held], again  # before: gpu02 as well
         assert again["_exit"] == 0 and again["drained"] == [], again
@@ -98,7 +99,7 @@ def test_a_held_node_out_of_the_keepers_selector_still_counts(six):
     assert len(first["drained"]) == 1, first
     held = first["drained"][0]
     six.admin.patch(node_path(held), {"metadata": {"labels": {"nvidia.com/gpu.present": None, POOL: None}}})
-    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper's view), the second reads
+    for _ in range(2):  # the first decides on the last run's re-read (gpugate.keeper.run's view), the second reads
         again = six.keeper(keeper)
         assert _tainted(six) == [held], again
         assert again["_exit"] == 0 and again["drained"] == [], again
@@ -126,10 +127,10 @@ def _with_key(config: str, key: str, controller: str) -> str:
 
 def _run_as(identity: str, config: str) -> dict:
     """One keeper run in this process under another pod's name (a second replica)."""
-    from gpugate.config import load_settings
-    from gpugate.keeper import run
+    from gpugate.model.config import load_settings
+    from gpugate.keeper.run import run
 
-    with mock.patch("gpugate.kube.keeper_lead.socket.gethostname", return_value=identity):
+    with mock.patch("gpugate.keeper.lead.socket.gethostname", return_value=identity):
         return run(load_settings(config))
 
 
@@ -193,7 +194,7 @@ def test_gpugate_status_shows_the_keepers_last_good_run_from_the_lease(six):
 
 
 def test_the_pools_are_kept_whole_or_not_written_and_a_status_alone_keeps_the_memory(api):  # noqa: F811
-    from gpugate.keeper_memory import Memory
+    from gpugate.budget.memory import Memory
 
     admin = api.admin()
     try:
@@ -202,15 +203,15 @@ def test_the_pools_are_kept_whole_or_not_written_and_a_status_alone_keeps_the_me
         pass
     assert lease.acquire(admin, "gpugate", "keeper-x", 60) == ""
     spans = {"gpu01": {"since": 1, "drained": 2.0, "returned": None}}
-    lease.write_memory(admin, "gpugate", "keeper-x", Memory(spans, {"gpu01": (H100,)}), status={"ok": True})
-    assert lease.read_memory(admin, "gpugate") == spans
-    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
-    lease.write_memory(admin, "gpugate", "keeper-x", None, status={"ok": True, "last_ok": 5.0})  # budget off
-    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
+    lease_memory.write_memory(admin, "gpugate", "keeper-x", Memory(spans, {"gpu01": (H100,)}), status={"ok": True})
+    assert lease_memory.read_memory(admin, "gpugate") == spans
+    assert lease_memory.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
+    lease_memory.write_memory(admin, "gpugate", "keeper-x", None, status={"ok": True, "last_ok": 5.0})  # budget off
+    assert lease_memory.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}
     assert lease.read_status(admin, "gpugate")["last_ok"] == 5.0
     huge = Memory({}, {"node-%06d.rack-%04d.example.com" % (i, i): (H100,) for i in range(6000)})
     with pytest.raises(KubeError, match="pools is over 128 KiB: not written"):
-        lease.write_memory(admin, "gpugate", "keeper-x", huge)
-    assert lease.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}  # the last one kept
+        lease_memory.write_memory(admin, "gpugate", "keeper-x", huge)
+    assert lease_memory.read_memory(admin, "gpugate").pools == {"gpu01": (H100,)}  # the last one kept
     with pytest.raises(KubeError, match="no longer keeper-y's"):
-        lease.write_memory(admin, "gpugate", "keeper-y", Memory(spans, {}))
+        lease_memory.write_memory(admin, "gpugate", "keeper-y", Memory(spans, {}))

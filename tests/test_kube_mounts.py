@@ -1,5 +1,5 @@
 """gpugate.toml and the baseline from a Kubernetes Secret or ConfigMap
-volume, through the trust checks (gpugate.trust).  The kubelet lays such a
+volume, through the trust checks (gpugate.safety.trust).  The kubelet lays such a
 volume out with its atomic writer: the volume's root (tmpfs, root's,
 drwxrwxrwt), a timestamped directory holding the files, a ``..data``
 symlink to it, and one symlink per key to ``..data/KEY``; an update writes
@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from gpugate.config import load_checked_baseline, load_settings
-from gpugate.trust import Untrusted
+from gpugate.model.config import load_checked_baseline, load_settings
+from gpugate.safety.trust import Untrusted
 
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpugate", "data",
                     "demo-baseline.toml")

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from gpugate.kube import nodeview as nv
 from gpugate.slurm import ownership
-from gpugate.verdict import decide
-from gpugate.findings import Finding
+from gpugate.model.verdict import decide
+from gpugate.model.findings import Finding
 
 TAG = "gpugate:"
 DRIFT = "gpugate: drift driver=550.54.15 (want 580.65.06)"

@@ -79,9 +79,9 @@ def test_which_pods_an_eviction_takes():
 
 
 def test_each_node_asks_for_its_vendor_s_gpu_resource():
-    from gpugate.baseline import parse_baseline
-    from gpugate.config import parse_settings
-    from gpugate.kube.sweeper import resource_for
+    from gpugate.model.baseline import parse_baseline
+    from gpugate.model.config import parse_settings
+    from gpugate.sweep.kube_sweeper import resource_for
 
     mixed = parse_baseline({"name": "mixed", "pin": {"driver": "580.65.06", "amdgpu": "6.12.12"},
                             "nodes": {"mi[01-02]": {"vendor": "amd", "gpus": 8}, "gpu[01-02]": {"gpus": 8}}},

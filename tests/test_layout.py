@@ -1,5 +1,6 @@
-"""The house stays easy to walk (README: Layout): no import cycle in gpugate/,
-no module over 400 lines.
+"""The house stays easy to walk (docs/explanation/layout.md): the layers of
+gpugate/ declared once here (LAYERS), no import running back up them, no
+import cycle, no module over 400 lines.
 
 Imports are read from the source (AST), not by importing.  Function-level
 imports count as much as module-level ones: a module-level cycle breaks at
@@ -7,6 +8,7 @@ import time, and a cycle through the lazy imports that keep the prolog fast
 is still two modules a reader cannot understand one without the other."""
 
 import ast
+import fnmatch
 import os
 
 from conftest import ROOT
@@ -16,6 +18,47 @@ MAX_LINES = 400
 # Modules allowed over MAX_LINES while being split (none now).  The test
 # fails when an entry is no longer over, so this list cannot go stale.
 PENDING_SPLIT = set()
+
+
+# The layers, lowest first: a module may import its own layer and those
+# below, never one above.  A package is a layer of its own (one concern);
+# a vendor's home (gpugate.vendors.<vendor>) is a vertical slice whose
+# modules each stand at the layer their name says (parse_*: with the parsers,
+# probe_*: with the probes, judge*: with the judges...).  Every module must
+# match exactly one pattern: a new package or vendor module gets its layer
+# here, said once.
+LAYERS = [
+    ("core", ["gpugate", "gpugate.errors", "gpugate.core", "gpugate.core.*"]),
+    ("safety", ["gpugate.safety", "gpugate.safety.*"]),
+    ("model", ["gpugate.model", "gpugate.model.*", "gpugate.vendors", "gpugate.vendors.nvidia",
+               "gpugate.vendors.amd", "gpugate.vendors.*.facts", "gpugate.vendors.*.baseline",
+               "gpugate.vendors.*.runbook", "gpugate.vendors.nvidia.xidcatalog"]),
+    ("parsers", ["gpugate.parsers", "gpugate.parsers.*", "gpugate.vendors.*.parse_*"]),
+    ("probes", ["gpugate.probes", "gpugate.probes.*", "gpugate.vendors.*.probe_*",
+                "gpugate.vendors.nvidia.nvmlread", "gpugate.vendors.nvidia.pynvml_loader",
+                "gpugate.vendors.nvidia.nvml_sim*"]),
+    ("judges", ["gpugate.judges", "gpugate.judges.*", "gpugate.vendors.*.judge*"]),
+    ("schedulers", ["gpugate.schedulers", "gpugate.schedulers.*", "gpugate.slurm", "gpugate.slurm.*",
+                    "gpugate.kube", "gpugate.kube.*"]),
+    ("budget", ["gpugate.budget", "gpugate.budget.*"]),
+    ("preflight", ["gpugate.preflight", "gpugate.preflight.*"]),
+    ("node", ["gpugate.node", "gpugate.node.*", "gpugate.vendors.*.reset", "gpugate.vendors.*.evidence",
+              "gpugate.vendors.*.metrics", "gpugate.vendors.seam"]),
+    ("sweep", ["gpugate.sweep", "gpugate.sweep.*"]),
+    ("keeper", ["gpugate.keeper", "gpugate.keeper.*"]),
+    ("fleet", ["gpugate.fleet", "gpugate.fleet.*", "gpugate.vendors.*.capture"]),
+    ("sim", ["gpugate.sim", "gpugate.sim.*", "gpugate.vendors.*.sim_*"]),
+    ("testbed", ["gpugate.testbed", "gpugate.testbed.*"]),
+    ("cli", ["gpugate.cli", "gpugate.cli.*", "gpugate.__main__"]),
+]
+
+
+def layer_of(module):
+    """(index, name) of the one layer whose patterns match a module."""
+    found = [(i, name) for i, (name, patterns) in enumerate(LAYERS)
+             if any(fnmatch.fnmatchcase(module, p) for p in patterns)]
+    assert len(found) == 1, "%s matches %s layers in LAYERS: %s" % (module, len(found) or "no", found)
+    return found[0]
 
 
 def _modules():
@@ -91,6 +134,37 @@ def test_no_import_cycle():
     assert len(graph) > 80 and "gpugate.node.check" in graph["gpugate.node.prolog"]  # the walk sees the imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: %s" % " -> ".join(cycle)
+
+
+def back_edges(graph):
+    """Each import from a lower layer to a higher one, as text."""
+    out = []
+    for module, imports in sorted(graph.items()):
+        low, low_name = layer_of(module)
+        for imported in sorted(imports):
+            high, high_name = layer_of(imported)
+            if high > low:
+                out.append("%s (%s) imports %s (%s)" % (module, low_name, imported, high_name))
+    return out
+
+
+def test_no_import_runs_back_up_the_layers():
+    graph = import_graph()
+    assert "gpugate.safety.lock" in graph["gpugate.keeper.run"]  # the walk sees function-level imports too
+    edges = back_edges(graph)
+    assert not edges, "imports against LAYERS (lowest first):\n" + "\n".join(edges)
+
+
+def test_back_edges_names_one():
+    graph = {"gpugate.errors": {"gpugate.cli.main"}, "gpugate.cli.main": {"gpugate.errors"}}
+    assert back_edges(graph) == ["gpugate.errors (core) imports gpugate.cli.main (cli)"]
+
+
+def test_every_package_says_what_it_is_for_and_what_it_may_import():
+    for name, (path, _) in _modules().items():
+        if path.endswith("__init__.py") and name != "gpugate":
+            doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
+            assert len(doc.split()) >= 12 and "import" in doc, "%s: its __init__ says what it is for and what it may import" % name
 
 
 def test_find_cycle_names_one():

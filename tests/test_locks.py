@@ -125,7 +125,7 @@ def test_a_lock_a_user_opened_before_the_upgrade_locks_nothing(open_node):
 
 
 def test_a_lock_directory_or_file_someone_else_owns_is_refused_or_replaced(tmp_path):
-    from gpugate.node.lock import LockRefused, RunLock, lock_path
+    from gpugate.safety.lock import LockRefused, RunLock, lock_path
 
     state = str(tmp_path / "state")
     path = lock_path(state, "healthcheck")
@@ -150,7 +150,7 @@ def test_a_lock_directory_or_file_someone_else_owns_is_refused_or_replaced(tmp_p
 
 
 def test_a_health_check_lock_held_past_the_whole_budget_is_reported(open_node):
-    from gpugate.node.lock import RunLock, lock_path
+    from gpugate.safety.lock import RunLock, lock_path
 
     assert run_entry("healthcheck", open_node).returncode == 0
     assert metrics(open_node["prom"])[("gpugate_lock_stuck_seconds", (("lock", "healthcheck"),))] == 0
@@ -182,7 +182,7 @@ def test_a_health_check_lock_held_past_the_whole_budget_is_reported(open_node):
 
 
 def test_a_sweep_finding_an_old_holder_names_its_pid_and_age(fleet, tmp_path):
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.sweep import run
 
     settings = load_settings(sim_config(tmp_path, fleet))
@@ -210,7 +210,7 @@ def test_a_stuck_sweep_lock_is_shown_by_sweep_status(fleet, tmp_path):
     """Issue 24 review: a sweeper holding its lock past one batch's time
     limits was said only to the next sweeper (SweepBusy); `gpugate sweep
     status` says it too (text and --json), and nothing while within bound."""
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.sweep import run
     from gpugate.sweep.journal import Journal
 
@@ -311,10 +311,10 @@ def test_a_stuck_health_check_lock_reaches_facts_the_audit_and_status(fleet, tmp
     """`gpugate status` reads Slurm, the journal and the latest audit, not a
     node's files: `gpugate facts` says whether the node's lock is stuck
     (reading /proc/locks, taking no lock), the audit keeps it, status shows it."""
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.fleet.status import locks_stuck, render_text, summarize
     from gpugate.sweep.snapshot import take
-    from gpugate.node.lock import RunLock, lock_path
+    from gpugate.safety.lock import RunLock, lock_path
 
     path = sim_config(tmp_path, fleet)
     with open(path) as handle:
@@ -352,8 +352,9 @@ def test_an_act_lock_held_past_its_bound_is_reported_by_the_health_check(open_no
     resume the node.  The health check still judges, and says so in its log
     line (lock_stuck) and gpugate_lock_stuck_seconds{lock="act"}; `gpugate
     facts` too (the audit and `gpugate status` read it)."""
-    from gpugate.config import load_settings
-    from gpugate.node.lock import RunLock, act_bound, lock_path
+    from gpugate.model.config import load_settings
+    from gpugate.node.locks import act_bound
+    from gpugate.safety.lock import RunLock, lock_path
 
     assert run_entry("healthcheck", open_node).returncode == 0
     assert metrics(open_node["prom"])[("gpugate_lock_stuck_seconds", (("lock", "act"),))] == 0

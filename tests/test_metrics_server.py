@@ -1,4 +1,4 @@
-"""gpugate.kube.metrics_server: what the keeper and the node agent serve over
+"""gpugate.fleet.metrics_server: what the keeper and the node agent serve over
 HTTP on Kubernetes, read-only, from a thread beside their loop (issue 45,
 item 5).  A real server on a real socket; the keeper and the agent serving
 it against a real kube-apiserver are tests/test_kube_alerts.py."""
@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugate.errors import GpugateError
-from gpugate.kube.metrics_server import AgentWatch, MetricsServer, keeper_families
-from gpugate.promtext import render
+from gpugate.fleet.metrics_server import AgentWatch, MetricsServer, keeper_families
+from gpugate.core.promtext import render
 
 
 def _ask(port, method="GET", path="/metrics"):

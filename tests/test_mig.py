@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, SAMPLES, gpugate_cmd
 from gpugate.errors import ParseError
-from gpugate.facts import NOT_RUN
+from gpugate.model.facts import NOT_RUN
 from gpugate.parsers import dcgm
 
 MIG_SAMPLE = "dcgmi-diag-r3-mig-incompatible-a100-pcie-DCGM-issue94.txt"
@@ -192,7 +192,7 @@ def test_mig_against_a_baseline_without_mig_is_still_drift(fleet):
 
 
 def test_dcgm_diag_mig_disable_is_refused_until_built(tmp_path):
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
     from gpugate.errors import ConfigError
 
     text = open(DEMO_BASELINE).read().replace("[health]\n", '[health]\ndcgm_diag_mig = "disable"\n', 1)

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpugate import reason as reasons
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.findings import Finding
 from gpugate.sweep import evidence
-from gpugate.sweep.answers import problem
-from gpugate.sweep.transport import LocalTransport
+from gpugate.model.answers import problem
+from gpugate.node.transport import LocalTransport
 
 from test_sweep_engine import TAG, FakeSlurm, events, make
 
@@ -174,7 +174,7 @@ class Broken:
 def test_the_reservation_ends_with_the_sweeps_own_time_limits(tmp_path):
     """Before: Duration=UNLIMITED (scontrol) or a year (pyslurm)."""
     from gpugate.slurm.trace import in_scontrol_words
-    from gpugate.sweep.reservations import reservation_minutes
+    from gpugate.slurm.reservations import reservation_minutes
 
     slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
     sweeper, journal = _sweep(tmp_path, slurm, {})
@@ -266,7 +266,7 @@ def test_an_answer_the_shape_check_passes_is_read_without_an_exception(answer, a
     findings, the reset's summary, the evidence bundle's parts) without one."""
     import types
 
-    from gpugate.record import replace
+    from gpugate.core.record import replace
     from gpugate.sweep import steps
 
     why = problem(answer)

@@ -2,9 +2,9 @@
 hung NHC's whole session (a real bash child, like NHC itself)."""
 
 import time
-from gpugate.record import replace
+from gpugate.core.record import replace
 
-from gpugate.config import parse_settings
+from gpugate.model.config import parse_settings
 from gpugate.node import nhc
 
 
@@ -65,11 +65,11 @@ def test_no_time_left_runs_nothing_and_is_not_a_pass(tmp_path):
 
 
 def test_metric_names_the_last_nhc_result_only_when_nhc_runs():
-    from gpugate.baseline import load_baseline
-    from gpugate.facts import NodeFacts
+    from gpugate.model.baseline import load_baseline
+    from gpugate.model.facts import NodeFacts
     from gpugate.node.metrics import NHC_RESULTS, node_families
-    from gpugate.promtext import render
-    from gpugate.verdict import decide
+    from gpugate.core.promtext import render
+    from gpugate.model.verdict import decide
 
     from conftest import DEMO_BASELINE
 
@@ -109,7 +109,7 @@ def test_the_file_checked_is_the_file_run_and_nhc_keeps_its_name(tmp_path, monke
     its config files by $0)."""
     import os
 
-    from gpugate import trust
+    from gpugate.safety import trust
 
     settings = _settings(tmp_path, 'echo "ERROR: the checked file ran"; exit 1\n')
     other = tmp_path / "swapped-in"

@@ -176,8 +176,8 @@ def test_epilog_sees_ecc_errors_raised_during_the_job(node_env):
 
 
 def test_example_configuration_files_are_valid():
-    from gpugate.baseline import load_baseline
-    from gpugate.config import load_settings
+    from gpugate.model.baseline import load_baseline
+    from gpugate.model.config import load_settings
 
     settings = load_settings(os.path.join(ROOT, "slurm_conf", "gpugate.example.toml"))
     assert settings.budgets["healthcheck"] < 60 and settings.sweep["converge"]

@@ -15,7 +15,7 @@ src/plugins/data_parser/v0.0.39 and v0.0.40 parsers.c and a published 25.11
 """
 
 import json
-from gpugate.record import replace
+from gpugate.core.record import replace
 import os
 import shutil
 import subprocess
@@ -26,17 +26,7 @@ from hypothesis import strategies as st
 
 from gpugate.errors import ParseError
 from gpugate.slurm import nodestate
-from gpugate.slurm.nodestate import (
-    BASE_STATES,
-    KNOWN_FLAGS,
-    SCONTROL_JSON_ARGV,
-    SINFO_JSON_ARGV,
-    SINFO_TEXT_ARGV,
-    SINFO_TEXT_ENV,
-    NodeState,
-    parse_nodes_json,
-    parse_nodes_text,
-)
+from gpugate.slurm.nodestate import BASE_STATES, KNOWN_FLAGS, SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState, parse_nodes_json, parse_nodes_text
 
 REASON_GPU02 = "gpugate: xid=79 gpu|0 fell off bus: see dmesg"
 T_ADMIN = 1795306950   # when gpu01/gpu02 were drained

@@ -10,12 +10,12 @@ import os
 import pytest
 from hypothesis import given, strategies as st
 
-from gpugate.baseline import load_baseline, parse_baseline
+from gpugate.model.baseline import load_baseline, parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.findings import DRIFT, PROBE
+from gpugate.model.findings import DRIFT, PROBE
 from gpugate.judges import operator_images as oi
-from gpugate.reason import render
-from gpugate.record import replace
+from gpugate.model.reason import render
+from gpugate.core.record import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml")

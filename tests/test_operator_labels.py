@@ -7,12 +7,12 @@ import os
 
 from hypothesis import given, strategies as st
 
-from gpugate.baseline import load_baseline
-from gpugate.findings import DRIFT, PENDING, PROBE
+from gpugate.model.baseline import load_baseline
+from gpugate.model.findings import DRIFT, PENDING, PROBE
 from gpugate.judges import operator as op
-from gpugate.reason import render
-from gpugate.record import replace
-from gpugate.verdict import decide
+from gpugate.model.reason import render
+from gpugate.core.record import replace
+from gpugate.model.verdict import decide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = load_baseline(os.path.join(ROOT, "gpugate", "data", "demo-baseline.toml"))  # driver 580.65.06, CUDA 13.0
@@ -90,7 +90,7 @@ def test_the_pinned_driver_in_any_label_shape_is_never_drift(parts, split):
 
 
 def test_an_amd_node_is_held_to_its_amdgpu_pin_by_the_node_labeller_s_label():
-    from gpugate.baseline import parse_baseline
+    from gpugate.model.baseline import parse_baseline
 
     mixed = parse_baseline({"name": "mixed", "pin": {"driver": "580.65.06", "amdgpu": "6.12.12"},
                             "nodes": {"mi[01-02]": {"vendor": "amd", "gpus": 8, "product": "AMD Instinct MI300X OAM"},
@@ -145,7 +145,7 @@ def test_during_a_rollout_labels_still_on_previous_are_pending_as_the_driver_nvm
 
 
 def test_during_a_rollout_the_amd_label_on_previous_is_pending():
-    from gpugate.baseline import parse_baseline
+    from gpugate.model.baseline import parse_baseline
 
     amd = parse_baseline({"name": "amd", "pin": {"amdgpu": "6.14.1"}, "previous": {"amdgpu": "6.12.12"},
                           "rollout": {"in_progress": True},

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.findings import EVENTS, Finding, is_acute
-from gpugate.reason import parse
+from gpugate.model.findings import EVENTS, Finding, is_acute
+from gpugate.model.reason import parse
 from gpugate.slurm import ownership as o
 from gpugate.slurm.nodestate import NodeState
-from gpugate.verdict import decide
+from gpugate.model.verdict import decide
 
 TAG = "gpugate:"
 FIT = decide([], TAG)

@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpugate.errors import ParseError
-from gpugate.facts import DcgmHealth, DkmsEntry, Package, XidEvent
-from gpugate.parsers import dcgm, kernlog, system
+from gpugate.model.facts import DcgmHealth, DkmsEntry, Package, XidEvent
+from gpugate.parsers import dcgm
+from gpugate.parsers import kernlog
+from gpugate.parsers import system
 
 from conftest import SAMPLES
 

@@ -3,10 +3,10 @@
 Slurm admins and operators may set any node's Comment; an admin's text
 holding a pasted ``[gpugate-pending @1] gpugate: drift ...`` made the keeper
 drain a healthy node first (oldest) and hold a real drift behind it.  A node
-now signs what it publishes with the drain budget key (gpugate.budgetkey,
+now signs what it publishes with the drain budget key (gpugate.safety.budgetkey,
 root's alone on the nodes and the controller): an HMAC of the node's name,
 the times and the reason (gpugate.slurm.pending); the keeper
-(gpugate.keeper.screen) plans only on a span that verifies for that node
+(gpugate.keeper.run.screen) plans only on a span that verifies for that node
 and was signed within MAX_AGE_SECONDS.  Everything else is an *unverified
 tag*: held and named, never drained, no place in the queue, no budget."""
 
@@ -17,10 +17,11 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate import budgetkey, keeper
-from gpugate.config import parse_settings
+from gpugate.safety import budgetkey
+from gpugate.keeper import run as keeper
+from gpugate.model.config import parse_settings
 from gpugate.node import hold
-from gpugate.record import replace
+from gpugate.core.record import replace
 from gpugate.slurm import pending
 
 from test_keeper import DRIFT, KEY, MemorySlurm, fleet, node
@@ -72,7 +73,7 @@ def test_an_admins_pasted_tag_drains_nothing_and_holds_nothing(tmp_path):
     # Recorded: `gpugate status` and `gpugate metrics` say it.
     from gpugate.fleet.metrics import keeper_families
     from gpugate.fleet.status import _held_lines
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     figures.pop("_view", None)  # as keeper.run does
     status = keeper.record(cfg, figures)
@@ -179,7 +180,7 @@ def test_no_usable_key_on_the_controller_drains_nothing_and_says_so(tmp_path, ca
     status (`gpugate budget`, `gpugate status`) and the metric
     gpugate_budget_keeper_last_error say so, with the fix."""
     from gpugate.fleet.metrics import keeper_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     cfg = _settings(tmp_path, key=None if case == "missing" else b"short" if case == "short" else KEY,
                     mode=0o644 if case == "others-read" else 0o600)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import DEMO_BASELINE, ROOT, gpugate_cmd, sim_config
-from gpugate.baseline import load_baseline
-from gpugate.budget import allowance
+from gpugate.model.baseline import load_baseline
+from gpugate.budget.rules import allowance
 from gpugate.fleet.predict import UNKNOWN, predict, tally
 
 RECORDED = os.path.join(ROOT, "tests", "fixtures", "slurm", "24.11")
@@ -207,7 +207,7 @@ def test_uncovered_nodes_in_check_audit_and_prediction(audited, tmp_path):
 
 
 def test_the_prolog_cache_keeps_whether_the_node_is_covered(tmp_path):
-    from gpugate.baseline import from_resolved
+    from gpugate.model.baseline import from_resolved
 
     part = load_baseline(demo_with(tmp_path, "part.toml", ('[nodes."gpu[01-99]"]', '[nodes."gpu[01-06]"]')))
     assert part.covers("gpu06") and not part.covers("gpu07")
@@ -223,7 +223,7 @@ def test_the_prolog_cache_keeps_the_preflights_floors():
     """The prolog's preflight holds its all_reduce to the baseline's floors;
     it reads them from the cache the health check left (a cache without
     them, from before, is not used: the TOML is read)."""
-    from gpugate.baseline import from_resolved
+    from gpugate.model.baseline import from_resolved
 
     full = load_baseline(DEMO_BASELINE)
     cached = from_resolved(json.loads(json.dumps(full.resolved_for("gpu01"))))

@@ -12,10 +12,10 @@ from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate.findings import Finding, is_acute
+from gpugate.model.findings import Finding, is_acute
 from gpugate.preflight.node import prove
 from gpugate.preflight.select import wanted
-from gpugate.verdict import decide
+from gpugate.model.verdict import decide
 
 CFG = {"partitions": ("train",), "job_word": "gpugate-preflight", "min_nodes": 2}
 
@@ -72,8 +72,8 @@ def node_fleet(fleet):
 
 
 def _settings(settings_for, fleet, **preflight):
-    from gpugate.config import parse_settings
-    from gpugate.record import replace
+    from gpugate.model.config import parse_settings
+    from gpugate.core.record import replace
 
     cfg = dict(parse_settings({}, "(test)").preflight)
     cfg["allreduce"] = (os.path.join(fleet, "{node}", "bin", "all_reduce_perf"), "-b", "8", "-e", "8G", "-g", "{gpus}")
@@ -86,7 +86,7 @@ EVERY_GPU = list(range(8))
 
 
 def _prove(settings, gpus=EVERY_GPU, seconds=60.0):
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     return prove(settings, load_baseline(DEMO_BASELINE), "gpu01", gpus, time.monotonic() + seconds)
 
@@ -207,9 +207,9 @@ def test_a_command_that_cannot_run_is_the_sites_not_the_nodes(settings_for, node
 def test_a_budgeted_finding_is_kept_for_the_health_check_until_a_pass_a_boot_or_a_day(settings_for, tmp_path):
     """Only a proof under load shows it: the passive health check judges it
     again from preflight.json, so it stays published for the keeper."""
-    from gpugate.findings import Finding
+    from gpugate.model.findings import Finding
     from gpugate.preflight import memory
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
     settings = replace(settings_for(str(tmp_path / "fleet")), state_dir_template=str(tmp_path / "state" / "{node}"))
     os.makedirs(settings.state_dir("gpu01"))
@@ -224,7 +224,7 @@ def test_a_budgeted_finding_is_kept_for_the_health_check_until_a_pass_a_boot_or_
     memory.remember(settings, "gpu01", [], True, "boot-a", now=1004.0)  # a whole node's pass forgets it
     assert memory.judged(settings, "gpu01", "boot-a", now=1005.0) == []
     # Only what a preflight may leave is read back: an edited file cannot add another finding.
-    from gpugate.node import state as st
+    from gpugate.safety import state as st
 
     st.write_json(os.path.join(settings.state_dir("gpu01"), memory.NAME), {
         "at": 1000.0, "boot_id": "boot-a", "findings": [dict(slow.to_json(), component="xid"), "junk"]})
@@ -237,7 +237,7 @@ from test_amd_node import MIXED, amd_fleet  # noqa: E402,F401 - its fixture: mi[
 
 
 def _prove_amd(settings, gpus=EVERY_GPU):
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     return prove(settings, load_baseline(MIXED), "mi001", gpus, time.monotonic() + 60)
 
@@ -267,11 +267,11 @@ def test_an_rccl_abort_decides_nothing(settings_for, amd_fleet):
 
 
 def test_the_outcomes_are_counted_for_the_nodes_metrics(settings_for, tmp_path):
-    from gpugate.findings import Finding
+    from gpugate.model.findings import Finding
     from gpugate.node.metrics import preflight_families
     from gpugate.preflight import memory
-    from gpugate.promtext import render
-    from gpugate.record import replace
+    from gpugate.core.promtext import render
+    from gpugate.core.record import replace
 
     settings = replace(settings_for(str(tmp_path / "fleet")), state_dir_template=str(tmp_path / "state" / "{node}"))
     os.makedirs(settings.state_dir("gpu01"))
@@ -301,8 +301,8 @@ def test_the_outcomes_are_counted_for_the_nodes_metrics(settings_for, tmp_path):
 def test_a_nodeset_without_a_gpu_count_is_never_held_to_a_whole_nodes_floor(settings_for, node_fleet, amd_fleet):
     """[nodeset] gpus unset: a job's GPUs cannot be told from the node's, so
     neither RVS (every GPU) nor the floor (a whole node's) applies to them."""
-    from gpugate.baseline import load_baseline
-    from gpugate.record import replace
+    from gpugate.model.baseline import load_baseline
+    from gpugate.core.record import replace
 
     class Unpinned:
         """The baseline, its nodesets' gpus unset."""

@@ -34,8 +34,8 @@ def fleet8(tmp_path):
 
 
 def _settings(settings_for, fleet, tmp_path, **preflight):
-    from gpugate.config import parse_settings
-    from gpugate.record import replace
+    from gpugate.model.config import parse_settings
+    from gpugate.core.record import replace
 
     key = str(tmp_path / "drain-budget.key")
     if not os.path.exists(key):
@@ -52,7 +52,7 @@ def _settings(settings_for, fleet, tmp_path, **preflight):
 
 def _job(settings, nodes, own=None, whole=None, job="4242", join_late=None, others_after=0.0, products=None):
     """Every node's prolog part at once; {node: Across}."""
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     baseline = load_baseline(DEMO_BASELINE)
     out = {}
@@ -99,13 +99,13 @@ def test_one_slow_node_among_eight_is_pinned_and_only_it(settings_for, fleet8, t
     pinned = {n: a.finding for n, a in out.items() if a.finding is not None}
     assert list(pinned) == ["gpu06"]
     finding = pinned["gpu06"]
-    # Budgeted: another job's traffic on a shared link can slow a run (gpugate.findings.USER_CAUSED).
+    # Budgeted: another job's traffic on a shared link can slow a run (gpugate.model.findings.USER_CAUSED).
     assert finding.component == "preflight_across" and not finding.acute
     assert finding.observed.startswith("busbw=17.") and finding.expected == ">= 50"
     partners = finding.observed.rpartition("pairs=")[2].split(",")
     assert len(set(partners)) == 2 and set(partners) <= set(NODES) - {"gpu06"}
     assert all(a.culprits == ("gpu06",) and a.rounds == 5 for a in out.values())
-    from gpugate.reason import render
+    from gpugate.model.reason import render
 
     assert render("gpugate:", "health", [finding]).startswith("gpugate: health preflight_across=busbw=17.")
 
@@ -157,7 +157,7 @@ def test_a_command_that_cannot_run_pins_nothing(settings_for, fleet8, tmp_path):
 
 
 def test_no_key_no_meeting(settings_for, fleet8, tmp_path):
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
     settings = _settings(settings_for, fleet8, tmp_path)
     settings = replace(settings, drain_budget=dict(settings.drain_budget, key_file=str(tmp_path / "none.key")))
@@ -208,7 +208,7 @@ def test_amd_nodes_prove_themselves_across_with_rccl_tests(settings_for, tmp_pat
     """Four MI300X nodes (the mixed example baseline, no pair floor: judged
     on values) run rccl-tests across; one whose rank aborts pins nobody (an
     abort is undecided, as on NVIDIA), and every node hears so."""
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     from conftest import ROOT
 

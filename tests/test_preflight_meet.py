@@ -114,7 +114,7 @@ def test_the_meeting_ports_are_the_keys_to_know():
 def test_a_taken_port_costs_one_try(settings_for, fleet8, tmp_path):
     """A user (or another job's meeting) holds the job's first port on rank
     0's node: rank 0 listens on the next, and the joiners find it there."""
-    from gpugate.budgetkey import load
+    from gpugate.safety.budgetkey import load
 
     squatter = socket.socket()
     for attempt in range(50):  # a range whose first port is free here (other tests' sockets come and go)
@@ -229,9 +229,9 @@ def test_an_over_long_line_and_an_unsigned_one_are_refused(pair):
 # The run's token: in the environment, never on a command line.
 
 def test_the_token_is_never_in_argv(settings_for, fleet8, tmp_path, monkeypatch):
-    import gpugate.runner
-    from gpugate.record import replace
-    from gpugate.runner import Result
+    import gpugate.safety.runner
+    from gpugate.core.record import replace
+    from gpugate.safety.runner import Result
 
     settings = _settings(settings_for, fleet8, tmp_path)
     cfg = dict(settings.preflight, allreduce_multi=("/bin/true", "{rank}", "--token={token}", "{token}"))
@@ -241,7 +241,7 @@ def test_the_token_is_never_in_argv(settings_for, fleet8, tmp_path, monkeypatch)
         seen.append((list(argv), dict(env)))
         return Result(tuple(argv), 0, "", "")
 
-    monkeypatch.setattr(gpugate.runner, "run", run)
+    monkeypatch.setattr(gpugate.safety.runner, "run", run)
     token = os.urandom(16).hex()
     rank = run_rank_command(replace(settings, preflight=cfg), "gpu01", [0, 1], False)
     rank({"rank": 1, "nranks": 2, "root": "gpu02", "port": 7151, "nodes": "gpu02,gpu01", "token": token},
@@ -252,7 +252,7 @@ def test_the_token_is_never_in_argv(settings_for, fleet8, tmp_path, monkeypatch)
 
 
 def test_a_command_that_asks_for_the_token_on_its_command_line_is_refused():
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
     from gpugate.errors import ConfigError
 
     with pytest.raises(ConfigError, match="GPUGATE_PREFLIGHT_TOKEN"):

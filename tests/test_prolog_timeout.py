@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gpugate.config import load_settings
+from gpugate.model.config import load_settings
 from gpugate.node.check import ACT_RESERVE
 from gpugate.slurm import prologtimeout as pt
 

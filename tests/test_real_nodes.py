@@ -15,18 +15,19 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
-from gpugate.baseline import load_baseline, parse_baseline
-from gpugate.config import parse_settings
+from gpugate.model.baseline import load_baseline, parse_baseline
+from gpugate.model.config import parse_settings
 from gpugate.errors import ConfigError
-from gpugate.facts import UNCHECKED, ProbeFailure, to_jsonable, unchecked_facts
+from gpugate.model.facts import UNCHECKED, ProbeFailure, to_jsonable, unchecked_facts
 from gpugate.fleet.audit import UNCHECKED as AUDIT_UNCHECKED, fold
 from gpugate.fleet.capture import capture, probe_baseline
 from gpugate.node.check import run_check
 from gpugate.node.metrics import node_families
 from gpugate.probes import files
 from gpugate.probes import services as services_probe
-from gpugate.record import replace
-from gpugate.sim import fleet as sim_fleet, keys as sim_keys
+from gpugate.core.record import replace
+from gpugate.sim import fleet as sim_fleet
+from gpugate.sim import keys as sim_keys
 
 try:
     import tomllib as toml

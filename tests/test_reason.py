@@ -2,9 +2,9 @@
 
 from hypothesis import assume, given, settings, strategies as st
 
-from gpugate import reason
-from gpugate.findings import CHECK_CLASSES, Finding, class_rank
-from gpugate.verdict import decide
+from gpugate.model import reason
+from gpugate.model.findings import CHECK_CLASSES, Finding, class_rank
+from gpugate.model.verdict import decide
 
 TAG = "gpugate:"
 findings_st = st.builds(
@@ -98,7 +98,7 @@ def test_foreign_reasons_are_not_ours():
 def test_an_uncovered_node_renders_bounded_and_parses_back(node, path, others):
     """Item 7: the finding for a node no [nodes] section names, alone or
     after other findings, with any node name and baseline path."""
-    from gpugate.baseline import parse_baseline
+    from gpugate.model.baseline import parse_baseline
     from gpugate.judges import _uncovered
 
     assume(node not in ("x-not-this-node1", "x-not-this-node2"))

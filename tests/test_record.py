@@ -1,4 +1,4 @@
-"""gpugate.record against the standard library's dataclasses: the same
+"""gpugate.core.record against the standard library's dataclasses: the same
 class bodies built both ways behave alike (construction, defaults,
 equality, hashing, repr, replace, asdict, frozen assignment, pickle, copy),
 and what records do not support is refused when the class is defined."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate import record
+from gpugate.core import record
 
 PROPS = settings(max_examples=200, deadline=None)
 

@@ -11,10 +11,10 @@ sweep engine on a stand-in Slurm, and the pure planner.)"""
 
 from hypothesis import assume, event, given, settings, strategies as st
 
-from gpugate import budget
-from gpugate import reason as reasons
-from gpugate.findings import Finding
-from gpugate.record import replace
+from gpugate.budget import rules as budget
+from gpugate.model import reason as reasons
+from gpugate.model.findings import Finding
+from gpugate.core.record import replace
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState
 from gpugate.sweep import escalation as esc
@@ -55,7 +55,7 @@ class UnfitFor(FitTransport):
 
 
 def _keeper(slurm, share):
-    """The keeper's decision (gpugate.budget.plan) written as the keeper writes it."""
+    """The keeper's decision (gpugate.budget.rules.plan) written as the keeper writes it."""
     for name, reason in budget.plan(slurm.states, TAG, share).drain:
         slurm.drain(name, reason)
 
@@ -107,7 +107,7 @@ def test_an_escalation_with_no_room_is_deferred_and_escalated_once_there_is_room
     assert "deferred done (attempt 2): escalation deferred: drain budget of partition gpu" in text, text
     # `gpugate metrics`: the deferred node, and the two holding the budget of one.
     from gpugate.fleet.metrics import fleet_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     text = render(fleet_families(take(slurm.states, TAG, 10 * DAY), journal.nodes(), None, None,
                                  budget.usage(slurm.states, TAG, 0.25)))
@@ -381,7 +381,7 @@ def test_the_sweep_reads_the_budget_share_from_gpugate_toml():
     the budget off, leaves the floor alone)."""
     import types
 
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
     from gpugate.sweep import run as sweep_run
 
     baseline = types.SimpleNamespace(health=types.SimpleNamespace(xid_actions={}))

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
-from gpugate.baseline import load_baseline
-from gpugate.config import DEFAULT_PACKAGES
+from gpugate.model.baseline import load_baseline
+from gpugate.model.config import DEFAULT_PACKAGES
 from gpugate.errors import CommandError, ParseError
-from gpugate.facts import Package, ProbeFailure
+from gpugate.model.facts import Package, ProbeFailure
 from gpugate.node.check import run_check
 from gpugate.parsers import system
 from gpugate.probes import commands

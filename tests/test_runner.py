@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gpugate.errors import CommandError
-from gpugate.runner import run
+from gpugate.safety.runner import run
 
 
 def gone_within(pid, seconds):
@@ -61,7 +61,7 @@ def test_environment_is_exactly_what_is_given():
 
 LEAVER = """
 import sys, threading, time
-from gpugate import runner
+from gpugate.safety import runner
 from gpugate.node.entry import leave
 
 def call():
@@ -96,7 +96,7 @@ FLOOD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # before the cap: MemoryError, not the test box's RAM
 from gpugate.errors import CommandError
-from gpugate.runner import run
+from gpugate.safety.runner import run
 started = time.monotonic()
 try:
     run(sys.argv[1:], 60)

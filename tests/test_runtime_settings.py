@@ -3,21 +3,22 @@ power limit, ECC mode, MIG mode), read through NVML, judged as budgeted
 drift: a wrong pin in the baseline stays within the drain budget."""
 
 import json
-from gpugate.record import replace
+from gpugate.core.record import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate import budget, reason
-from gpugate.baseline import NodeExpect, parse_baseline
+from gpugate.budget import rules as budget
+from gpugate.model import reason
+from gpugate.model.baseline import NodeExpect, parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.facts import NOT_READ, GpuFacts, ProbeFailure, from_jsonable, to_jsonable
-from gpugate.findings import DRIFT, PROBE, RECONVERGE, RESET_GPU, is_acute
+from gpugate.model.facts import NOT_READ, GpuFacts, ProbeFailure, from_jsonable, to_jsonable
+from gpugate.model.findings import DRIFT, PROBE, RECONVERGE, RESET_GPU, is_acute
 from gpugate.judges import settings
-from gpugate.sim import nvml as sim_nvml
-from gpugate.verdict import decide
+from gpugate.vendors.nvidia import nvml_sim
+from gpugate.model.verdict import decide
 
 
 def gpu(**changes):
@@ -131,13 +132,13 @@ def test_baseline_keys_and_their_errors():
 
 
 def test_nvml_reader_reads_the_settings_and_pending_modes():
-    from gpugate.probes.nvml import read
+    from gpugate.vendors.nvidia.probe_nvml import read
 
     state = json.loads(json.dumps(_sim_node()))
     state["gpus"][0].update(compute_mode=2, power_limit_mw=612500, ecc_mode=[1, 0], mig=[0, 1])
     state["gpus"][1].update(compute_mode=None, power_limit_mw=None, ecc_mode=None, mig=None)
     state["gpus"][1]["errors"] = {"nvmlDeviceGetPowerManagementLimit": 999}
-    facts = read(sim_nvml.load(state), 10, gpus=[0, 1])
+    facts = read(nvml_sim.load(state), 10, gpus=[0, 1])
     g0, g1 = facts.gpus
     assert (g0.compute_mode, g0.power_limit_mw, g0.ecc_enabled, g0.ecc_pending, g0.mig_enabled, g0.mig_pending) == \
         (2, 612500, True, False, False, True)
@@ -159,7 +160,7 @@ def test_facts_of_an_older_gpugate_are_not_read_never_a_value():
 
 
 def _sim_node():
-    from gpugate.baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
     from gpugate.sim.fleet import new_model
 
     return new_model("gpu01", load_baseline(DEMO_BASELINE))["nvml"]

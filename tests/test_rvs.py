@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.facts import ProbeFailure
+from gpugate.model.facts import ProbeFailure
 from gpugate.parsers.rvs import parse, parse_json, summary_gpus
-from gpugate.toolfacts import DcgmDiag
+from gpugate.model.toolfacts import DcgmDiag
 
 from conftest import SAMPLES
 

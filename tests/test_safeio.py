@@ -17,9 +17,9 @@ import types
 import pytest
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate import safeio
+from gpugate.safety import safeio
 from gpugate.errors import ConfigError
-from gpugate.trust import Untrusted
+from gpugate.safety.trust import Untrusted
 from test_node_side import entry, metrics
 from test_sweep_engine import DRIFT, FakeSlurm, events, make
 
@@ -73,7 +73,7 @@ def test_a_symlink_planted_at_the_old_temp_name_or_the_final_name_is_never_follo
     for guess in range(pid - 20, pid + 20):  # every pid a user could guess
         as_nobody("ln", "-s", shadow, "%s.tmp.%d" % (target, guess))
     as_nobody("ln", "-s", shadow, target)
-    from gpugate.node.state import write_json
+    from gpugate.safety.state import write_json
 
     write_json(target, {"fit": True})
     assert open(shadow).read() == "root:secret\n"
@@ -313,7 +313,7 @@ def test_a_fifo_or_a_device_is_refused_without_blocking(top):
     os.mkfifo(fifo, 0o644)
     link = os.path.join(top, "zero")
     os.symlink("/dev/zero", link)
-    code = ("from gpugate import safeio\nfor p, follow in ((%r, True), (%r, True), (%r, False)):\n"
+    code = ("from gpugate.safety import safeio\nfor p, follow in ((%r, True), (%r, True), (%r, False)):\n"
             "    try:\n        safeio.read_capped(p, 1 << 20, follow=follow); print('read', p)\n"
             "    except OSError as exc:\n        print(exc.strerror)\n" % (fifo, link, link))
     said = run_bounded(code).splitlines()
@@ -336,7 +336,7 @@ def test_a_probe_file_that_is_a_fifo_is_a_finding_not_a_hang(top):
 
 
 def test_an_oversized_config_or_baseline_is_refused_not_parsed(tmp_path):
-    from gpugate.schema import load_toml
+    from gpugate.model.schema import load_toml
 
     big = tmp_path / "baseline.toml"
     with open(big, "wb") as handle:
@@ -354,7 +354,7 @@ def test_an_oversized_config_or_baseline_is_refused_not_parsed(tmp_path):
 
 
 def test_state_over_its_cap_is_no_state(tmp_path):
-    from gpugate.node.state import read_json
+    from gpugate.safety.state import read_json
 
     path = tmp_path / "last-healthcheck.json"
     path.write_text('{"fit": true, "pad": "%s"}' % ("x" * safeio.STATE_CAP))

@@ -17,8 +17,8 @@ import threading
 import pynvml
 import pytest
 
-from gpugate.sim import nvml as sim
-from gpugate.sim.nvml import SimNvml
+from gpugate.vendors.nvidia import nvml_sim as sim
+from gpugate.vendors.nvidia.nvml_sim import SimNvml
 
 INIT_FUNCTIONS = ("nvmlInit", "nvmlInitWithFlags")
 HANDLE_PARAMS = ("handle", "device")
@@ -609,13 +609,15 @@ def test_load_file(tmp_path):
 def test_import_is_light():
     # Probes load a node per short-lived process: nothing beyond what pynvml loads.
     code = ("import sys, json; import pynvml; before = set(sys.modules); "
-            "import gpugate.sim.nvml; print(json.dumps(sorted(set(sys.modules) - before)))")
+            "import gpugate.vendors.nvidia.nvml_sim; print(json.dumps(sorted(set(sys.modules) - before)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # The stand-in's own two modules (the surface and its state/rules) and the
     # JSON reader of the prolog's files (no json package: re and enum) with its
     # lazily compiled patterns (lazyre imports nothing), nothing else.
-    assert json.loads(out.stdout) == ["gpugate", "gpugate.jsontext", "gpugate.lazyre", "gpugate.sim",
-                                      "gpugate.sim.nvml", "gpugate.sim.nvml_state"]
+    # The packages on the way are docstrings only.
+    assert json.loads(out.stdout) == ["gpugate", "gpugate.core", "gpugate.core.jsontext", "gpugate.core.lazyre",
+                                      "gpugate.vendors", "gpugate.vendors.nvidia",
+                                      "gpugate.vendors.nvidia.nvml_sim", "gpugate.vendors.nvidia.nvml_sim_state"]
 
 
 def test_runtime_settings_read_as_the_real_calls_return_them():

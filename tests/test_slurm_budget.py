@@ -93,8 +93,8 @@ def test_two_keepers_racing_never_drain_beyond_the_budget(cluster, tmp_path):
     meanwhile), it drains gpu04: three drains for an allowance of two, until
     A's re-read of the fleet gives back the newest.  Then both keepers, run
     at the same moment a few times, hold the partition at its budget."""
-    from gpugate import keeper
-    from gpugate.config import load_settings
+    from gpugate.keeper import run as keeper
+    from gpugate.model.config import load_settings
     from gpugate.slurm import connect
 
     reason = "gpugate: drift driver=580.65.06 (want %s)" % WRONG

@@ -8,7 +8,7 @@ import pytest
 
 from gpugate.errors import ParseError
 from gpugate.slurm.nodestate import parse_nodes_json, parse_nodes_text
-from gpugate.record import replace
+from gpugate.core.record import replace
 from gpugate.slurm.nodestate.records import parse_node_records
 from gpugate.slurm.nodestate.show_text import parse_show_node
 

@@ -4,7 +4,7 @@ the reason; its healthy peer stays in service."""
 
 import pytest
 
-from gpugate import reason as reasons
+from gpugate.model import reason as reasons
 
 from conftest import DEMO_BASELINE, check_now, make_cluster
 

@@ -9,7 +9,7 @@ import os
 import pytest
 from conftest import make_cluster, require_vendored
 
-from gpugate import nhcbuild
+from gpugate.testbed import nhcbuild
 
 pytestmark = pytest.mark.slurm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -31,9 +31,9 @@ def _sdiag(cluster):
 
 
 def _connect(cluster, backend, library=None):
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.errors import SlurmError
-    from gpugate.record import replace
+    from gpugate.core.record import replace
     from gpugate.slurm import connect
 
     settings = load_settings(cluster.gpugate_conf)
@@ -72,7 +72,7 @@ def test_it_reads_what_the_older_read_reads_and_refuses_what_it_cannot(cluster, 
     (the leftover reason 24.11 keeps), a Comment with a line break and a
     reason of two lines (the older read, and why in node_read), a node
     slurmctld has none of."""
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
     node = cluster.nodes[1]
     steps = [

@@ -48,7 +48,7 @@ def test_a_healthy_node_passes_its_preflight_and_says_what_it_took(preflighted):
 
 
 def _stats(cluster, node):
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.preflight import memory
 
     return memory.stats(load_settings(cluster.gpugate_conf), node)

@@ -204,7 +204,7 @@ def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
 
 
 def test_second_sweeper_refuses_to_run(new_cluster):
-    from gpugate.node.lock import RunLock
+    from gpugate.safety.lock import RunLock
 
     cluster = new_cluster(nodes=2)
     lock = RunLock(cluster.path("state", "locks", "sweep.lock"))

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from gpugate.judges.smoke import cannot_run
 from gpugate.parsers.nccl import parse_nccl_tests
-from gpugate.sweep.pairs import (FAIL, NOT_REPROVEN, ODD_ONE_OUT, PASS, UNPAIRED, PairRun, decide, first_round,
-                                 run_rounds, second_round)
+from gpugate.sweep.pairs import FAIL, NOT_REPROVEN, ODD_ONE_OUT, PASS, UNPAIRED, PairRun, decide, first_round, run_rounds, second_round
 from gpugate.sweep.smoke import SmokeResult
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke")

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpugate import reason as reasons
-from gpugate.findings import RMA
+from gpugate.model import reason as reasons
+from gpugate.model.findings import RMA
 from gpugate.judges.smoke import judge_smoke
 from gpugate.parsers.nccl import parse_nccl_tests
 from gpugate.slurm.jobs import GONE, parse_show_job
-from gpugate.sweep.smoke import finding, template
+from gpugate.judges.smoke import template
+from gpugate.sweep.smoke import finding
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, "gpugate", "data", "smoke")
 ARGV = ["/opt/nccl-tests/build/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}"]
@@ -110,7 +111,8 @@ def test_a_huge_output_is_read_by_its_head_and_tail(tmp_path, monkeypatch):
 
 def test_sim_smoke_key_replays_the_recorded_runs_and_refuses_others():
     from gpugate.errors import ConfigError
-    from gpugate.sim import keys, outputs
+    from gpugate.sim import keys
+    from gpugate.sim import outputs
 
     model = {"smoke": "healthy"}
     keys.apply(model, "smoke", "pcie-degraded")

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
-from gpugate.sweep.transport import answer, ssh_failure
+from gpugate.node.transport import answer, ssh_failure
 from ssh_rig import HANG_SECONDS, SshRig
 
 NODES = {"gpu01": "ok", "gpu02": "ok", "gpu03": "ok", "gpu04": "closed", "gpu05": "mismatch", "gpu06": "hang"}
@@ -42,8 +42,8 @@ def rig(tmp_path_factory):
 
 
 def _transport(rig):
-    from gpugate.config import load_settings
-    from gpugate.sweep.transport import SshTransport, make
+    from gpugate.model.config import load_settings
+    from gpugate.node.transport import SshTransport, make
 
     transport = make(load_settings(rig.gpugate_conf))
     assert isinstance(transport, SshTransport)
@@ -109,11 +109,11 @@ def test_the_evidence_and_the_reset_over_ssh(rig):
 
 @pytest.mark.ssh
 def test_the_ssh_config_is_trust_checked(rig, tmp_path):
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
     from gpugate.errors import ConfigError
-    from gpugate.sweep.transport import make
+    from gpugate.node.transport import make
 
     settings = load_settings(rig.gpugate_conf)
     loose = tmp_path / "ssh_config"
@@ -134,7 +134,7 @@ def test_a_node_printing_without_bound_is_killed_at_the_cap_and_answers_nothing(
     answer "no JSON answer"."""
     import resource
 
-    from gpugate.sweep.transport import SshTransport
+    from gpugate.node.transport import SshTransport
 
     transport = _transport(rig)
     script = ('for a; do node=$a; done; case "$node" in gpu01) exec head -c 40M /dev/zero;; '

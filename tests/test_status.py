@@ -75,7 +75,7 @@ def summary(journal_nodes):
     # stale record's time before gpu005's drain, the live ones after.
     shifted = {}
     for name, rec in journal_nodes.items():
-        from gpugate.record import replace
+        from gpugate.core.record import replace
 
         shifted[name] = replace(rec, updated=NOW - (H if name == "gpu005" else 1))
     return summarize(take(states, TAG, NOW), shifted, NOW, states=states)

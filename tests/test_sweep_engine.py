@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from gpugate import reason as reasons
-from gpugate.config import _SWEEP
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.config import _SWEEP
+from gpugate.model.findings import Finding
 from gpugate.slurm.nodestate import NodeState
 from gpugate.sweep import history as hist
 from gpugate.sweep import journal as jr

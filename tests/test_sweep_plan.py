@@ -2,11 +2,11 @@
 
 from hypothesis import event, given, settings, strategies as st
 
-from gpugate import reason as reasons
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.findings import Finding
 from gpugate.slurm.nodestate import NodeState
 from gpugate.sweep.plan import ESCALATE, Options, floor_count, plan, remedy_for
-from gpugate.record import replace
+from gpugate.core.record import replace
 from gpugate.sweep.snapshot import take
 
 TAG = "gpugate:"
@@ -215,7 +215,7 @@ def test_repeat_rule_counts_returns_for_the_same_component_within_the_window_sin
 @settings(max_examples=200, deadline=None)
 @given(fleets(), options_st, st.data(), st.integers(1, 4))
 def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, options, data, limit):
-    from gpugate.record import replace
+    from gpugate.core.record import replace
 
     # Each node's history: some returns to service for what it is drained for now, and noise.
     # The fleet is seen at 0: its history lies in the 20 days before.

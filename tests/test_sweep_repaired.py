@@ -5,9 +5,9 @@ from rma in tests/test_slurm_repaired.py."""
 import sys
 import types
 
-from gpugate import reason as reasons
-from gpugate.config import _SWEEP
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.config import _SWEEP
+from gpugate.model.findings import Finding
 from gpugate.slurm import ownership
 from gpugate.sweep import history as hist
 from gpugate.sweep import run as sweep_run

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 
-from gpugate import reason as reasons
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.findings import Finding
 from gpugate.sweep import evidence
 from gpugate.sweep import history as hist
 from gpugate.sweep import journal as jr
@@ -245,7 +245,7 @@ def test_the_metrics_name_the_evidence_of_rma_nodes(tmp_path):
     from types import SimpleNamespace
 
     from gpugate.fleet.metrics import fleet_families
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
 
     slurm = FakeSlurm(count=4, drained=("gpu001",), reason=ECC, reboot_polls=1)
     sweeper, journal = _sweep(tmp_path, slurm, NodeSide(reset_ok=False, fit=False))
@@ -261,7 +261,7 @@ def test_the_plan_shows_the_reset_rung_and_the_evidence(tmp_path):
     import types
 
     from gpugate.cli.sweep_render import plan_text
-    from gpugate.config import _SWEEP
+    from gpugate.model.config import _SWEEP
 
     settings = types.SimpleNamespace(sweep=dict(_SWEEP.check({}, "sweep"), journal=str(tmp_path / "sweep.db")),
                                      reason_tag=TAG)

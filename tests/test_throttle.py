@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate import nvmlread
-from gpugate.baseline import load_baseline, parse_baseline
+from gpugate.vendors.nvidia import nvmlread
+from gpugate.model.baseline import load_baseline, parse_baseline
 from gpugate.errors import ConfigError
-from gpugate.facts import GpuFacts, NodeFacts, NvmlFacts, ProbeFailure
-from gpugate.findings import is_acute
+from gpugate.model.facts import GpuFacts, NodeFacts, NvmlFacts, ProbeFailure
+from gpugate.model.findings import is_acute
 from gpugate.judges import throttle
-from gpugate.sim import nvml as sim_nvml
+from gpugate.vendors.nvidia import nvml_sim
 from test_node_side import metrics, node_env, run_entry  # noqa: F401  (the fixture)
 
 POLICY = load_baseline(DEMO_BASELINE).health
@@ -128,7 +128,7 @@ def test_limits_are_validated(health, where):
 
 def test_sim_answers_the_counters_under_the_real_field_ids():
     gpu = {"name": "x", "clock_event_ns": {"power_brake": 7 * S, "hw_thermal": 3, "sw_power_cap": 5}}
-    nv = sim_nvml.load({"gpus": [gpu], "clock_offset_s": 100})
+    nv = nvml_sim.load({"gpus": [gpu], "clock_offset_s": 100})
     nv.nvmlInit()
     counters = nvmlread._clock_event_ns(nv, nv.nvmlDeviceGetHandleByIndex(0))
     assert counters["power_brake"] == 7 * S and counters["hw_thermal"] == 3 and "sw_thermal" not in counters
@@ -170,19 +170,19 @@ def test_an_nvml_binding_without_the_counters_is_unchecked_never_silent():
     """nvidia-ml-py before 12.575 names no NVML_FI_DEV_CLOCKS_EVENT_REASON_*
     (setup.cfg allows 12.535): clock events cannot be judged by time there,
     and that is said (an unchecked fact), never a probe finding, never silence."""
-    from gpugate.probes.nvml import facts_of
+    from gpugate.vendors.nvidia.probe_nvml import facts_of
 
     gpu = {"name": "x", "clock_event_ns": {"power_brake": 7 * S, "hw_thermal": 3}}
     for state, words in (({"gpus": [gpu], "binding": "12.535.161"}, "nvidia-ml-py 12.575"),
                          ({"gpus": [{"name": "x", "clock_event_ns": None}]}, "not supported")):
-        nv = sim_nvml.load(state)
+        nv = nvml_sim.load(state)
         nv.nvmlInit()
         got = facts_of(nvmlread._clock_event_ns(nv, nv.nvmlDeviceGetHandleByIndex(0)))  # the reader's stand-in
         assert isinstance(got, ProbeFailure) and got.kind == "unchecked" and words in got.detail, got
     reference = throttle.step(None, _facts(_sample(0)), POLICY)[1]
     found, kept = throttle.step(reference, _facts(got), POLICY)
     assert found == [] and kept == reference  # no probe finding; the reference waits for counters
-    from gpugate.facts import unchecked_facts
+    from gpugate.model.facts import unchecked_facts
 
     listed = dict(unchecked_facts(_facts(_sample(0), got)))
     assert listed["clock_events"].startswith("gpu1: this GPU or driver counts no clock event")
@@ -205,7 +205,7 @@ def test_check_and_metrics_list_clock_events_unchecked_on_an_old_binding(node_en
 
 
 def test_the_audit_says_where_clock_events_are_unchecked():
-    from gpugate.facts import to_jsonable
+    from gpugate.model.facts import to_jsonable
     from gpugate.fleet.audit import PINNED, UNCHECKED, UNREADABLE, fold
 
     old = ProbeFailure("nvml", "unchecked", "this nvidia-ml-py names no clock-event counter")

@@ -1,5 +1,5 @@
 """A TOML file's nesting is measured before the parser recurses into it
-(gpugate.tomldepth): strings and comments full of brackets count for
+(gpugate.core.tomldepth): strings and comments full of brackets count for
 nothing, every real bracket counts, and a file nested past the limit is a
 clear ConfigError under any recursion limit, never a crash."""
 import json
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpugate import tomldepth
+from gpugate.core import tomldepth
 from gpugate.errors import ConfigError
-from gpugate.schema import parse_toml_bytes
+from gpugate.model.schema import parse_toml_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -134,7 +134,7 @@ def test_deep_files_are_a_config_error_under_any_recursion_limit(limit):
     # worker running them after Hypothesis had raised the limit crashed.
     code = (
         "import sys\n"
-        "from gpugate.schema import parse_toml_bytes\n"
+        "from gpugate.model.schema import parse_toml_bytes\n"
         "from gpugate.errors import ConfigError\n"
         "sys.setrecursionlimit(%d)\n"
         "for data in [%s]:\n"

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate import runner, trust
+from gpugate.safety import runner
+from gpugate.safety import trust
 from gpugate.errors import CommandError, ConfigError
 
 NOBODY = 65534
@@ -85,7 +86,7 @@ def test_a_group_writable_directory_above_the_config_is_refused(tmp_path):
     config = etc / "gpugate.toml"
     config.write_text('baseline = "%s"\n' % DEMO_BASELINE)
     config.chmod(0o644)
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
 
     with pytest.raises(ConfigError) as info:
         load_settings(str(config))
@@ -147,7 +148,7 @@ def test_a_symlink_swapped_after_the_check_runs_the_checked_file(tmp_path, monke
 
 
 def test_a_config_swapped_after_the_check_is_read_as_checked_or_refused(tmp_path, monkeypatch):
-    from gpugate.schema import load_toml
+    from gpugate.model.schema import load_toml
 
     good = tmp_path / "good.toml"
     good.write_text('who = "root"\n')
@@ -212,7 +213,7 @@ def test_a_symlink_loop_is_an_error_not_a_hang(tmp_path):
 
 # ----------------------------------------------------------- relative paths
 def test_relative_paths_are_refused_at_validation_and_by_the_runner(tmp_path, monkeypatch):
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
 
     with pytest.raises(ConfigError) as info:
         parse_settings({"commands": {"dcgmi": "x"}}, "gpugate.toml")
@@ -290,7 +291,7 @@ def test_state_and_journal_directories_others_can_write_are_refused(tmp_path):
 
 # --------------------------------------------------------- the rule, as a property
 def _expected(dir_uid, dir_mode, file_uid, file_mode):
-    """The rule in the README, written independently of gpugate.trust."""
+    """The rule in the README, written independently of gpugate.safety.trust."""
     dir_ok = dir_uid == 0 and (not dir_mode & 0o022 or dir_mode & stat.S_ISVTX)
     entry_ok = not dir_mode & 0o022 or file_uid == 0
     file_ok = file_uid == 0 and not file_mode & 0o022
@@ -325,7 +326,7 @@ def test_refused_iff_the_rule_says_so(tmp_path, dir_uid, dir_mode, file_uid, fil
 
 # ----------------------------------------------------------- the sweep's ssh
 def test_the_sweeps_ssh_is_checked_and_run_from_the_checked_file(tmp_path, monkeypatch):
-    from gpugate.sweep import transport
+    from gpugate.node import transport
 
     marker = tmp_path / "marker"
     ssh = tmp_path / "ssh"

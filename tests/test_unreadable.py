@@ -4,7 +4,7 @@ metrics, never "matches pin"; `gpugate metrics` with a bad baseline exits 2.
 Simulated nodes (NVML and tools replayed) run the production probes."""
 
 import os
-from gpugate.record import replace
+from gpugate.core.record import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,13 +12,13 @@ from hypothesis import given, settings as hsettings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate.baseline import PIN_COMPONENTS, load_baseline
-from gpugate.facts import UNCHECKED, ProbeFailure, to_jsonable
-from gpugate.findings import CHECK_CLASSES
+from gpugate.model.baseline import PIN_COMPONENTS, load_baseline
+from gpugate.model.facts import UNCHECKED, ProbeFailure, to_jsonable
+from gpugate.model.findings import CHECK_CLASSES
 from gpugate.fleet.audit import DRIFT, STATUSES, UNCHECKED as AUDIT_UNCHECKED, UNREADABLE, fold
 from gpugate.fleet.metrics import fleet_families
 from gpugate.node.metrics import MATCHES, SERVICE_STATES, UNREADABLE as NODE_UNREADABLE, component_states, node_families
-from gpugate.promtext import render
+from gpugate.core.promtext import render
 from gpugate.node.check import run_check
 
 BASELINE = load_baseline(DEMO_BASELINE)
@@ -47,7 +47,7 @@ def textfile(result, node="gpu01"):
                 assert labels["service"] in ("fabricmanager", "persistenced") and labels["state"] in SERVICE_STATES
                 out.setdefault(sample.name, {})[(labels["service"], labels["state"])] = sample.value
                 continue
-            if sample.name == "gpugate_lock_stuck_seconds":  # per lock, not per component (gpugate.node.lock)
+            if sample.name == "gpugate_lock_stuck_seconds":  # per lock, not per component (gpugate.safety.lock)
                 assert set(labels) == {"lock"}
                 continue
             assert set(labels) <= {"component", "class"}
@@ -156,7 +156,7 @@ def _healthy(tmp_path_factory):
     if not _HEALTHY:
         fleet = str(tmp_path_factory.mktemp("prop") / "fleet")
         gpugate_cmd("sim", "init", fleet, "--nodes", "gpu01", "--baseline", DEMO_BASELINE, check=True)
-        from gpugate.config import parse_settings
+        from gpugate.model.config import parse_settings
 
         settings = replace(parse_settings({}, "(test)"), sim_fleet=fleet, baseline=DEMO_BASELINE)
         _HEALTHY["facts"] = run_check(settings, BASELINE, "gpu01", "healthcheck").facts
@@ -198,7 +198,7 @@ def test_a_failed_fact_is_never_a_match(tmp_path_factory, node_fields, nvml_fail
         changes["packages"] = {r: ProbeFailure("packages", UNCHECKED) for r in pk}
     broken = replace(facts, **changes)
     from gpugate.judges import judge
-    from gpugate.verdict import decide
+    from gpugate.model.verdict import decide
 
     verdict = decide(judge(BASELINE, broken), "gpugate:")
     states = component_states(verdict, broken, BASELINE, BASELINE.expect_for("gpu01"))

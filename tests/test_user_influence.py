@@ -10,10 +10,11 @@ import os
 
 from hypothesis import example, given, settings, strategies as st
 
-from gpugate import budget, budget_pins
-from gpugate import reason as reasons
-from gpugate.facts import ProbeFailure
-from gpugate.findings import ACUTE, HEALTH, INVESTIGATE, USER_CAUSED, Finding, is_acute
+from gpugate.budget import rules as budget
+from gpugate.budget import pins as budget_pins
+from gpugate.model import reason as reasons
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.findings import ACUTE, HEALTH, INVESTIGATE, USER_CAUSED, Finding, is_acute
 from gpugate.preflight.environment import judge
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState
@@ -128,7 +129,7 @@ def test_a_pin_the_sweep_took_or_an_admin_resumed_still_counts_for_the_hour():
 
 
 def test_the_keeper_s_record_of_pins_is_read_written_and_refused_when_garbled(tmp_path):
-    from gpugate import keeper_pins
+    from gpugate.budget import keeper_pins
 
     status = str(tmp_path / "budget-keeper.json")
     assert keeper_pins.load(status) == []
@@ -210,7 +211,7 @@ def test_no_sequence_of_user_caused_findings_drains_past_the_budget_or_reaches_r
 
 
 def test_a_user_caused_finding_is_never_acute_through_the_verdict():
-    from gpugate.verdict import decide
+    from gpugate.model.verdict import decide
 
     for reason in USER_REASONS:
         parsed = reasons.parse(reason, TAG)
@@ -223,7 +224,7 @@ def test_a_proof_across_nodes_with_the_budget_off_is_refused():
     """Its pins are budgeted: with max_share = 1 they would drain themselves without bound."""
     import pytest
 
-    from gpugate.config import parse_settings
+    from gpugate.model.config import parse_settings
     from gpugate.errors import ConfigError
 
     multi = {"allreduce_multi": ["/opt/gpugate/allreduce-rank", "{rank}"]}

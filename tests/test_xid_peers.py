@@ -28,14 +28,14 @@ gpud (github.com/leptonai/gpud @ 4a8de33a3f02e207f39e9023d67125592d599731):
 
 Each peer action is put in gpugate's words (ignore / reset_gpu / reboot /
 investigate).  Every Xid where gpugate's default differs from a peer must
-have an entry in gpugate.xidcatalog.PEERS (NVLink5 sub-events:
+have an entry in gpugate.vendors.nvidia.xidcatalog.PEERS (NVLink5 sub-events:
 NVLINK_PEERS) naming that peer; an entry with no difference behind it fails
 too, so the table cannot go stale.
 """
 
 import pytest
 
-from gpugate import xidcatalog
+from gpugate.vendors.nvidia import xidcatalog
 from test_xid_policy import judge
 
 
@@ -133,7 +133,7 @@ def test_the_recorded_tables_agree_with_gpugates_catalog_column():
 def test_every_difference_from_a_peer_is_explained():
     found = differences()
     unexplained = {code: peers for code, peers in found.items() if code not in xidcatalog.PEERS}
-    assert not unexplained, "explain in gpugate.xidcatalog.PEERS: %s" % unexplained
+    assert not unexplained, "explain in gpugate.vendors.nvidia.xidcatalog.PEERS: %s" % unexplained
     for code, peers in found.items():
         for peer in peers:
             assert peer + ":" in xidcatalog.PEERS[code], (code, peer)
@@ -214,7 +214,7 @@ def nvlink_differences():
 def test_every_nvlink5_sub_event_difference_is_explained():
     found = nvlink_differences()
     for key, peers in found.items():
-        assert key in xidcatalog.NVLINK_PEERS, "explain in gpugate.xidcatalog.NVLINK_PEERS: %s %s" % (key, peers)
+        assert key in xidcatalog.NVLINK_PEERS, "explain in gpugate.vendors.nvidia.xidcatalog.NVLINK_PEERS: %s %s" % (key, peers)
         for peer in peers:
             assert peer + ":" in xidcatalog.NVLINK_PEERS[key], (key, peer)
     assert not set(xidcatalog.NVLINK_PEERS) - set(found), "stale NVLINK_PEERS entries"

@@ -1,4 +1,4 @@
-"""The default Xid policy (gpugate.xidcatalog) and how the judge applies it:
+"""The default Xid policy (gpugate.vendors.nvidia.xidcatalog) and how the judge applies it:
 catalog parity, Xid 154 by its target, counted non-fatal NVLink Xids and
 SXids, MIG attribution, "fallen off the bus", and momentary clock events."""
 
@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, ROOT
-from gpugate import xidcatalog
-from gpugate.baseline import load_baseline
-from gpugate.facts import NodeFacts
-from gpugate.findings import is_acute
+from gpugate.vendors.nvidia import xidcatalog
+from gpugate.model.baseline import load_baseline
+from gpugate.model.facts import NodeFacts
+from gpugate.model.findings import is_acute
 from gpugate.judges import xids
 from gpugate.parsers import kernlog
-from gpugate.runbook import steps
+from gpugate.model.runbook import steps
 
 POLICY = load_baseline(DEMO_BASELINE).health
 EXAMPLES = [DEMO_BASELINE, os.path.join(ROOT, "slurm_conf", "baseline.example.toml")]
@@ -134,7 +134,7 @@ def test_severity_is_fatal_unless_the_line_says_non_fatal(rest):
 def test_runbook_and_acute_for_new_components():
     assert is_acute("health", "sxid") and is_acute("health", "fallen_off_bus")
     for component in ("sxid", "fallen_off_bus", "xid"):
-        from gpugate.findings import Finding
+        from gpugate.model.findings import Finding
         assert len(steps(Finding("health", component, "x", "none", "reboot"))) >= 1
 
 
@@ -182,7 +182,7 @@ def test_no_check_drains_on_a_momentary_clock_event(fleet):
 
 def test_metrics_count_kernel_log_events_by_kind_and_code():
     from gpugate.node.metrics import kernel_log_samples
-    from gpugate.promtext import render
+    from gpugate.core.promtext import render
     lines = [NONFATAL] * 3 + ["nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"]
     events = tuple(kernlog.parse_dmesg("\n".join(lines)))
     samples = kernel_log_samples(events)

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate import reason as reasons
-from gpugate.baseline import parse_baseline
-from gpugate.facts import NodeFacts, XidEvent
-from gpugate.findings import Finding
+from gpugate.model import reason as reasons
+from gpugate.model.baseline import parse_baseline
+from gpugate.model.facts import NodeFacts, XidEvent
+from gpugate.model.findings import Finding
 from gpugate.judges import apprepeat
 from gpugate.node import xidhistory
 from gpugate.slurm import pending
@@ -42,7 +42,7 @@ def test_attack_xid_repeat_is_reset_and_diagnosed_never_rma_at_once():
     decision = plan(_snap(REPEAT), Options(reset=True, floor=0)).decisions["gpu01"]
     assert decision.remedy == "reset" and decision.included, decision.why
     # Back after a reset, then after a reboot, for xid_repeat alone: a job's user can cause it, so its
-    # returns are no step towards rma (gpugate.findings.USER_CAUSED); the deep diagnostic failing is
+    # returns are no step towards rma (gpugate.model.findings.USER_CAUSED); the deep diagnostic failing is
     # the hardware evidence that escalates.  As the sweep journals them, its returns name nothing.
     assert hist.components(reasons.parse(REPEAT, TAG)) == frozenset()
     past = (_resumed(8 * 86400, "reset", frozenset({"xid_repeat"})),
@@ -124,7 +124,7 @@ def test_a_new_fault_after_the_resume_stands():
 
 
 def test_the_health_check_reads_its_own_record_only_while_a_finding_stands(tmp_path):
-    from gpugate.config import load_settings
+    from gpugate.model.config import load_settings
 
     config = tmp_path / "gpugate.toml"
     config.write_text('state_dir = "%s/state/{node}"\n' % tmp_path)

@@ -41,16 +41,16 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
     import socket
     import sysconfig
 
-    from ..config import config_path, load_settings
-    from ..kube.agent import Agent
-    from ..names import check_node_name
+    from gpugate.model.config import config_path, load_settings
+    from gpugate.node.kube_agent import Agent
+    from gpugate.core.names import check_node_name
 
     node = node or os.environ.get("GPUGATE_NODE_NAME") or socket.gethostname().split(".")[0]
     check_node_name(node, "--node")
     path = config_path(config)
     settings = load_settings(path)
     if mirror_from:
-        from ..kube.mirror_agent import MirrorAgent
+        from gpugate.node.mirror_agent import MirrorAgent
 
         if settings.scheduler != "slurm+kubernetes":
             raise click.UsageError("--mirror-from is the slurmd pod's sidecar (Slurm on Kubernetes); %s says "
@@ -65,7 +65,7 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
     if not os.access(healthcheck, os.X_OK):
         healthcheck = shutil.which("gpugate-healthcheck") or healthcheck
     runner = Agent(settings, node, path, [healthcheck, "--config", path], interval=interval, poll=poll)
-    from ..kube.metrics_server import AgentWatch, port_of, serve
+    from gpugate.fleet.metrics_server import AgentWatch, port_of, serve
 
     port = port_of(settings, metrics_port)
     if port:  # when its last check ended, from a thread beside the loop (GpugateHealthCheckStale)

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 _config_opt = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
                            help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
@@ -35,10 +35,10 @@ def baseline():
 
 def _node_facts(settings, node):
     """The node's facts, as `gpugate facts` collects them (DCGM always asked)."""
-    from ..fleet.capture import probe_baseline
-    from ..config import load_checked_baseline
-    from ..facts import to_jsonable
-    from ..node.check import run_check
+    from gpugate.fleet.capture import probe_baseline
+    from gpugate.model.config import load_checked_baseline
+    from gpugate.model.facts import to_jsonable
+    from gpugate.node.check import run_check
 
     try:
         current = load_checked_baseline(settings)  # only to run the probes
@@ -54,7 +54,7 @@ def _write_new(path: str, text: str, force: bool) -> None:
     path = os.path.abspath(path)
     if not force and os.path.lexists(path):
         raise ConfigError("%s exists: not overwriting it (use --force)" % path)
-    from ..safeio import write_atomic
+    from gpugate.safety.safeio import write_atomic
 
     try:
         # A random O_EXCL|O_NOFOLLOW temporary name; without --force a hard link that fails if the file appeared.
@@ -96,10 +96,10 @@ def capture(config, sim, node, nodes, name, output, force):
       gpugate baseline capture --node gpu001 --name h100-r590-2027.01 --output new-baseline.toml
       gpugate baseline capture --sim /tmp/fleet --node gpu01 -o /tmp/captured.toml --force
     """
-    from ..findings import BROKEN, HEALTH
-    from ..fleet.capture import capture as capture_text
-    from ..fleet import coverage
-    from .context import load_context
+    from gpugate.model.findings import BROKEN, HEALTH
+    from gpugate.fleet.capture import capture as capture_text
+    from gpugate.fleet import coverage
+    from gpugate.cli.context import load_context
 
     key = coverage.section_key(nodes) if nodes is not None else None
     settings = load_context(config, sim, None)
@@ -125,7 +125,7 @@ def capture(config, sim, node, nodes, name, output, force):
 
 def read_audit(path: str):
     """The latest audit's {"at", "baseline", "facts", "partitions"}; None when there is none."""
-    from ..safeio import AUDIT_CAP, read_capped
+    from gpugate.safety.safeio import AUDIT_CAP, read_capped
 
     try:
         data = json.loads(read_capped(path, AUDIT_CAP))
@@ -145,8 +145,8 @@ def read_audit(path: str):
 def _latest_audit(config, audit_file):
     """(settings, path, audit or None): --audit when given (it must exist),
     else audit.json next to the sweep journal."""
-    from ..config import load_settings
-    from .fleet import audit_path
+    from gpugate.model.config import load_settings
+    from gpugate.cli.fleet import audit_path
 
     settings = load_settings(config, missing_ok=True)
     path = audit_file or audit_path(settings)
@@ -157,7 +157,7 @@ def _latest_audit(config, audit_file):
 
 
 def _predict(settings, old, new, audit):
-    from ..fleet.predict import predict
+    from gpugate.fleet.predict import predict
 
     return predict(old, new, audit["facts"], audit.get("partitions"),
                    float(settings.drain_budget["max_share"]), settings.reason_tag)
@@ -192,10 +192,10 @@ def diff(config, old, new, audit_file, as_json):
       gpugate baseline diff old.toml new.toml --json
       gpugate baseline diff old.toml new.toml --audit /var/lib/gpugate/audit.json
     """
-    from ..baseline import load_baseline
-    from ..fleet import predict as prediction
-    from ..fleet.review import diff as diff_baselines
-    from ..fleet.review import diff_text
+    from gpugate.model.baseline import load_baseline
+    from gpugate.fleet import predict as prediction
+    from gpugate.fleet.review import diff as diff_baselines
+    from gpugate.fleet.review import diff_text
 
     old_b, new_b = load_baseline(old), load_baseline(new)
     settings, path, audit = _latest_audit(config, audit_file)
@@ -258,10 +258,10 @@ def check_cmd(config, new, old_path, audit_file, as_json):
       gpugate baseline check baseline.toml --old /etc/gpugate/baseline.toml --audit audit.json
       gpugate baseline check baseline.toml --audit audit.json --json
     """
-    from ..baseline import load_baseline
-    from ..fleet import coverage
-    from ..fleet import predict as prediction
-    from ..fleet.audit import hostlist
+    from gpugate.model.baseline import load_baseline
+    from gpugate.fleet import coverage
+    from gpugate.fleet import predict as prediction
+    from gpugate.fleet.audit import hostlist
 
     new_b = load_baseline(new)
     settings, path, audit = _latest_audit(config, audit_file)

@@ -1,4 +1,4 @@
-"""`gpugate budget`: the drain-budget keeper (gpugate.keeper), on the controller."""
+"""`gpugate budget`: the drain-budget keeper (gpugate.keeper.run), on the controller."""
 
 import json
 import time
@@ -20,7 +20,7 @@ def _render(status: dict) -> str:
         lines.append("  partition %-12s drain budget %d/%d%s  held %d" % (
             part, fig["drained"], fig["allowance"], " SPENT" if fig["drained"] >= fig["allowance"] else "",
             fig["held"]))
-    from ..keeper import hostlist
+    from gpugate.keeper.run import hostlist
 
     if status.get("drained"):
         lines.append("  drained now: %s" % hostlist(status["drained"]))
@@ -77,12 +77,12 @@ def budget(config, watch, as_json, metrics_port):
       gpugate budget --json | jq '.drained, .standby'
       gpugate budget --watch 30 --metrics-port 9477
     """
-    from ..config import load_settings
-    from ..keeper import run
+    from gpugate.model.config import load_settings
+    from gpugate.keeper.run import run
 
     settings = load_settings(config, missing_ok=config is None)
     latest = {}
-    from ..kube.metrics_server import keeper_families, port_of, serve
+    from gpugate.fleet.metrics_server import keeper_families, port_of, serve
 
     if metrics_port and watch is None:
         raise click.UsageError("--metrics-port serves a --watch loop's metrics: add --watch SECONDS")
@@ -92,7 +92,7 @@ def budget(config, watch, as_json, metrics_port):
         raise click.UsageError("--metrics-port is the Kubernetes keeper's (its replicas lead through a Lease); on "
                                "Slurm `gpugate metrics -o FILE` exports the keeper's status for node_exporter")
     if port:
-        from ..promtext import render
+        from gpugate.core.promtext import render
 
         serve(settings, port, lambda: render(keeper_families(latest, time.time())))
     while True:

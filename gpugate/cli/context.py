@@ -5,7 +5,7 @@ so that the subcommand modules can use it without importing main back."""
 import os
 import socket
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 
 def default_node() -> str:
@@ -14,9 +14,9 @@ def default_node() -> str:
 
 def load_context(config, sim, baseline_path, node_required=None):
     """Settings (and a simulated fleet, when --sim is given) for a command."""
-    from ..config import load_settings
+    from gpugate.model.config import load_settings
 
-    from ..config import CONFIG_ENV
+    from gpugate.model.config import CONFIG_ENV
 
     explicit = bool(config or os.environ.get(CONFIG_ENV))
     return in_context(load_settings(config, missing_ok=config is None), sim, baseline_path, node_required,
@@ -28,11 +28,11 @@ def in_context(settings, sim=None, baseline_path=None, node_required=None, confi
     The baseline: --baseline, else that of a gpugate.toml named by --config
     or $GPUGATE_CONFIG, else the one the --sim fleet was created with, else
     gpugate.toml's (the default one's, or /etc/gpugate/baseline.toml)."""
-    from ..record import replace
+    from gpugate.core.record import replace
 
     if sim:
         settings = replace(settings, sim_fleet=os.path.abspath(sim))
-        from ..sim.fleet import recorded_baseline
+        from gpugate.sim.fleet import recorded_baseline
 
         recorded = recorded_baseline(settings.sim_fleet)
         if recorded and not config_explicit:

@@ -52,7 +52,7 @@ def demo(ctx, nodes, keep, directory):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from ..testbed import Cluster, smoke_command
+    from gpugate.testbed import Cluster, smoke_command
 
     directory = directory or tempfile.mkdtemp(prefix="gpugate-demo-")
     # The sweep's smoke job runs under slurmd; all_reduce_perf replays a recorded run.
@@ -223,7 +223,7 @@ def demo_up(directory, nodes, interval, no_keeper):
       gpugate status --config /tmp/gg/gpugate.toml
       gpugate demo down --dir /tmp/gg
     """
-    from ..testbed import Cluster
+    from gpugate.testbed import Cluster
 
     cluster = Cluster(directory, nodes=nodes, health_interval=interval)
     cluster.write(_baseline_text())
@@ -249,7 +249,7 @@ def demo_down(directory):
     Examples:
       gpugate demo down --dir /tmp/gg
     """
-    from ..testbed import Cluster, node_names_from_conf
+    from gpugate.testbed import Cluster, node_names_from_conf
 
     cluster = Cluster(directory, nodes=0)
     cluster.nodes = node_names_from_conf(cluster.conf)
@@ -257,6 +257,6 @@ def demo_down(directory):
     click.echo("stopped %s" % directory)
 
 
-from .demo_kube import demo_kubernetes  # noqa: E402  (a subcommand of the group above)
+from gpugate.cli.demo_kube import demo_kubernetes  # noqa: E402  (a subcommand of the group above)
 
 demo.add_command(demo_kubernetes)

@@ -27,7 +27,7 @@ def _refusal(log_line: str) -> str:
 def _agents(fleet, config, names) -> None:
     """Each node's agent run (gpugate-healthcheck as the DaemonSet runs it);
     a write the API server refused stops the demo with its words."""
-    from ..node.logline import LOG_FILE
+    from gpugate.node.logline import LOG_FILE
 
     for name in names:
         out = fleet.healthcheck(config, name)
@@ -43,8 +43,8 @@ def _agents(fleet, config, names) -> None:
 
 
 def _table(fleet, keeper_note="") -> None:
-    from ..kube import nodeview as nv
-    from ..kube.client import node_path
+    from gpugate.kube import nodeview as nv
+    from gpugate.kube.client import node_path
 
     click.echo(click.style("$ kubectl get nodes  (taints, cordon, GpugateHealthy)", fg="cyan"))
     click.echo("%-7s %-10s %-36s %-9s %-8s %s" % ("NODE", "CORDONED", "GPUGATE TAINT", "HEALTHY", "REASON",
@@ -61,7 +61,7 @@ def _table(fleet, keeper_note="") -> None:
 
 def _sweep(fleet):
     """One `gpugate sweep --apply` with the sweep's ServiceAccount; the nodes it returned."""
-    from ..testbed.kubelet import Kubelets
+    from gpugate.testbed.kubelet import Kubelets
 
     lines, kube = fleet.sweep_settings()
     config = fleet.config("sweep", 0.34, extra=kube, sweep=lines)
@@ -109,8 +109,8 @@ def demo_kubernetes(nodes, keep, directory, manifest_file):
       gpugate demo kubernetes              # about 30 seconds once built
       gpugate demo kubernetes --nodes 9 --keep
     """
-    from ..testbed import manifests
-    from ..testbed.kube import KubeAPI, KubeFleet, built_versions, cache_dir
+    from gpugate.testbed import manifests
+    from gpugate.testbed.kube import KubeAPI, KubeFleet, built_versions, cache_dir
 
     docs = manifests.load_file(manifest_file) if manifest_file else manifests.packaged()
     if not built_versions():

@@ -11,7 +11,7 @@ import click
 
 
 def _settings(config):
-    from ..config import load_settings
+    from gpugate.model.config import load_settings
 
     return load_settings(config, missing_ok=config is None)
 
@@ -26,10 +26,10 @@ def _select_nodes(settings, nodes, partitions):
     partitions) and node -> partitions of every Slurm node, which `baseline
     check` needs for the drain budget; None when Slurm did not answer and
     a hostlist was given (the audit goes on without them)."""
-    from ..errors import SlurmError
-    from ..names import parse_hostlist
-    from ..schedulers import require_slurm
-    from ..slurm import connect
+    from gpugate.errors import SlurmError
+    from gpugate.core.names import parse_hostlist
+    from gpugate.schedulers.registry import require_slurm
+    from gpugate.slurm import connect
 
     wanted = set(parse_hostlist(nodes)) if nodes else None
     if wanted is None or partitions:
@@ -78,12 +78,12 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
       gpugate audit -p gpu --json
       gpugate audit -w 'gpu[001-064]' -b new-baseline.toml
     """
-    from ..record import replace
+    from gpugate.core.record import replace
 
-    from ..baseline import load_baseline
-    from ..fleet.audit import fold, to_json, to_text
-    from ..node.state import write_json
-    from ..sweep.transport import make as make_transport
+    from gpugate.model.baseline import load_baseline
+    from gpugate.fleet.audit import fold, to_json, to_text
+    from gpugate.safety.state import write_json
+    from gpugate.node.transport import make as make_transport
 
     settings = _settings(config)
     if baseline_path:
@@ -94,7 +94,7 @@ def audit(config, nodes, partition, baseline_path, max_age, as_json):
     fleet = {n: (a["facts"] if isinstance(a, dict) and isinstance(a.get("facts"), dict) else str(a))
              for n, a in answers.items()}
     errors = {n: a["config_error"] for n, a in answers.items() if isinstance(a, dict) and a.get("config_error")}
-    # Nodes whose health check lock is held past a check's budget (gpugate.node.lock): `gpugate status` says so.
+    # Nodes whose health check lock is held past a check's budget (gpugate.safety.lock): `gpugate status` says so.
     stuck = {n: a["lock_stuck"] for n, a in answers.items()
              if isinstance(a, dict) and isinstance(a.get("lock_stuck"), dict)}
     # Each node's job preflight counts (gpugate.preflight.memory): `gpugate status` sums them.
@@ -123,7 +123,7 @@ def _prolog_timeout(settings) -> dict:
     (gpugate.slurm.prologtimeout); {} where no Slurm runs the prolog."""
     if "slurm" not in str(getattr(settings, "scheduler", "slurm")):
         return {}
-    from ..slurm.prologtimeout import check_slurm
+    from gpugate.slurm.prologtimeout import check_slurm
 
     return check_slurm(settings)
 
@@ -142,15 +142,15 @@ def metrics(config, output):
       gpugate metrics
       gpugate metrics -o /var/lib/node_exporter/textfile/gpugate_fleet.prom
     """
-    from ..budget import fleet_usage
-    from ..fleet.metrics import fleet_families
-    from ..promtext import render
-    from ..node.state import read_json
-    from ..safeio import AUDIT_CAP
-    from ..slurm import connect
-    from ..sweep.snapshot import take
+    from gpugate.budget.rules import fleet_usage
+    from gpugate.fleet.metrics import fleet_families
+    from gpugate.core.promtext import render
+    from gpugate.safety.state import read_json
+    from gpugate.safety.safeio import AUDIT_CAP
+    from gpugate.slurm import connect
+    from gpugate.sweep.snapshot import take
 
-    from ..baseline import load_baseline
+    from gpugate.model.baseline import load_baseline
 
     settings = _settings(config)
     # A baseline that does not load is an error, not "nothing is pinned":
@@ -160,7 +160,7 @@ def metrics(config, output):
     snap = take(states, settings.reason_tag, time.time())
     journal_nodes, last_run, evidence = {}, None, {}
     if os.path.exists(settings.sweep["journal"]):
-        from ..sweep.journal import Journal
+        from gpugate.sweep.journal import Journal
 
         journal = Journal(settings.sweep["journal"])
         try:
@@ -172,10 +172,10 @@ def metrics(config, output):
     last_audit = read_json(audit_path(settings), AUDIT_CAP)
     usage = fleet_usage(settings, states)
     families = fleet_families(snap, journal_nodes, last_audit, baseline, usage, last_run, evidence=evidence)
-    if usage is not None:  # the budget is on: its keeper must run (gpugate.keeper)
-        from ..budget import published
-        from ..fleet.metrics import keeper_families
-        from ..keeper import read_status
+    if usage is not None:  # the budget is on: its keeper must run (gpugate.keeper.run)
+        from gpugate.budget.rules import published
+        from gpugate.fleet.metrics import keeper_families
+        from gpugate.keeper.run import read_status
 
         held = {p: 0 for p in usage}
         for state in states.values():
@@ -185,7 +185,7 @@ def metrics(config, output):
         families += keeper_families(read_status(settings), time.time(), held)
     text = render(families)
     if output:
-        from ..safeio import write_in_checked_dir
+        from gpugate.safety.safeio import write_in_checked_dir
 
         # node_exporter's textfile directory: root's alone, or refused (ConfigError naming the fix).
         write_in_checked_dir(os.path.abspath(output), text.encode(), "the metrics textfile directory")

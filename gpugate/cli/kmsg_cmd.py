@@ -28,8 +28,8 @@ def kmsg_follow(config, sim, node, seconds):
       gpugate kmsg-follow
       gpugate kmsg-follow --sim /tmp/fleet --node gpu01 --seconds 60
     """
-    from ..node.kmsgfollow import run
-    from .context import default_node, load_context
+    from gpugate.node.kmsgfollow import run
+    from gpugate.cli.context import default_node, load_context
 
     node = node or default_node()
     settings = load_context(config, sim, None, node)

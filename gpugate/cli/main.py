@@ -7,11 +7,20 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import ConfigError, GpugateError
-from . import baseline_cmd, demo as demo_cmd, fleet as fleet_cmd, sim as sim_cmd, smoke as smoke_cmd, status_cmd
-from . import agent_cmd, budget_cmd, kmsg_cmd, repair_cmd, sweep as sweep_cmd
-from .context import default_node, in_context, load_context
+from gpugate import __version__
+from gpugate.errors import ConfigError, GpugateError
+from gpugate.cli import baseline_cmd
+from gpugate.cli import demo as demo_cmd
+from gpugate.cli import fleet as fleet_cmd
+from gpugate.cli import sim as sim_cmd
+from gpugate.cli import smoke as smoke_cmd
+from gpugate.cli import status_cmd
+from gpugate.cli import agent_cmd
+from gpugate.cli import budget_cmd
+from gpugate.cli import kmsg_cmd
+from gpugate.cli import repair_cmd
+from gpugate.cli import sweep as sweep_cmd
+from gpugate.cli.context import default_node, in_context, load_context
 
 EXIT_CODES = """\b
 Exit codes:
@@ -97,8 +106,8 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
       gpugate check --mode verify --json
       gpugate check --sim /tmp/fleet --node gpu02 --baseline new-baseline.toml
     """
-    from ..config import load_checked_baseline
-    from ..node.check import result_json, run_check
+    from gpugate.model.config import load_checked_baseline
+    from gpugate.node.check import result_json, run_check
 
     node = node or default_node()
     settings = load_context(config, sim, baseline_path, node)
@@ -107,8 +116,8 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
         baseline = baseline.as_previous()
     xid_after = -1
     if mode == "verify":
-        from ..node import xidhistory
-        from ..node.gpureset import verify_cursor
+        from gpugate.node import xidhistory
+        from gpugate.node.gpureset import verify_cursor
 
         xid_after = verify_cursor(settings, node)  # after the sweep's GPU reset: only Xids since
         baseline = xidhistory.deepen(settings, node, baseline)  # application Xids: the deep diagnostic
@@ -121,7 +130,7 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
             answer["xid_history"] = cleared
         click.echo(json.dumps(answer, sort_keys=True))
     else:
-        from .render import verdict_text
+        from gpugate.cli.render import verdict_text
 
         click.echo(verdict_text(result) + ("\n" + cleared if cleared else ""))
     sys.exit(result.verdict.exit_code)
@@ -138,9 +147,9 @@ def explain(config, baseline_path, sim, node, mode):
       gpugate explain
       gpugate explain --sim /tmp/fleet --node gpu003
     """
-    from ..config import load_checked_baseline
-    from ..node.check import run_check
-    from .render import explain_text
+    from gpugate.model.config import load_checked_baseline
+    from gpugate.node.check import run_check
+    from gpugate.cli.render import explain_text
 
     node = node or default_node()
     settings = load_context(config, sim, baseline_path, node)
@@ -166,18 +175,18 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
     """
     import time
 
-    from ..config import config_path
-    from ..node.check import run_check
-    from ..node.lastgood import for_admin
-    from ..node.reuse import last_state
+    from gpugate.model.config import config_path
+    from gpugate.node.check import run_check
+    from gpugate.node.lastgood import for_admin
+    from gpugate.probes.reuse import last_state
 
-    from ..fleet.capture import probe_baseline
+    from gpugate.fleet.capture import probe_baseline
 
     node = node or default_node()
     record = {}  # config_error: the files did not load; the node's last good copies did
     baseline_error = None  # no baseline (yet): every fact is still read and printed, none judged
     if sim or baseline_path:
-        from ..config import load_checked_baseline
+        from gpugate.model.config import load_checked_baseline
 
         settings = load_context(config, sim, baseline_path, node)
         try:
@@ -185,7 +194,7 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         except ConfigError as exc:
             baseline, baseline_error = probe_baseline(None, node, settings.node_root(node)), str(exc)
     else:
-        from ..config import load_settings
+        from gpugate.model.config import load_settings
 
         try:
             settings, baseline = for_admin(lambda: load_settings(config, missing_ok=config is None),
@@ -200,7 +209,7 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
         out = {"node": node, "at": last["at"], "source": "last health check", "facts": last["facts"],
                "config_error": last.get("config_error") or record.get("config_error")}
     else:
-        from ..facts import to_jsonable
+        from gpugate.model.facts import to_jsonable
 
         result = run_check(settings, baseline, node, "healthcheck")
         out = {"node": node, "at": time.time(), "source": "probed", "facts": to_jsonable(result.facts),
@@ -208,11 +217,11 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
     # null, or why no baseline loaded: the facts are printed, none judged (those
     # only a baseline asks for, e.g. an IMEX member's nvidia-imex-ctl, are not read).
     out["baseline_error"] = baseline_error
-    from ..node.lock import healthcheck_stuck
+    from gpugate.node.locks import healthcheck_stuck
 
     # null, or the health check lock held past a check's whole budget: no check runs on the node.
     out["lock_stuck"] = healthcheck_stuck(settings, node, time.time())
-    from ..preflight.memory import stats
+    from gpugate.preflight.memory import stats
 
     out["preflight"] = stats(settings, node)  # null before a first job preflight; `gpugate status` sums them
     click.echo(json.dumps(out, sort_keys=True) if as_json else json.dumps(out, indent=1, sort_keys=True))
@@ -220,8 +229,8 @@ def facts(config, baseline_path, sim, node, max_age, as_json):
 
 def _settings_alone(config, node, record):
     """gpugate.toml (or its last good copy) when the baseline is what failed."""
-    from ..config import config_path, load_settings
-    from ..node import lastgood
+    from gpugate.model.config import config_path, load_settings
+    from gpugate.node import lastgood
 
     try:
         return load_settings(config, missing_ok=config is None)
@@ -244,7 +253,7 @@ def slurm_conf(config, release):
       gpugate slurm-conf
       gpugate slurm-conf --release 24.11
     """
-    from ..slurm.fragment import fragment
+    from gpugate.slurm.fragment import fragment
 
     click.echo(fragment(config, release), nl=False)
 

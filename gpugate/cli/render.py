@@ -1,6 +1,6 @@
 """Human output of a check."""
 
-from .. import runbook
+from gpugate.vendors.seam import runbook_steps
 
 
 def _finding_line(f) -> str:
@@ -32,7 +32,7 @@ def _not_run_line(f) -> str:
 
 
 def _unchecked_lines(facts) -> list:
-    from ..facts import unchecked_facts
+    from gpugate.model.facts import unchecked_facts
 
     return ["  unchecked %s: %s" % item for item in unchecked_facts(facts)]
 
@@ -49,7 +49,7 @@ def explain_text(result) -> str:
         lines.append("%d. %s" % (n, _finding_line(f).strip()))
         if f.detail:
             lines.append("   detail: %s" % f.detail)
-        for step in runbook.steps(f, "amd" if getattr(result.facts, "amd", None) is not None else "nvidia"):
+        for step in runbook_steps(f, "amd" if getattr(result.facts, "amd", None) is not None else "nvidia"):
             lines.append("   - %s" % step)
     lines += ["not verified:"] + [_not_run_line(f) for f in v.not_verified] if v.not_verified else []
     return "\n".join(lines + _unchecked_lines(result.facts))

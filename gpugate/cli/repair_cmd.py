@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .context import default_node, load_context
+from gpugate.cli.context import default_node, load_context
 
 _config = click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
                        help="gpugate.toml (default: $GPUGATE_CONFIG or /etc/gpugate/gpugate.toml).")
@@ -36,7 +36,7 @@ def evidence(config, sim, node, as_json, max_bytes, bug_report_timeout):
     Examples:
       gpugate evidence --json > /root/gpu07-evidence.json
     """
-    from ..node.evidence import collect
+    from gpugate.node.evidence import collect
 
     node = node or default_node()
     settings = load_context(config, sim, None, node)
@@ -72,7 +72,7 @@ def reset_gpus(config, sim, node, as_json, gpus, timeout):
       gpugate reset-gpus --gpu 3
       gpugate reset-gpus --json
     """
-    from ..node.resetgpus import reset
+    from gpugate.vendors.seam import reset
 
     node = node or default_node()
     settings = load_context(config, sim, None, node)

@@ -5,11 +5,11 @@ import os
 
 import click
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 
 def _nodeset(expr: str):
-    from ..names import parse_hostlist
+    from gpugate.core.names import parse_hostlist
 
     ns = parse_hostlist(expr, "node list")
     if not len(ns):
@@ -51,8 +51,8 @@ def sim_init(fleet, nodes, baseline_path, vendor):
       gpugate sim init /tmp/fleet --nodes 'mi[01-04]' --baseline slurm_conf/baseline.mixed.example.toml
       gpugate sim init /tmp/fleet --nodes 'mi05' --vendor amd --baseline baseline.toml
     """
-    from ..baseline import load_baseline
-    from ..sim import fleet as simfleet
+    from gpugate.model.baseline import load_baseline
+    from gpugate.sim import fleet as simfleet
 
     baseline = load_baseline(baseline_path)
     names = _nodeset(nodes)
@@ -110,8 +110,8 @@ def sim_set(fleet, nodes, assignments):
       pcie_width,pcie_replays,bound,processes,product,serial,vbios,power_cap_w,firmware.ID,
       file.PATH,ifwi,xgmi_down,threshold_exceeded,reset_fails,log=EVENT[:COUNT]}
     """
-    from ..sim import fleet as simfleet
-    from ..sim import keys
+    from gpugate.sim import fleet as simfleet
+    from gpugate.sim import keys
 
     pairs = keys.parse_assignments(list(assignments))
     names = list(_nodeset(nodes))
@@ -145,7 +145,7 @@ def sim_replay(fleet, nodes, stdout_file, stderr_file, exit_code, hang, delay, c
       gpugate sim replay /tmp/fleet gpu006 --hang -- dcgmi health '*'
       gpugate sim replay /tmp/fleet gpu006 --clear -- dcgmi diag -r 2 -j
     """
-    from ..sim import fleet as simfleet
+    from gpugate.sim import fleet as simfleet
 
     tool = os.path.basename(argv[0])
     if tool not in simfleet.EXECUTABLES:
@@ -178,7 +178,7 @@ def sim_show(fleet, node):
     Examples:
       gpugate sim show /tmp/fleet gpu002
     """
-    from ..sim import fleet as simfleet
+    from gpugate.sim import fleet as simfleet
 
     click.echo(json.dumps(simfleet.load(fleet, node), indent=1, sort_keys=True))
 
@@ -208,8 +208,8 @@ def sim_converge(fleet, nodes, baseline_path, previous):
       gpugate sim converge /tmp/fleet 'gpu[001-004]' -b new-baseline.toml
       gpugate sim converge /tmp/fleet gpu002 -b /etc/gpugate/baseline.toml --previous
     """
-    from ..baseline import load_baseline
-    from ..sim import fleet as simfleet
+    from gpugate.model.baseline import load_baseline
+    from gpugate.sim import fleet as simfleet
 
     baseline = load_baseline(baseline_path)
     failed = []

@@ -35,11 +35,11 @@ def smoke(config, nodes, pairs, as_json):
     """
     from ClusterShell.NodeSet import NodeSet
 
-    from ..config import load_checked_baseline, load_settings
-    from ..schedulers import require_slurm
-    from ..slurm import connect
-    from ..sweep.byhand import smoke_by_hand
-    from ..sweep.pairs import UNPAIRED
+    from gpugate.model.config import load_checked_baseline, load_settings
+    from gpugate.schedulers.registry import require_slurm
+    from gpugate.slurm import connect
+    from gpugate.sweep.byhand import smoke_by_hand
+    from gpugate.sweep.pairs import UNPAIRED
 
     settings = load_settings(config, missing_ok=config is None)
     require_slurm(settings, "gpugate smoke")

@@ -8,11 +8,11 @@ import time
 
 import click
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 
 def _hostlist(expr):
-    from ..names import parse_hostlist
+    from gpugate.core.names import parse_hostlist
 
     return set(parse_hostlist(expr))
 
@@ -23,7 +23,7 @@ def _journal(path):
     worth showing."""
     if not os.path.exists(path):
         return {}, {}
-    from ..sweep.journal import Journal
+    from gpugate.sweep.journal import Journal
 
     try:
         journal = Journal(path)
@@ -61,11 +61,11 @@ def status(config, as_json, partition, nodes):
       gpugate status --json | jq '.gpugate.drift[].node'
       gpugate status --json | jq '.repeat_offenders'
     """
-    from ..budget import fleet_usage
-    from ..config import load_settings
-    from ..fleet.status import config_errors, locks_stuck, render_text, repeat_offenders, summarize
-    from ..schedulers import connect
-    from ..sweep.snapshot import take
+    from gpugate.budget.rules import fleet_usage
+    from gpugate.model.config import load_settings
+    from gpugate.fleet.status import config_errors, locks_stuck, render_text, repeat_offenders, summarize
+    from gpugate.schedulers.registry import connect
+    from gpugate.sweep.snapshot import take
 
     settings = load_settings(config, missing_ok=config is None)
     wanted = _hostlist(nodes) if nodes else None
@@ -86,19 +86,19 @@ def status(config, as_json, partition, nodes):
     last_audit = _last_audit(settings)
     summary["config_errors"] = config_errors(last_audit, now)
     summary["locks_stuck"] = locks_stuck(last_audit, now)
-    from ..fleet.audit import kernel_log_watch
+    from gpugate.fleet.audit import kernel_log_watch
 
     summary["kernel_log"] = kernel_log_watch(last_audit)  # followers not running, records lost unread
-    from ..fleet.preflight_status import figures
+    from gpugate.fleet.preflight_status import figures
 
     summary["preflight"] = figures(last_audit, summary["gpugate"], settings.reason_tag, now)
     summary["repeat_offenders"] = repeat_offenders(
         {n: e for n, e in history.items() if n in states}, now, int(settings.sweep["repeat_limit"]),
         float(settings.sweep["repeat_window"]))
     summary["slurm_backend"] = {"name": slurm.name, "why": slurm.why}
-    if budget is not None:  # the budget is on: published nodes and its keeper (gpugate.keeper)
-        from ..fleet.status import budget_held
-        from ..keeper import read_status
+    if budget is not None:  # the budget is on: published nodes and its keeper (gpugate.keeper.run)
+        from gpugate.fleet.status import budget_held
+        from gpugate.keeper.run import read_status
 
         summary["held"] = budget_held(states, settings.reason_tag)
         # Kubernetes: the keeper's Lease says it (a replica's emptyDir is no one's to read).
@@ -112,9 +112,9 @@ def status(config, as_json, partition, nodes):
 def _keeper_on_lease(settings, backend):
     """The keeper's latest run as its Lease tells it (gpugate.kube.lease.STATUS),
     or None where the keeper keeps no Lease (Slurm)."""
-    if getattr(backend, "load_memory", None) is None:
+    if not getattr(backend, "memory_on_lease", False):
         return None
-    from ..kube.lease import read_status
+    from gpugate.kube.lease import read_status
 
     try:
         return read_status(backend.client, str(settings.kubernetes.get("namespace") or "gpugate"))
@@ -124,8 +124,8 @@ def _keeper_on_lease(settings, backend):
 
 def _last_audit(settings):
     """The latest audit (audit.json next to the sweep journal), or None."""
-    from ..node.state import read_json
-    from ..safeio import AUDIT_CAP
-    from .fleet import audit_path
+    from gpugate.safety.state import read_json
+    from gpugate.safety.safeio import AUDIT_CAP
+    from gpugate.cli.fleet import audit_path
 
     return read_json(audit_path(settings), AUDIT_CAP)

@@ -10,8 +10,8 @@ import click
 
 
 def _context(config, force=False):
-    from ..config import load_checked_baseline, load_settings
-    from ..schedulers import connect
+    from gpugate.model.config import load_checked_baseline, load_settings
+    from gpugate.schedulers.registry import connect
 
     settings = load_settings(config, missing_ok=config is None)
     if force and settings.scheduler == "kubernetes":
@@ -61,9 +61,9 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
     if rollout and rollout_if:
         raise click.UsageError("--rollout and --rollout-if-in-progress: give one (--rollout rolls every batch; "
                                "--rollout-if-in-progress, for the timer, the canary only)")
-    from ..sweep import run
-    from ..sweep.transport import make as make_transport
-    from .sweep_render import plan_json, plan_text, report_json, report_text
+    from gpugate.sweep import run
+    from gpugate.node.transport import make as make_transport
+    from gpugate.cli.sweep_render import plan_json, plan_text, report_json, report_text
 
     settings, baseline, slurm = _context(config, force)
     options = run.options(settings, baseline, partition, nodes, max_batch)
@@ -90,7 +90,7 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
         report = run.apply(settings, baseline, slurm, transport, journal, options, sys.argv, force=force, say=say)
         note = None
         if rollout_if and not report.stopped:  # the repairs first; the canary only on a sweep not stopped
-            from ..sweep.timed_rollout import merged
+            from gpugate.sweep.timed_rollout import merged
 
             canary_options, note = _canary(settings, baseline, slurm, transport, journal, options)
             say(note)
@@ -112,7 +112,7 @@ def sweep(ctx, config, apply_, as_json, partition, nodes, max_batch, force, roll
 
 
 def _canary(settings, baseline, slurm, transport, journal, options):
-    from ..sweep.timed_rollout import canary
+    from gpugate.sweep.timed_rollout import canary
 
     return canary(settings, baseline, slurm, transport, journal, options)
 
@@ -129,11 +129,11 @@ def sweep_status(ctx, config, as_json):
       gpugate sweep status
       gpugate sweep status --json
     """
-    from ..config import load_settings
+    from gpugate.model.config import load_settings
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X status` too
-    from ..sweep.journal import Journal
-    from .sweep_render import status_json, status_text
+    from gpugate.sweep.journal import Journal
+    from gpugate.cli.sweep_render import status_json, status_text
 
     settings = load_settings(config, missing_ok=config is None)
     if not os.path.exists(settings.sweep["journal"]):
@@ -160,8 +160,8 @@ def _sweep_lock_stuck(settings):
     else None.  Takes no lock."""
     import time
 
-    from ..node.lock import lock_stuck
-    from ..sweep.run import batch_bound, lock_path
+    from gpugate.safety.lock import lock_stuck
+    from gpugate.sweep.run import batch_bound, lock_path
 
     path, bound = lock_path(settings), batch_bound(settings)
     stuck = lock_stuck(path, "sweep", bound, time.time())
@@ -187,10 +187,10 @@ def sweep_forgive(ctx, config, nodes):
       gpugate sweep forgive gpu017       # after replacing its GPU
       gpugate sweep forgive 'gpu[017,101-102]'
     """
-    from ..config import load_settings
-    from ..names import parse_hostlist
-    from ..schedulers import connect
-    from ..sweep import run
+    from gpugate.model.config import load_settings
+    from gpugate.core.names import parse_hostlist
+    from gpugate.schedulers.registry import connect
+    from gpugate.sweep import run
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X forgive N` too
     names = sorted(parse_hostlist(nodes, "NODES"))
@@ -230,11 +230,11 @@ def sweep_repaired(ctx, config, nodes):
       gpugate sweep repaired 'gpu[017,101-102]'
       gpugate sweep repaired gpu017 && gpugate sweep --apply -w gpu017
     """
-    from ..config import load_settings
-    from ..names import parse_hostlist
-    from ..schedulers import connect
-    from ..sweep import run
-    from ..sweep.repaired import repaired
+    from gpugate.model.config import load_settings
+    from gpugate.core.names import parse_hostlist
+    from gpugate.schedulers.registry import connect
+    from gpugate.sweep import run
+    from gpugate.sweep.repaired import repaired
 
     config = config or ctx.parent.params.get("config")  # `gpugate sweep -c X repaired N` too
     names = sorted(parse_hostlist(nodes, "NODES"))

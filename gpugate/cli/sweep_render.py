@@ -2,8 +2,8 @@
 
 import time
 
-from ..sweep.evidence import directory as evidence_dir
-from ..sweep.transport import expand
+from gpugate.sweep.evidence import directory as evidence_dir
+from gpugate.node.transport import expand
 
 
 def _hostlist(nodes) -> str:

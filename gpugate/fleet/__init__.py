@@ -1,2 +1,4 @@
 """Fleet views: which node runs which version of every component (audit),
-gpugate's drains at a glance (status), baseline capture and review."""
+gpugate's drains at a glance (status), baseline capture and review.
+
+May import: the layers below it (core .. keeper)."""

@@ -3,7 +3,7 @@ into hostlists and compared with the pin.  Pure: facts in, table out."""
 
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..record import dataclass, field
+from gpugate.core.record import dataclass, field
 
 # Node-wide components: how to read each from a node's facts (JSON form).
 # The daemons: "active", "inactive", "not running" (no process, no systemd), "(unchecked)" where gpugate.toml
@@ -11,7 +11,7 @@ from ..record import dataclass, field
 SERVICE_COMPONENTS = ("service:persistenced", "service:fabricmanager")
 NODE_COMPONENTS = ("kernel", "driver", "cuda_driver", "module", "fabricmanager", "container_toolkit", "dcgm",
                    "image") + SERVICE_COMPONENTS + ("install",)
-# AMD nodes' stack (gpugate.amdfacts): rows only where a node has them, so an NVIDIA fleet's audit is as before.
+# AMD nodes' stack (gpugate.vendors.amd.facts): rows only where a node has them, so an NVIDIA fleet's audit is as before.
 AMD_NODE_COMPONENTS = ("amdgpu", "rocm", "amd_smi")
 NODE_COMPONENTS += AMD_NODE_COMPONENTS
 # Whether Slurm confines each job to its GPUs (cgroup.conf ConstrainDevices; gpugate.probes.owners):
@@ -24,7 +24,7 @@ NODE_COMPONENTS += ("kmsg_follower",)
 # Whether NVML counts the time each GPU spent slowed (gpugate.judges.throttle):
 # "counted", or "(unchecked)" where an older nvidia-ml-py or the GPU has no counter.
 NODE_COMPONENTS += ("clock_events",)
-# The code gpugate runs as root (gpugate.install_trust): "trusted" is what it
+# The code gpugate runs as root (gpugate.probes.install_trust): "trusted" is what it
 # must be, never a pin; one others could change reads "(unreadable: untrusted)".
 TRUSTED_INSTALL = "trusted"
 GPU_COMPONENTS = ("vbios", "gsp_firmware", "hca_firmware", "ifwi")  # hca_firmware: per HCA type, like VBIOS
@@ -110,7 +110,7 @@ def node_values(facts: Mapping) -> Dict[str, Optional[str]]:
 
 def clock_events_value(nvml: Mapping) -> Optional[str]:
     """"counted" where every GPU's clock-event counters were read; a GPU's
-    failure (unchecked: gpugate.facts.clock_events_unchecked) otherwise;
+    failure (unchecked: gpugate.model.facts.clock_events_unchecked) otherwise;
     None without GPUs or from before the counters (no row)."""
     values = [g.get("clock_event_ns") for g in nvml.get("gpus") or () if isinstance(g, Mapping)]
     if not values or any(v is None for v in values):

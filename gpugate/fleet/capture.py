@@ -8,9 +8,9 @@ change (``diff``) is in review.py.
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..baseline import PIN_COMPONENTS
-from ..errors import ConfigError
-from .tomltext import _comment, _error, _stamp, _toml_str, _toml_value, _version_or_why
+from gpugate.model.baseline import PIN_COMPONENTS
+from gpugate.errors import ConfigError
+from gpugate.fleet.tomltext import _comment, _error, _stamp, _toml_str, _toml_value, _version_or_why
 
 def _capture_pins(facts: Mapping) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
     """(pins, vbios per product, why each missing component is left out)."""
@@ -174,8 +174,8 @@ _SETTINGS = ("ecc", "compute_mode", "power_limit_watts")
 
 def _capture_settings(gpus, shape, skipped) -> None:
     """ECC, compute mode and power limit, when every GPU reads the same."""
-    from ..baseline import COMPUTE_MODES
-    from ..judges.settings import COMPUTE_MODE_NAMES
+    from gpugate.model.baseline import COMPUTE_MODES
+    from gpugate.judges.settings import COMPUTE_MODE_NAMES
 
     modes = [COMPUTE_MODE_NAMES.get(g.get("compute_mode")) for g in gpus]
     limits = [g.get("power_limit_mw") for g in gpus]
@@ -202,8 +202,8 @@ def probe_baseline(current=None, node: Optional[str] = None, root: Optional[str]
     pinned).  A node no section names is read as the vendor its PCI bus
     shows (AMD Instinct functions and no NVIDIA GPU: AMD's probes).  Never
     for judging."""
-    from ..baseline import parse_baseline
-    from ..record import replace
+    from gpugate.model.baseline import parse_baseline
+    from gpugate.core.record import replace
 
     if node and root and (current is None or not current.covers(node)) and _amd_bus(root):
         return parse_baseline({"pin": {}, "nodes": {node: {"vendor": "amd"}}}, "(facts only: an AMD node)")
@@ -212,8 +212,8 @@ def probe_baseline(current=None, node: Optional[str] = None, root: Optional[str]
 
 
 def _amd_bus(root: str) -> bool:
-    from ..probes.amdsysfs import pci_functions
-    from ..probes.files import pci_counts
+    from gpugate.vendors.amd.probe_sysfs import pci_functions
+    from gpugate.probes.files import pci_counts
 
     amd, nvidia = pci_functions(root), pci_counts(root)
     return isinstance(amd, list) and bool(amd) and not (isinstance(nvidia, tuple) and nvidia[0])
@@ -227,8 +227,8 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None, n
     Raises ConfigError when the node cannot be a reference (GPUs of one
     product on different VBIOS or GSP firmware, Fabric Manager on another
     version than the driver)."""
-    if isinstance(facts.get("amd"), Mapping):  # an AMD node (gpugate.fleet.capture_amd)
-        from .capture_amd import capture_amd
+    if isinstance(facts.get("amd"), Mapping):  # an AMD node (gpugate.vendors.amd.capture)
+        from gpugate.vendors.amd.capture import capture_amd
 
         text = capture_amd(node, facts, name, now, section=nodes or node)
         _self_check(text, node)
@@ -267,7 +267,7 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None, n
         lines.append(_comment("vbios: not captured (%s)" % skipped["vbios"]))
     elif not vbios:
         lines.append(_comment("vbios: not captured (no GPUs)"))
-    from . import capture_hca
+    from gpugate.fleet import capture_hca
 
     hca_pins, hca_skipped = capture_hca.firmware(facts)
     if hca_pins or hca_skipped:
@@ -291,8 +291,8 @@ def capture(node: str, facts: Mapping, name: str, now: Optional[float] = None, n
 
 def _self_check(text: str, node: str) -> None:
     """What we write must load: a capture that gpugate would refuse is an error here, not on the fleet."""
-    from ..baseline import parse_baseline
-    from ..schema import parse_toml_bytes
+    from gpugate.model.baseline import parse_baseline
+    from gpugate.model.schema import parse_toml_bytes
     where = "captured baseline from %s" % node
     try:
         data = parse_toml_bytes(text.encode("utf-8"), where)

@@ -8,7 +8,7 @@ leaves audited nodes uncovered.  Pure, but for ClusterShell's NodeSet."""
 
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 EXAMPLE = "gpugate baseline capture --node gpu001 --nodes 'gpu[001-200]' -o new-baseline.toml"
 
@@ -19,7 +19,7 @@ def section_key(expr: str) -> str:
     ConfigError naming the option when the baseline would refuse it."""
     from ClusterShell.NodeSet import NodeSet
 
-    from ..hostlists import _hostlist
+    from gpugate.core.hostlists import _hostlist
 
     why = _hostlist(expr or "")
     if why is not None:
@@ -78,7 +78,7 @@ def uncovered_audited(baseline, facts: Mapping[str, object]) -> Tuple[Sequence[s
 
 def refusal(new_path: str, refused: Sequence[str], unreached: Sequence[str]) -> List[str]:
     """The lines `baseline check` prints when it refuses for coverage."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     lines = ["gpugate baseline check: %s leaves %d audited node%s uncovered: %s.  No [nodes.\"...\"] section names "
              "them, so each would read `probe uncovered=NODE` and be drained within the drain budget.  Add a "

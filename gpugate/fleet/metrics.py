@@ -5,8 +5,8 @@ sets (classes, components, sweep results): cardinality stays bounded."""
 import time
 from typing import Mapping, Optional, Sequence
 
-from ..findings import CLASSES
-from .audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, STATUSES, fold, node_states
+from gpugate.model.findings import CLASSES
+from gpugate.fleet.audit import DRIFT, GPU_COMPONENTS, NODE_COMPONENTS, STATUSES, fold, node_states
 
 SWEEP_RESULTS = ("in_flight", "resumed", "escalated", "left", "deferred", "halted")
 _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left", "deferred": "deferred",
@@ -16,7 +16,7 @@ _TERMINAL_RESULT = {"resume": "resumed", "escalate": "escalated", "left": "left"
 def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mapping], baseline,
                    budget: Optional[Mapping] = None, last_run: Optional[Sequence] = None,
                    now: Optional[float] = None, evidence: Optional[Mapping[str, str]] = None) -> list:
-    """budget: partition -> gpugate.budget.Use (None: the budget is off).
+    """budget: partition -> gpugate.budget.rules.Use (None: the budget is off).
     last_run: the journal's latest run (id, started, ended, pid, outcome).
     evidence: node -> the evidence bundle kept before its escalation ("" none),
     for the nodes the sweep escalated (rma): one series each, as many as
@@ -111,7 +111,7 @@ def _sweep_run(last_run: Optional[Sequence]) -> list:
 
 
 def keeper_families(status: Optional[Mapping], now: float, held: Optional[Mapping[str, int]] = None) -> list:
-    """The drain-budget keeper (gpugate.keeper): when its last good run was
+    """The drain-budget keeper (gpugate.keeper.run): when its last good run was
     (0: it never ran here, which the GpugateBudgetKeeperStale alert catches
     like a stale one: without it nothing budgeted is ever drained), whether
     its latest try failed, and what that run did.  held: partition ->

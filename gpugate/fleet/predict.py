@@ -1,6 +1,6 @@
 """Know before you push: what a new baseline would do to the fleet.
 
-The judges `gpugate check` uses (gpugate.judges, then gpugate.verdict) run on
+The judges `gpugate check` uses (gpugate.judges, then gpugate.model.verdict) run on
 each node's facts from the last audit, under the old and the new baseline.
 Per node: the findings the new one adds and removes, each acute (drains at
 once) or budgeted (drains only within the partition's drain budget).  Per
@@ -10,12 +10,12 @@ Prediction out; nodes without readable facts are "unknown", never fit."""
 
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..budget import allowance
-from ..facts import from_jsonable
-from ..findings import Finding, is_acute
-from ..judges import judge
-from ..record import dataclass
-from ..verdict import decide
+from gpugate.budget.rules import allowance
+from gpugate.model.facts import from_jsonable
+from gpugate.model.findings import Finding, is_acute
+from gpugate.judges import judge
+from gpugate.core.record import dataclass
+from gpugate.model.verdict import decide
 
 FIT, UNFIT, UNKNOWN = "fit", "unfit", "unknown"
 
@@ -139,7 +139,7 @@ def predict(old, new, facts: Mapping[str, object], partitions: Optional[Mapping[
 
 
 def _text(f: Finding) -> str:
-    from ..reason import render_finding
+    from gpugate.model.reason import render_finding
 
     return render_finding(f)
 
@@ -151,7 +151,7 @@ def _kind(f: Finding) -> str:
 def changes(prediction: Prediction) -> List[dict]:
     """Every finding the new baseline adds (+) or removes (-), with the
     nodes it does so on; most nodes first."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     groups: Dict[tuple, Set[str]] = {}
     for node, p in prediction.nodes.items():
@@ -166,7 +166,7 @@ def changes(prediction: Prediction) -> List[dict]:
 
 def over_lines(prediction: Prediction, first: int = 3) -> List[str]:
     """One line per partition over its budget, with its first findings."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     lines = []
     for part in prediction.over:
@@ -183,7 +183,7 @@ def over_lines(prediction: Prediction, first: int = 3) -> List[str]:
 
 
 def to_json(prediction: Prediction) -> dict:
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     def finding(f):
         return dict(f.to_json(), kind=_kind(f))
@@ -204,7 +204,7 @@ def to_json(prediction: Prediction) -> dict:
 
 
 def to_text(prediction: Prediction) -> str:
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     lines = []
     rows = changes(prediction)

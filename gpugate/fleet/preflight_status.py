@@ -9,7 +9,7 @@ node's counts left out (and said)."""
 
 from typing import Dict, List, Mapping, Optional
 
-from ..preflight.memory import ACROSS, OUTCOMES
+from gpugate.preflight.memory import ACROSS, OUTCOMES
 
 _BOUND = 10 ** 9
 # The reason components a preflight drains or publishes (gpugate.preflight.node).
@@ -59,7 +59,7 @@ def _sound(stats) -> bool:
 
 
 def _by_preflight(reason, tag: str) -> bool:
-    from ..reason import parse
+    from gpugate.model.reason import parse
 
     parsed = parse(reason, tag) if isinstance(reason, str) else None
     return parsed is not None and any(f.component in COMPONENTS for f in parsed.findings)

@@ -4,10 +4,10 @@ audit, which nodes would drift under the new one before it is pushed."""
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..baseline import PIN_COMPONENTS
+from gpugate.model.baseline import PIN_COMPONENTS
 
-AMD_PIN_COMPONENTS = ("amdgpu", "rocm", "amd_smi")  # gpugate.amdbaseline's (not imported: it loads the schema)
-from ..record import asdict
+AMD_PIN_COMPONENTS = ("amdgpu", "rocm", "amd_smi")  # gpugate.vendors.amd.baseline's (not imported: it loads the schema)
+from gpugate.core.record import asdict
 
 
 def _pin_changes(old, new) -> List[Dict[str, object]]:
@@ -73,7 +73,7 @@ def _health_changes(old, new) -> List[Dict[str, object]]:
 def _drift(audit_fleet, baseline) -> Tuple[Dict[str, Dict[str, object]], Dict[str, object]]:
     """Per component: the nodes the audit marks DRIFT under this baseline;
     and the union over components."""
-    from .audit import DRIFT, fold, hostlist
+    from gpugate.fleet.audit import DRIFT, fold, hostlist
 
     audit = fold(audit_fleet, baseline)
     per: Dict[str, set] = {}
@@ -101,7 +101,7 @@ def diff(old, new, audit_fleet: Optional[Mapping[str, object]]) -> dict:
         "unreachable": None,
     }
     if audit_fleet is not None:
-        from .audit import hostlist
+        from gpugate.fleet.audit import hostlist
 
         out["would_drift"], out["would_drift_total"] = _drift(audit_fleet, new)
         out["would_drift_now"], out["would_drift_now_total"] = _drift(audit_fleet, old)
@@ -128,7 +128,7 @@ def _shape_text(values) -> str:
 
 
 def _drift_lines(per: Mapping[str, Mapping[str, object]]) -> List[str]:
-    from .audit import GPU_COMPONENTS, NODE_COMPONENTS
+    from gpugate.fleet.audit import GPU_COMPONENTS, NODE_COMPONENTS
 
     order = {c: i for i, c in enumerate(NODE_COMPONENTS + GPU_COMPONENTS)}
     width = max([len(c) for c in per] + [8])

@@ -11,7 +11,7 @@ Slurm's node states and the sweep journal in, a summary (and its text) out.
 
 from typing import Dict, List, Mapping, Optional
 
-from ..findings import CLASSES, ROLLOUT
+from gpugate.model.findings import CLASSES, ROLLOUT
 
 __all__ = ["summarize", "render_text", "format_age", "state_text", "repeat_offenders", "locks_stuck"]
 
@@ -78,7 +78,7 @@ def summarize(snapshot, journal_nodes: Mapping[str, object], now: float,
     the snapshot was taken from) gives each node's exact Slurm state ("IDLE+
     DRAIN", "DOWN+NOT_RESPONDING"); without it the state is what the snapshot
     tells ("DRAINED", "DRAINING", "OUT").  budget: partition ->
-    gpugate.budget.Use, computed over whole partitions (None: no budget).
+    gpugate.budget.rules.Use, computed over whole partitions (None: no budget).
     """
     journal_nodes = journal_nodes or {}
     states = states or {}
@@ -243,7 +243,7 @@ def render_text(summary: dict) -> str:
                      "holder ends (log line lock_stuck=...). First: %s" % (
                          len(stuck["nodes"]), format_age(stuck.get("age")), stuck["hostlist"], stuck["first"]))
     lines += _kernel_log_lines(summary.get("kernel_log"))
-    from .preflight_status import lines as preflight_lines
+    from gpugate.fleet.preflight_status import lines as preflight_lines
 
     lines += preflight_lines(summary.get("preflight"), format_age)
     backend = summary.get("slurm_backend")
@@ -256,7 +256,7 @@ def render_text(summary: dict) -> str:
 
 def _kernel_log_lines(watch) -> List[str]:
     """gpugate.fleet.audit.kernel_log_watch's nodes: said, never drained (issue 33)."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     out = []
     if watch and watch.get("not_following"):
@@ -272,7 +272,7 @@ def _kernel_log_lines(watch) -> List[str]:
 def config_errors(last_audit: Optional[Mapping[str, object]], now: float) -> Optional[dict]:
     """What the latest audit says of nodes whose files did not load, for the
     summary: {"nodes", "hostlist", "first", "age"}; None without an audit."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     if not isinstance(last_audit, Mapping):
         return None
@@ -291,9 +291,9 @@ def _audit_age(last_audit: Mapping[str, object], now: float) -> Optional[float]:
 
 def locks_stuck(last_audit: Optional[Mapping[str, object]], now: float) -> Optional[dict]:
     """What the latest audit says of nodes whose health check lock is held
-    past a check's whole budget (gpugate.node.lock), for the summary:
+    past a check's whole budget (gpugate.safety.lock), for the summary:
     {"nodes", "hostlist", "first", "age"}; None without an audit."""
-    from .audit import hostlist
+    from gpugate.fleet.audit import hostlist
 
     if not isinstance(last_audit, Mapping):
         return None
@@ -312,7 +312,7 @@ def repeat_offenders(history: Mapping[str, object], now: float, limit: int, wind
     """For the summary: the nodes the sweep returned to service at least
     twice for one component within the window, and those it escalated for
     it.  history: Journal.history()."""
-    from ..sweep.history import offenders
+    from gpugate.sweep.history import offenders
 
     nodes = offenders(history, now, limit, window)
     for entry in nodes.values():
@@ -323,7 +323,7 @@ def repeat_offenders(history: Mapping[str, object], now: float, limit: int, wind
 def _repeat_lines(repeats: Optional[Mapping[str, object]]) -> List[str]:
     if not repeats or not repeats.get("nodes"):
         return []
-    from ..sweep.history import span
+    from gpugate.sweep.history import span
 
     limit = repeats["limit"]
     lines = ["", "Repeat offenders (returned to service again and again for one component within %s; limit %s%s):"
@@ -345,7 +345,7 @@ def budget_held(states: Mapping[str, object], tag: str) -> dict:
     """Nodes that published a budgeted finding (gpugate.slurm.pending) and
     are not drained: held by the drain budget, or waiting for the keeper.
     node -> {reason, since, partitions}, oldest first."""
-    from ..budget import published
+    from gpugate.budget.rules import published
 
     held = []
     for name, state in states.items():
@@ -367,7 +367,7 @@ def _held_lines(summary: Mapping) -> list:
         return []
     import time as _time
 
-    from ..keeper import hostlist
+    from gpugate.keeper.run import hostlist
 
     lines = [""]
     held = summary.get("held") or {}

@@ -1,16 +1,21 @@
 """Judges: pure functions (baseline, node expectations, facts) -> findings.
 
 No I/O here.  Each module judges one concern; ``judge`` runs them all.
-"""
+
+May import: gpugate.core, gpugate.safety, gpugate.model, gpugate.parsers,
+gpugate.probes' types."""
 
 from __future__ import annotations
 
 
-from ..baseline import Baseline
-from ..facts import NodeFacts, failed
-from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings
-from ..record import replace
-from . import dcgm, gpus, stack, versions
+from gpugate.model.baseline import Baseline
+from gpugate.model.facts import NodeFacts, failed
+from gpugate.model.findings import DRIFT, INVESTIGATE, PENDING, PROBE, Finding, sort_findings
+from gpugate.core.record import replace
+from gpugate.judges import dcgm
+from gpugate.judges import gpus
+from gpugate.judges import stack
+from gpugate.judges import versions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -20,8 +25,8 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
 def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
     expect = baseline.expect_for(facts.node)
     findings: List[Finding] = []
-    if baseline.vendor_for(facts.node) == "amd":  # the vendor seam: gpugate.judges.amd
-        from . import amd
+    if baseline.vendor_for(facts.node) == "amd":  # the vendor seam: gpugate.vendors.amd.judge
+        from gpugate.vendors.amd import judge as amd
 
         findings += amd.judge(baseline, expect, facts)
     else:
@@ -31,7 +36,8 @@ def judge(baseline: Baseline, facts: NodeFacts) -> List[Finding]:
         findings += gpus.judge(baseline, expect, facts)
         findings += dcgm.judge(baseline, expect, facts)
     if facts.hcas is not None or facts.imex is not None:  # read by the health check and verify only
-        from . import hca, imex
+        from gpugate.judges import hca
+        from gpugate.judges import imex
 
         findings += hca.judge(baseline, expect, facts)
         findings += imex.judge(baseline, expect, facts)
@@ -53,7 +59,7 @@ def _uncovered(baseline: Baseline, node: str) -> List[Finding]:
 
 def _install(facts: NodeFacts) -> List[Finding]:
     """Others could change the code this node runs as root (its interpreter,
-    site-packages, gpugate's package: gpugate.install_trust).  A probe
+    site-packages, gpugate's package: gpugate.probes.install_trust).  A probe
     finding, budgeted: gpugate cannot vouch for its own answers there."""
     install = facts.install
     if not failed(install):
@@ -74,7 +80,7 @@ def _dedupe(findings: List[Finding]) -> List[Finding]:
 def _gpu_count(facts: NodeFacts) -> int:
     nvml = facts.nvml
     if facts.amd is not None:
-        from ..amdfacts import gpu_count
+        from gpugate.vendors.amd.facts import gpu_count
 
         return gpu_count(facts.amd)
     return len(nvml.gpus) if nvml is not None and not failed(nvml) else 0

@@ -51,8 +51,8 @@ passed, and when the node was returned to service by someone who may
 
 from __future__ import annotations
 
-from ..facts import failed
-from ..findings import HEALTH, RESET_GPU, Finding
+from gpugate.model.facts import failed
+from gpugate.model.findings import HEALTH, RESET_GPU, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -70,8 +70,8 @@ VM_FAULT = -1  # an amdgpu VM page fault in the record (NVIDIA's codes are posit
 
 def app_event(event) -> bool:
     """An application fault of the job on its GPU: NVIDIA's application
-    Xids, amdgpu's VM page faults (gpugate.parsers.amdkernlog)."""
-    from ..xidcatalog import APP_XIDS
+    Xids, amdgpu's VM page faults (gpugate.vendors.amd.parse_kernlog)."""
+    from gpugate.vendors.nvidia.xidcatalog import APP_XIDS
 
     if event.kind == "amdgpu":
         return event.where.split(":", 1)[0] == "vm_fault"

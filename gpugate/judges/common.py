@@ -1,7 +1,7 @@
 """Helpers shared by the judges."""
 
-from ..facts import ProbeFailure
-from ..findings import INVESTIGATE, PROBE, Finding
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.findings import INVESTIGATE, PROBE, Finding
 
 
 def probe_finding(component: str, failure: ProbeFailure, gpu=None) -> Finding:

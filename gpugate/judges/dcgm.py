@@ -5,9 +5,9 @@ one DCGM refuses on MIG GPUs is `not_run` (reported, neither pass nor fail)."""
 from __future__ import annotations
 
 
-from ..facts import ProbeFailure, failed
-from ..findings import HEALTH, INVESTIGATE, NOT_RUN, PROBE, RESET_GPU, RMA_ACTION, Finding
-from .common import probe_finding
+from gpugate.model.facts import ProbeFailure, failed
+from gpugate.model.findings import HEALTH, INVESTIGATE, NOT_RUN, PROBE, RESET_GPU, RMA_ACTION, Finding
+from gpugate.judges.common import probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

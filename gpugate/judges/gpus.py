@@ -4,12 +4,12 @@ NVLink, fabric, recovery action), plus per-GPU settings the nodeset expects."""
 from __future__ import annotations
 
 
-from ..facts import ProbeFailure, failed
-from ..findings import (BROKEN, HEALTH, INVESTIGATE, REBOOT,
-                        RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding)
-from ..record import fields
-from . import settings, xids
-from .common import nvswitch, probe_finding
+from gpugate.model.facts import ProbeFailure, failed
+from gpugate.model.findings import BROKEN, HEALTH, INVESTIGATE, REBOOT, RELOAD_OR_REBOOT, RESET_GPU, RMA_ACTION, Finding
+from gpugate.core.record import fields
+from gpugate.judges import settings
+from gpugate.judges import xids
+from gpugate.judges.common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -90,7 +90,7 @@ def _gpu(policy, expect, facts, gpu) -> List[Finding]:
     out += settings.judge(expect, gpu)
     procs = gpu.processes
     if policy.leftover_processes == "drain" and facts.mode == "epilog" and isinstance(procs, tuple) and procs:
-        from .leftover import leftovers  # the epilog's alone: not loaded before every job
+        from gpugate.judges.leftover import leftovers  # the epilog's alone: not loaded before every job
 
         procs, unknown = leftovers(procs, getattr(facts, "gpu_processes", None))  # another running job's: not left
         if procs:

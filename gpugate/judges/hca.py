@@ -9,9 +9,9 @@ node's own history is kept in the health-check record (``next_state``)."""
 
 from __future__ import annotations
 
-from ..facts import failed
-from ..findings import DRIFT, HEALTH, INVESTIGATE, PENDING, RECONVERGE, REBOOT, Finding
-from .common import probe_finding
+from gpugate.model.facts import failed
+from gpugate.model.findings import DRIFT, HEALTH, INVESTIGATE, PENDING, RECONVERGE, REBOOT, Finding
+from gpugate.judges.common import probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

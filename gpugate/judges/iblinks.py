@@ -24,9 +24,9 @@ check, between two of its runs; the record keeps what this needs).
 
 from __future__ import annotations
 
-from ..facts import failed
-from ..findings import HEALTH, INVESTIGATE, Finding
-from .hca import UP, port_id
+from gpugate.model.facts import failed
+from gpugate.model.findings import HEALTH, INVESTIGATE, Finding
+from gpugate.judges.hca import UP, port_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -12,9 +12,9 @@ budgeted: its config file (the peer list) is the usual cause."""
 
 from __future__ import annotations
 
-from ..facts import failed
-from ..findings import BROKEN, HEALTH, INVESTIGATE, Finding
-from .common import probe_finding
+from gpugate.model.facts import failed
+from gpugate.model.findings import BROKEN, HEALTH, INVESTIGATE, Finding
+from gpugate.judges.common import probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -4,8 +4,8 @@ uncorrected ECC errors and new row remaps, against the prolog's counters."""
 from __future__ import annotations
 
 
-from ..facts import failed
-from ..findings import HEALTH, RESET_GPU, Finding
+from gpugate.model.facts import failed
+from gpugate.model.findings import HEALTH, RESET_GPU, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -6,8 +6,8 @@ leftover; one that exited meanwhile holds nothing.  Pure."""
 
 from __future__ import annotations
 
-from ..facts import failed
-from ..jobfacts import JobProcesses
+from gpugate.model.facts import failed
+from gpugate.model.jobfacts import JobProcesses
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -11,8 +11,8 @@ the baseline is not held to the old count."""
 from __future__ import annotations
 
 
-from ..facts import failed
-from ..findings import HEALTH, REBOOT, Finding
+from gpugate.model.facts import failed
+from gpugate.model.findings import HEALTH, REBOOT, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -27,7 +27,7 @@ def counts(facts) -> Tuple[Optional[int], Optional[int]]:
         seen.append(nvml.gpu_count)
     amd = getattr(facts, "amd", None)
     if amd is not None and not failed(amd) and amd.initstate == "live":  # the GPUs amdgpu drives (none: no driver)
-        from ..amdfacts import gpu_count
+        from gpugate.vendors.amd.facts import gpu_count
 
         seen.append(gpu_count(amd))
     if isinstance(facts.pci_gpus, int):

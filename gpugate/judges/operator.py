@@ -20,8 +20,8 @@ an upgrade in progress, which holds the node with the operator's own cordon)."""
 
 from __future__ import annotations
 
-from ..findings import DRIFT, INVESTIGATE, PENDING, PROBE, RECONVERGE, Finding
-from .versions import ON_PREVIOUS, previous_pin
+from gpugate.model.findings import DRIFT, INVESTIGATE, PENDING, PROBE, RECONVERGE, Finding
+from gpugate.judges.versions import ON_PREVIOUS, previous_pin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ A pin matches a tag equal to it or followed by the image's OS suffix
 
 from __future__ import annotations
 
-from ..findings import DRIFT, INVESTIGATE, PROBE, RECONVERGE, Finding
+from gpugate.model.findings import DRIFT, INVESTIGATE, PROBE, RECONVERGE, Finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

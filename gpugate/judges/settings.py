@@ -20,9 +20,9 @@ Rules (every one judged only when the nodeset pins the setting):
 
 from __future__ import annotations
 
-from ..facts import failed, unchecked
-from ..findings import DRIFT, RECONVERGE, RESET_GPU, Finding
-from .common import probe_finding, show
+from gpugate.model.facts import failed, unchecked
+from gpugate.model.findings import DRIFT, RECONVERGE, RESET_GPU, Finding
+from gpugate.judges.common import probe_finding, show
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

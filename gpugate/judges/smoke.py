@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 
-from ..record import dataclass
+from gpugate.core.record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
-    from typing import Optional, Tuple
+    from typing import List, Optional, Tuple
 
     from gpugate.parsers.nccl import NcclRun
 
@@ -173,3 +173,17 @@ def cannot_run(run: Optional[NcclRun], exit_code: Optional[int], text: str) -> s
         room = _ERROR_CHARS - len(head)
         return head + (said if len(said) <= room else ".." + said[-(room - 2):])
     return ""
+
+
+def template(argv, node: str, gpus: Optional[int], nodes: Optional[str] = None) -> List[str]:
+    """{node}, {nodes} ("a,b" of a pair; the node alone) and {gpus} in the
+    command; an unknown GPU count leaves the tool's own default
+    (all_reduce_perf -g {gpus} needs a number)."""
+    out = []
+    for word in argv:
+        if "{gpus}" in word and gpus is None:
+            if out and out[-1] in ("-g", "--ngpus"):
+                out.pop()
+            continue
+        out.append(word.replace("{nodes}", nodes or node).replace("{node}", node).replace("{gpus}", str(gpus)))
+    return out

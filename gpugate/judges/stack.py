@@ -4,9 +4,9 @@ GPUs on the bus that the driver does not see, Fabric Manager down)."""
 from __future__ import annotations
 
 
-from ..facts import DAEMONS, NOT_RUNNING, ProbeFailure, failed, unchecked
-from ..findings import BROKEN, HEALTH, INVESTIGATE, PROBE, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
-from .common import nvswitch, probe_finding
+from gpugate.model.facts import DAEMONS, NOT_RUNNING, ProbeFailure, failed, unchecked
+from gpugate.model.findings import BROKEN, HEALTH, INVESTIGATE, PROBE, RECONVERGE, RELOAD_OR_REBOOT, REBOOT, Finding
+from gpugate.judges.common import nvswitch, probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -24,7 +24,7 @@ NVML has no counter for "HW slowdown" itself: it counts its two causes
 judged on their sum (reported only when neither cause is judged over on
 its own, so a power brake is named as such).
 
-Budgeted, not acute (gpugate.findings.ACUTE): a power brake or a row's
+Budgeted, not acute (gpugate.model.findings.ACUTE): a power brake or a row's
 cooling trouble slows every node of the row at once, and an acute finding
 would drain them all.  A single node cannot tell "only me" from "the whole
 row" without reading the fleet, which the healthy path never does; the
@@ -34,9 +34,9 @@ room (GpugateClockEventsRoomWide)."""
 
 from __future__ import annotations
 
-from ..facts import failed, unchecked
-from ..findings import HEALTH, INVESTIGATE, Finding
-from .common import probe_finding
+from gpugate.model.facts import failed, unchecked
+from gpugate.model.findings import HEALTH, INVESTIGATE, Finding
+from gpugate.judges.common import probe_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

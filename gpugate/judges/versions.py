@@ -7,9 +7,9 @@ pin is `pending` (reported, never drained): the sweep moves it on purpose.
 from __future__ import annotations
 
 
-from ..facts import ProbeFailure, failed, unchecked
-from ..findings import DRIFT, PENDING, RECONVERGE, Finding
-from .common import nvswitch, probe_finding
+from gpugate.model.facts import ProbeFailure, failed, unchecked
+from gpugate.model.findings import DRIFT, PENDING, RECONVERGE, Finding
+from gpugate.judges.common import nvswitch, probe_finding
 
 # A pending finding's detail (here and gpugate.judges.operator's labels).
 ON_PREVIOUS = "on the previous baseline; rollout in progress"

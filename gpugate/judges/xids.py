@@ -1,6 +1,6 @@
-"""`health` from the kernel log: Xids (by gpugate.xidcatalog's policy),
+"""`health` from the kernel log: Xids (by gpugate.vendors.nvidia.xidcatalog's policy),
 NVSwitch SXids and GPUs that fell off the bus (amdgpu events are
-gpugate.judges.amdevents').
+gpugate.vendors.amd.judge_events').
 
 Fresh events (after the kernel-log cursor) drain on their own.  Non-fatal
 NVLink sub-events (Xid 144-150) and non-fatal SXids are expected now and then
@@ -10,10 +10,10 @@ resume sticks until a new one arrives)."""
 
 from __future__ import annotations
 
-from ..facts import ProbeFailure
-from ..findings import HEALTH, INVESTIGATE, PROBE, REBOOT, Finding
-from ..lazyre import IGNORECASE, Lazy
-from .common import probe_finding
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.findings import HEALTH, INVESTIGATE, PROBE, REBOOT, Finding
+from gpugate.core.lazyre import IGNORECASE, Lazy
+from gpugate.judges.common import probe_finding
 
 # The first severity word: "Fatal", "Non-fatal" (SXid), "Nonfatal"/"nonfatal" (Xid 144-150).
 _SEVERITY = Lazy(r"\b(non-?fatal|fatal)\b", IGNORECASE)
@@ -26,10 +26,10 @@ def judge(policy, facts):
     if isinstance(events, ProbeFailure):
         return [probe_finding("xid", events)] + lost
     if events:
-        events = [e for e in events if e.kind != "amdgpu"]  # AMD's: gpugate.judges.amdevents
+        events = [e for e in events if e.kind != "amdgpu"]  # AMD's: gpugate.vendors.amd.judge_events
     if not events:
-        return lost  # the healthy path: gpugate.xidcatalog stays unloaded
-    from ..xidcatalog import NVLINK_XIDS
+        return lost  # the healthy path: gpugate.vendors.nvidia.xidcatalog stays unloaded
+    from gpugate.vendors.nvidia.xidcatalog import NVLINK_XIDS
 
     out, counted = [], {}
     # The driver prints Xid 79 and "fallen off the bus" together: one finding.
@@ -89,7 +89,7 @@ def recovery_target(text: str):
 
 
 def _xid(policy, event, counted, nvlink):
-    from ..xidcatalog import RECOVERY_TARGETS, RECOVERY_XID
+    from gpugate.vendors.nvidia.xidcatalog import RECOVERY_TARGETS, RECOVERY_XID
 
     if nvlink and not fatal(event.text):
         counted.setdefault((event.gpu if event.gpu is not None else event.pci_bus_id, event.xid), []).append(event)

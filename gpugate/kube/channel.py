@@ -1,7 +1,7 @@
 """The sweep's channel to the node agent on Kubernetes (``[sweep] transport
 = "kubernetes"``): no ssh into the nodes.  The sweep writes a request on
 the Node (annotation ``REQUEST``: an id, gpugate's argv, a timeout); the
-node agent (gpugate.kube.agent, the DaemonSet) runs it on its node and
+node agent (gpugate.node.kube_agent, the DaemonSet) runs it on its node and
 writes the answer beside it (``ANSWER``: the same id and the JSON line the
 command printed).  Pure: formats, and what a request may ask.
 
@@ -22,7 +22,7 @@ import json
 import math
 import re
 
-from ..jsontext import loads_bounded
+from gpugate.core.jsontext import loads_bounded
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import ssl
 import time
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from .. import reason as reasons
-from ..findings import PROBE, RMA, ROLLOUT
+from gpugate.model import reason as reasons
+from gpugate.model.findings import PROBE, RMA, ROLLOUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def _xid(observed: str) -> str:
 def reason_word(fit: bool, parsed, cls: str = "") -> str:
     """The condition's reason: CamelCase, at most REASON_MAX characters.
     ``parsed``: the verdict's reason (unfit) or the hold's (fit but held),
-    read back with gpugate.reason.parse (None: not gpugate's, or none)."""
+    read back with gpugate.model.reason.parse (None: not gpugate's, or none)."""
     if parsed is not None and (parsed.cls == RMA or any(f.component == "rma" for f in parsed.findings)):
         return AWAITING_REPAIR
     if parsed is not None and parsed.findings and parsed.findings[0].component == "sweep":

@@ -16,7 +16,7 @@ The ``gpugate.io/smoke`` label spares a pod only where it is gpugate's own
 smoke Pod (``OwnSmoke``): in ``[kubernetes] smoke_namespace`` (where only
 the sweep may make Pods) and made by this sweep (a name it chose this run)
 or signed by it (annotation ``gpugate.io/smoke-proof``: an HMAC with the
-drain budget key, gpugate.budgetkey, of the namespace, the Pod's name and
+drain budget key, gpugate.safety.budgetkey, of the namespace, the Pod's name and
 the node it is bound to).  Anyone may put the label on their own pod; such
 a pod is evicted like any other, through its PodDisruptionBudget (issue 44)."""
 
@@ -26,7 +26,7 @@ import hashlib
 import hmac
 from urllib.parse import quote
 
-from .client import KubeError
+from gpugate.kube.client import KubeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import calendar
 import time
 
-from ..jsontext import loads_bounded
-from .client import KubeError
+from gpugate.core.jsontext import loads_bounded
+from gpugate.kube.client import KubeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
     renewed = _parse(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
     duration = float(duration) if isinstance(duration, (int, float)) else float(seconds)
-    gave_up = _annotation(lease, RELEASED)
+    gave_up = annotation(lease, RELEASED)
     if not holder and gave_up.get("by") == identity and isinstance(gave_up.get("at"), (int, float)) \
             and now < gave_up["at"] + float(seconds):
         # It gave the Lease up after failed runs: another replica takes it first (alone, it takes it again).
@@ -108,22 +108,22 @@ def acquire(client, namespace: str, identity: str, seconds: float, clock=time.ti
     return ""
 
 
-# The keeper's memory (gpugate.keeper_memory, and gpugate.keeper_pools) rides on its Lease: a failover keeps it.
+# The keeper's memory (gpugate.budget.memory, and gpugate.budget.pools) rides on its Lease: a failover keeps it.
 MEMORY = "gpugate.io/keeper-memory"
 MEMORY_CAP = 128 << 10  # of the 256 KiB a Node's or Lease's annotations may hold in all
 # The leader's latest run: what `gpugate status` and every replica's metrics say of the keeper.
 STATUS = "gpugate.io/keeper-status"
 # Who gave the Lease up after failed runs, and when (acquire: another replica takes it first).
 RELEASED = "gpugate.io/keeper-released"
-_STATUS_KEYS = ("at", "by", "ok", "last_ok", "last_ok_by", "failed_runs", "error", "drained", "given_back", "held",
+STATUS_KEYS = ("at", "by", "ok", "last_ok", "last_ok_by", "failed_runs", "error", "drained", "given_back", "held",
                 "unverified")
 
 
-def _path(namespace: str, name: str) -> str:
+def lease_path(namespace: str, name: str) -> str:
     return "/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (namespace, name)
 
 
-def _annotation(lease, key: str) -> dict:
+def annotation(lease, key: str) -> dict:
     """A JSON annotation of gpugate's on the Lease as a dict ({} when absent or not JSON)."""
     text = ((lease.get("metadata") or {}).get("annotations") or {}).get(key)
     try:
@@ -133,43 +133,33 @@ def _annotation(lease, key: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def read_memory(client, namespace: str, name: str = NAME):
-    """The memory the leader kept on the Lease (a gpugate.keeper_memory.Memory,
-    its pools included; empty when none, or not gpugate's shape)."""
-    from ..keeper_memory import Memory, parse
-    from ..keeper_pools import decode
-
-    data = _annotation(client.get(_path(namespace, name)), MEMORY)
-    return Memory(parse(data), decode(data.get("pools")))
-
-
 def read_status(client, namespace: str, name: str = NAME) -> dict:
     """The keeper as its Lease tells it: the leader's latest run (STATUS),
     the holder and when it renewed.  {} when there is no Lease yet."""
     try:
-        lease = client.get(_path(namespace, name))
+        lease = client.get(lease_path(namespace, name))
     except KubeError as exc:
         if exc.status == 404:
             return {}
         raise
     spec = lease.get("spec") or {}
-    status = {k: v for k, v in _annotation(lease, STATUS).items() if k in _STATUS_KEYS}
+    status = {k: v for k, v in annotation(lease, STATUS).items() if k in STATUS_KEYS}
     status.update(holder=str(spec.get("holderIdentity") or ""), renewed=_parse(spec.get("renewTime")))
-    gave_up = _annotation(lease, RELEASED)
+    gave_up = annotation(lease, RELEASED)
     if gave_up:
         status["released"] = gave_up
     return status
 
 
-def _held(client, namespace: str, identity: str, name: str):
-    lease = client.get(_path(namespace, name))
+def held_by(client, namespace: str, identity: str, name: str):
+    lease = client.get(lease_path(namespace, name))
     if (lease.get("spec") or {}).get("holderIdentity") != identity:
         raise KubeError("the keeper's Lease %s/%s is no longer %s's: nothing written on it" % (
             namespace, name, identity))
     return lease
 
 
-def _annotate(lease, values: dict) -> None:
+def annotate(lease, values: dict) -> None:
     import json
 
     meta = lease.setdefault("metadata", {})
@@ -182,49 +172,21 @@ def _annotate(lease, values: dict) -> None:
     meta["annotations"] = annotations
 
 
-def write_memory(client, namespace: str, identity: str, memory: Optional[dict], name: str = NAME,
-                 status: Optional[dict] = None) -> None:
-    """Kept on the Lease while ``identity`` still holds it (a keeper that lost
-    it writes nothing); the write carries the resourceVersion read.  The
-    pools are kept whole (a held node not counted could take the budget
-    twice): more than fit is an error; the spans fill what is left, the
-    most recent kept.  status: the run's (STATUS), written with it."""
-    import json
-
-    from ..keeper_memory import newest
-    from ..keeper_pools import encode
-
-    lease = _held(client, namespace, identity, name)
-    values = {RELEASED: None}
-    if memory is not None:  # None: only the status (a run that decided nothing keeps the memory as it is)
-        stored = {"pools": encode(getattr(memory, "pools", None) or {})}
-        room = MEMORY_CAP - len(json.dumps(stored, sort_keys=True, separators=(",", ":"))) - 12  # ,"nodes":{}
-        if room < 0:
-            raise KubeError("the keeper's memory of held nodes' pools is over %d KiB: not written (the keeper's "
-                            "Lease %s/%s keeps the last one)" % (MEMORY_CAP >> 10, namespace, name))
-        stored["nodes"] = newest(memory, room)
-        values[MEMORY] = stored
-    if status is not None:
-        values[STATUS] = {k: v for k, v in status.items() if k in _STATUS_KEYS}
-    _annotate(lease, values)
-    client.replace(_path(namespace, name), lease)
-
-
 def note_failure(client, namespace: str, identity: str, status: dict, give_up: bool, clock=time.time,
                  name: str = NAME) -> None:
     """A failed run of the leader, said on its Lease (STATUS); with
     ``give_up`` the Lease is released too (no holder, RELEASED naming this
     keeper), so another replica takes it at its next run instead of
     waiting for a Lease renewed before every failed run (issue 45)."""
-    lease = _held(client, namespace, identity, name)
-    before = _annotation(lease, STATUS)  # the last good run stands: a failed one does not move it
+    lease = held_by(client, namespace, identity, name)
+    before = annotation(lease, STATUS)  # the last good run stands: a failed one does not move it
     kept = {k: before[k] for k in ("last_ok", "last_ok_by") if k in before}
-    values = {STATUS: dict(kept, **{k: v for k, v in status.items() if k in _STATUS_KEYS and k not in kept})}
+    values = {STATUS: dict(kept, **{k: v for k, v in status.items() if k in STATUS_KEYS and k not in kept})}
     if give_up:
         spec = dict(lease.get("spec") or {})
         spec.pop("holderIdentity", None)
         spec["renewTime"] = _micro(clock())
         lease["spec"] = spec
         values[RELEASED] = {"by": identity, "at": round(clock(), 3), "failed_runs": status.get("failed_runs")}
-    _annotate(lease, values)
-    client.replace(_path(namespace, name), lease)
+    annotate(lease, values)
+    client.replace(lease_path(namespace, name), lease)

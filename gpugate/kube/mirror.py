@@ -5,7 +5,7 @@ would be any job's to read.  So with ``[kubernetes] mirror_file`` set,
 slurmd's gpugate writes no Node: what it would write (gpugate's hold, its
 reason, the GpugateHealthy condition) goes into the mirror file, on a volume
 it shares with a sidecar container of the same pod; the sidecar (`gpugate
-agent --mirror-from FILE`, gpugate.kube.mirror_agent) alone has a token,
+agent --mirror-from FILE`, gpugate.node.mirror_agent) alone has a token,
 projected into its own container only, and writes the Node.
 
 ``MirrorFile`` stands in for gpugate.kube.nodes.KubeNodes inside
@@ -13,7 +13,7 @@ gpugate.kube.paired.PairedNodes on the node side: the Slurm side and its
 rules are unchanged; the Node's hold as this node last wrote it is read
 back from the file.  The file is root's (0644 in a 0755 directory: a job's
 user can neither write nor replace it); the sidecar reads it only through
-gpugate.trust (every directory on the way and the file owned by root, not
+gpugate.safety.trust (every directory on the way and the file owned by root, not
 writable by others) and only when it has gpugate's shape (``parse``)."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import os
 import stat
 import time
 
-from .. import reason as reasons
-from ..errors import GpugateError
-from ..jsontext import loads_bounded
-from ..slurm.nodestate.record import NodeState
-from . import condition as cond
+from gpugate.model import reason as reasons
+from gpugate.errors import GpugateError
+from gpugate.core.jsontext import loads_bounded
+from gpugate.slurm.nodestate.record import NodeState
+from gpugate.kube import condition as cond
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ def read_trusted(path: str, tag: str) -> Optional[Dict[str, Any]]:
     """The sidecar's read: None while there is no file yet; MirrorFileError
     when it (or a directory above it) could be someone else's, or is not
     gpugate's shape."""
-    from ..safeio import read_fd
-    from ..trust import Untrusted, open_file
+    from gpugate.safety.safeio import read_fd
+    from gpugate.safety.trust import Untrusted, open_file
 
     try:
         fd = open_file(path, "the mirror file")
@@ -105,7 +105,7 @@ class MirrorFile:
         return None
 
     def _read(self, node: str) -> Dict[str, Any]:
-        from ..node.state import read_json
+        from gpugate.safety.state import read_json
 
         data = read_json(path_for(self.template, node), CAP)
         try:
@@ -133,7 +133,7 @@ class MirrorFile:
                                                      pending)))
 
     def _write(self, node: str, **change) -> None:
-        from ..node.state import write_json
+        from gpugate.safety.state import write_json
 
         path = path_for(self.template, node)
         _close_directory(os.path.dirname(path))
@@ -154,7 +154,7 @@ def _close_directory(directory: str) -> None:
     to 0755 (ours) before the first write, so no job's user can put a file
     of theirs in its place.  Made when absent.  A sticky one (as /tmp)
     stays as it is: there no one else can replace the file."""
-    from ..safeio import makedirs
+    from gpugate.safety.safeio import makedirs
 
     makedirs(directory)
     st = os.lstat(directory)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 
-from .. import reason as reasons
-from ..errors import GpugateError
-from . import condition as cond
-from . import nodeview as nv
-from .client import KubeError, node_path
+from gpugate.model import reason as reasons
+from gpugate.errors import GpugateError
+from gpugate.kube import condition as cond
+from gpugate.kube import nodeview as nv
+from gpugate.kube.client import KubeError, node_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,29 +56,17 @@ class KubeNodes:
     def close(self) -> None:
         self.client.close()
 
+    # The keeper keeps its memory and status on a Lease (gpugate.keeper.lease_memory), not in a file.
+    memory_on_lease = True
+
     def lead(self, who: str) -> str:
         """Why this keeper must not act now ("": it holds the Lease);
         KubeError when the Lease cannot be read or written (a failed run,
         never a quiet standby: the keeper-stale alert must fire)."""
-        from .lease import acquire
+        from gpugate.kube.lease import acquire
 
         return acquire(self.client, self._namespace(), who,
                        float(self.kube.get("lease_seconds") or 60.0), self.clock)
-
-    def load_memory(self):
-        """The keeper's memory, from its Lease; None when it cannot be read
-        (the run goes on as if it were lost, and does not write over it)."""
-        from .lease import read_memory
-
-        try:
-            return read_memory(self.client, self._namespace())
-        except KubeError:
-            return None
-
-    def save_memory(self, memory: dict, who: str) -> None:
-        from .lease import write_memory
-
-        write_memory(self.client, self._namespace(), who, memory)
 
     def _namespace(self) -> str:
         return str(self.kube.get("namespace") or "gpugate")
@@ -238,7 +226,7 @@ class KubeNodes:
         """Node side, after own_record: a hold this node remembers that its
         Node lost (registered anew) is written again (gpugate.kube.survive).
         Returns the state to decide on."""
-        from . import survive
+        from gpugate.kube import survive
 
         if state is None or name not in self._seen:
             return state
@@ -250,7 +238,7 @@ class KubeNodes:
 
     def remember_hold(self, state_dir: str, name: str) -> None:
         """Node side, after this run's writes: the record follows the Node as last written or read."""
-        from . import survive
+        from gpugate.kube import survive
 
         node = self._seen.get(name)
         if node is not None:
@@ -259,7 +247,7 @@ class KubeNodes:
 
 def connect(settings, deadline: Optional[float] = None, timeout: Optional[float] = None,
             cordon: bool = True) -> KubeNodes:
-    from .client import connect as client_for
+    from gpugate.kube.client import connect as client_for
 
     kube = dict(settings.kubernetes)
     if timeout:

@@ -2,7 +2,7 @@
 
 Reading: ``state_of`` turns a Node into the NodeState the ownership rules
 (gpugate.slurm.ownership), the budgeted publish (gpugate.node.hold) and
-the keeper (gpugate.keeper) already decide on, so one set of rules holds
+the keeper (gpugate.keeper.run) already decide on, so one set of rules holds
 on both schedulers:
 
 - held ("DRAIN"): gpugate's own taint (``TAINT_KEY``, listed in the
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import json
 
-from ..findings import CLASSES
-from ..jsontext import loads_bounded
-from ..slurm.nodestate.record import NodeState
-from .condition import CONDITION  # noqa: F401 (read by the demo and the tests as nodeview.CONDITION)
+from gpugate.model.findings import CLASSES
+from gpugate.core.jsontext import loads_bounded
+from gpugate.slurm.nodestate.record import NodeState
+from gpugate.kube.condition import CONDITION  # noqa: F401 (read by the demo and the tests as nodeview.CONDITION)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def return_patch(node: Dict[str, Any]) -> Dict[str, Any]:
     """The sweep's return of a node after its proof: undrain_patch, and in the same patch the
     transport's request and answer where still there (one the sweep gave up on, up to 64 KiB:
     the node agent's admission policy lets it remove the request, the sweep's lets it remove both)."""
-    from .channel import ANSWER, REQUEST
+    from gpugate.kube.channel import ANSWER, REQUEST
 
     patch = undrain_patch(node)
     there = (node.get("metadata") or {}).get("annotations") or {}

@@ -31,9 +31,9 @@ run that reads the node (report_verdict) puts the Node right."""
 
 from __future__ import annotations
 
-from .. import reason as reasons
-from ..errors import GpugateError, MirrorError
-from .client import KubeError
+from gpugate.model import reason as reasons
+from gpugate.errors import GpugateError, MirrorError
+from gpugate.kube.client import KubeError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class PairedNodes:
         RESERVED, so its reservations are read (one call, only here)."""
         from ClusterShell.NodeSet import NodeSet
 
-        from ..sweep.reservations import PREFIX
+        from gpugate.slurm.reservations import PREFIX
 
         if state is None or state.down or state.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINTENANCE"}:
             return True
@@ -186,13 +186,13 @@ class PairedNodes:
 
 
 def connect(settings, timeout=None, deadline=None) -> PairedNodes:
-    from ..slurm import connect as slurm_connect
-    from .nodes import connect as kube_connect
+    from gpugate.slurm import connect as slurm_connect
+    from gpugate.kube.nodes import connect as kube_connect
 
     slurm = slurm_connect(settings, timeout=timeout, deadline=deadline)
     template = str(settings.kubernetes.get("mirror_file") or "")
     if template:  # slurmd's gpugate holds no token: the sidecar writes the Node (gpugate.kube.mirror)
-        from .mirror import MirrorFile
+        from gpugate.kube.mirror import MirrorFile
 
         return PairedNodes(slurm, MirrorFile(template, settings.reason_tag),
                            str(settings.kubernetes.get("node_name") or "{node}"))

@@ -25,8 +25,8 @@ import os
 import time
 from urllib.parse import quote
 
-from .client import KubeError
-from .evict import PROOF, SMOKE_LABEL, proof
+from gpugate.kube.client import KubeError
+from gpugate.kube.evict import PROOF, SMOKE_LABEL, proof
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -35,9 +35,9 @@ from __future__ import annotations
 import os
 import time
 
-from .. import reason as reasons
-from ..node.state import KUBE_HOLD
-from . import nodeview as nv
+from gpugate.model import reason as reasons
+from gpugate.safety.state import KUBE_HOLD
+from gpugate.kube import nodeview as nv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def path(state_dir: str) -> str:
 
 
 def read(state_dir: str) -> Optional[Dict[str, Any]]:
-    from ..node.state import read_json
+    from gpugate.safety.state import read_json
 
     return read_json(path(state_dir))
 
@@ -82,7 +82,7 @@ def read(state_dir: str) -> Optional[Dict[str, Any]]:
 def settle(state_dir: str, action: str, reason: str, node: Dict[str, Any]) -> None:
     """The record after ``decide``: written durably (it is the authority
     for a hold the Node lost), removed once the hold is lifted."""
-    from ..node.state import write_json
+    from gpugate.safety.state import write_json
 
     if action == REMEMBER:
         write_json(path(state_dir), {"reason": reason, "uid": _uid(node), "at": int(time.time())})

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import time
 
-from ..sweep.answers import problem
-from . import channel
-from .client import KubeError, node_path
+from gpugate.model.answers import problem
+from gpugate.kube import channel
+from gpugate.kube.client import KubeError, node_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ AGENT_GRACE = 120.0
 
 
 class KubeTransport:
-    """gpugate.sweep.transport's interface (check, facts, run) over the Node channel."""
+    """gpugate.node.transport's interface (check, facts, run) over the Node channel."""
 
     def __init__(self, client, poll: float = 1.0, sleep=time.sleep, clock=time.monotonic):
         self.client, self.poll, self.sleep, self.clock = client, float(poll), sleep, clock
@@ -120,8 +120,8 @@ class KubeTransport:
 
 
 def make(settings) -> KubeTransport:
-    from ..errors import ConfigError
-    from .client import connect
+    from gpugate.errors import ConfigError
+    from gpugate.kube.client import connect
 
     if getattr(settings, "scheduler", "slurm") != "kubernetes":
         raise ConfigError("[sweep] transport = \"kubernetes\" goes through the node agent on Kubernetes Nodes: it "

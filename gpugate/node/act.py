@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 
-from ..errors import GpugateError
-from . import hold
-from .state import KUBE_HOLD
+from gpugate.errors import GpugateError
+from gpugate.node import hold
+from gpugate.safety.state import KUBE_HOLD
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -43,7 +43,7 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     read_at (time.time()): when the verdict's facts began to be read; a
     drain is not applied if the sweep reset the node's GPUs since (see
     _reset_since)."""
-    from ..slurm import ownership  # here: a fit prolog never acts, and never loads it
+    from gpugate.slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
     # A fit run with something pending (a rollout) on Kubernetes reads the
@@ -98,8 +98,8 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 
 def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
                        used: list, read_at: Optional[float] = None) -> Dict[str, Any]:
-    from ..schedulers import connect
-    from ..slurm import ownership
+    from gpugate.schedulers.registry import connect
+    from gpugate.slurm import ownership
 
     try:
         # Health check, prolog and epilog may act at once: read, decide and
@@ -150,8 +150,8 @@ def _heartbeat(settings, node: str, verdict, deadline: Optional[float]) -> Dict[
     """Kubernetes, a fit run with nothing to lift: the GpugateHealthy
     condition written all the same (its lastHeartbeatTime: a dead agent
     shows as a stale heartbeat, never as a node fit for ever)."""
-    from ..schedulers import connect
-    from ..slurm import ownership
+    from gpugate.schedulers.registry import connect
+    from gpugate.slurm import ownership
 
     outcome = {"action": ownership.NONE, "ok": True, "rpc": True, "applied": True}
     try:
@@ -181,7 +181,7 @@ def _report(settings, slurm, node: str, verdict, state) -> str:
 
 
 def _decided(settings, verdict, decision, state, marker: str, why_held) -> Dict[str, Any]:
-    from ..slurm import ownership
+    from gpugate.slurm import ownership
 
     if why_held and decision.kind == ownership.DRAIN:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": True, "applied": True}
@@ -208,8 +208,8 @@ def _reset_since(settings, node: str, read_at: Optional[float]) -> str:
     is now."""
     if read_at is None:
         return ""
-    from .gpureset import MARKER
-    from .state import read_json
+    from gpugate.node.gpureset import MARKER
+    from gpugate.safety.state import read_json
 
     mark = read_json(os.path.join(settings.state_dir(node), MARKER)) or {}
     at = mark.get("at")
@@ -223,18 +223,18 @@ def _reset_since(settings, node: str, read_at: Optional[float]) -> str:
 
 class _act_lock:
     """One run acts on a node at a time (state_dir/locks/act.lock, a lock
-    only root can take: gpugate.node.lock).  A class, not
+    only root can take: gpugate.safety.lock).  A class, not
     contextlib.contextmanager: contextlib is half a millisecond of every
     prolog, which never acts when the node is fit."""
 
     def __init__(self, state_dir: str, timeout: float):
-        from .lock import RunLock, lock_path  # here: a fit prolog never acts
+        from gpugate.safety.lock import RunLock, lock_path  # here: a fit prolog never acts
 
         self.path = lock_path(state_dir, "act")
         self.lock, self.timeout = RunLock(self.path), timeout
 
     def __enter__(self):
-        from .lock import describe
+        from gpugate.safety.lock import describe
 
         deadline = time.monotonic() + max(self.timeout, 0.5)
         while not self.lock.acquire():
@@ -252,7 +252,7 @@ class _act_lock:
 def _set_marker(path: str, present: bool) -> None:
     """Made or removed by name below the state directory's fd (safeio):
     no symlink followed, nothing opened but a new or regular file."""
-    from ..safeio import open_dir
+    from gpugate.safety.safeio import open_dir
 
     try:
         dir_fd = open_dir(os.path.dirname(path), 0o755 if present else 0)

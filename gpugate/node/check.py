@@ -4,11 +4,11 @@ No Slurm here; the entry points act on the verdict."""
 from __future__ import annotations
 
 
-from ..facts import NodeFacts
-from ..judges import judge
-from ..probes import Budget, collect
-from ..record import dataclass
-from ..verdict import Verdict, decide
+from gpugate.model.facts import NodeFacts
+from gpugate.judges import judge
+from gpugate.probes import Budget, collect
+from gpugate.core.record import dataclass
+from gpugate.model.verdict import Verdict, decide
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -38,7 +38,7 @@ def run_check(settings, baseline, node: str, mode: str, xid_after: int = -1,
                     processes=processes, nvml_started=nvml_started, job=job)
     findings = judge(baseline, facts) + list(extra(facts) if callable(extra) else extra)
     if facts.hcas is not None:  # the health check's: a port it lost is not reported twice
-        from ..judges.hca import supersede
+        from gpugate.judges.hca import supersede
 
         findings = supersede(findings)
     return CheckResult(facts, decide(findings, settings.reason_tag))
@@ -49,7 +49,7 @@ def baseline_id(path: str) -> dict:
     made against another one (a node that missed the latest push)."""
     import hashlib
 
-    from ..safeio import CONFIG_CAP, read_capped
+    from gpugate.safety.safeio import CONFIG_CAP, read_capped
 
     try:
         return {"path": path, "sha256": hashlib.sha256(read_capped(path, CONFIG_CAP)).hexdigest()}
@@ -58,7 +58,7 @@ def baseline_id(path: str) -> dict:
 
 
 def result_json(result: CheckResult, baseline=None, baseline_path: str = "") -> dict:
-    from ..facts import to_jsonable, unchecked_facts
+    from gpugate.model.facts import to_jsonable, unchecked_facts
 
     v, f = result.verdict, result.facts
     return {

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from ..errors import ConfigError, GpugateError
+from gpugate.errors import ConfigError, GpugateError
 
 USAGE = """usage: gpugate-{mode} [--config PATH]
 
@@ -48,24 +48,24 @@ def main(mode, argv, reader=None):
     record = {"node": node, "mode": mode}
     settings = None
     if mode == "prolog" and reader is None:
-        from .prolog_reader import start_reader
+        from gpugate.node.prolog_reader import start_reader
 
         reader = start_reader()  # loads NVML's binding while the configuration loads
     try:
-        from ..config import check_state, config_path
-        from ..names import check_node_name
-        from .lastgood import load_settings
+        from gpugate.model.config import check_state, config_path
+        from gpugate.core.names import check_node_name
+        from gpugate.node.lastgood import load_settings
 
         check_node_name(node, "SLURMD_NODENAME")
         # A file that does not load: the last good copy, and the error logged.
         settings = load_settings(config_path(config), node, record)
         check_state(settings.state_dir(node))
         if mode == "healthcheck":
-            from .healthcheck import run
+            from gpugate.node.healthcheck import run
         elif mode == "prolog":
-            from .prolog import run
+            from gpugate.node.prolog import run
         else:
-            from .epilog import run
+            from gpugate.node.epilog import run
         code = run(settings, node, record, reader) if reader else run(settings, node, record)
     except ConfigError as exc:
         # Bad configuration with no last good copy changes nothing: no
@@ -108,17 +108,17 @@ def leave(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass  # slurmd closed the pipe: nothing to say there anyway
-    forked = sys.modules.get("gpugate.forked")
+    forked = sys.modules.get("gpugate.safety.forked")
     if forked is not None:
         forked.finish()  # the NVML reader that answered: exiting meanwhile, reaped here
-    runner = sys.modules.get("gpugate.runner")
+    runner = sys.modules.get("gpugate.safety.runner")
     if runner is not None:
         runner.stop_running()  # a tool still hanging at the deadline: not left behind
     os._exit(code)
 
 
 def _log(settings, node, record):
-    from .logline import emit
+    from gpugate.node.logline import emit
 
     if settings is None:  # no readable configuration, so no state directory: syslog only
         emit("syslog", "", record)

@@ -5,13 +5,14 @@ policy asks for it (the GPUs are free now).  Drain with the reason when unfit.""
 import os
 import time
 
-from ..judges.job import deltas
-from ..probes import files
-from . import state as st, xidhistory
-from .act import settle
-from .check import run_check
-from .jobenv import job_gpus
-from .reuse import fresh_baseline, last_state, reset_cursor
+from gpugate.judges.job import deltas
+from gpugate.probes import files
+from gpugate.safety import state as st
+from gpugate.node import xidhistory
+from gpugate.node.act import settle
+from gpugate.node.check import run_check
+from gpugate.node.jobenv import job_gpus
+from gpugate.probes.reuse import fresh_baseline, last_state, reset_cursor
 
 
 def run(settings, node: str, record: dict) -> int:
@@ -21,7 +22,7 @@ def run(settings, node: str, record: dict) -> int:
     boot_id = files.boot_id(settings.node_root(node))
     baseline, cursor = fresh_baseline(settings, node, last_state(settings, node), boot_id)
     if baseline is None:
-        from .lastgood import load_baseline
+        from gpugate.node.lastgood import load_baseline
 
         baseline = load_baseline(settings, record, node)
     job_file = st.job_path(settings.state_dir(node), job_id) if job_id else None

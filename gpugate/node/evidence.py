@@ -14,7 +14,7 @@ Parts, in the order they are kept when the cap is tight:
 
 On an AMD node (vendor = "amd"), amd-smi's static, metric (ECC per block,
 PCIe) and bad-pages answers and amdgpu's own RAS counters take the place of
-the last two (gpugate.node.evidence_amd).
+the last two (gpugate.vendors.amd.evidence).
 
 A part that cannot be read is said (``error``), never left out silently;
 nothing here changes the node.
@@ -27,8 +27,8 @@ import tempfile
 import time
 from typing import Dict, List
 
-from ..errors import CommandError
-from ..runner import run
+from gpugate.errors import CommandError
+from gpugate.safety.runner import run
 
 SMI_TIMEOUT = 60.0
 KERNEL_CAP = 16 << 20
@@ -61,8 +61,8 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
 
     parts_timing: Dict[str, float] = {}
     # gpugate's own last facts and verdict.
-    from ..safeio import STATE_CAP, read_capped
-    from .state import LAST
+    from gpugate.safety.safeio import STATE_CAP, read_capped
+    from gpugate.safety.state import LAST
 
     t0 = time.monotonic()
     try:
@@ -70,7 +70,7 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
     except OSError as exc:
         parts.append(_error("gpugate-last.json", exc.strerror or exc))
     # The kernel log since boot: what the Xid lines were, and the driver's words around them.
-    from ..probes.kernlog import read_kmsg
+    from gpugate.probes.kernlog import read_kmsg
 
     text, _ = read_kmsg(os.path.join(settings.node_root(node), settings.kernel_log.lstrip("/")))
     if isinstance(text, str):
@@ -78,12 +78,11 @@ def collect(settings, node: str, max_bytes: int, bug_report_timeout: float) -> d
     else:
         parts.append(_error("kernel.log", getattr(text, "detail", text)))
     parts_timing["files"] = time.monotonic() - t0
-    from .resetgpus import _vendor
+    from gpugate.vendors.seam import part, vendor_of
 
-    if _vendor(settings, node) == "amd":  # amd-smi's words and amdgpu's counters instead (gpugate.node.evidence_amd)
-        from .evidence_amd import amd_parts
-
-        amd_parts(settings, node, add, parts, parts_timing, _error)
+    own = part(vendor_of(settings, node), "evidence")
+    if own is not None:  # the vendor's own tools' words instead (AMD: amd-smi's and amdgpu's counters)
+        own(settings, node, add, parts, parts_timing, _error)
         return {"node": node, "at": started, "parts": [p for p in parts if p is not None],
                 "seconds": {k: round(v, 3) for k, v in parts_timing.items()}}
     # nvidia-smi -q: every GPU's state as the driver reports it now.

@@ -37,9 +37,9 @@ import os
 import time
 from typing import List
 
-from ..errors import CommandError
-from ..runner import run
-from .reuse import RESET_MARKER as MARKER  # the reset marker (reuse: read by every run)
+from gpugate.errors import CommandError
+from gpugate.safety.runner import run
+from gpugate.probes.reuse import RESET_MARKER as MARKER  # the reset marker (reuse: read by every run)
 # The units a run stopped, written before each stop: a run killed before it
 # started them again leaves them here, and the next run starts them too.
 STOPPED = "gpu-reset-stopped.json"
@@ -83,7 +83,7 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
     step("processes", "none on the GPUs")
     switches = _nvswitches(settings, node)
     systemctl = settings.command("systemctl", node)
-    from .state import read_json, write_json
+    from gpugate.safety.state import read_json, write_json
 
     stopped_path = os.path.join(settings.state_dir(node), STOPPED)
     left = (read_json(stopped_path) or {}).get("units")
@@ -150,7 +150,7 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
 
 
 def _nvswitches(settings, node) -> int:
-    from ..probes.files import pci_counts
+    from gpugate.probes.files import pci_counts
 
     counts = pci_counts(settings.node_root(node))
     return counts[1] if isinstance(counts, tuple) else 0
@@ -158,9 +158,9 @@ def _nvswitches(settings, node) -> int:
 
 def mark(settings, node, out) -> None:
     """5. The kernel log's newest record at the reset, for the verification after it."""
-    from ..probes.files import boot_id
-    from ..probes.kernlog import last_seq, read_kmsg
-    from .state import write_json
+    from gpugate.probes.files import boot_id
+    from gpugate.probes.kernlog import last_seq, read_kmsg
+    from gpugate.safety.state import write_json
 
     text, _ = read_kmsg(os.path.join(settings.node_root(node), settings.kernel_log.lstrip("/")))
     boot = boot_id(settings.node_root(node))
@@ -176,7 +176,7 @@ def mark(settings, node, out) -> None:
 def verify_cursor(settings, node: str) -> int:
     """The kernel-log cursor a verification starts from: the last GPU reset
     of this boot, else -1 (every Xid of the boot)."""
-    from ..probes.files import boot_id
-    from .reuse import reset_cursor
+    from gpugate.probes.files import boot_id
+    from gpugate.probes.reuse import reset_cursor
 
     return reset_cursor(settings, node, boot_id(settings.node_root(node)))

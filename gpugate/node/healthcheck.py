@@ -8,20 +8,28 @@ site's NHC runs between judging and acting, in its share of the budget
 
 import os
 import time
-from ..errors import GpugateError
-from ..facts import to_jsonable
-from ..findings import PROBE
-from ..judges import hca, iblinks, lost, operator, operator_images, throttle
-from ..probes import files
-from ..verdict import decide
-from ..preflight import memory as preflight_memory
-from . import nhc, operator_labels, state as st, xidhistory
-from .act import act
-from .hold import HELD
-from .check import ACT_RESERVE, run_check
-from .lastgood import load_baseline
-from .lock import RunLock, lock_path
-from .slurmd_limits import slurm_node_is_healthy
+from gpugate.errors import GpugateError
+from gpugate.model.facts import to_jsonable
+from gpugate.model.findings import PROBE
+from gpugate.judges import hca
+from gpugate.judges import iblinks
+from gpugate.judges import lost
+from gpugate.judges import operator
+from gpugate.judges import operator_images
+from gpugate.judges import throttle
+from gpugate.probes import files
+from gpugate.model.verdict import decide
+from gpugate.preflight import memory as preflight_memory
+from gpugate.node import nhc
+from gpugate.node import operator_labels
+from gpugate.safety import state as st
+from gpugate.node import xidhistory
+from gpugate.node.act import act
+from gpugate.node.hold import HELD
+from gpugate.node.check import ACT_RESERVE, run_check
+from gpugate.node.lastgood import load_baseline
+from gpugate.safety.lock import RunLock, lock_path
+from gpugate.node.slurmd_limits import slurm_node_is_healthy
 
 # Transient right after boot: services still starting, DCGM not yet up.
 _GRACE_COMPONENTS = ("fabricmanager", "fabric", "dcgm_health", "dcgm")
@@ -33,7 +41,7 @@ def run(settings, node: str, record: dict) -> int:
     if lock is None:
         return _busy(settings, node, holder, record)
     with lock:
-        from .lock import node_locks_stuck
+        from gpugate.node.locks import node_locks_stuck
 
         # The other locks (act): held past their bound, no run drains or resumes the node.
         stuck = node_locks_stuck(settings, node, time.time(), skip=("healthcheck",))
@@ -47,7 +55,7 @@ def run(settings, node: str, record: dict) -> int:
         outcome = _act(settings, node, judged, deadline, nhc_outcome)
         _save_state(settings, node, judged, outcome, record)
         if settings.prometheus_textfile:
-            from .metrics import write_node_textfile
+            from gpugate.node.metrics import write_node_textfile
 
             not_written = write_node_textfile(settings.prometheus_textfile, node, judged.verdict, judged.facts,
                                               judged.baseline, held=outcome["action"] == HELD,
@@ -64,7 +72,7 @@ def run(settings, node: str, record: dict) -> int:
 
 def _take_lock(state_dir: str, record: dict):
     """(the run lock, None), or (None, its holder) when another run holds
-    it.  Only root can take it (gpugate.node.lock)."""
+    it.  Only root can take it (gpugate.safety.lock)."""
     lock = RunLock(lock_path(state_dir, "healthcheck"))
     try:
         if not lock.acquire():
@@ -83,7 +91,8 @@ def _busy(settings, node: str, holder, record: dict) -> int:
     every check skipped meanwhile is a node nobody gates: said in the log
     line with the holder's pid and age, in the metric
     gpugate_lock_stuck_seconds, and by exit 2 (could not judge)."""
-    from .lock import describe, healthcheck_bound, held_for, node_locks_stuck
+    from gpugate.node.locks import healthcheck_bound, node_locks_stuck
+    from gpugate.safety.lock import describe, held_for
 
     now = time.time()
     age, bound = held_for(holder, now), healthcheck_bound(settings)
@@ -97,7 +106,7 @@ def _busy(settings, node: str, holder, record: dict) -> int:
                         "health check runs on this node until it ends; look at that process (kill it if it "
                         "hangs)" % (describe(holder, now), bound))
     if settings.prometheus_textfile:
-        from .metrics import write_lock_stuck
+        from gpugate.node.metrics import write_lock_stuck
 
         others = node_locks_stuck(settings, node, now, skip=("healthcheck",))
         not_written = write_lock_stuck(settings.prometheus_textfile,
@@ -124,7 +133,7 @@ def _judge(settings, node: str, record: dict) -> _Judged:
     j.last = st.read_json(j.last_path) or {}
     j.boot_id = files.boot_id(settings.node_root(node))
     j.cursor = j.last.get("kmsg_cursor", -1) if j.last.get("boot_id") == j.boot_id else -1
-    from .reuse import reset_cursor
+    from gpugate.probes.reuse import reset_cursor
 
     # The sweep's own GPU reset: what the kernel logged up to it (amdgpu's
     # "GPU reset begin!", the fault that called for it) was judged by the
@@ -238,7 +247,7 @@ def _nhc_share(settings):
     budget (at least half of it stays gpugate's)."""
     if not nhc.configured(settings):
         return settings
-    from ..record import replace
+    from gpugate.core.record import replace
 
     total = float(settings.budgets["healthcheck"])
     own = max(total - float(settings.nhc["timeout_seconds"]), total / 2)
@@ -259,9 +268,9 @@ def _run_nhc(settings, node: str, j: _Judged, deadline: float, record: dict):
 
 def _within_slurmd_timeout(settings, record: dict):
     """budgets.healthcheck, cut to end before slurmd kills the check."""
-    from ..record import replace
+    from gpugate.core.record import replace
 
-    from .slurmd_limits import conf_paths, health_check_timeout, healthcheck_budget
+    from gpugate.node.slurmd_limits import conf_paths, health_check_timeout, healthcheck_budget
 
     configured = float(settings.budgets["healthcheck"])
     budget = healthcheck_budget(configured, health_check_timeout(conf_paths(settings)))

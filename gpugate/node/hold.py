@@ -1,7 +1,7 @@
-"""The fleet drain budget (gpugate.budget), node side: a node never reads
+"""The fleet drain budget (gpugate.budget.rules), node side: a node never reads
 the fleet.  A budgeted finding is *published* on the node's own Slurm
 record (its Comment: gpugate.slurm.pending) and the node keeps running jobs
-("held"); the budget keeper on the controller (gpugate.keeper) drains the
+("held"); the budget keeper on the controller (gpugate.keeper.run) drains the
 published nodes within each partition's budget.  With no keeper, nothing
 budgeted is ever drained, and the findings stay visible.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import state as st
+from gpugate.safety import state as st
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -38,7 +38,7 @@ KEPT = "kept.json"
 
 
 def applies(settings, verdict) -> bool:
-    from .. import budget  # only an unfit node gets here: not on the healthy path
+    from gpugate.budget import rules as budget  # only an unfit node gets here: not on the healthy path
 
     return budget.switched_on(float(settings.drain_budget["max_share"])) and budget.applies(verdict)
 
@@ -56,7 +56,7 @@ def held_recently(settings, node: str, verdict) -> Optional[str]:
     record = st.read_json(os.path.join(settings.state_dir(node), PUBLISHED)) or {}
     if record.get("reason") != verdict.reason:
         return None  # new findings (or a damaged record): read and publish again
-    from ..slurm.pending import REFRESH_SECONDS
+    from gpugate.slurm.pending import REFRESH_SECONDS
 
     try:
         age = time.time() - float(record["seen"])
@@ -76,7 +76,7 @@ def kept_recently(settings, node: str, verdict) -> Optional[str]:
     record = st.read_json(os.path.join(settings.state_dir(node), KEPT)) or {}
     if record.get("reason") != verdict.reason:
         return None
-    from ..slurm.pending import REFRESH_SECONDS
+    from gpugate.slurm.pending import REFRESH_SECONDS
 
     try:
         age = time.time() - float(record["at"])
@@ -114,8 +114,8 @@ def _why(since, unsigned=None) -> str:
 def publish(settings, slurm, node: str, state, reason: str) -> str:
     """Publish ``reason`` in the node's comment (written only when it
     changes; an admin's text in the comment is kept).  Returns why held."""
-    from .. import budgetkey
-    from ..slurm import pending
+    from gpugate.safety import budgetkey
+    from gpugate.slurm import pending
 
     comment = state.comment if state is not None else ""
     now = int(time.time())
@@ -150,7 +150,7 @@ def unpublish(settings, slurm, node: str, state) -> None:
     """Clear gpugate's part of the node's comment (fit, or drained by
     gpugate for more: acute, rma, the sweep's work): the keeper must not
     drain it for old findings, nor may it read as waiting for the keeper."""
-    from ..slurm import pending
+    from gpugate.slurm import pending
 
     if state is not None and pending.read(state.comment) is not None:
         slurm.set_comment(node, pending.clear(state.comment))

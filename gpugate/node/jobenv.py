@@ -12,7 +12,7 @@ def job_gpus(env=None):
     ("", ",", "-1", "1,,2", UUIDs, MIG names) is passed over, then None: a
     value that selects no GPU must never mean "check none" (an index past
     the node's count is checked against it where the GPUs are read,
-    gpugate.nvmlread)."""
+    gpugate.vendors.nvidia.nvmlread)."""
     env = os.environ if env is None else env
     for key in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
         value = env.get(key)

@@ -41,7 +41,7 @@ import select
 import stat
 import time
 
-from ..probes import gpujournal
+from gpugate.probes import gpujournal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -142,8 +142,8 @@ class Follower:
         self.lost_records += last - first + 1
 
     def heartbeat(self, now: float, running: bool = True) -> None:
-        from .state import write_bytes
-        from .. import jsontext
+        from gpugate.safety.state import write_bytes
+        from gpugate.core import jsontext
 
         data = {"boot_id": self.boot_id, "pid": os.getpid(), "started": round(self.started, 3),
                 "at": round(now, 3), "running": running, "seq": self.seq, "from_seq": self.from_seq,
@@ -240,7 +240,7 @@ def _read_device(fd: int) -> List[str]:
 
 
 def _read_file(path: str) -> List[str]:
-    from ..safeio import read_capped
+    from gpugate.safety.safeio import read_capped
 
     try:
         data = read_capped(path, 64 << 20)
@@ -254,17 +254,17 @@ def run(settings, node: str, seconds: Optional[float] = None, poll: float = 0.1)
     SIGTERM, or for ``seconds``."""
     import signal
 
-    from ..probes.files import boot_id
+    from gpugate.probes.files import boot_id
 
-    from ..config import check_state
+    from gpugate.model.config import check_state
 
     check_state(settings.state_dir(node))  # root's alone, as the checks that read the journal ask
     root = settings.node_root(node)
     boot = boot_id(root)
     if not isinstance(boot, str):
         raise OSError("cannot read the boot id under %s" % root)
-    from ..errors import GpugateError
-    from .lock import RunLock, lock_path
+    from gpugate.errors import GpugateError
+    from gpugate.safety.lock import RunLock, lock_path
 
     # One follower a node: a second would write every record twice and race on the heartbeat.
     lock = RunLock(lock_path(settings.state_dir(node), "kmsg-follow"))

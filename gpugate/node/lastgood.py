@@ -32,11 +32,11 @@ import os
 import sys
 import time
 
-from .. import jsontext
-from ..errors import ConfigError
-from ..record import replace
-from .state import makedirs
-from ..safeio import STATE_CAP, read_capped
+from gpugate.core import jsontext
+from gpugate.errors import ConfigError
+from gpugate.core.record import replace
+from gpugate.safety.state import makedirs
+from gpugate.safety.safeio import STATE_CAP, read_capped
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -72,8 +72,8 @@ def _sha256(data: bytes) -> str:
 def load_settings(config_path: str, node: str, record: dict):
     """The site settings: the file's, else the last good copy's (recording
     the error), else ConfigError (nothing kept yet: change nothing)."""
-    from ..config import load_settings as load, parse_settings
-    from ..schema import read_toml_file
+    from gpugate.model.config import load_settings as load, parse_settings
+    from gpugate.model.schema import read_toml_file
 
     where = directory(config_path, node)
     try:
@@ -103,8 +103,8 @@ def load_baseline(settings, record: dict, node: Optional[str] = None):
     error), else ConfigError.  Without a last-good directory (admin tools):
     the file or the error.  With ``node``, this node's kept resolved view
     when the file's text is the one it was made from."""
-    from ..config import load_checked_baseline
-    from ..schema import read_toml_file
+    from gpugate.model.config import load_checked_baseline
+    from gpugate.model.schema import read_toml_file
 
     where = getattr(settings, "last_good_dir", "")
     if not where:
@@ -119,7 +119,7 @@ def load_baseline(settings, record: dict, node: Optional[str] = None):
         if view is not None:
             return view
         parsed, cached = _parse(where, BASELINE, data, settings.baseline)
-        from ..baseline import parse_baseline
+        from gpugate.model.baseline import parse_baseline
 
         baseline = parse_baseline(parsed, settings.baseline)
     except ConfigError as exc:
@@ -134,12 +134,12 @@ def load_baseline(settings, record: dict, node: Optional[str] = None):
 def _resolved(where: str, data: bytes, node: str):
     """The kept view of this node, if made from this very text by this
     version of gpugate; else None."""
-    from .. import __version__
+    from gpugate import __version__
 
     kept_view = _kept_for(where, BASELINE + RESOLVED, data, "gpugate's kept view")
     if kept_view is None or kept_view.get("version") != __version__ or kept_view.get("node") != node:
         return None
-    from ..baseline import from_resolved
+    from gpugate.model.baseline import from_resolved
 
     try:
         return from_resolved(kept_view["view"])
@@ -149,7 +149,7 @@ def _resolved(where: str, data: bytes, node: str):
 
 def _keep_resolved(where: str, data: bytes, node: str, baseline) -> None:
     """Best effort, like _keep: without it the next run parses again."""
-    from .. import __version__
+    from gpugate import __version__
 
     if len(data) > _MAX_BYTES:
         return
@@ -168,7 +168,7 @@ def for_admin(settings_loader: Callable[[], object], config_path: str, node: str
     """(settings, baseline) for an admin command run on a node (`gpugate
     facts`, which the audit runs): what the files say, else the node's last
     good copies as its entry points use them, recording the error."""
-    from ..config import load_checked_baseline
+    from gpugate.model.config import load_checked_baseline
 
     try:
         settings = settings_loader()
@@ -200,7 +200,7 @@ def _parse(where: str, name: str, data: bytes, source: str):
     """(the TOML parse of data, whether it is the kept one).  The kept parse
     is used only for the very text it was made from; the caller validates
     it as it would a fresh parse."""
-    from ..schema import parse_toml_bytes
+    from gpugate.model.schema import parse_toml_bytes
 
     kept_parse = _kept_for(where, name + PARSED, data, "gpugate's kept parse")
     if kept_parse is not None and "toml" in kept_parse:
@@ -212,7 +212,7 @@ def _kept_for(where: str, filename: str, data: bytes, what: str):
     """The JSON object kept in ``filename`` (root's alone: the trust walk)
     when it was made from exactly the text of ``data``; else None (none
     kept, another text, unreadable)."""
-    from ..trust import open_file
+    from gpugate.safety.trust import open_file
 
     try:
         with os.fdopen(open_file(os.path.join(where, filename), what), "rb") as handle:
@@ -256,7 +256,7 @@ def _keep(where: str, name: str, path: str, data: bytes, parsed, cached: bool) -
 
 
 def _write(path: str, data: bytes) -> None:
-    from .state import write_bytes
+    from gpugate.safety.state import write_bytes
 
     write_bytes(path, data, mode=0o600)
 

@@ -7,7 +7,7 @@ import os
 import stat
 import time
 
-from .. import jsontext
+from gpugate.core import jsontext
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -47,7 +47,7 @@ def _append(path: str, line: str) -> bool:
     """Below the state directory's fd (safeio), by name within it only: no
     symlink followed, rotated by a rename inside that directory."""
     try:
-        from ..safeio import open_dir
+        from gpugate.safety.safeio import open_dir
 
         dir_fd = open_dir(os.path.dirname(path), 0o755)
         name = os.path.basename(path)

@@ -7,11 +7,11 @@ codes the ones the driver defines."""
 import time
 from typing import Dict, Tuple
 
-from ..baseline import PIN_COMPONENTS
-from ..facts import ProbeFailure, failed, unchecked
-from ..findings import CHECK_CLASSES
-from ..judges.common import nvswitch
-from ..promtext import render
+from gpugate.model.baseline import PIN_COMPONENTS
+from gpugate.model.facts import ProbeFailure, failed, unchecked
+from gpugate.model.findings import CHECK_CLASSES
+from gpugate.judges.common import nvswitch
+from gpugate.core.promtext import render
 
 # What a pinned component's reading was on this node.
 MATCHES, DIFFERS, UNREADABLE, UNCHECKED = "matches", "differs", "unreadable", "unchecked"
@@ -47,10 +47,10 @@ def component_states(verdict, facts, baseline, expect) -> dict:
     """component -> matches | differs | unreadable | unchecked, for each
     pinned component.  Pure.  "matches" needs a value that was read: a
     fact that is an error or missing is unreadable, never a match."""
-    if getattr(facts, "amd", None) is not None:  # an AMD node: its own stack (gpugate.node.metrics_amd)
-        from .metrics_amd import amd_component_states
+    if getattr(facts, "amd", None) is not None:  # an AMD node: its own stack (gpugate.vendors.seam)
+        from gpugate.vendors.seam import part
 
-        return amd_component_states(verdict, facts, baseline)
+        return part("amd", "component_states")(verdict, facts, baseline)
     pin, nvml = baseline.pin, facts.nvml
     nvml_ok = nvml is not None and not failed(nvml)
     readable = {
@@ -131,7 +131,7 @@ def node_families(node: str, verdict, facts, baseline, held: bool = False, confi
 LOCK_STUCK = "gpugate_lock_stuck_seconds"
 
 
-NODE_LOCKS = ("healthcheck", "act")  # gpugate.node.lock.node_locks_stuck
+NODE_LOCKS = ("healthcheck", "act")  # gpugate.node.locks.node_locks_stuck
 
 
 def lock_stuck_family(stuck) -> tuple:
@@ -147,7 +147,7 @@ def write_lock_stuck(path: str, stuck, seconds: float = 0.0) -> str:
     """The textfile with gpugate_lock_stuck_seconds set and the rest as the
     last check wrote it (a stuck lock means no check ran to rewrite it);
     "" when written, else why not (as write_node_textfile)."""
-    from ..safeio import SYSTEM_CAP, read_capped
+    from gpugate.safety.safeio import SYSTEM_CAP, read_capped
 
     if isinstance(stuck, str):  # one lock: (path, "healthcheck", seconds)
         stuck = {stuck: seconds}
@@ -264,7 +264,7 @@ def unchecked_families(facts) -> list:
     """1 per fact left unjudged on this node (facts.unchecked_facts: an
     nvidia-ml-py without clock-event counters, RAS off, a tool not
     installed): what `gpugate check` lists, where a dashboard sees it too."""
-    from ..facts import unchecked_facts
+    from gpugate.model.facts import unchecked_facts
 
     samples = [("gpugate_fact_unchecked", {"fact": what}, 1) for what, _ in unchecked_facts(facts)] if facts else []
     return [("gpugate_fact_unchecked", "gauge",
@@ -296,7 +296,7 @@ def clock_families(over) -> list:
     cooling) from one node (GpugateClockEventsRoomWide)."""
     if over is None:
         return []
-    from ..judges.throttle import COUNTERS
+    from gpugate.judges.throttle import COUNTERS
 
     return [("gpugate_clock_event_over", "gauge",
              "1 when a GPU spent more of the last judged interval slowed for this reason than "
@@ -308,8 +308,8 @@ def clock_families(over) -> list:
 
 
 def _write_textfile(path: str, text: str) -> str:
-    from ..errors import ConfigError
-    from ..safeio import write_in_checked_dir
+    from gpugate.errors import ConfigError
+    from gpugate.safety.safeio import write_in_checked_dir
 
     try:
         # Atomic (node_exporter must never read half a file) and 0644 whatever the umask.

@@ -46,9 +46,9 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
     command = argv(settings, node, keep_drain)
     # NHC runs as root like every tool gpugate starts: the same trust walk
     # (only root can change the file, its directories and its #! interpreter).
-    # The file checked is the file run (/proc/self/fd/N, as gpugate.runner),
+    # The file checked is the file run (/proc/self/fd/N, as gpugate.safety.runner),
     # whatever the path names by the time it starts.
-    from ..trust import Untrusted, open_executable
+    from gpugate.safety.trust import Untrusted, open_executable
     try:
         fd = open_executable(command[0], "[nhc] command")
     except (Untrusted, OSError) as exc:
@@ -65,8 +65,8 @@ def run(settings, node: str, keep_drain: bool, deadline: float) -> dict:
         return {"result": NOT_RUN, "seconds": 0.0, "error": "cannot start NHC: %s" % exc}
     finally:
         os.close(fd)
-    from ..errors import CommandError
-    from ..runner import read_output
+    from gpugate.errors import CommandError
+    from gpugate.safety.runner import read_output
 
     try:
         output = read_output(child, command, started + limit, (_MAX_OUTPUT, 0), kill=_kill_session)[0]
@@ -113,7 +113,7 @@ def _kill_session(child) -> None:
 
 
 def _session_members(sid: int) -> list:
-    from ..safeio import SMALL_CAP, read_capped
+    from gpugate.safety.safeio import SMALL_CAP, read_capped
 
     found = []
     for name in os.listdir("/proc"):

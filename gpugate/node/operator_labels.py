@@ -8,7 +8,7 @@ probe finding where the baseline requires it), never taken for agreement."""
 
 from __future__ import annotations
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ def read(settings, node: str, baseline=None, deadline: Optional[float] = None) -
     view = View()
     if getattr(settings, "scheduler", "slurm") not in ("kubernetes", "slurm+kubernetes"):
         return view
-    from ..judges.operator_images import pins_for
-    from ..kube.nodes import connect
-    from ..kube.paired import node_name
+    from gpugate.judges.operator_images import pins_for
+    from gpugate.kube.nodes import connect
+    from gpugate.kube.paired import node_name
 
     name = node_name(settings, node)  # Slurm on Kubernetes: the Node that runs this Slurm node
     try:

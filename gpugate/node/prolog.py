@@ -11,7 +11,7 @@ proof after the gate passed."""
 import os
 import time
 
-from .jobenv import job_gpus
+from gpugate.node.jobenv import job_gpus
 
 
 def run(settings, node: str, record: dict, reader=None) -> int:
@@ -21,7 +21,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     # the judges (hence the imports below, not above).
     nvml = reader
     if nvml is None:
-        from .prolog_reader import start_reader
+        from gpugate.node.prolog_reader import start_reader
 
         nvml = start_reader()  # None: no fork now; the collection forks (and reports) on its own
     if nvml is not None:
@@ -30,14 +30,14 @@ def run(settings, node: str, record: dict, reader=None) -> int:
         except OSError:  # the child is gone: the collection forks (and reports) on its own
             nvml.cancel()
             nvml = None
-    from ..judges import lost
-    from ..judges.job import start_counters
-    from ..probes import files
-    from . import state as st
-    from .act import settle
-    from .check import run_check
-    from .hold import HELD
-    from .reuse import fresh_baseline, last_state, reset_cursor
+    from gpugate.judges import lost
+    from gpugate.judges.job import start_counters
+    from gpugate.probes import files
+    from gpugate.safety import state as st
+    from gpugate.node.act import settle
+    from gpugate.node.check import run_check
+    from gpugate.node.hold import HELD
+    from gpugate.probes.reuse import fresh_baseline, last_state, reset_cursor
 
     job_id = os.environ.get("SLURM_JOB_ID", "")
     record["job"] = job_id
@@ -57,7 +57,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     if baseline is not None and last.get("config_error"):
         record["config_error"] = last["config_error"]  # judged with the last good copy
     if baseline is None:
-        from .lastgood import load_baseline
+        from gpugate.node.lastgood import load_baseline
 
         baseline = load_baseline(settings, record, node)  # on an error, the entry point cancels the reader
     high, expected = lost.high_for(last or {}, baseline.vendor_for(node)), baseline.expect_for(node).gpus
@@ -93,21 +93,21 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
     if not (set(env.get("SLURM_JOB_PARTITION", "").split(",")) & set(cfg["partitions"])
             or word in env.get("SLURM_JOB_COMMENT", "") or word in env.get("SLURM_JOB_EXTRA", "")):
         return 0  # nobody asked: every job's case, and nothing more is loaded for it
-    from ..preflight.select import wanted
+    from gpugate.preflight.select import wanted
 
     run_it, why = wanted(cfg, env)
     if why:
         record["preflight"] = {"why": why}
     if not run_it:
         return 0
-    from ..preflight import memory
-    from ..preflight.node import prove
-    from ..preflight.select import exclusive_gpus
-    from ..probes import files
-    from ..verdict import decide
-    from .act import settle
-    from .check import ACT_RESERVE, CheckResult
-    from .hold import HELD
+    from gpugate.preflight import memory
+    from gpugate.preflight.node import prove
+    from gpugate.preflight.select import exclusive_gpus
+    from gpugate.probes import files
+    from gpugate.model.verdict import decide
+    from gpugate.node.act import settle
+    from gpugate.node.check import ACT_RESERVE, CheckResult
+    from gpugate.node.hold import HELD
 
     started = time.monotonic()
     gpus = gpus or exclusive_gpus(env, baseline.expect_for(node).gpus)
@@ -144,11 +144,11 @@ def _across(settings, baseline, node: str, gpus, proof, started: float):
     """The all_reduce across the job's nodes (gpugate.preflight.cross), where
     the site set ``[preflight] allreduce_multi`` and the job has two nodes
     or more; None otherwise."""
-    from ..preflight import memory
-    from ..preflight.cross import Member, prove_across, run_rank_command
-    from ..preflight.environment import UNFIT
-    from ..preflight.environment import check as check_environment
-    from ..preflight.select import job_nodes
+    from gpugate.preflight import memory
+    from gpugate.preflight.cross import Member, prove_across, run_rank_command
+    from gpugate.preflight.environment import UNFIT
+    from gpugate.preflight.environment import check as check_environment
+    from gpugate.preflight.select import job_nodes
 
     nodes = job_nodes(os.environ)
     if not settings.preflight["allreduce_multi"] or len(nodes) < 2 or node not in nodes:
@@ -184,15 +184,15 @@ def _note_job(settings, record: dict, requeue: bool) -> None:
     """The job's first node says in the job's AdminComment what was proved
     and how long it took (one RPC per preflighted job, none per node), and
     requeues it where the site asked; a failure is only logged."""
-    from ..errors import GpugateError
-    from ..preflight.note import job_note
-    from ..slurm import connect
+    from gpugate.errors import GpugateError
+    from gpugate.preflight.note import job_note
+    from gpugate.slurm import connect
 
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return
     pf = record["preflight"]
-    from ..slurm.prologtimeout import NOTE_SECONDS
+    from gpugate.slurm.prologtimeout import NOTE_SECONDS
 
     try:  # both calls within NOTE_SECONDS: a part of the prolog's worst case (PrologEpilogTimeout)
         slurm = connect(settings, deadline=time.monotonic() + NOTE_SECONDS)
@@ -226,10 +226,10 @@ def _decided(across, node: str) -> str:
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:
-    from ..findings import Finding
-    from ..verdict import decide
-    from .act import act
-    from .hold import HELD, UNPUBLISHED, applies
+    from gpugate.model.findings import Finding
+    from gpugate.model.verdict import decide
+    from gpugate.node.act import act
+    from gpugate.node.hold import HELD, UNPUBLISHED, applies
 
     findings = [Finding.from_json(f) for f in last.get("findings", [])]
     verdict = decide(findings, settings.reason_tag)

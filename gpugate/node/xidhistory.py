@@ -28,8 +28,8 @@ What clears a GPU's history, and why nothing else can:
 import os
 import time
 
-from ..judges import apprepeat
-from . import state as st
+from gpugate.judges import apprepeat
+from gpugate.safety import state as st
 
 FILE = "xid-history.json"
 CAP = 1024 * 1024  # MAX_GPUS x (MAX_JOBS entries + MAX_SEEN keys) of a few dozen bytes fit below
@@ -51,18 +51,18 @@ def _save(path: str, history: dict, before, record: dict) -> None:
 
 class _Locked:
     """The history's own lock (state_dir/locks/xid-history.lock, root's
-    alone: gpugate.node.lock): epilogs, the health check and the
+    alone: gpugate.safety.lock): epilogs, the health check and the
     verification read, change and write the file one at a time, so a clear
     is never undone by an epilog that read before it.  ``held`` is False
     when it could not be had within a second (the caller decides)."""
 
     def __init__(self, settings, node: str):
-        from .lock import RunLock, lock_path
+        from gpugate.safety.lock import RunLock, lock_path
 
         self.lock, self.held = RunLock(lock_path(settings.state_dir(node), "xid-history")), False
 
     def __enter__(self):
-        from ..errors import GpugateError
+        from gpugate.errors import GpugateError
 
         deadline = time.monotonic() + 1.0
         try:
@@ -119,8 +119,8 @@ def judged(settings, node: str, facts, policy, record=None, read_own=None) -> li
 def observe(history, state, tag: str, wall: float, now: float, policy):
     """(the history, what changed) after seeing the node's Slurm record
     (None: not read, nothing changes).  wall: time.time(), Slurm's clock."""
-    from .. import reason as reasons
-    from ..slurm import pending
+    from gpugate.model import reason as reasons
+    from gpugate.slurm import pending
 
     marks = apprepeat.marked(history)
     if state is None:
@@ -148,8 +148,8 @@ def observe(history, state, tag: str, wall: float, now: float, policy):
 
 def _own_record(settings, node: str):
     """The node's own Slurm record (one RPC), or None."""
-    from ..errors import GpugateError
-    from ..schedulers import connect
+    from gpugate.errors import GpugateError
+    from gpugate.schedulers.registry import connect
 
     try:
         # Bounded well inside the health check's budget; no answer leaves the finding standing.
@@ -171,7 +171,7 @@ def deepen(settings, node: str, baseline):
     history = st.read_json(_path(settings, node), CAP)
     if not (history or {}).get("gpus"):
         return baseline
-    from ..record import replace
+    from gpugate.core.record import replace
 
     health = baseline.health
     if baseline.vendor_for(node) == "amd":
@@ -193,7 +193,7 @@ def after_verify(settings, node: str, baseline, result) -> str:
     """A verification that is fit and whose deep diagnostic passed on every
     GPU (DCGM at xid_repeat_diag or deeper; RVS at its last verify level)
     clears the history: all GPUs were tested.  What it did, or ""."""
-    from ..toolfacts import DcgmDiag
+    from gpugate.model.toolfacts import DcgmDiag
 
     if baseline.vendor_for(node) == "amd":
         amd = result.facts.amd

@@ -17,7 +17,7 @@ Pure: text in, job id out.
 import re
 from typing import Optional
 
-from ..errors import ParseError
+from gpugate.errors import ParseError
 
 _KEY_VALUE = re.compile(r'(?:^|\s)([A-Za-z0-9_.]+)\s*=\s*(?:("[^"]*")|([^\s"]\S*))(?=\s|$)')
 _MAX_JOB = 0xFFFFFFFD  # Slurm's job ids are uint32; the top values are NO_VAL and friends

@@ -10,7 +10,7 @@ import re
 from typing import Any, List, Optional, Tuple
 
 from gpugate.errors import ParseError
-from gpugate.toolfacts import NOT_RUN, DcgmDiag, DcgmHealth, DcgmTestResult
+from gpugate.model.toolfacts import NOT_RUN, DcgmDiag, DcgmHealth, DcgmTestResult
 
 # dcgmi prints this on stdout (not JSON) when `dcgmi health -s` was never run.
 _NO_WATCHES = re.compile(r"health watches not (?:enabled|set)", re.I)

@@ -6,7 +6,7 @@ phys_state "5: LinkUp", rate "400 Gb/sec (4X NDR)", link_layer "InfiniBand"
 or "Ethernet"; counters are decimal integers."""
 
 from gpugate.errors import ParseError
-from gpugate.lazyre import Lazy
+from gpugate.core.lazyre import Lazy
 
 # "4: ACTIVE", "1: DOWN", "5: LinkUp", "3: Disabled"
 _NUMBERED = Lazy(r"^\s*(\d+):\s*(\S.*?)\s*$")

@@ -3,7 +3,7 @@
 "Domain State: UP|DOWN|DEGRADED")."""
 
 from gpugate.errors import ParseError
-from gpugate.lazyre import Lazy
+from gpugate.core.lazyre import Lazy
 
 _NODE = Lazy(r"^Node #(\d+)\s+-\s+(\S+)(?:\s+\([^)]*\))?\s+-\s+([A-Z_]+)\s*$")
 _DOMAIN = Lazy(r"^Domain State:\s*([A-Z_]+)\s*$")

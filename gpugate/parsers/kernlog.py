@@ -1,7 +1,7 @@
 """Find GPU events in kernel log text (/dev/kmsg records, dmesg, journal):
 NVIDIA's Xids (MIG-attributed ones too), NVSwitch SXids, and "GPU has fallen
 off the bus" in its one-line and its split form; AMD's amdgpu events
-(gpugate.parsers.amdkernlog, loaded on the first amdgpu record) as
+(gpugate.vendors.amd.parse_kernlog, loaded on the first amdgpu record) as
 XidEvent(kind="amdgpu").
 
 The kernel log is long and noisy: a line we cannot read is skipped, never fatal,
@@ -23,9 +23,9 @@ not the kernel's.
 
 from __future__ import annotations
 
-from gpugate.facts import XidEvent
-from gpugate.lazyre import ASCII, IGNORECASE, Lazy
-from gpugate.record import replace
+from gpugate.model.facts import XidEvent
+from gpugate.core.lazyre import ASCII, IGNORECASE, Lazy
+from gpugate.core.record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -95,7 +95,7 @@ def _nvrm(message: str) -> bool:
     return message[:5].lower() == "nvrm:"  # most messages: no pattern to run (or compile)
 
 
-# amdgpu's records start with one of these (gpugate.parsers.amdkernlog.HEADS,
+# amdgpu's records start with one of these (gpugate.vendors.amd.parse_kernlog.HEADS,
 # kept equal by a test): the AMD patterns load only once one is seen.
 _AMD_HEADS = ("amdgpu ", "amdgpu:", "[drm:amdgpu_", "[drm] VRAM is lost")
 
@@ -104,7 +104,7 @@ def parse_amdgpu_message(message: str) -> Optional[XidEvent]:
     """The amdgpu event (kind "amdgpu") a kernel message starts with, or None."""
     if not message.startswith(_AMD_HEADS):
         return None
-    from .amdkernlog import parse_message  # an AMD node's: NVIDIA's prolog never loads it
+    from gpugate.vendors.amd.parse_kernlog import parse_message  # an AMD node's: NVIDIA's prolog never loads it
 
     return parse_message(message)
 

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import re
 
-from gpugate.lazyre import Lazy
-from gpugate.record import dataclass
+from gpugate.core.lazyre import Lazy
+from gpugate.core.record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only

@@ -20,7 +20,7 @@ Pure: text in, numbers out; the walk takes its reads as functions.
 import re
 from typing import Callable, Optional, Tuple
 
-from ..errors import ParseError
+from gpugate.errors import ParseError
 
 MAX_DEPTH = 1024  # ancestors read at most (~60 ms); deeper (or a loop) is unknown: real chains are tens
 _MAX_JOB = 0xFFFFFFFD  # Slurm's job ids are uint32; the top values are NO_VAL and friends

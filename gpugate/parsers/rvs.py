@@ -44,9 +44,9 @@ from __future__ import annotations
 import json
 from types import MappingProxyType
 
-from gpugate.facts import ProbeFailure
-from gpugate.lazyre import IGNORECASE, Lazy
-from gpugate.toolfacts import DcgmDiag, DcgmTestResult
+from gpugate.model.facts import ProbeFailure
+from gpugate.core.lazyre import IGNORECASE, Lazy
+from gpugate.model.toolfacts import DcgmDiag, DcgmTestResult
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only

@@ -5,7 +5,7 @@ import re
 from typing import Dict, Tuple
 
 from gpugate.errors import ParseError
-from gpugate.toolfacts import DkmsEntry, Package
+from gpugate.model.toolfacts import DkmsEntry, Package
 
 _VERSION = r"[0-9]+(?:\.[0-9]+)+"
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Thu Feb 22 ..." and

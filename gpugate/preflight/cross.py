@@ -28,13 +28,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..findings import HEALTH, INVESTIGATE, Finding
-from ..record import dataclass
-from . import culprit as search_mod
-from .environment import UNFIT
-from .meet import Channel, MeetError, gather, join, listen, ports_for
+from gpugate.model.findings import HEALTH, INVESTIGATE, Finding
+from gpugate.core.record import dataclass
+from gpugate.preflight import culprit as search_mod
+from gpugate.preflight.environment import UNFIT
+from gpugate.preflight.meet import Channel, MeetError, gather, join, listen, ports_for
 
-ACROSS_COMPONENT = "preflight_across"  # a culprit's finding (budgeted: gpugate.findings.USER_CAUSED)
+ACROSS_COMPONENT = "preflight_across"  # a culprit's finding (budgeted: gpugate.model.findings.USER_CAUSED)
 _OUTPUT_CAP = 32 * 1024  # characters: a JSON-escaped answer stays under meet.LINE_CAP
 _JOIN_GRACE = 15.0  # a peer's own proof ends within its timeout; prologs start within seconds
 
@@ -74,7 +74,7 @@ def prove_across(settings, baseline, job: str, nodes: Sequence[str], me: Member,
                  started: float) -> Across:
     """Rank 0 coordinates, the others join; ``started``: the prolog's
     preflight start (monotonic), from which every deadline counts."""
-    from ..budgetkey import KeyUnavailable, load
+    from gpugate.safety.budgetkey import KeyUnavailable, load
 
     cfg = settings.preflight
     begun = time.monotonic()
@@ -312,9 +312,9 @@ def _one_rank(node, instruction, me, channels, run_rank, until) -> dict:
 def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank:
     """This node's rank of a collective: the site's ``allreduce_multi`` with
     gpugate's environment only."""
-    from ..errors import CommandError
-    from ..runner import run
-    from ..sweep.smoke import template
+    from gpugate.errors import CommandError
+    from gpugate.safety.runner import run
+    from gpugate.judges.smoke import template
 
     def run_rank(instruction: dict, until: float) -> dict:
         fields = {k: str(instruction.get(k, "")) for k in ("rank", "nranks", "root", "port", "nodes")}
@@ -344,8 +344,8 @@ def run_rank_command(settings, node: str, gpus: List[int], amd: bool) -> RunRank
 def _judge_group(joined, floors, group, answers: List[dict], until: float) -> search_mod.GroupRun:
     """Rank 0's output, judged as the sweep's pair job; a rank that could
     not run or answer makes the run undecided."""
-    from ..judges.smoke import cannot_run, judge_smoke
-    from ..parsers.nccl import parse_nccl_tests
+    from gpugate.judges.smoke import cannot_run, judge_smoke
+    from gpugate.parsers.nccl import parse_nccl_tests
 
     errors = [a["error"] for a in answers if a.get("error")]
     if errors:

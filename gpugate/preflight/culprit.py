@@ -27,7 +27,7 @@ the job per node but the number of rounds."""
 
 from typing import Callable, Dict, List, Sequence, Set, Tuple
 
-from ..record import dataclass
+from gpugate.core.record import dataclass
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 GOOD, CULPRIT, UNKNOWN = "good", "culprit", "unknown"

@@ -18,7 +18,7 @@ job's user left or runs.  The job itself runs (its own problem)."""
 import os
 from typing import Iterable, Mapping, Optional, Tuple
 
-from ..facts import ProbeFailure, failed
+from gpugate.model.facts import ProbeFailure, failed
 
 UNFIT = "unfit_env"  # a Member's ``own`` when its environment failed (gpugate.preflight.cross)
 _MIB = 1 << 20
@@ -49,8 +49,8 @@ def judge(alone: Tuple[Optional[bool], str], jobs, job: str, free: Iterable[Tupl
 
 def check(settings, node: str, env: Mapping[str, str]) -> str:
     """This node's environment for the job in ``env`` (the prolog's), judged."""
-    from ..probes.owners import running_jobs
-    from .select import exclusive
+    from gpugate.probes.owners import running_jobs
+    from gpugate.preflight.select import exclusive
 
     root = settings.node_root(node)
     cfg = settings.preflight

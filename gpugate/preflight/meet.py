@@ -1,6 +1,6 @@
 """Where a job's prologs meet for the proof across its nodes (issue 36):
 one TCP connection from each node's prolog to the first node's, every
-message signed with the drain budget key (gpugate.budgetkey: root's on
+message signed with the drain budget key (gpugate.safety.budgetkey: root's on
 every node), so a job's user can neither join, answer for a node, nor
 replay an earlier job's messages.
 
@@ -27,7 +27,7 @@ import socket
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 LINE_CAP = 256 * 1024  # a rank's output is capped well below (gpugate.preflight.cross)
 JOIN_CAP = 4096  # a join is a few hundred bytes: a stranger's connection holds no more before it is dropped

@@ -12,8 +12,8 @@ import os
 import time
 from typing import List, Optional
 
-from ..findings import Finding
-from ..node import state as st
+from gpugate.model.findings import Finding
+from gpugate.safety import state as st
 
 NAME = "preflight.json"
 # The budgeted findings a preflight leaves for the health checks to publish: the node's own
@@ -84,8 +84,8 @@ def count(settings, node: str, result: str, seconds: float, across: str = "") ->
     at once take turns (the node's "preflight" lock, a second at most); a
     count that could not have it is written anyway (one lost count beats a
     prolog waiting on another)."""
-    from ..errors import GpugateError
-    from ..node.lock import RunLock, lock_path
+    from gpugate.errors import GpugateError
+    from gpugate.safety.lock import RunLock, lock_path
 
     lock = RunLock(lock_path(settings.state_dir(node), "preflight"))
     deadline = time.monotonic() + 1.0

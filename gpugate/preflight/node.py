@@ -27,8 +27,8 @@ What a proof can pin on this node decides what it does:
 import time
 from typing import Dict, List, Optional
 
-from ..findings import HEALTH, INVESTIGATE, RESET_GPU, Finding
-from ..record import dataclass
+from gpugate.model.findings import HEALTH, INVESTIGATE, RESET_GPU, Finding
+from gpugate.core.record import dataclass
 
 ACUTE_COMPONENT, BUSBW_COMPONENT, SETUP_COMPONENT = "preflight", "preflight_busbw", "preflight_setup"
 
@@ -73,9 +73,10 @@ def _left(deadline: float) -> float:
 
 
 def _diagnose(settings, node, level, gpus, whole, amd, deadline, proof: Proof) -> None:
-    from ..judges.dcgm import diagnostic
-    from ..facts import ProbeFailure
-    from ..probes import commands, rvs
+    from gpugate.judges.dcgm import diagnostic
+    from gpugate.model.facts import ProbeFailure
+    from gpugate.probes import commands
+    from gpugate.probes import rvs
 
     if _left(deadline) < 1.0:
         proof.undecided.append("no time left for the diagnostic")
@@ -140,11 +141,11 @@ def nodes_fault(finding: Finding) -> bool:
 
 
 def _allreduce(settings, baseline, node, gpus, whole, amd, deadline, proof: Proof) -> None:
-    from ..errors import CommandError
-    from ..judges.smoke import cannot_run, judge_smoke
-    from ..parsers.nccl import parse_nccl_tests
-    from ..runner import run
-    from ..sweep.smoke import template
+    from gpugate.errors import CommandError
+    from gpugate.judges.smoke import cannot_run, judge_smoke
+    from gpugate.parsers.nccl import parse_nccl_tests
+    from gpugate.safety.runner import run
+    from gpugate.judges.smoke import template
 
     left = _left(deadline)
     if left < 1.0:

@@ -3,15 +3,16 @@
 Commands run concurrently (a hung ``dcgmi`` must not starve the others) and
 NVML runs in a thread the collector can abandon.  Whatever has not answered
 by the deadline is recorded as a timeout.
-"""
+
+May import: gpugate.core, gpugate.safety, gpugate.model, gpugate.parsers."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from ..facts import NodeFacts, ProbeFailure, failed
-from . import nvml as nvml_probe
+from gpugate.model.facts import NodeFacts, ProbeFailure, failed
+from gpugate.vendors.nvidia import probe_nvml as nvml_probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -33,7 +34,7 @@ class Budget:
 
 def nvml_module(settings, node: str):
     """pynvml, or the simulated node's stand-in for it."""
-    from ..nvmlread import binding
+    from gpugate.vendors.nvidia.nvmlread import binding
 
     return binding(settings.sim_fleet, node)
 
@@ -41,10 +42,11 @@ def nvml_module(settings, node: str):
 def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after: int = -1,
             gpus: Optional[Sequence[int]] = None, processes: bool = False, nvml_started=None,
             job: Optional[str] = None) -> NodeFacts:
-    """nvml_started: the NVML reader, already forked (gpugate.forked) with
+    """nvml_started: the NVML reader, already forked (gpugate.safety.forked) with
     nvml.reader (the prolog starts it first thing); job: the job an epilog
     ends (SLURM_JOB_ID: a process in another running job is not its leftover)."""
-    from . import files, kernlog  # here: the forked NVML reader needs neither
+    from gpugate.probes import files
+    from gpugate.probes import kernlog  # here: the forked NVML reader needs neither
 
     durations: Dict[str, float] = {}
     root = settings.node_root(node)
@@ -73,7 +75,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if isinstance(kmsg_text, str):  # the follower's journal: the GPU records a flood pushed out of the ring
         kmsg_text = kernlog.merge(kmsg_text, kernlog.read_events(settings.state_dir(node), values["boot_id"]))
     if amd:
-        from . import amdsysfs  # the kernel's files only: the prolog's too
+        from gpugate.vendors.amd import probe_sysfs as amdsysfs  # the kernel's files only: the prolog's too
 
         values["amd"] = amdsysfs.read(root, firmware=mode != "prolog")  # the firmware set: not before every job
         if gpus:  # the epilog: only the job's GPUs' KFD processes (another job may be running beside it)
@@ -113,7 +115,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         # must (one sysfs walk, on this failure path only): no NVIDIA GPU there
         # either is an AMD node whose nodeset lacks vendor = "amd", a budgeted
         # probe finding in every mode (judges.stack), never a broken stack.
-        from . import commands
+        from gpugate.probes import commands
 
         pci = _pci(root, lambda: commands.lspci(settings.command("lspci", node), budget.left(_COMMAND_CAP)))
         values["pci_gpus"], values["pci_nvswitches"] = (pci, pci) if isinstance(pci, ProbeFailure) else pci
@@ -132,18 +134,18 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         if not amd:  # NVIDIA's module (/proc/driver/nvidia/version); amdgpu's is in the AMD facts
             values["module_resident"] = files.module_resident(root)
         values["image"] = files.image(root)
-        from .ib import read_hcas  # the health check's and verification's: not the prolog's
+        from gpugate.probes.ib import read_hcas  # the health check's and verification's: not the prolog's
 
         t0 = time.monotonic()
         values["hcas"] = read_hcas(root)
         durations["hca"] = time.monotonic() - t0
-        from ..install_trust import fact  # the code this runs as root (~3 ms); not the prolog's
+        from gpugate.probes.install_trust import fact  # the code this runs as root (~3 ms); not the prolog's
 
         t0 = time.monotonic()
         values["install"] = fact()
         durations["install"] = time.monotonic() - t0
     if mode in ("healthcheck", "epilog"):
-        from . import owners  # whose the GPUs' processes are; whether Slurm confines jobs to their GPUs
+        from gpugate.probes import owners  # whose the GPUs' processes are; whether Slurm confines jobs to their GPUs
 
         values.update(owners.node_facts(root, mode, nvml, values.get("amd"), job))
     return NodeFacts(node=node, mode=mode, collected_at=time.time(), nvml=nvml, durations=durations,
@@ -162,7 +164,7 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         return {}  # the prolog runs no tool: not even their module is loaded
     cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
     cap = lambda: budget.left(_COMMAND_CAP)  # noqa: E731
-    from . import commands
+    from gpugate.probes import commands
 
     jobs: Dict[str, Callable[[], Any]] = {}
     uses_dcgm = baseline.pin.dcgm is not None
@@ -172,7 +174,7 @@ def _command_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str
         root = settings.node_root(node)
         jobs["pci"] = lambda: _pci(root, lambda: commands.lspci(cmd("lspci"), cap()))
         jobs["packages"] = lambda: commands.packages(settings.packages, cmd("dpkg-query"), cmd("rpm"), cap())
-        from . import services
+        from gpugate.probes import services
 
         jobs["services"] = lambda: services.read(settings.services, root,
                                                  lambda unit: commands.service_state(cmd("systemctl"), unit, cap()))
@@ -197,7 +199,7 @@ def _no_library(nvml) -> bool:
 def _pci(root, lspci):
     """The kernel's sysfs; lspci (which reads the same files) only where
     /sys/bus/pci/devices is absent."""
-    from .files import pci_counts
+    from gpugate.probes.files import pci_counts
 
     counts = pci_counts(root)
     return lspci() if counts is None else counts
@@ -209,12 +211,12 @@ def _amd_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Ca
     jobs: Dict[str, Callable[[], Any]] = {}
     cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
     if mode in ("healthcheck", "verify"):
-        from . import amdsmi
+        from gpugate.vendors.amd import probe_smi as amdsmi
 
         jobs.update(amdsmi.jobs(cmd("amd-smi"), lambda: budget.left(_COMMAND_CAP)))
     level = baseline.health.rvs.get(mode, 0)
     if level:
-        from . import rvs
+        from gpugate.probes import rvs
 
         levels = tuple(level) if isinstance(level, (list, tuple)) else (level,)
         jobs["rvs"] = lambda: rvs.staged(cmd("rvs"), levels, lambda: max(budget.left() - 2.0, 0.1))
@@ -229,7 +231,7 @@ def _job_processes(amd, gpus) -> Any:
     (gpugate.node.jobenv; nvmlread does the same on NVIDIA)."""
     if failed(amd) or failed(amd.kfd_processes):
         return amd
-    from ..record import replace
+    from gpugate.core.record import replace
 
     if not set(gpus) <= {g.index for g in amd.gpus}:
         return amd
@@ -244,7 +246,7 @@ def _after_own_reset(settings, node, boot_id, events):
     left out, the older ones kept for a rate included: the reset's own
     "GPU reset begin!" is no fault, and what came before it was what the
     reset repaired (its verification judged the node after it)."""
-    from ..node.reuse import reset_cursor
+    from gpugate.probes.reuse import reset_cursor
 
     floor = reset_cursor(settings, node, boot_id)
     if floor < 0:
@@ -260,18 +262,18 @@ def _amd_merge(values: Dict[str, Any]) -> Any:
     if failed(amd):
         return amd
     if static is not None or xgmi is not None or version is not None:
-        from .amdsmi import merge
+        from gpugate.vendors.amd.probe_smi import merge
 
         amd = merge(amd, static, xgmi, version)
     if rvs is not None:
-        from ..record import replace
+        from gpugate.core.record import replace
 
         amd = replace(amd, rvs=rvs)
     return amd
 
 
 def _xids(kmsg_text, boot_time, after, baseline, nvml, amd=None):
-    from . import kernlog
+    from gpugate.probes import kernlog
 
     if isinstance(kmsg_text, ProbeFailure):
         return kmsg_text

@@ -4,13 +4,13 @@ timeout becomes a ProbeFailure."""
 
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..errors import CommandError, ParseError
-from ..facts import UNCHECKED, ProbeFailure
-from ..parsers import dcgm as dcgm_parse
-from ..parsers import system
-from ..record import replace
-from ..runner import run
-from ..toolfacts import DcgmDiag
+from gpugate.errors import CommandError, ParseError
+from gpugate.model.facts import UNCHECKED, ProbeFailure
+from gpugate.parsers import dcgm as dcgm_parse
+from gpugate.parsers import system
+from gpugate.core.record import replace
+from gpugate.safety.runner import run
+from gpugate.model.toolfacts import DcgmDiag
 
 # What the tools need: slurmd gives us no environment at all.
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
@@ -153,8 +153,8 @@ def imex_status(imex_ctl: str, timeout: float) -> Any:
     one timeout; either failing makes the whole fact a ProbeFailure."""
     from time import monotonic
 
-    from ..parsers import imex as imex_parse
-    from ..toolfacts import ImexStatus
+    from gpugate.parsers import imex as imex_parse
+    from gpugate.model.toolfacts import ImexStatus
 
     started = monotonic()
     service = _run("nvidia-imex-ctl", [imex_ctl, "-q"], timeout, _stdout(imex_parse.parse_query))

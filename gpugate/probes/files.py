@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from .. import jsontext
-from ..errors import ParseError
-from ..facts import ProbeFailure
-from ..lazyre import Lazy
+from gpugate.core import jsontext
+from gpugate.errors import ParseError
+from gpugate.model.facts import ProbeFailure
+from gpugate.core.lazyre import Lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -22,7 +22,7 @@ def _path(root: str, rel: str) -> str:
 
 
 def read_text(root: str, rel: str, source: str) -> Any:
-    from ..safeio import read_capped
+    from gpugate.safety.safeio import read_capped
 
     try:  # a regular file (never a FIFO or device: no wait), at most _MAX_FILE bytes, else an error saying so
         return read_capped(_path(root, rel), _MAX_FILE).decode("utf-8", "replace")
@@ -61,7 +61,7 @@ def module_resident(root: str) -> Any:
     MODULE_VERSION of the module loaded now (what modinfo would say of the
     .ko on disk, which may be newer); /proc/driver/nvidia/version, the
     driver's banner, where sysfs has no such file."""
-    from ..parsers.system import parse_proc_driver_version  # its regexes: health check only
+    from gpugate.parsers.system import parse_proc_driver_version  # its regexes: health check only
 
     text = read_text(root, "/sys/module/nvidia/version", "module")
     if isinstance(text, str):

@@ -53,13 +53,12 @@ from __future__ import annotations
 import os
 import zlib
 
-from ..parsers import kernlog as _parse
-from ..parsers.kernlog import _AMD_HEADS, kmsg_record
-from ..xidcatalog import APP_XIDS
+from gpugate.parsers import kernlog as _parse
+from gpugate.parsers.kernlog import _AMD_HEADS, kmsg_record
+from gpugate.vendors.nvidia.xidcatalog import APP_XIDS
 # The checks' side (reading it, every prolog) is in gpugate.probes.kernlog:
 # no module more on the prolog's path.
-from .kernlog import (APP_EVENTS, DIR, EVENTS, HEARTBEAT, MAX_APP_FILE, MAX_FILE, STALE, coverage,  # noqa: F401
-                      journal_dir as directory, merge, parse_entries, read_events, read_heartbeat)
+from gpugate.probes.kernlog import APP_EVENTS, DIR, EVENTS, HEARTBEAT, MAX_APP_FILE, MAX_FILE, STALE, coverage, journal_dir as directory, merge, parse_entries, read_events, read_heartbeat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
@@ -142,7 +141,7 @@ class Writer:
     when it is opened (``_preallocate``): its appends do not hit ENOSPC."""
 
     def __init__(self, state_dir: str, name: str = EVENTS):
-        from ..safeio import makedirs
+        from gpugate.safety.safeio import makedirs
 
         self.dir = directory(state_dir)
         makedirs(self.dir, mode=0o700)
@@ -227,7 +226,7 @@ class Writer:
         the disk (a driver's Writer answers (False, None)).  Returns (freed:
         whether a file was removed, (first, last) seq of this boot's records
         it held, or None for none, or () when they could not be read)."""
-        from ..safeio import read_capped
+        from gpugate.safety.safeio import read_capped
 
         if not self.app:
             return False, None

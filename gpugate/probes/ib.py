@@ -6,12 +6,12 @@ ProbeFailure in its field, never a healthy-looking value."""
 
 import os
 
-from ..baseline import IB_COUNTERS
-from ..errors import ParseError
-from ..facts import ProbeFailure
-from ..parsers import ib as parse
-from ..toolfacts import Hca, HcaPort
-from .files import read_text
+from gpugate.model.baseline import IB_COUNTERS
+from gpugate.errors import ParseError
+from gpugate.model.facts import ProbeFailure
+from gpugate.parsers import ib as parse
+from gpugate.model.toolfacts import Hca, HcaPort
+from gpugate.probes.files import read_text
 
 CLASS_DIR = "/sys/class/infiniband"
 ERROR_COUNTERS = IB_COUNTERS  # only these are kept: data and packet counters would bloat the state file

@@ -20,9 +20,9 @@ import errno
 import os
 import stat
 
-from ..facts import ProbeFailure, XidEvent
-from ..parsers.kernlog import kmsg_record, parse_kmsg
-from ..record import replace
+from gpugate.model.facts import ProbeFailure, XidEvent
+from gpugate.parsers.kernlog import kmsg_record, parse_kmsg
+from gpugate.core.record import replace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -30,12 +30,12 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
 
 _MAX_BYTES = 16 << 20
 # Older-than-cursor events are kept only where a rate is judged: SXids and the
-# NVLink5 Xids (gpugate.xidcatalog.NVLINK_XIDS; a test keeps the two equal),
+# NVLink5 Xids (gpugate.vendors.nvidia.xidcatalog.NVLINK_XIDS; a test keeps the two equal),
 # at most this many (newest first): a flood must not bloat the stored facts.
 COUNTED_XIDS = frozenset(range(144, 151))
 MAX_OLD_EVENTS = 500
 # amdgpu events counted against a per-GPU maximum in the window
-# (gpugate.judges.amdevents: ring_timeout_max, gpu_reset_events_max).
+# (gpugate.vendors.amd.judge_events: ring_timeout_max, gpu_reset_events_max).
 COUNTED_AMDGPU = ("ring_timeout", "gpu_reset")
 
 
@@ -107,7 +107,7 @@ def fresh_xids(text: str, boot_time: Optional[float], after_seq: int, window: fl
     """Events not older than ``window`` seconds; ``fresh`` when after ``after_seq``.
 
     ``bus_to_gpu``: {bus_key(PCI bus id): GPU index} of the node's GPUs, from
-    NVML's pci_bus_id or amd-smi's/sysfs' BDF (gpugate.amdfacts.AmdGpu.bdf):
+    NVML's pci_bus_id or amd-smi's/sysfs' BDF (gpugate.vendors.amd.facts.AmdGpu.bdf):
     the key drops the function either way.  ``amd_bus_to_gpu``, when given,
     places the amdgpu events instead (a caller that holds both maps)."""
     out, old = [], 0
@@ -221,7 +221,7 @@ def parse_entries(data: bytes, boot_id: str) -> Dict[int, str]:
 def read_events(state_dir: str, boot_id) -> Dict[int, str]:
     """This boot's journaled records; {} when there is no journal (no follower)
     or it is not root's: a file someone else could write is never read."""
-    from ..safeio import read_capped
+    from gpugate.safety.safeio import read_capped
 
     if not isinstance(boot_id, str) or not os.path.isdir(journal_dir(state_dir)):
         return {}  # no follower here: one stat, not one a part
@@ -256,7 +256,7 @@ def merge(ring_text: str, events: Dict[int, str]) -> str:
 
 
 def read_heartbeat(state_dir: str) -> Optional[dict]:
-    from ..node.state import read_json
+    from gpugate.safety.state import read_json
 
     path = os.path.join(journal_dir(state_dir), HEARTBEAT)
     try:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import errno
 import os
 
-from ..errors import ParseError
-from ..facts import ProbeFailure
-from ..jobfacts import CONSTRAINED, GpuProcess, JobProcesses
-from ..parsers.cgroup import constrain_devices, slurm_job
+from gpugate.errors import ParseError
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.jobfacts import CONSTRAINED, GpuProcess, JobProcesses
+from gpugate.parsers.cgroup import constrain_devices, slurm_job
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -88,7 +88,7 @@ def _by_ancestry(proc: str, pid: int, pgid: bool, seen: dict) -> Any:
     tracking sees it), _GONE, or a ProbeFailure.  Under proctrack/pgid an
     orphan still in its step's process group is that step's (Slurm signals
     the group): the group's leader, the step's first task, is walked too."""
-    from ..parsers.proctree import ancestry_job, stat_pgrp
+    from gpugate.parsers.proctree import ancestry_job, stat_pgrp
 
     owner = _stat(proc)
 
@@ -123,7 +123,7 @@ def _by_ancestry(proc: str, pid: int, pgid: bool, seen: dict) -> Any:
 def _read(proc: str, pid: int, name: str) -> bytes:
     """/proc/<pid>/<name> of the node root's process table, never through a
     link (a kernel's /proc/<pid> is none; a copied root's may lead out)."""
-    from ..safeio import read_capped
+    from gpugate.safety.safeio import read_capped
 
     fd = os.open(os.path.join(proc, "%d" % int(pid)), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -134,7 +134,7 @@ def _read(proc: str, pid: int, name: str) -> bytes:
 
 def _parent(proc: str, pid: int) -> Optional[int]:
     """pid's parent, or None when pid has exited (ENOENT, ESRCH); other errors raise."""
-    from ..parsers.proctree import status_fields
+    from gpugate.parsers.proctree import status_fields
 
     try:
         text = _read(proc, pid, "status")
@@ -149,7 +149,7 @@ def _stepd_job(proc: str, pid: int, owner: Optional[int]) -> Optional[int]:
     """The job Slurm's slurmstepd at pid is for (comm slurmstepd, real uid
     root's), or None for any other process; ParseError when Slurm's
     slurmstepd has a title that names no job (unknown, never "no job")."""
-    from ..parsers.proctree import status_fields, step_job
+    from gpugate.parsers.proctree import status_fields, step_job
 
     try:
         if _read(proc, pid, "comm").strip() != _STEPD.encode() or \
@@ -191,7 +191,7 @@ def _running_jobs(proc: str, strict: bool = False) -> Any:
                 continue  # any process may call itself slurmstepd: only root's is Slurm's
             job = _owner(proc, int(name))
             if job is None:  # no job cgroups (proctrack/linuxproc, pgid): its title names its job
-                from ..parsers.proctree import step_job
+                from gpugate.parsers.proctree import step_job
 
                 job = step_job(_read(proc, int(name), "cmdline"))
         except OSError:  # ended meanwhile
@@ -228,7 +228,7 @@ def job_devices(root: str) -> Any:
     finding), naming slurm.conf's ProctrackType where it is not
     proctrack/cgroup (the epilog tells a job's processes by their
     slurmstepd then); a ProbeFailure when cgroup.conf cannot be read."""
-    from ..safeio import read_capped
+    from gpugate.safety.safeio import read_capped
 
     for rel in CGROUP_CONF:
         try:
@@ -246,8 +246,8 @@ def job_devices(root: str) -> Any:
 def _slurm_conf(root: str, name: str) -> Any:
     """(name's value, the slurm.conf it was read from) of the first slurm.conf
     beside a cgroup.conf place; (None, None) where none is read."""
-    from ..parsers.cgroup import conf_value
-    from ..safeio import read_capped
+    from gpugate.parsers.cgroup import conf_value
+    from gpugate.safety.safeio import read_capped
 
     for rel in (os.path.join(os.path.dirname(c), "slurm.conf") for c in CGROUP_CONF):
         try:
@@ -275,8 +275,8 @@ def _task_plugin(root: str, conf_dir: str) -> str:
     """ConstrainDevices works through task/cgroup: a slurm.conf beside
     cgroup.conf whose TaskPlugin lacks it confines nothing.  No TaskPlugin
     line read (an Include, no file): said constrained, as cgroup.conf says."""
-    from ..parsers.cgroup import conf_value
-    from ..safeio import read_capped
+    from gpugate.parsers.cgroup import conf_value
+    from gpugate.safety.safeio import read_capped
 
     rel = os.path.join(conf_dir, "slurm.conf")
     try:
@@ -292,7 +292,7 @@ def node_facts(root: str, mode: str, nvml: Any, amd: Any, job: Optional[str]) ->
     """The NodeFacts fields this module reads for a mode: the health
     check's job_devices; the epilog's gpu_processes, where a process is on
     the GPUs it read (the job's own, gpugate.node.epilog)."""
-    from ..facts import failed
+    from gpugate.model.facts import failed
 
     if mode == "healthcheck":
         return {"job_devices": job_devices(root)}

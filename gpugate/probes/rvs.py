@@ -7,9 +7,9 @@ alone, in DCGM's DcgmDiag shape so the shared judge reads it."""
 
 from __future__ import annotations
 
-from ..record import replace
-from ..toolfacts import DcgmDiag
-from .commands import _run
+from gpugate.core.record import replace
+from gpugate.model.toolfacts import DcgmDiag
+from gpugate.probes.commands import _run
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # for annotations only
 
 
 def diag(rvs: str, level: int, timeout: float) -> Any:
-    from ..parsers import rvs as parser
+    from gpugate.parsers import rvs as parser
 
     def read(result):
         # RVS names GPUs by their KFD gpu_id; its summary maps each to its

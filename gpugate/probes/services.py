@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from ..facts import DAEMONS as PROCESS, NOT_RUNNING, UNCHECKED, ProbeFailure
+from gpugate.model.facts import DAEMONS as PROCESS, NOT_RUNNING, UNCHECKED, ProbeFailure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

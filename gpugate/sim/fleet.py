@@ -20,17 +20,19 @@ import uuid
 import zlib
 from typing import Any, Dict, List, Optional
 
-from ..errors import ConfigError
-from . import ib as sim_ib
-from . import outputs, quiet, sysroot
-from .kmsg import ring_text
+from gpugate.errors import ConfigError
+from gpugate.sim import ib as sim_ib
+from gpugate.sim import outputs
+from gpugate.sim import quiet
+from gpugate.sim import sysroot
+from gpugate.sim.kmsg import ring_text
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
 DEFAULT_VBIOS = "96.00.99.00.01"
 EXECUTABLES = ("modinfo", "dkms", "lspci", "dpkg-query", "rpm", "systemctl", "dcgmi", "nvidia-smi", "nvidia-imex-ctl",
                "all_reduce_perf", "nvidia-bug-report.sh")
 NVIDIA_TOOLS = ("dcgmi", "nvidia-smi", "nvidia-imex-ctl", "nvidia-bug-report.sh")
-AMD_TOOLS = ("amd-smi", "rvs")  # an AMD node's instead of NVIDIA_TOOLS (gpugate.sim.amdnode)
+AMD_TOOLS = ("amd-smi", "rvs")  # an AMD node's instead of NVIDIA_TOOLS (gpugate.vendors.amd.sim_node)
 _BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an 8-GPU HGX's bus numbers
 
 
@@ -128,13 +130,13 @@ def new_model(node: str, baseline, seq: int = 0, vendor: Optional[str] = None) -
 
 
 def _new_amd_model(node: str, baseline) -> Dict[str, Any]:
-    """An AMD Instinct node (gpugate.sim.amdnode): no NVML, no NVIDIA tools,
+    """An AMD Instinct node (gpugate.vendors.amd.sim_node): no NVML, no NVIDIA tools,
     amd-smi and rvs instead; the rest (kernel, image, kernel log) as NVIDIA's."""
-    from . import amdnode
+    from gpugate.vendors.amd import sim_node as amdnode
 
     expect, amd_expect, pin = baseline.expect_for(node), baseline.amd_expect_for(node), baseline.pin
     if amd_expect.vendor != "amd":  # --vendor amd on a node an NVIDIA nodeset names: none of its shape applies
-        from ..baseline import NodeExpect
+        from gpugate.model.baseline import NodeExpect
 
         expect = NodeExpect()
     product = expect.product or amdnode.DEFAULT_PRODUCT
@@ -230,7 +232,7 @@ def render(directory: str, model: Dict[str, Any]) -> None:
     sim_ib.render_sysfs(root, model.get("ib"), _write)
     sysroot.render(root, model, _write)
     if model.get("amd") is not None:
-        from . import amdnode
+        from gpugate.vendors.amd import sim_node as amdnode
 
         amdnode.render(root, model["amd"], _write)  # after sysroot's PCI bus, which keeps only NVIDIA's
     table = outputs.replays(model)
@@ -258,7 +260,7 @@ def render(directory: str, model: Dict[str, Any]) -> None:
 def _amd_replays(model: Dict[str, Any]) -> Dict[str, Any]:
     if model.get("amd") is None:
         return {}
-    from .amdsmi_out import replays
+    from gpugate.vendors.amd.sim_smi_out import replays
 
     table = replays(model)
     for key, entry in table.items():
@@ -294,7 +296,7 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     only what it changes, so the moment a check could read it half-done
     (between its first and last write; quiet.wait_quiet keeps runs already
     going out of it) is a few files long, not the whole node's hundreds."""
-    from ..safeio import write_atomic
+    from gpugate.safety.safeio import write_atomic
 
     data = text.encode()
     try:
@@ -322,7 +324,7 @@ def converge(model: Dict[str, Any], baseline, previous: bool = False) -> None:
     target = baseline.as_previous() if previous else baseline
     pin = target.pin
     if model.get("amd") is not None:  # an AMD node: its stack, and what both vendors share
-        from .amdops import converge as amd_converge
+        from gpugate.vendors.amd.sim_ops import converge as amd_converge
 
         amd_converge(model["amd"], target, model["node"])
         model["kernel"] = pin.kernel or model["kernel"]

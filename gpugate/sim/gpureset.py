@@ -24,7 +24,7 @@ _HOLDERS = {"nvidia-persistenced": "persistence", "nvidia-dcgm": None, "dcgm": N
 
 def main(argv: List[str]) -> int:
     tool, node_dir, args = argv[0], argv[1], argv[2:]
-    from . import fleet
+    from gpugate.sim import fleet
 
     fleet_dir, node = os.path.dirname(node_dir), os.path.basename(node_dir)
     model = fleet.load(fleet_dir, node)
@@ -33,7 +33,7 @@ def main(argv: List[str]) -> int:
     if tool == "nvidia-bug-report.sh":
         return _bug_report(model, args)
     if tool == "amd-smi":
-        from .amdops import reset
+        from gpugate.vendors.amd.sim_ops import reset
 
         return reset(fleet, fleet_dir, node, model, args)
     return _reset(fleet, fleet_dir, node, model, args)
@@ -134,7 +134,7 @@ def _bug_report(model: Dict[str, Any], args: List[str]) -> int:
     target = "nvidia-bug-report.log"
     if "--output-file" in args and args.index("--output-file") + 1 < len(args):
         target = args[args.index("--output-file") + 1]
-    from .outputs import smi_query
+    from gpugate.sim.outputs import smi_query
 
     body = ["nvidia-bug-report.sh (simulated) at %s" % time.strftime("%c"), "", "*** dmesg"]
     body += [r["msg"] for r in model["kmsg"]]

@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 _DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sim-infiniband-h100-ndr400.json")
 CLASS_DIR = "sys/class/infiniband"
@@ -107,7 +107,7 @@ def set_key(model: Dict[str, Any], key: str, value: str) -> None:
     ib.<dev>.link_layer=..., ib.<dev>.fw=..., ib.<dev>.gone=1,
     ib.<dev>.counter.<name>=<n>|+<n>; imex.service=..., imex.domain=...,
     imex.peer.<address>=<STATE>, imex.installed=0|1."""
-    from .values import parse_flag as _flag, parse_int as _int
+    from gpugate.sim.values import parse_flag as _flag, parse_int as _int
 
     parts = key.split(".")
     if parts[0] == "imex":

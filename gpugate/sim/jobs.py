@@ -13,8 +13,8 @@ slurm.constrain_devices=yes|no|absent, slurm.proctrack=cgroup|linuxproc|pgid
 
 from typing import Any, Dict, Tuple
 
-from ..errors import ConfigError
-from .values import parse_int
+from gpugate.errors import ConfigError
+from gpugate.sim.values import parse_int
 
 KEYS = ("slurm.jobs", "slurm.process.<pid>", "slurm.cgroup", "slurm.constrain_devices", "slurm.proctrack")
 _STEPD_PID = 3000  # the first running job's slurmstepd

@@ -5,10 +5,10 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from ..errors import ConfigError
-from .kmsg import KMSG_RING, append as _append_kmsg, flood, set_ring  # noqa: F401 - KMSG_RING: the tests' ring size
-from .outputs import RCCL_SMOKE, SMOKE
-from .values import parse_flag as _flag, parse_int as _int
+from gpugate.errors import ConfigError
+from gpugate.sim.kmsg import KMSG_RING, append as _append_kmsg, flood, set_ring  # noqa: F401 - KMSG_RING: the tests' ring size
+from gpugate.sim.outputs import RCCL_SMOKE, SMOKE
+from gpugate.sim.values import parse_flag as _flag, parse_int as _int
 
 _CLOCKS = {"hw_slowdown": 0x8, "hw_thermal": 0x40, "power_brake": 0x80, "sw_thermal": 0x20, "none": 0}
 XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected.",
@@ -108,7 +108,7 @@ def reboot(m: Dict[str, Any]) -> None:
         gpu["lost"] = False
         gpu["hang"] = None
     if m.get("amd") is not None:
-        from .amdops import reboot as amd_reboot
+        from gpugate.vendors.amd.sim_ops import reboot as amd_reboot
 
         amd_reboot(m["amd"])
 
@@ -309,7 +309,7 @@ NODE_KEYS: Dict[str, Callable[[Dict[str, Any], str], None]] = {
 
 
 def _absent(value: str) -> List[str]:
-    from .fleet import EXECUTABLES
+    from gpugate.sim.fleet import EXECUTABLES
 
     names = sorted({n for n in value.split(",") if n})
     unknown = [n for n in names if n not in EXECUTABLES]
@@ -322,8 +322,10 @@ _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 
 def known_keys() -> List[str]:
-    from . import amdkeys, amdnode, jobs
-    from .ib import KEYS
+    from gpugate.vendors.amd import sim_keys as amdkeys
+    from gpugate.vendors.amd import sim_node as amdnode
+    from gpugate.sim import jobs
+    from gpugate.sim.ib import KEYS
 
     return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + list(jobs.KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
         + ["gpu.N.nvml_error.<nvmlFunction>"] + list(amdnode.KEYS) + list(amdkeys.KEYS)
@@ -343,8 +345,10 @@ def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
 def check_key(key: str) -> None:
     if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
         return
-    from . import amdkeys, amdnode, jobs
-    from .ib import known
+    from gpugate.vendors.amd import sim_keys as amdkeys
+    from gpugate.vendors.amd import sim_node as amdnode
+    from gpugate.sim import jobs
+    from gpugate.sim.ib import known
 
     if known(key) or amdnode.known(key) or amdkeys.known(key) or jobs.known(key):
         return
@@ -362,15 +366,16 @@ def apply(model: Dict[str, Any], key: str, value: str) -> None:
         model["services"][key[len("service."):]] = value
         return
     if key.startswith(("ib.", "imex.")):
-        from .ib import set_key
+        from gpugate.sim.ib import set_key
 
         set_key(model, key, value)
         return
     if key.startswith("slurm."):  # the node's Slurm jobs and cgroups (gpugate.sim.jobs)
-        from . import jobs
+        from gpugate.sim import jobs
         return jobs.set_key(model, key, value)
-    if key.startswith("amd."):  # an AMD node's (gpugate.sim.amdnode: sysfs; amdkeys: tools and kernel log)
-        from . import amdkeys, amdnode
+    if key.startswith("amd."):  # an AMD node's (gpugate.vendors.amd.sim_node: sysfs; amdkeys: tools and kernel log)
+        from gpugate.vendors.amd import sim_keys as amdkeys
+        from gpugate.vendors.amd import sim_node as amdnode
 
         amdkeys.set_key(model, key, value) or amdnode.set_key(model, key, value)
         return

@@ -44,7 +44,7 @@ def ring_text(m: Dict[str, Any]) -> str:
 def write_ring(fleet: str, node: str, m: Dict[str, Any]) -> None:
     """Only the node's /dev/kmsg, atomically (a kernel logging fast: a
     flood's records land many times a second; sim.fleet.save renders the rest)."""
-    from ..safeio import write_atomic
+    from gpugate.safety.safeio import write_atomic
 
     write_atomic(os.path.join(fleet, node, "root", "dev", "kmsg"), ring_text(m).encode(), mode=0o644,
                  durable=False, exact_mode=True)

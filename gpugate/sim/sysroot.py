@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Tuple
 
-from ..facts import DAEMONS
+from gpugate.model.facts import DAEMONS
 
 # PCI ids: NVIDIA's vendor, an H100 SXM and an H100-era NVSwitch (lspci -n: "10de:2330", "10de:22a3"),
 # and a host bridge that is not NVIDIA's (skipped by vendor).
@@ -39,7 +39,7 @@ def pci_devices(model: Dict[str, Any]) -> List[Tuple[str, Tuple[str, str, str]]]
 
 
 def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) -> None:
-    # An AMD node's functions are gpugate.sim.amdnode's to write and prune:
+    # An AMD node's functions are gpugate.vendors.amd.sim_node's to write and prune:
     # removed here and laid out again there, a check running meanwhile read
     # a bus without them (GPUs "FRU empty", "not supported").
     _render_pci(root, pci_devices(model), write, keep_amd=model.get("amd") is not None)
@@ -90,7 +90,7 @@ def _render_processes(root: str, model: Dict[str, Any], write) -> None:
     """PID 1 and one process per active daemon (the stopped ones have none);
     the GPUs' processes and the jobs' slurmstepds, with their cgroups
     (gpugate.sim.jobs)."""
-    from . import jobs
+    from gpugate.sim import jobs
 
     procs = {1: ("systemd" if model.get("systemd", True) else "tini", "/sbin/init")}
     for i, (unit, state) in enumerate(sorted(model["services"].items())):

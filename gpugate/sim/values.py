@@ -1,7 +1,7 @@
 """Values of `gpugate sim set` assignments, shared by the key tables
 (keys.py, ib.py): an integer, a 1/0 flag."""
 
-from ..errors import ConfigError
+from gpugate.errors import ConfigError
 
 
 def parse_int(value: str) -> int:

@@ -5,7 +5,10 @@ scancel: every Slurm host has them, every release) and ``pyslurm``
 (Slurm's C API, in a worker process: gpugate.slurm.pyslurm_backend), for
 Slurm 25.11 and any release a site builds pyslurm for.  ``[slurm] backend``
 picks one; ``auto`` takes pyslurm when it loads and was built for the Slurm
-this host runs, else the commands, and says why (``backend.why``)."""
+this host runs, else the commands, and says why (``backend.why``).
+
+May import: the layers below the schedulers (core .. judges); never the node
+agent, the keeper or the sweep."""
 
 COMMANDS, PYSLURM, AUTO = "commands", "pyslurm", "auto"
 
@@ -18,7 +21,7 @@ def connect(settings, timeout=None, deadline=None):
     before slurmd kills them).  ``backend = "pyslurm"`` raises SlurmError
     (PyslurmMismatch) when pyslurm cannot be used: never half-used; ``auto``
     then takes the commands, and says why."""
-    from .commands import CommandSlurm
+    from gpugate.slurm.commands import CommandSlurm
 
     slurm = settings.slurm
     limit = float(slurm["timeout_seconds"])
@@ -30,8 +33,8 @@ def connect(settings, timeout=None, deadline=None):
         backend = CommandSlurm(*args, deadline=deadline, library=library)
         backend.why = "configured"
         return backend
-    from ..errors import SlurmError
-    from .pyslurm_backend import PyslurmSlurm
+    from gpugate.errors import SlurmError
+    from gpugate.slurm.pyslurm_backend import PyslurmSlurm
 
     backend = PyslurmSlurm(*args, deadline=deadline)
     try:

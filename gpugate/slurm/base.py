@@ -25,5 +25,5 @@ class NodeUpdates:
     def lead(self, who: str) -> str:
         """Why this keeper must not act now ("": it may).  On Slurm two
         keepers may both act: each run's re-read gives back what exceeds
-        the budget (gpugate.keeper); Kubernetes elects one through a Lease."""
+        the budget (gpugate.keeper.run); Kubernetes elects one through a Lease."""
         return ""

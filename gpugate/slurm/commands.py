@@ -8,16 +8,15 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import CommandError, ParseError, SlurmError
-from ..runner import run
-from . import libslurm
-from .base import NodeUpdates
-from .jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
-from .nodestate import (SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState,
-                        parse_nodes_json, parse_nodes_text)
-from .nodestate.show_text import parse_show_node
-from .trace import append as trace_append
-from .wire import MAX_FRAME
+from gpugate.errors import CommandError, ParseError, SlurmError
+from gpugate.safety.runner import run
+from gpugate.slurm import libslurm
+from gpugate.slurm.base import NodeUpdates
+from gpugate.slurm.jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
+from gpugate.slurm.nodestate import SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState, parse_nodes_json, parse_nodes_text
+from gpugate.slurm.nodestate.show_text import parse_show_node
+from gpugate.slurm.trace import append as trace_append
+from gpugate.slurm.wire import MAX_FRAME
 
 _OLDER = object()  # own_record: read the node the older way
 _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
@@ -121,7 +120,7 @@ class CommandSlurm(NodeUpdates):
         """The budget keeper's full read (the text format, as nodes(lean=True)):
         a gpugate.slurm.nodestate.lean.Fleet, records for the nodes that
         decide alone; the same one read."""
-        from .nodestate.lean import read_text
+        from gpugate.slurm.nodestate.lean import read_text
 
         try:
             return read_text(self._run("sinfo", list(SINFO_TEXT_ARGV), SINFO_TEXT_ENV))

@@ -4,9 +4,9 @@ import os
 import sysconfig
 from typing import Optional
 
-from .. import trust
-from ..config import DEFAULT_CONFIG
-from ..errors import ConfigError
+from gpugate.safety import trust
+from gpugate.model.config import DEFAULT_CONFIG
+from gpugate.errors import ConfigError
 
 REBOOT_PROGRAM = "/usr/sbin/reboot"
 
@@ -24,7 +24,7 @@ def _release(text: str):
         major, minor = text.split(".")[:2]
         return int(major), int(minor)
     except ValueError:
-        from ..errors import ConfigError
+        from gpugate.errors import ConfigError
 
         raise ConfigError("--release: expected MAJOR.MINOR such as 22.05, got %r" % text) from None
 
@@ -56,11 +56,11 @@ def vouch(programs) -> str:
 def fragment(config: Optional[str], release_text: str = "22.05", settings=None) -> str:
     """settings: gpugate.toml's (its [preflight] and [budgets] size the
     prolog's timeout: gpugate.slurm.prologtimeout); None: the defaults."""
-    from .prologtimeout import DEFAULT, prolog_timeout, worst_case
+    from gpugate.slurm.prologtimeout import DEFAULT, prolog_timeout, worst_case
 
     release = _release(release_text)
     if settings is None:
-        from ..config import load_settings
+        from gpugate.model.config import load_settings
 
         settings = load_settings(None, missing_ok=True) if config is None else load_settings(config)
     prolog_seconds = prolog_timeout(settings.preflight, settings.budgets)
@@ -68,7 +68,7 @@ def fragment(config: Optional[str], release_text: str = "22.05", settings=None) 
     entry = {m: os.path.join(scripts, "gpugate-" + m) for m in ("healthcheck", "prolog", "epilog")}
     missing = vouch([("HealthCheckProgram", entry["healthcheck"]), ("Prolog", entry["prolog"]),
                      ("Epilog", entry["epilog"]), ("RebootProgram", REBOOT_PROGRAM)])
-    from ..install_trust import vouch_install, vouch_shebangs
+    from gpugate.probes.install_trust import vouch_install, vouch_shebangs
 
     vouch_install()  # the code those entry points import, and its interpreter
     vouch_shebangs([entry[m] for m in ("healthcheck", "prolog", "epilog")])  # and -I on their #! lines
@@ -131,8 +131,8 @@ def devices_hint(root: str) -> str:
     job_devices row), never in an epilog: without it a job's process may
     use another job's GPU, which the epilog leaves alone while that job
     runs (gpugate.probes.owners)."""
-    from ..jobfacts import CONSTRAINED
-    from ..probes.owners import job_devices
+    from gpugate.model.jobfacts import CONSTRAINED
+    from gpugate.probes.owners import job_devices
 
     state = job_devices(root)
     text = ("# cgroup.conf (not slurm.conf), with TaskPlugin=task/cgroup: ConstrainDevices=yes\n"

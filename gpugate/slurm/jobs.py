@@ -8,8 +8,8 @@ import os
 import shlex
 from typing import Dict, List, Optional
 
-from ..errors import SlurmError
-from ..record import dataclass
+from gpugate.errors import SlurmError
+from gpugate.core.record import dataclass
 
 # Job states after which nothing more happens (squeue(1) JOB STATE CODES).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",

@@ -8,7 +8,7 @@ It never runs in gpugate's own process: libslurm retries an absent
 slurmctld for minutes inside one call, exits the process on a slurm.conf it
 cannot read, and a library whose structures differ could crash.  The
 command backend runs this file, ``python -I -S .../libslurm.py LIBRARY NODE``
-(``command``), through gpugate.runner (a deadline, its process group
+(``command``), through gpugate.safety.runner (a deadline, its process group
 killed); the pyslurm worker calls ``read_node`` on the library pyslurm
 loaded.  The file imports the standard library only, so the child starts
 without site (-S: 20 ms less a read, no .pth file run).
@@ -56,10 +56,10 @@ class Unusable(Exception):
 
 
 def open_library(bin_dir: str, configured: str = "") -> Tuple[int, str]:
-    """(fd, path) of the library to load, after gpugate.trust's walk (the
+    """(fd, path) of the library to load, after gpugate.safety.trust's walk (the
     child loads the very file checked, /proc/self/fd/N); Unusable when
     none is there, or the one there is not root's alone."""
-    from .. import trust
+    from gpugate.safety import trust
 
     problems = []
     for path in [configured] if configured else candidates(bin_dir):

@@ -10,9 +10,9 @@ reasons (rma, rollout) from a node-side check.
 from __future__ import annotations
 
 
-from .. import reason as reasons
-from ..findings import EVENTS, RMA, ROLLOUT, is_acute, severity
-from ..record import dataclass
+from gpugate.model import reason as reasons
+from gpugate.model.findings import EVENTS, RMA, ROLLOUT, is_acute, severity
+from gpugate.core.record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds

@@ -1,5 +1,5 @@
 """A budgeted finding published on the node's own Slurm record, for the
-budget keeper (gpugate.keeper) to drain within the drain budget.
+budget keeper (gpugate.keeper.run) to drain within the drain budget.
 
 Where: the node's ``Comment`` (Slurm 20.11+): only root and SlurmUser may
 set it, slurmctld saves it in its state, slurmd and the scheduler never
@@ -14,7 +14,7 @@ gpugate's part is one bracketed span; an admin's text around it is kept::
 Slurm admins and operators may set the Comment too, so the span carries a
 proof that this node wrote it (issue 33, item 6): an HMAC, with the drain
 budget key only root on the nodes and the controller reads
-(gpugate.budgetkey), of the node's name, the first time it published the
+(gpugate.safety.budgetkey), of the node's name, the first time it published the
 reason (``@``), the time it last signed it (``seen``: a node re-signs a held
 finding every REFRESH_SECONDS) and the reason.  The keeper drains only a
 span that verifies for that node and was signed within MAX_AGE_SECONDS: an
@@ -25,7 +25,7 @@ place in the keeper's queue and no budget.
 
 Pure functions: text in, text out."""
 
-from ..lazyre import Lazy
+from gpugate.core.lazyre import Lazy
 
 OPEN, CLOSE = "[gpugate-pending @", "[/gpugate-pending]"
 _PART = Lazy(r"\s*\[gpugate-pending @(\d{1,12})(?: seen @(\d{1,12}) proof ([0-9a-f]{32}))?\] ([\s\S]*?) "

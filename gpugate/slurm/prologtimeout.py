@@ -92,8 +92,8 @@ def judge(slurm_seconds: Optional[int], needed: int) -> Optional[str]:
 def check_slurm(settings) -> dict:
     """For `gpugate audit`: {"slurm": seconds or "unlimited", "needed": N,
     "sum": "...", "short": what to set, or "unread": why Slurm did not say}."""
-    from ..errors import GpugateError
-    from .commands import CommandSlurm
+    from gpugate.errors import GpugateError
+    from gpugate.slurm.commands import CommandSlurm
 
     needed = prolog_timeout(settings.preflight, settings.budgets)
     out = {"needed": needed, "sum": worst_case(settings.preflight, settings.budgets)[1]}

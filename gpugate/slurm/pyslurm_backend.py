@@ -22,15 +22,15 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import ParseError, SlurmError
-from . import trace
-from .base import NodeUpdates
-from .commands import MIN_CALL_SECONDS, CommandSlurm, _only
-from .jobs import ENDED, GONE, JobState
-from .nodestate import NodeState
-from .nodestate.records import parse_node_records
-from .nodestate.show_text import parse_show_node
-from .wire import WireClosed, WireTimeout, read_frame, write_frame
+from gpugate.errors import ParseError, SlurmError
+from gpugate.slurm import trace
+from gpugate.slurm.base import NodeUpdates
+from gpugate.slurm.commands import MIN_CALL_SECONDS, CommandSlurm, _only
+from gpugate.slurm.jobs import ENDED, GONE, JobState
+from gpugate.slurm.nodestate import NodeState
+from gpugate.slurm.nodestate.records import parse_node_records
+from gpugate.slurm.nodestate.show_text import parse_show_node
+from gpugate.slurm.wire import WireClosed, WireTimeout, read_frame, write_frame
 
 # The worker's own start (interpreter, pyslurm, slurm.conf) gets at least
 # this long, whatever the call's share: a cold start on a busy controller.

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from .wire import WireClosed, read_frame, write_frame
+from gpugate.slurm.wire import WireClosed, read_frame, write_frame
 
 # sbatch options gpugate sets itself, from its own arguments.
 _OWN_SBATCH = {"job-name", "J", "reservation", "nodelist", "w", "nodes", "N", "exclusive", "time", "t", "output",
@@ -61,7 +61,7 @@ class Api:
         """One node in one RPC (gpugate.slurm.libslurm) on the libslurm
         pyslurm loaded: ["found", text, one line], ["missing"], ["failed",
         why] (slurmctld's), or ["older", why] (read it the older way)."""
-        from . import libslurm
+        from gpugate.slurm import libslurm
 
         if self._lib is None:
             path = libslurm.loaded_library()

@@ -7,7 +7,7 @@ import os
 import stat
 from typing import List, Sequence
 
-from .jobs import sbatch_argv
+from gpugate.slurm.jobs import sbatch_argv
 
 
 def append(words: Sequence[str]) -> None:

@@ -6,13 +6,13 @@ and judgement as the sweep's stage (sweep.smoke), and the same pairing
 import os
 from typing import Dict, List, Tuple
 
-from ..errors import SlurmError
-from .pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
-from .partner import Lender
-from ..record import dataclass, field
-from .smoke import run_pairs, run_smoke
-from .reservations import reservation_minutes
-from .steps import hostlist
+from gpugate.errors import SlurmError
+from gpugate.sweep.pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
+from gpugate.sweep.partner import Lender
+from gpugate.core.record import dataclass, field
+from gpugate.sweep.smoke import run_pairs, run_smoke
+from gpugate.slurm.reservations import reservation_minutes
+from gpugate.sweep.steps import hostlist
 
 
 @dataclass

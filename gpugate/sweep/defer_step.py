@@ -3,9 +3,9 @@ the gate read from Slurm, and a deferred escalation recorded where an
 admin looks (the node's reason, the journal: `gpugate sweep status`,
 `gpugate status`, the metric of deferred nodes).  Mixed into engine.Sweeper."""
 
-from . import escalation as esc
-from . import journal as jr
-from .plan import ESCALATE, floor_count
+from gpugate.sweep import escalation as esc
+from gpugate.sweep import journal as jr
+from gpugate.sweep.plan import ESCALATE, floor_count
 
 _DEFERRED = "escalation deferred: "  # plan.py's decision text, the journal's detail
 

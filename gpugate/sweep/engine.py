@@ -11,22 +11,22 @@ The steps themselves are in steps.py; the waits poll through waits.py.
 import time
 from typing import Callable, Dict, List, Sequence
 
-from .. import reason as reasons
-from ..errors import SlurmError
-from ..findings import RMA, ROLLOUT, Finding
-from . import history as hist
-from . import journal as jr
-from . import evidence
-from . import reservations
-from . import escalation as esc
-from .plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
-from ..record import dataclass, field, replace
-from .snapshot import take
-from .defer_step import DeferStep
-from .reset_step import ResetStep
-from .smoke import SmokeStep
-from .steps import Steps
-from .steps import hostlist as _hostlist
+from gpugate.model import reason as reasons
+from gpugate.errors import SlurmError
+from gpugate.model.findings import RMA, ROLLOUT, Finding
+from gpugate.sweep import history as hist
+from gpugate.sweep import journal as jr
+from gpugate.sweep import evidence
+from gpugate.slurm import reservations
+from gpugate.sweep import escalation as esc
+from gpugate.sweep.plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
+from gpugate.core.record import dataclass, field, replace
+from gpugate.sweep.snapshot import take
+from gpugate.sweep.defer_step import DeferStep
+from gpugate.sweep.reset_step import ResetStep
+from gpugate.sweep.smoke import SmokeStep
+from gpugate.sweep.steps import Steps
+from gpugate.sweep.steps import hostlist as _hostlist
 
 # The steps of one attempt, in order, per remedy.  Attempt 3 is the rollback.
 # "evidence" (a bundle from the node) comes before anything that loses it:

@@ -7,7 +7,7 @@ that a budgeted finding must not be able to repeat: a job user's three
 5-second jobs (an application Xid each: ``xid_repeat``) drained a node
 within the budget, the sweep escalated it, the budget was free again, and
 the next node followed.  Now an rma whose cause was budgeted is counted by
-the drain budget (gpugate.budget.counted) and an escalation for budgeted
+the drain budget (gpugate.budget.rules.counted) and an escalation for budgeted
 findings happens only while, in every partition of the node,
 
 * the rma nodes of budgeted cause stay within the drain budget's
@@ -22,10 +22,10 @@ asks again.  An acute finding escalates at once, outside the budget."""
 
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .. import budget
-from .. import reason as reasons
-from ..findings import CHECK_CLASSES, DRIFT, RMA, Finding
-from ..record import replace
+from gpugate.budget import rules as budget
+from gpugate.model import reason as reasons
+from gpugate.model.findings import CHECK_CLASSES, DRIFT, RMA, Finding
+from gpugate.core.record import replace
 
 DEFERRED = "rma deferred"  # the observed value of the work reason's sweep finding
 _WANT = "room in budget and floor"

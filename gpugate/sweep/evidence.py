@@ -5,7 +5,7 @@ wipes (issue 28).
 One bundle per node per attempt, ``<node>-<UTC time>-a<attempt>.tar.gz`` in
 ``[sweep] evidence_dir`` (default: evidence/ next to the journal) on the
 controller, root's alone (the trust walk on the directory, which is made and
-kept 0700; each file created O_EXCL|O_NOFOLLOW, 0600, via gpugate.safeio).
+kept 0700; each file created O_EXCL|O_NOFOLLOW, 0600, via gpugate.safety.safeio).
 It holds the node's parts (gpugate.node.evidence: the kernel log since boot,
 ``nvidia-smi -q``, ``nvidia-bug-report.sh``'s log where installed, gpugate's
 last facts and verdict), what the controller has (the failed verification's
@@ -27,8 +27,8 @@ import tarfile
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
-from .. import safeio
-from ..names import is_node_name
+from gpugate.safety import safeio
+from gpugate.core.names import is_node_name
 
 _BUNDLE = re.compile(r"^(?P<node>.+)-(?P<at>\d{8}T\d{6}Z)-a(?P<attempt>\d+)(?:-(?P<n>\d+))?\.tar\.gz$")
 PART_CAP = 8 << 20  # a controller-side part (a DCGM JSON, a smoke output)
@@ -202,7 +202,7 @@ def controller_parts(sweeper, name: str) -> Tuple[List[Tuple[str, bytes]], List[
 
 
 def _newest_smoke(outdir: str, node: str) -> Optional[Tuple[str, bytes]]:
-    from .smoke_output import JOB_NAME, _read_bounded
+    from gpugate.sweep.smoke_output import JOB_NAME, _read_bounded
 
     try:
         names = [n for n in os.listdir(outdir) if n.startswith("%s-%s-" % (JOB_NAME, node)) and n.endswith(".out")]

@@ -11,9 +11,9 @@ part that keeps failing is cheaper to replace than to keep repairing.
 
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
-from .. import reason as reasons
-from ..findings import RMA, ROLLOUT, USER_CAUSED
-from ..record import dataclass
+from gpugate.model import reason as reasons
+from gpugate.model.findings import RMA, ROLLOUT, USER_CAUSED
+from gpugate.core.record import dataclass
 
 RESUMED, REDRAINED, ESCALATED, FORGIVEN = "resumed", "redrained", "escalated", "forgiven"
 KINDS = (RESUMED, REDRAINED, ESCALATED, FORGIVEN)

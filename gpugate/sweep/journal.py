@@ -17,10 +17,10 @@ import stat
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import ConfigError
-from .history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
-from .reservations import PREFIX as RESERVATION_PREFIX
-from ..record import dataclass
+from gpugate.errors import ConfigError
+from gpugate.sweep.history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
+from gpugate.slurm.reservations import PREFIX as RESERVATION_PREFIX
+from gpugate.core.record import dataclass
 
 SCHEMA_VERSION = 2
 # Formats this version reads; the tables it adds are created on open (v1 had no history; a v2
@@ -106,7 +106,7 @@ def _private(path: str) -> None:
 
 def _reservation_ids(name: str) -> Tuple[Optional[int], Optional[int]]:
     head, _, batch = name.partition("_b")
-    from .reservations import PREFIX
+    from gpugate.slurm.reservations import PREFIX
 
     run = head[len(PREFIX):] if head.startswith(PREFIX) else ""
     if not (run.isdigit() and batch.isdigit() and run.isascii() and batch.isascii()) or run[0] == "0":
@@ -116,11 +116,11 @@ def _reservation_ids(name: str) -> Tuple[Optional[int], Optional[int]]:
 
 class Journal:
     def __init__(self, path: str):
-        from ..config import check_state
+        from gpugate.model.config import check_state
 
         # The sweep resumes nodes on what this says: root's alone, like gpugate.toml.
         check_state(os.path.dirname(os.path.abspath(path)), files=(os.path.abspath(path),))
-        from ..safeio import makedirs
+        from gpugate.safety.safeio import makedirs
 
         makedirs(os.path.dirname(os.path.abspath(path)), 0o700)  # root's alone, whatever the umask
         _private(path)

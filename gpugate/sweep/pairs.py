@@ -24,7 +24,7 @@ The rule (pure, below; the jobs go through gpugate.sweep.smoke):
 
 from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
 
-from ..record import dataclass
+from gpugate.core.record import dataclass
 
 PASS, FAIL, UNPAIRED = "pass", "fail", "unpaired"
 ODD_ONE_OUT = "pair not run: odd node out"
@@ -108,7 +108,7 @@ def run_rounds(nodes, run_pairs, partner_for=None) -> List[PairRun]:
     partner for round 1's odd one out (or None).  Only the batch's nodes
     are judged or reused as partners.  A site fault (the pair command cannot
     run) stops after its round: another round would only fail the same way."""
-    from ..errors import SlurmError
+    from gpugate.errors import SlurmError
 
     pairs, odd = first_round(nodes)
     partner = partner_for(odd[0]) if odd and partner_for is not None else None

@@ -15,7 +15,7 @@ reservation is deleted (its end, or the next run's cleanup).
 
 from typing import Dict, Iterable, Optional
 
-from ..errors import SlurmError
+from gpugate.errors import SlurmError
 
 IDLE = "IDLE"
 
@@ -50,7 +50,7 @@ class Lender:
     """Borrows partners into one reservation and gives them all back."""
 
     def __init__(self, slurm, reservation: str, batch, say=lambda text: None):
-        from .steps import hostlist
+        from gpugate.sweep.steps import hostlist
 
         self.slurm, self.reservation, self.batch, self.say = slurm, reservation, list(batch), say
         self.hostlist = hostlist

@@ -19,11 +19,11 @@ whatever its remedy would be.
 import math
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from ..findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
-from ..names import is_node_name
-from . import escalation as esc
-from . import history as hist
-from ..record import dataclass, field, replace
+from gpugate.model.findings import BROKEN, DRIFT, HEALTH, PROBE, RMA, ROLLOUT
+from gpugate.core.names import is_node_name
+from gpugate.sweep import escalation as esc
+from gpugate.sweep import history as hist
+from gpugate.core.record import dataclass, field, replace
 
 RECONVERGE = "reconverge"
 RESET = "reset"

@@ -17,11 +17,11 @@ then RESUMEs it; a node that fails is retried, then escalated again."""
 
 from typing import List, Sequence, Tuple
 
-from .. import reason as reasons
-from ..findings import BROKEN, CHECK_CLASSES, DRIFT, HEALTH, RMA, ROLLOUT, Finding
-from . import history as hist
-from . import journal as jr
-from .steps import hostlist
+from gpugate.model import reason as reasons
+from gpugate.model.findings import BROKEN, CHECK_CLASSES, DRIFT, HEALTH, RMA, ROLLOUT, Finding
+from gpugate.sweep import history as hist
+from gpugate.sweep import journal as jr
+from gpugate.sweep.steps import hostlist
 
 AFTER_REPAIR = "after repair"  # the work reason's observed value ends so: plan.remedy_for says why
 

@@ -15,10 +15,10 @@ left stopped, and a reset of a reset GPU is a reset.
 
 from typing import Dict, List, Optional, Tuple
 
-from .. import reason as reasons
-from . import evidence
-from . import journal as jr
-from .steps import hostlist
+from gpugate.model import reason as reasons
+from gpugate.sweep import evidence
+from gpugate.sweep import journal as jr
+from gpugate.sweep.steps import hostlist
 
 
 class ResetStep:

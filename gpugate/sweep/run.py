@@ -6,14 +6,14 @@ import os
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .. import reason as reasons
-from ..errors import CommandError, ConfigError, GpugateError
-from ..findings import RMA
-from . import history as hist
-from .plan import ESCALATE, Options, Plan, plan
-from ..record import replace
-from .snapshot import Snapshot, take
-from .steps import hostlist
+from gpugate.model import reason as reasons
+from gpugate.errors import CommandError, ConfigError, GpugateError
+from gpugate.model.findings import RMA
+from gpugate.sweep import history as hist
+from gpugate.sweep.plan import ESCALATE, Options, Plan, plan
+from gpugate.core.record import replace
+from gpugate.sweep.snapshot import Snapshot, take
+from gpugate.sweep.steps import hostlist
 
 
 class SweepBusy(GpugateError):
@@ -23,7 +23,7 @@ class SweepBusy(GpugateError):
 def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[str] = None,
             max_batch: Optional[int] = None) -> Options:
     """The planner's options: gpugate.toml's [sweep], the baseline's Xid policy, -p/-w/--max-batch."""
-    from ..names import parse_hostlist
+    from gpugate.core.names import parse_hostlist
 
     actions = {int(k): v for k, v in baseline.health.xid_actions.items()}
     cfg = settings.sweep
@@ -41,14 +41,14 @@ def options(settings, baseline, partition: Sequence[str] = (), nodes: Optional[s
 
 
 def _check_journal(settings) -> None:
-    from ..config import check_state
+    from gpugate.model.config import check_state
 
     path = str(settings.sweep["journal"])
     check_state(os.path.dirname(os.path.abspath(path)), files=(path,))
 
 
 def open_journal(settings):
-    from .journal import Journal
+    from gpugate.sweep.journal import Journal
 
     _check_journal(settings)
     return Journal(str(settings.sweep["journal"]))
@@ -56,13 +56,13 @@ def open_journal(settings):
 
 def lock(settings):
     """The sweep's lock (a second sweeper refuses to run), or SweepBusy."""
-    from ..node.lock import RunLock
+    from gpugate.safety.lock import RunLock
 
     _check_journal(settings)  # before the lock file is created in its directory
     path = lock_path(settings)
     held = RunLock(path)
     if not held.acquire():
-        from ..node.lock import describe, held_for
+        from gpugate.safety.lock import describe, held_for
 
         now = time.time()
         message = "another gpugate sweep (%s) holds %s; it must finish first" % (describe(held.holder, now), path)
@@ -76,8 +76,8 @@ def lock(settings):
 
 
 def lock_path(settings) -> str:
-    """The sweep's lock: in a 0700 directory next to the journal (gpugate.node.lock)."""
-    from ..node.lock import lock_path as in_dir
+    """The sweep's lock: in a 0700 directory next to the journal (gpugate.safety.lock)."""
+    from gpugate.safety.lock import lock_path as in_dir
 
     return in_dir(os.path.dirname(os.path.abspath(settings.sweep["journal"])), "sweep")
 
@@ -109,8 +109,8 @@ def current_plan(settings, slurm, journal, opts: Options) -> Tuple[Plan, Snapsho
 
 def preview(settings, current: Plan) -> Tuple[List[str], str]:
     """The configured preview command on the first batch to converge: (argv, its output)."""
-    from ..runner import run
-    from .transport import expand
+    from gpugate.safety.runner import run
+    from gpugate.node.transport import expand
 
     template = settings.sweep["preview"]
     batches = [b for b in current.batches if b.remedy != ESCALATE]
@@ -135,12 +135,12 @@ def apply(settings, baseline, slurm, transport, journal, opts: Options, argv: Se
 def sweeper_class(settings):
     """The sweep engine for the scheduler gpugate.toml names: Slurm's, or
     Kubernetes' (the same planner, journal and ladder; its own evictions,
-    reboot proof and smoke Pod: gpugate.kube.sweeper)."""
+    reboot proof and smoke Pod: gpugate.sweep.kube_sweeper)."""
     if getattr(settings, "scheduler", "slurm") == "kubernetes":
-        from ..kube.sweeper import KubeSweeper
+        from gpugate.sweep.kube_sweeper import KubeSweeper
 
         return KubeSweeper
-    from .engine import Sweeper
+    from gpugate.sweep.engine import Sweeper
 
     return Sweeper
 

@@ -33,15 +33,16 @@ import os
 import time
 from typing import Dict, List, Optional
 
-from ..errors import ConfigError, SlurmError
-from ..findings import RMA, Finding
-from ..slurm import jobs as sj
-from . import journal as jr
-from .pairs import FAIL, NOT_REPROVEN, decide, run_rounds
-from .partner import Lender
-from ..record import dataclass
-from .smoke_output import JOB_NAME, Outputs
-from .waits import poll_until
+from gpugate.errors import ConfigError, SlurmError
+from gpugate.model.findings import RMA, Finding
+from gpugate.slurm import jobs as sj
+from gpugate.sweep import journal as jr
+from gpugate.sweep.pairs import FAIL, NOT_REPROVEN, decide, run_rounds
+from gpugate.sweep.partner import Lender
+from gpugate.core.record import dataclass
+from gpugate.sweep.smoke_output import JOB_NAME, Outputs
+from gpugate.judges.smoke import template
+from gpugate.sweep.waits import poll_until
 
 # After a scancel, how long to wait for slurmd to end the job before the
 # reservation may go (KillWait plus the epilog).
@@ -56,20 +57,6 @@ class SmokeResult:
     problem: str = ""  # e.g. "busbw=23.4GB/s (want >= 350)"
     seconds: float = 0.0
     site: str = ""  # the command never ran (a wrong path): the site's configuration, not the node
-
-
-def template(argv, node: str, gpus: Optional[int], nodes: Optional[str] = None) -> List[str]:
-    """{node}, {nodes} ("a,b" of a pair; the node alone) and {gpus} in the
-    command; an unknown GPU count leaves the tool's own default
-    (all_reduce_perf -g {gpus} needs a number)."""
-    out = []
-    for word in argv:
-        if "{gpus}" in word and gpus is None:
-            if out and out[-1] in ("-g", "--ngpus"):
-                out.pop()
-            continue
-        out.append(word.replace("{nodes}", nodes or node).replace("{node}", node).replace("{gpus}", str(gpus)))
-    return out
 
 
 def run_smoke(slurm, cfg, baseline, nodes: List[str], reservation: str, sleep=time.sleep,
@@ -148,7 +135,7 @@ def _partitions(slurm, units) -> Dict[str, str]:
     without one, sbatch picks the default partition, and a node outside it
     is "Requested node configuration is not available" (an MI300X partition
     beside the default H100 one).  One call for every node of the batch."""
-    from .steps import hostlist
+    from gpugate.sweep.steps import hostlist
 
     states = slurm.nodes(hostlist(sorted({n for unit in units for n in unit})))
     out = {}
@@ -201,8 +188,8 @@ def _want(baseline, nodes):
 
 def _judge(baseline, nodes, state, timed_out, output, deadline, nccl_tests=True):
     """(passed, problem, site): site is why the command never ran, when it did not."""
-    from ..judges.smoke import cannot_run, judge_smoke
-    from ..parsers.nccl import parse_nccl_tests
+    from gpugate.judges.smoke import cannot_run, judge_smoke
+    from gpugate.parsers.nccl import parse_nccl_tests
 
     want = _want(baseline, nodes)
     if timed_out:
@@ -259,8 +246,8 @@ class SmokeStep:
             self._smoke_group(group, records, reservation)
 
     def _smoke_group(self, group, records, reservation) -> None:
-        from .. import reason as reasons
-        from .steps import hostlist
+        from gpugate.model import reason as reasons
+        from gpugate.sweep.steps import hostlist
 
         runs, pair_verdicts = [], {}
         states = self._states(group)

@@ -8,8 +8,8 @@ import errno
 import os
 from typing import Dict, List
 
-from .. import safeio
-from ..errors import ConfigError
+from gpugate.safety import safeio
+from gpugate.errors import ConfigError
 
 JOB_NAME = "gpugate-smoke"
 MAX_OUTPUT = 8 << 20
@@ -82,7 +82,7 @@ def _read_bounded(path: str, dir_fd: int = -1, made=None) -> str:
     job's user: gpugate's own when a non-root admin dry-runs) opened without
     following a symlink or waiting on a FIFO; when ``made`` (its stat at
     creation) is given, that very file, written since.  Else OSError."""
-    from ..trust import trusted_owners
+    from gpugate.safety.trust import trusted_owners
 
     fd = safeio.open_regular(path, dir_fd=dir_fd, owners=trusted_owners())
     try:

@@ -3,8 +3,8 @@ drained, their reason parsed back into class and first finding."""
 
 from typing import Dict, Mapping, Optional, Tuple
 
-from .. import reason as reasons
-from ..record import dataclass
+from gpugate.model import reason as reasons
+from gpugate.core.record import dataclass
 
 
 @dataclass(frozen=True)

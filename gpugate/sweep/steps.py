@@ -9,14 +9,14 @@ on a 10,000-node fleet reads four nodes, not the fleet.
 
 from typing import Dict, List
 
-from .. import reason as reasons
-from ..errors import CommandError
-from ..findings import ROLLOUT, Finding
-from ..runner import run
-from . import journal as jr
-from .reservations import reservation_minutes
-from .transport import expand
-from .waits import poll_until
+from gpugate.model import reason as reasons
+from gpugate.errors import CommandError
+from gpugate.model.findings import ROLLOUT, Finding
+from gpugate.safety.runner import run
+from gpugate.sweep import journal as jr
+from gpugate.slurm.reservations import reservation_minutes
+from gpugate.node.transport import expand
+from gpugate.sweep.waits import poll_until
 
 _REBOOT_FLAGS = {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
 
@@ -239,7 +239,7 @@ class Steps:
 
     def _baseline_id(self):
         if not hasattr(self, "_baseline_sha"):
-            from ..node.check import baseline_id
+            from gpugate.node.check import baseline_id
 
             self._baseline_sha = baseline_id(self.settings.baseline).get("sha256")
         return self._baseline_sha
@@ -273,8 +273,8 @@ class Steps:
         health check clears it: the budget keeper would drain it again for
         the old finding meanwhile.  Clear gpugate's part now (the admin's
         text stays); a failure only leaves it to that health check."""
-        from ..errors import GpugateError
-        from ..slurm import pending
+        from gpugate.errors import GpugateError
+        from gpugate.slurm import pending
 
         for name in nodes:
             st = states.get(name)

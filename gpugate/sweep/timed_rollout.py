@@ -20,12 +20,12 @@ on the new pin already; then nothing more is rolled, and a canary that failed
 import time
 from typing import Optional, Tuple
 
-from ..findings import ROLLOUT
-from ..record import replace
-from .engine import rollout_reason
-from .plan import Options
-from .snapshot import take
-from .steps import hostlist
+from gpugate.model.findings import ROLLOUT
+from gpugate.core.record import replace
+from gpugate.sweep.engine import rollout_reason
+from gpugate.sweep.plan import Options
+from gpugate.sweep.snapshot import take
+from gpugate.sweep.steps import hostlist
 
 
 def canary(settings, baseline, slurm, transport, journal, opts: Options) -> Tuple[Optional[Options], str]:

@@ -14,11 +14,12 @@ environment).  Processes are stopped by the pids they wrote, nothing else.
 cluster.py is the Cluster (start, stop, ask, wait); files.py writes the
 rig's files (its slurm.conf, gpugate.toml, shims, RebootProgram); procs.py
 has the process and port helpers.
-"""
 
-from .cluster import Cluster
-from .files import node_names_from_conf, smoke_command, smoke_pair_command
-from .procs import SBIN, ClusterError, free_ports, slurm_version
+May import: any layer below it; only the tests and `gpugate demo` import it."""
+
+from gpugate.testbed.cluster import Cluster
+from gpugate.testbed.files import node_names_from_conf, smoke_command, smoke_pair_command
+from gpugate.testbed.procs import SBIN, ClusterError, free_ports, slurm_version
 
 __all__ = ["Cluster", "ClusterError", "SBIN", "free_ports", "node_names_from_conf", "slurm_version", "smoke_command",
            "smoke_pair_command"]

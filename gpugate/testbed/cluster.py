@@ -9,9 +9,9 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from ..sim import quiet
-from . import files
-from .procs import BIN, SBIN, ClusterError, _is_ours, _pid_alive, free_ports, slurm_version
+from gpugate.sim import quiet
+from gpugate.testbed import files
+from gpugate.testbed.procs import BIN, SBIN, ClusterError, _is_ours, _pid_alive, free_ports, slurm_version
 
 KEEPER = "budget"  # the keeper's pid file (run/budget.pid); `budget` is in its command line
 
@@ -50,7 +50,7 @@ class Cluster:
     def write(self, baseline_text: str, gpugate_extra: str = "") -> None:
         """Create the directory: configuration, shims, the simulated fleet."""
         # gpugate refuses anything it reads or runs that is not root's alone
-        # (gpugate.trust): no group or other write bit, whatever the umask.
+        # (gpugate.safety.trust): no group or other write bit, whatever the umask.
         os.makedirs(self.dir, mode=0o755, exist_ok=True)
         for sub in ("log", "run", "spool/ctld", "state", "bin", "munge", "slurm-bin"):
             os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
@@ -68,8 +68,8 @@ class Cluster:
             files.write_file(self.path("cgroup.conf"), "CgroupPlugin=disabled\n")
         files.write_shims(self)
         self._write_munge_key()
-        from ..baseline import load_baseline
-        from ..sim import fleet as simfleet
+        from gpugate.model.baseline import load_baseline
+        from gpugate.sim import fleet as simfleet
 
         baseline = load_baseline(self.baseline)
         for name in self.nodes:

@@ -6,7 +6,7 @@ import stat
 import sys
 from typing import Dict, List
 
-from .procs import BIN, ENTRY_POINTS, installed_entry_point, slurm_version
+from gpugate.testbed.procs import BIN, ENTRY_POINTS, installed_entry_point, slurm_version
 
 
 def node_names(count: int) -> List[str]:
@@ -108,7 +108,7 @@ def rig_backend() -> str:
 
 def _with_key(cluster, extra: str) -> str:
     """The rig's drain budget key (one for its nodes and its keeper, root's
-    0600: gpugate.budgetkey), named in ``extra``'s [drain_budget] or a new one;
+    0600: gpugate.safety.budgetkey), named in ``extra``'s [drain_budget] or a new one;
     an extra that names its own key_file keeps it."""
     if "key_file" in extra:
         return extra

@@ -16,8 +16,8 @@ import subprocess
 import time
 from typing import Dict, List, Optional
 
-from . import manifests
-from .procs import ClusterError, free_ports
+from gpugate.testbed import manifests
+from gpugate.testbed.procs import ClusterError, free_ports
 
 CACHE_ENV = "GPUGATE_KUBE_CACHE"
 DEFAULT_CACHE = "/var/cache/gpugate/kube"
@@ -117,7 +117,7 @@ class KubeAPI:
         for name in (NAMESPACE,) + OPERATOR_NAMESPACES:
             admin.create("/api/v1/namespaces", {"metadata": {"name": name}})
         if self.control_plane:
-            from . import kube_control
+            from gpugate.testbed import kube_control
 
             ports = kube_control.start(self._spawn, self.dir, self.bin, cache_dir(), self.server, self.ca_file,
                                        "admin-token")
@@ -131,7 +131,7 @@ class KubeAPI:
         log.close()
 
     def _wait_ready(self, timeout: float) -> None:
-        from ..kube.client import KubeError
+        from gpugate.kube.client import KubeError
 
         deadline = time.monotonic() + timeout
         last = ""
@@ -150,7 +150,7 @@ class KubeAPI:
         raise ClusterError("kube-apiserver not ready in %.0fs (%s): see %s" % (timeout, last[:200], self.dir))
 
     def client(self, who: str = "admin", **kwargs):
-        from ..kube.client import KubeClient
+        from gpugate.kube.client import KubeClient
 
         with open(self.token_file(who)) as handle:
             return KubeClient(self.server, handle.read().strip(), self.ca_file, **kwargs)
@@ -175,7 +175,7 @@ class KubeAPI:
         loaded it, a moment after it is created: until then the agent's
         token could write what the policy refuses.  Probed as it will be
         used: the agent's dry-run write of a label on a Node of its own."""
-        from ..kube.client import KubeError, node_path
+        from gpugate.kube.client import KubeError, node_path
 
         admin, probe = self.admin(), "gpugate-policy-probe"
         admin.create("/api/v1/nodes", {"metadata": {"name": probe}})
@@ -230,7 +230,7 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
     the Ready condition and GPU capacity it would report.  kwok: KWOK plays
     its kubelet (KubeAPI(control_plane=True)): the Node has room for pods
     and is waited for until KWOK has reported it Ready."""
-    from ..kube.client import KubeError, node_path
+    from gpugate.kube.client import KubeError, node_path
 
     try:
         admin.request("DELETE", node_path(name))
@@ -238,7 +238,7 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
         pass
     meta = {"name": name, "labels": dict(labels or {})}
     if kwok:
-        from .kube_control import KWOK_ANNOTATION
+        from gpugate.testbed.kube_control import KWOK_ANNOTATION
 
         meta["annotations"] = {KWOK_ANNOTATION: "fake"}
         meta["labels"].setdefault("kubernetes.io/hostname", name)  # as a kubelet registers it
@@ -258,7 +258,7 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
 
 def _wait_ready(admin, name: str, timeout: float = 60.0) -> None:
     """Ready=True and the node lifecycle controller's not-ready taint gone."""
-    from ..kube.client import node_path
+    from gpugate.kube.client import node_path
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -335,13 +335,13 @@ class KubeFleet:
     def node_config(self, config: str, node: str) -> str:
         """The node agent's config for its run on ``node``: its token names that Node
         (gpugate.testbed.kube_tokens; the agent's admission policy refuses one that names none)."""
-        from .kube_tokens import node_config
+        from gpugate.testbed.kube_tokens import node_config
 
         return node_config(self.api, config, node)
 
     def healthcheck(self, config: str, node: str) -> subprocess.CompletedProcess:
         """gpugate-healthcheck as installed, as the DaemonSet runs it (with a token naming its node)."""
-        from .procs import installed_entry_point
+        from gpugate.testbed.procs import installed_entry_point
 
         config = self.node_config(config, node)
         return subprocess.run([installed_entry_point("healthcheck"), "--config", config],

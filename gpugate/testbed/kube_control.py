@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Callable, Dict, List
 
-from .procs import ClusterError, free_ports
+from gpugate.testbed.procs import ClusterError, free_ports
 
 KWOK_VERSION = "0.8.0"  # scripts/kube-build's default (GPUGATE_KWOK_VERSION)
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # = "fake": a Node whose kubelet KWOK plays

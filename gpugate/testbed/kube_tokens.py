@@ -20,7 +20,7 @@ AGENT = "gpugate-node-agent"
 
 def node_token(admin, node: str, namespace: str = NAMESPACE, seconds: int = 3600) -> str:
     """A token of the node agent's ServiceAccount bound to the Node ``node`` as it is now."""
-    from ..kube.client import node_path
+    from gpugate.kube.client import node_path
 
     uid = admin.get(node_path(node))["metadata"]["uid"]
     answer = admin.create("/api/v1/namespaces/%s/serviceaccounts/%s/token" % (namespace, AGENT), {

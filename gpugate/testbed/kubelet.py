@@ -47,7 +47,7 @@ SMOKE_LABEL = "gpugate.io/smoke"
 
 def boot(admin, name: str) -> str:
     """A (new) bootID and Ready=True on the Node, as a kubelet starting after a boot reports them."""
-    from ..kube.client import node_path
+    from gpugate.kube.client import node_path
 
     boot_id = str(uuid.uuid4())
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -107,7 +107,7 @@ class Kubelets(threading.Thread):
             self.stopping.wait(self.interval)
 
     def _round(self) -> None:
-        from ..kube.client import KubeError
+        from gpugate.kube.client import KubeError
 
         self._device_plugins()
         for pod in self.admin.list_pages("/api/v1/pods"):
@@ -136,7 +136,7 @@ class Kubelets(threading.Thread):
     def _short(self, spec):
         """(reason, message) of the kubelet's admission refusal when the Node's allocatable GPUs are
         fewer than the Pod asks for (None: admitted)."""
-        from ..kube.client import node_path
+        from gpugate.kube.client import node_path
 
         allocatable = (self.admin.get(node_path(spec["nodeName"])).get("status") or {}).get("allocatable") or {}
         for resource, asked in ((spec["containers"][0].get("resources") or {}).get("limits") or {}).items():
@@ -148,7 +148,7 @@ class Kubelets(threading.Thread):
 
     def _device_plugins(self) -> None:
         """Each rebooted node's GPUs offered again gpus_late seconds after its new bootID was seen."""
-        from ..kube.client import node_path
+        from gpugate.kube.client import node_path
 
         for node in self.admin.list_pages("/api/v1/nodes"):
             name, status = node["metadata"]["name"], node.get("status") or {}
@@ -173,7 +173,7 @@ class Kubelets(threading.Thread):
 
     def _status(self, path, status) -> bool:
         """The Pod's status as the kubelet writes it (None: only read); False once the Pod is gone or going."""
-        from ..kube.client import KubeError
+        from gpugate.kube.client import KubeError
 
         client = self.api.admin()
         try:
@@ -281,7 +281,7 @@ def _reboot(argv) -> int:
     """reboot --fleet DIR --server URL --token-file F --ca-file F NODE"""
     import argparse
 
-    from ..kube.client import KubeClient
+    from gpugate.kube.client import KubeClient
 
     parser = argparse.ArgumentParser(prog="gpugate.testbed.kubelet reboot")
     for flag in ("--fleet", "--server", "--token-file", "--ca-file"):

@@ -11,7 +11,7 @@ import json
 import os
 from typing import List, Tuple
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 PACKAGED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "kubernetes.json")
 
@@ -123,7 +123,7 @@ def apply(admin, docs: List[dict], existing_ok: bool = False) -> List[Tuple[str,
     exists already is taken as made (existing_ok: any object; the server
     decodes and validates a create before it finds the name taken).
     Returns the (kind, name) applied."""
-    from ..kube.client import KubeError
+    from gpugate.kube.client import KubeError
 
     applied = []
     for doc in docs:

@@ -8,7 +8,7 @@ import subprocess
 import sysconfig
 from typing import Dict, List, Tuple
 
-from ..errors import GpugateError
+from gpugate.errors import GpugateError
 
 SBIN = "/usr/sbin"
 BIN = "/usr/bin"

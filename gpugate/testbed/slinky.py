@@ -53,7 +53,7 @@ class NodeSetController:
         return drained, found.group(1).strip() if found else ""
 
     def reconcile(self) -> None:
-        from ..kube.client import node_path
+        from gpugate.kube.client import node_path
 
         for name in self.names:
             node = self.admin.get(node_path(name))

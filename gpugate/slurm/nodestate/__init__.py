@@ -37,13 +37,14 @@ Which command to run (the runner lives elsewhere):
 For readability the work is split: ``record`` (NodeState, state words, the
 parse contract), ``fields`` (validators), ``json_shapes`` (every release's
 JSON) and ``text`` (the sinfo text fallback); callers import from here.
-"""
+
+May import: gpugate.core and gpugate.model."""
 
 from typing import Dict, List
 
-from .json_shapes import parse_nodes_json
-from .record import _ALIASES, BASE_STATES, KNOWN_FLAGS, NodeState  # noqa: F401 - _ALIASES: the table tests read it
-from .text import parse_nodes_text
+from gpugate.slurm.nodestate.json_shapes import parse_nodes_json
+from gpugate.slurm.nodestate.record import _ALIASES, BASE_STATES, KNOWN_FLAGS, NodeState  # noqa: F401 - _ALIASES: the table tests read it
+from gpugate.slurm.nodestate.text import parse_nodes_text
 
 __all__ = [
     "NodeState",

@@ -6,8 +6,8 @@ from typing import Dict, List, Optional, Tuple
 
 from gpugate.errors import ParseError
 
-from .fields import _epoch, _name, _opt_str, _partitions, _type
-from .record import NodeState, _guarded, _merge, _parse_state
+from gpugate.slurm.nodestate.fields import _epoch, _name, _opt_str, _partitions, _type
+from gpugate.slurm.nodestate.record import NodeState, _guarded, _merge, _parse_state
 
 
 def parse_nodes_json(text: str) -> Dict[str, NodeState]:

@@ -1,11 +1,11 @@
-"""The budget keeper's read of the fleet (gpugate.keeper, issue 48): sinfo's
+"""The budget keeper's read of the fleet (gpugate.keeper.run, issue 48): sinfo's
 text (SINFO_TEXT_ARGV), with a record made only for the nodes that can
 decide anything, every other node counted in its partitions' sizes alone.
 
 A node decides for the keeper when its Comment holds a published span
 (gpugate.slurm.pending's opening mark: the node may be planned on, or held
 as unverified) or when it is drained (it may count in a budget:
-gpugate.budget.counted).  Any other node is neither planned on, held nor
+gpugate.budget.rules.counted).  Any other node is neither planned on, held nor
 counted: the keeper needs only how many nodes each of its partitions holds.
 A fleet of 100,000 healthy nodes is then 100,000 dict entries, not 100,000
 records; a fleet-wide event (every node published) makes one record per
@@ -25,12 +25,12 @@ from collections import Counter
 from itertools import repeat
 from typing import Dict, Mapping
 
-from ..pending import OPEN
+from gpugate.slurm.pending import OPEN
 
 _OPEN = OPEN
-from .fields import _NOT_IN_NAMES, _name
-from .record import NodeState, _parse_state, _without_stale_reason
-from .text import _text_time, parse_nodes_text
+from gpugate.slurm.nodestate.fields import _NOT_IN_NAMES, _name
+from gpugate.slurm.nodestate.record import NodeState, _parse_state, _without_stale_reason
+from gpugate.slurm.nodestate.text import _text_time, parse_nodes_text
 
 __all__ = ["Fleet", "deciding", "of_states", "read_text"]
 

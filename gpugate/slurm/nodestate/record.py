@@ -6,8 +6,8 @@ from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from gpugate.errors import ParseError
 
-from .fields import _expect_str, _show, _type
-from ...record import dataclass, replace
+from gpugate.slurm.nodestate.fields import _expect_str, _show, _type
+from gpugate.core.record import dataclass, replace
 
 
 # --------------------------------------------------------------------------

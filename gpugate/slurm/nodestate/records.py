@@ -11,8 +11,8 @@ from typing import Dict
 
 from gpugate.errors import ParseError
 
-from .fields import _epoch, _expect_str, _name, _opt_str, _show, _type
-from .record import NodeState, _parse_state, _without_stale_reason
+from gpugate.slurm.nodestate.fields import _epoch, _expect_str, _name, _opt_str, _show, _type
+from gpugate.slurm.nodestate.record import NodeState, _parse_state, _without_stale_reason
 
 
 def parse_node_records(records: object) -> Dict[str, NodeState]:

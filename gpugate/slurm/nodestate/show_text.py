@@ -26,8 +26,8 @@ from typing import Dict
 
 from gpugate.errors import ParseError
 
-from .fields import _name, _show
-from .record import NodeState, _guarded, _parse_state
+from gpugate.slurm.nodestate.fields import _name, _show
+from gpugate.slurm.nodestate.record import NodeState, _guarded, _parse_state
 
 _FIELD_LINE = re.compile(r"   [A-Z][A-Za-z0-9_]*=")
 # What sprint appends to the reason's first line when the reason has a time.

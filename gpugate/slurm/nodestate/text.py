@@ -6,8 +6,8 @@ from typing import Dict, List, Optional, Tuple
 
 from gpugate.errors import ParseError
 
-from .fields import _name, _show
-from .record import NodeState, _guarded, _parse_state
+from gpugate.slurm.nodestate.fields import _name, _show
+from gpugate.slurm.nodestate.record import NodeState, _guarded, _parse_state
 
 _TEXT_FIELDS = ("node", "partition", "state", "timestamp", "user", "reason")
 
