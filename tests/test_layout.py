@@ -1,4 +1,4 @@
-"""The house stays easy to walk (README: Layout): no import cycle in gpugate/,
+"""The house stays easy to walk (docs/explanation/layout.md): no import cycle in gpugate/,
 no module over 400 lines.
 
 Imports are read from the source (AST), not by importing.  Function-level
