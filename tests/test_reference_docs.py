@@ -32,10 +32,11 @@ from gpugate import reason
 from gpugate import verdict
 from gpugate.amdbaseline import AMD_PIN_COMPONENTS
 from gpugate.baseline_keys import PIN_COMPONENTS
+from gpugate.baseline import parse_baseline
 from gpugate.baseline_schema import BASELINE
 from gpugate.cli.main import EXIT_CODES, main
-from gpugate.config import _CONFIG
-from gpugate.schema import Bool, MapOf, Table
+from gpugate.config import _CONFIG, parse_settings
+from gpugate.schema import Bool, MapOf, Table, parse_toml_bytes
 
 from conftest import ROOT
 
@@ -176,6 +177,19 @@ def test_a_key_added_to_the_schema_fails_until_documented():
     assert "brand_new.knob.<*>.x" in keys and {"brand_new", "brand_new.knob.<*>"} <= sections
     with pytest.raises(AssertionError, match="brand_new.knob.<\\*>.x"):
         _check_schema_page(extra, "config.md")
+
+
+def toml_examples(name):
+    return re.findall(r"^```toml\n(.*?)^```", page(name), re.S | re.M)
+
+
+def test_the_example_files_on_the_key_pages_load():
+    """Each page's TOML example is a whole file gpugate accepts as it is."""
+    for name, parse in (("baseline.md", parse_baseline), ("config.md", parse_settings)):
+        examples = toml_examples(name)
+        assert examples, "%s has no ```toml example" % name
+        for text in examples:
+            parse(parse_toml_bytes(text.encode(), name), name)  # raises ConfigError when it does not load
 
 
 # -- the CLI ----------------------------------------------------------------
