@@ -1,4 +1,4 @@
-"""amdgpu kernel-log events (issue 29, docs/amd-design.md section 4): the real
+"""amdgpu kernel-log events (issue 29, docs/explanation/amd-design.md section 4): the real
 captures in tests/fixtures/amd/ (each with its source), the driver's other
 forms constructed from its format strings (each cited), /dev/kmsg records of
 the kernel's facility and of user space, the injection cases, and the judge
@@ -168,7 +168,7 @@ CONSTRUCTED = [
     # amdgpu_job.c before the rename to "reset failed": "Ring %s reset failure\n" (id 7232959363).
     ("amdgpu 0000:1b:00.0: amdgpu: Ring sdma0 reset failure", "ring_reset_failed:sdma0", 1),
     # The RAS core's "{%llu}" RAS_HW_ERR "Accelerator Check Architecture events logged\n" (id 2006048729)
-    # and the first ACA code's "[Hardware error] " (docs/amd-design.md section 4).
+    # and the first ACA code's "[Hardware error] " (docs/explanation/amd-design.md section 4).
     ("amdgpu 0000:1b:00.0: {5}[Hardware Error]: Accelerator Check Architecture events logged", "aca", 1),
     ("amdgpu 0000:1b:00.0: amdgpu: [Hardware error] Accelerator Check Architecture events logged", "aca", 1),
     # drivers/base/dd.c, newer driver cores: dev_err "probe with driver %s failed with error %d\n" on the device (id

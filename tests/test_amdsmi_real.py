@@ -11,7 +11,7 @@ process group, trust walk) with the environment gpugate gives tools, and
 must end fast in a clear probe finding of gpugate.vendors.amd.parse_smi.failure:
 never a crash, a hang, or an answer read as one.  The binding's
 amdsmi_init() must raise the library's own error, fast.  gpugate itself
-runs the CLI and never imports the binding (docs/amd-design.md 1.3): the
+runs the CLI and never imports the binding (docs/explanation/amd-design.md 1.3): the
 binding runs here only as the real library's failure path.
 
 Where there is no amd-smi (this machine's bookworm has none; a bare clone
@@ -45,7 +45,7 @@ ANY_EXIT = tuple(range(256))  # read every exit code; a death by signal stays a 
 # all); an answer is "fast" under FAST: captured at 0.07-0.17 s a run.
 TIMEOUT = 30.0
 FAST = 10.0
-# The subcommands gpugate and its sweep run (docs/amd-design.md 6), and those
+# The subcommands gpugate and its sweep run (docs/explanation/amd-design.md 6), and those
 # issue 29 names; amd-smi 6.1.2 answers each the same on a GPU-less node.
 SUBCOMMANDS = [
     ("static", "--json"),

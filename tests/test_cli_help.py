@@ -1,6 +1,6 @@
 """An admin finds every command's options and examples from the command
 line: --help of every command has an Examples block, and click's shell
-completion is there (README: Shell completion)."""
+completion is there (docs/how-to/install-slurm.md: Shell completion)."""
 
 import click
 

@@ -5,7 +5,7 @@ What is checked: the image installs the wheel and nothing else of the tree,
 its base is pinned, it says why it runs as root, its entry point is gpugate;
 the wheel stage copies everything setup.cfg builds from, and a wheel built
 from exactly those paths holds the Kubernetes manifests.  What is not: that
-the image builds and starts (docs/kubernetes.md, "Installing")."""
+the image builds and starts (docs/how-to/kubernetes.md, "The Helm chart, the image, the wheel")."""
 
 import configparser
 import json

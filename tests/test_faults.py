@@ -1,5 +1,5 @@
 """Fault matrix, node side without Slurm: bad and changing configuration,
-state directory faults, clock jumps.  docs/reliability.md lists each row and
+state directory faults, clock jumps.  docs/explanation/reliability.md lists each row and
 the test that shows it."""
 
 import os

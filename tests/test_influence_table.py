@@ -1,4 +1,4 @@
-"""docs/reliability.md's "Can a job's user cause it?" table (gpugate.model.influence)
+"""docs/explanation/reliability.md's "Can a job's user cause it?" table (gpugate.model.influence)
 held to the code: every finding component a judge writes has a row, no
 acute component is one a job's user can cause, the user-caused ones are
 exactly gpugate.model.findings.USER_CAUSED (never acute, never counted towards a
@@ -59,7 +59,7 @@ def test_the_scan_sees_the_judges():
 
 def test_every_component_a_judge_writes_has_a_row():
     missing = sorted(c for c in written_components() | set().union(*ACUTE.values()) if influence.row_for(c) is None)
-    assert missing == [], "a finding with no row in gpugate.model.influence (docs/reliability.md): %s" % missing
+    assert missing == [], "a finding with no row in gpugate.model.influence (docs/explanation/reliability.md): %s" % missing
 
 
 def test_acute_only_where_no_user_can_cause_it():
@@ -79,15 +79,15 @@ def test_the_user_caused_rows_are_exactly_the_code_s():
 
 
 def test_the_docs_show_the_table_as_the_code_has_it():
-    text = open(os.path.join(ROOT, "docs", "reliability.md")).read()
+    text = open(os.path.join(ROOT, "docs", "explanation", "reliability.md")).read()
     start, end = "<!-- influence table: gpugate.model.influence.render() -->\n", "<!-- /influence table -->"
-    assert start in text and end in text, "docs/reliability.md lost its influence table markers"
+    assert start in text and end in text, "docs/explanation/reliability.md lost its influence table markers"
     shown = text.split(start, 1)[1].split(end, 1)[0]
-    assert shown == influence.render(), "docs/reliability.md's table is out of date: paste gpugate.model.influence.render()"
+    assert shown == influence.render(), "docs/explanation/reliability.md's table is out of date: paste gpugate.model.influence.render()"
 
 
 def test_every_test_docs_reliability_cites_exists():
-    """A row of docs/reliability.md names the test that shows it: that test
+    """A row of docs/explanation/reliability.md names the test that shows it: that test
     must exist (``file.py::test_name``, and ``::test_name`` after it for the
     same file)."""
     import re
@@ -98,7 +98,7 @@ def test_every_test_docs_reliability_cites_exists():
             source = open(os.path.join(ROOT, "tests", name)).read()
             defined[name] = set(re.findall(r"^(?:async )?def (test_\w+)", source, re.M))
     missing = []
-    for line in open(os.path.join(ROOT, "docs", "reliability.md")).read().splitlines():
+    for line in open(os.path.join(ROOT, "docs", "explanation", "reliability.md")).read().splitlines():
         current = None
         for m in re.finditer(r"(test_\w+\.py)(?:::(test_\w+))?|::(test_\w+)", line):
             if m.group(1):
@@ -109,4 +109,4 @@ def test_every_test_docs_reliability_cites_exists():
                     missing.append("%s::%s" % (current, m.group(2)))
             elif current is None or m.group(3) not in defined.get(current, ()):
                 missing.append("%s::%s" % (current, m.group(3)))
-    assert missing == [], "docs/reliability.md cites tests that do not exist: %s" % missing
+    assert missing == [], "docs/explanation/reliability.md cites tests that do not exist: %s" % missing

@@ -43,7 +43,7 @@ def test_controller_commands_not_built_for_kubernetes_refuse_and_say_so(tmp_path
     cmd = [sys.executable, "-m", "gpugate"] + argv[:1] + ["--config", str(config)] + argv[1:]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    assert "acts on Slurm only so far" in out.stderr and "docs/kubernetes.md" in out.stderr, out.stderr
+    assert "acts on Slurm only so far" in out.stderr and "docs/explanation/kubernetes.md" in out.stderr, out.stderr
 
 
 def test_sweep_force_is_refused_on_kubernetes_before_anything_is_read(tmp_path):

@@ -4,7 +4,7 @@ node agent with a token naming its node, the same ServiceAccount with a
 token naming none, the keeper, the sweep) tries each write that is not
 gpugate's and is refused with the admission policy's own words; the writes
 gpugate makes (gpugate.kube.nodes, the Node channel) still pass; the list
-of what each may write in docs/kubernetes.md is the policies' list; and the
+of what each may write in docs/explanation/kubernetes.md is the policies' list; and the
 manifests installed in another namespace enforce all the same."""
 
 import os
@@ -341,8 +341,8 @@ def test_the_sweep_reads_and_evicts_only_the_pods_of_the_node_it_holds(rig):
 
 
 def _documented():
-    """docs/kubernetes.md's table "What each identity may write": {who: (sets, removes)}."""
-    with open(os.path.join(ROOT, "docs", "kubernetes.md")) as handle:
+    """docs/explanation/kubernetes.md's table "What each identity may write": {who: (sets, removes)}."""
+    with open(os.path.join(ROOT, "docs", "explanation", "kubernetes.md")) as handle:
         text = handle.read()
     table = text[text.index("<!-- least-privilege-table -->"):]
     rows = {}
@@ -357,10 +357,10 @@ def _documented():
 
 
 def _readme_lists():
-    """README.md's short list (its Kubernetes section): {who: the annotations it names for each}."""
-    with open(os.path.join(ROOT, "README.md")) as handle:
+    """docs/how-to/kubernetes.md's short list: {who: the annotations it names for each}."""
+    with open(os.path.join(ROOT, "docs", "how-to", "kubernetes.md")) as handle:
         text = handle.read()
-    block = text[text.index("may write on a Node (docs/kubernetes.md"):text.index("None of them changes labels")]
+    block = text[text.index("may write on a Node ([What each identity may"):text.index("None of them changes labels")]
     rows = re.split(r"\n  - the (node agent|keeper|sweep):", block)[1:]
     return {{"node agent": "agent"}.get(who, who): set(re.findall(r"`(gpugate\.io/[a-z-]+)`", said)) - {nv.TAINT_KEY}
             for who, said in zip(rows[::2], rows[1::2])}
@@ -381,7 +381,7 @@ def _policy_lists():
 
 
 def test_the_documented_write_lists_are_the_policys_and_hold_on_the_server(rig):
-    """docs/kubernetes.md says exactly which annotations each identity writes; the policy holds that list
+    """docs/explanation/kubernetes.md says exactly which annotations each identity writes; the policy holds that list
     (each one it sets passes, each it may only remove cannot be set, any other gpugate.io/ one is refused)."""
     rig.nodes()
     documented = _documented()

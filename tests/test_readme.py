@@ -1,4 +1,5 @@
-"""The README's commands work as typed on a fresh machine (no /etc/gpugate)."""
+"""The documented commands work as typed on a fresh machine (no /etc/gpugate):
+docs/how-to/baseline-rollout.md's dry run, line by line."""
 
 import os
 import re
@@ -10,9 +11,9 @@ from conftest import ROOT
 
 
 def readme_block(heading: str) -> str:
-    with open(os.path.join(ROOT, "README.md")) as handle:
+    with open(os.path.join(ROOT, "docs", "how-to", "baseline-rollout.md")) as handle:
         text = handle.read()
-    section = text.split("### " + heading, 1)[1]
+    section = text.split("\n## " + heading + "\n", 1)[1]
     return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
 
 
@@ -20,7 +21,7 @@ def test_dry_run_section_runs_verbatim(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "GPUGATE_CONFIG"}
     for line in readme_block("Dry-run a baseline against simulated nodes").splitlines():
         argv = shlex.split(line, comments=True)
-        # Only the paths move into tmp_path; every word else is the README's.
+        # Only the paths move into tmp_path; every word else is the page's.
         argv = [a.replace("/tmp/fleet", str(tmp_path / "fleet"))
                  .replace("/etc/gpugate/baseline.toml", str(tmp_path / "baseline.toml"))
                  .replace("new-baseline.toml", str(tmp_path / "new-baseline.toml"))

@@ -1,5 +1,5 @@
 """A job's user cannot take capacity through the preflight across nodes
-(docs/reliability.md, "Can a job's user cause it?"): as uid 65534 on the
+(docs/explanation/reliability.md, "Can a job's user cause it?"): as uid 65534 on the
 real rig (a real slurmctld and five slurmd with GPU GRES, the simulated
 nodes' recorded all_reduce_perf), the two attacks that drained a healthy
 node before, and the keeper's bound on pins.

@@ -1,4 +1,4 @@
-"""No new way for a job's user to take capacity (docs/reliability.md, "Can a
+"""No new way for a job's user to take capacity (docs/explanation/reliability.md, "Can a
 job's user cause it?"): what a user can cause is never acute, its drains
 are bounded (the drain budget; a preflight's pins besides by
 ``[preflight] pins_per_hour``), and it is never a step towards rma on its

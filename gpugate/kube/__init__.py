@@ -1,4 +1,4 @@
-"""Kubernetes GPU nodes under the same gate (docs/kubernetes.md).
+"""Kubernetes GPU nodes under the same gate (docs/explanation/kubernetes.md).
 
 The node side judges a Kubernetes node exactly as a Slurm node; only the
 writer differs.  gpugate.kube.nodes is a scheduler backend with the Slurm
@@ -8,7 +8,7 @@ the ownership rules (gpugate.slurm.ownership), the budgeted publish
 a drain is a taint, a cordon and an ownership annotation; the reason is
 gpugate's reason grammar in that annotation and in the node condition
 GpugateHealthy.  gpugate.kube.client is the HTTP client (http.client and
-TLS only: see docs/kubernetes.md for why not the official client).
+TLS only: see docs/explanation/kubernetes.md for why not the official client).
 
 May import: the layers below the schedulers (core .. judges) and
 gpugate.slurm; never the node agent, the keeper or the sweep (their

@@ -197,10 +197,10 @@ _DRAIN_BUDGET = Table({
     "key_file": (_PATH, "/etc/gpugate/drain-budget.key"),
 })
 
-# The preflight's table (gpugate.model.config_preflight, docs/preflight.md).
+# The preflight's table (gpugate.model.config_preflight, docs/explanation/preflight-design.md).
 _PREFLIGHT = preflight_table(_ARGV, _word, _host)
 
-# Kubernetes nodes (gpugate.model.config_kube, docs/kubernetes.md).
+# Kubernetes nodes (gpugate.model.config_kube, docs/explanation/kubernetes.md).
 _KUBERNETES = kube_table(_OPT_PATH, _word)
 
 _CONFIG = Table({

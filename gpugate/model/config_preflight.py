@@ -1,4 +1,4 @@
-"""gpugate.toml's [preflight] table (gpugate.preflight, docs/preflight.md):
+"""gpugate.toml's [preflight] table (gpugate.preflight, docs/explanation/preflight-design.md):
 an active proof on a job's fresh allocation, in the prolog, before the
 job's own code.  Off until a partition or a job asks for it.  The
 validators for commands, words and hosts are config.py's."""

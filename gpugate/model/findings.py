@@ -86,7 +86,7 @@ EVENTS = frozenset({"xid", "sxid", "fallen_off_bus", "amdgpu_event", "ecc_during
 # ACUTE apart from them), and never a step towards rma on their own: the
 # sweep's repeat-offender rule counts only the findings beside them
 # (gpugate.sweep.history), so an rma needs hardware evidence.  The whole
-# table, finding by finding: gpugate.model.influence, docs/reliability.md.
+# table, finding by finding: gpugate.model.influence, docs/explanation/reliability.md.
 USER_CAUSED = frozenset({"xid_repeat", "amdgpu_repeat", "preflight_across", "preflight_busbw", "clocks",
                          "kernel_log"})
 

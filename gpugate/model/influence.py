@@ -9,7 +9,7 @@ record, a diagnostic a user cannot disturb) stands beside it.  The code
 holds to it (gpugate.model.findings: ACUTE, USER_CAUSED) and tests/
 test_influence_table.py holds this table to the code: a component any
 judge writes with no row here, an acute one a user can cause, or
-docs/reliability.md's copy out of date fails CI.  Data only."""
+docs/explanation/reliability.md's copy out of date fails CI.  Data only."""
 
 from gpugate.core.record import dataclass
 
@@ -104,7 +104,7 @@ def row_for(component: str):
 
 
 def render() -> str:
-    """The table as docs/reliability.md shows it (GitHub Markdown)."""
+    """The table as docs/explanation/reliability.md shows it (GitHub Markdown)."""
     lines = ["| Finding source | Components | Can a job's user cause it? | How it drains | Towards rma |",
              "| --- | --- | --- | --- | --- |"]
     for row in ROWS:

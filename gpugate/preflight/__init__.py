@@ -1,4 +1,4 @@
-"""The preflight (docs/preflight.md): an active proof on a job's
+"""The preflight (docs/explanation/preflight-design.md): an active proof on a job's
 fresh allocation, in gpugate's prolog (PrologFlags=Alloc), before the job's
 own code.  ``select`` decides which jobs get one (pure); ``node`` runs a
 node's own part and judges it.

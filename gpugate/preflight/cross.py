@@ -1,4 +1,4 @@
-"""The proof across a job's nodes (issue 36, docs/preflight.md): after each
+"""The proof across a job's nodes (issue 36, docs/explanation/preflight-design.md): after each
 node's own proof, the job's prologs meet at its first node (rank 0,
 gpugate.preflight.meet), run ``[preflight] allreduce_multi`` as one
 collective over every node, and, when it fails, halve and re-pair until

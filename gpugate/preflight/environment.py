@@ -1,5 +1,5 @@
 """Is this node fit to join the run across a job's nodes?  Its environment
-as the run needs it, checked before it joins (docs/reliability.md):
+as the run needs it, checked before it joins (docs/explanation/reliability.md):
 
 - the node is the job's alone, in Slurm's own view: no slurmstepd of
   another job in its process table (another job's load on the node or its

@@ -1,4 +1,4 @@
-"""A node's own part of a job's preflight (issue 36, docs/preflight.md):
+"""A node's own part of a job's preflight (issue 36, docs/explanation/preflight-design.md):
 the diagnostic at ``[preflight] dcgm_level`` on the job's GPUs (`dcgmi diag
 -r N`; RVS on an AMD node), then the single-node all_reduce
 (``[preflight] allreduce``: nccl-tests, rccl-tests on AMD) on them, judged

@@ -30,7 +30,7 @@ def require_slurm(settings, what: str) -> None:
     so, rather than reach for a Slurm that is not there."""
     if getattr(settings, "scheduler", "slurm") not in SLURM_DRIVEN:
         raise ConfigError("%s acts on Slurm only so far; this gpugate.toml says scheduler = %r "
-                          "(docs/kubernetes.md: what is built for Kubernetes: the node agent, "
+                          "(docs/explanation/kubernetes.md: what is built for Kubernetes: the node agent, "
                           "`gpugate budget`, `sweep` and `status`)" % (what, settings.scheduler))
 
 

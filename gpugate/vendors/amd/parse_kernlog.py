@@ -1,4 +1,4 @@
-"""amdgpu events in kernel messages (docs/amd-design.md section 4).
+"""amdgpu events in kernel messages (docs/explanation/amd-design.md section 4).
 
 gpugate.parsers.kernlog.Scanner hands this module a kernel message (of
 facility 0, without dmesg's or journalctl's prefix) only when it starts

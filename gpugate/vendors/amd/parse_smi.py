@@ -1,7 +1,7 @@
-"""Read the AMD ``amd-smi`` CLI's output (issue 29; docs/amd-design.md 1.2-1.4).
+"""Read the AMD ``amd-smi`` CLI's output (issue 29; docs/explanation/amd-design.md 1.2-1.4).
 
 gpugate runs amd-smi as a command and never imports the amdsmi library
-(docs/amd-design.md 1.3); gpugate.vendors.amd.probe_smi runs it, this module only
+(docs/explanation/amd-design.md 1.3); gpugate.vendors.amd.probe_smi runs it, this module only
 reads what it printed.  Every format is the CLI's own
 (``amdsmi_cli/amdsmi_commands.py`` in ROCm/amdsmi for 6.x, ROCm/rocm-systems
 ``projects/amdsmi`` for 7.x), JSON first, the human-readable form too.

@@ -4,7 +4,7 @@ own bad-page threshold verdict, the XGMI link states and amd-smi's version.
 Run as a command through gpugate.safety.runner (deadline, process group, trust
 walk, output cap), never as the amdsmi library in-process: the Python
 binding is a ctypes file bound to one libamd_smi release, and the CLI ships
-with the library it matches (docs/amd-design.md 1.3).  The health check
+with the library it matches (docs/explanation/amd-design.md 1.3).  The health check
 and verification only; the prolog reads files (gpugate.vendors.amd.probe_sysfs).
 
 Every answer is merged into the sysfs facts by PCI address, never by index:

@@ -1,5 +1,5 @@
 """An AMD Instinct node as the kernel's own files say it: no tool, no
-library (docs/amd-design.md §1.1).  It runs in the prolog before every job:
+library (docs/explanation/amd-design.md §1.1).  It runs in the prolog before every job:
 only os and gpugate's bounded reads, imported lazily by the collector.
 
 What it reads, under ``root`` ('/' or a simulated sysroot):

@@ -31,7 +31,7 @@ KEYS = ["amd.smi=ok|kfd|hang|absent|nolibdrm", "amd.amd_smi=VERSION", "amd.xgmi_
 _NODE = ("amd.smi", "amd.amd_smi", "amd.xgmi_status", "amd.rvs")
 _GPU = re.compile(r"^amd\.gpu(\d{1,3})\.(ifwi|xgmi_down|threshold_exceeded|reset_fails|log)$")
 _RVS_FAIL = re.compile(r"^amd\.rvs\.fail\.([1-5])$")
-# The driver's format strings (docs/amd-design.md §4; gpugate.vendors.amd.parse_kernlog), "{N}" its event id.
+# The driver's format strings (docs/explanation/amd-design.md §4; gpugate.vendors.amd.parse_kernlog), "{N}" its event id.
 _LOG = {
     "ue": "{1}socket: 0, die: 0, %(n)d new uncorrectable hardware errors detected in %(block)s block",
     "ce": "{1}socket: 0, die: 0, %(n)d new correctable hardware errors detected in %(block)s block",

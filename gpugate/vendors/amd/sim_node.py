@@ -1,6 +1,6 @@
 """A simulated AMD Instinct node's files: its model (plain JSON, kept in
 node.json under "amd") and the sysroot gpugate.vendors.amd.probe_sysfs reads, with
-the kernel's names and formats (docs/amd-design.md §1.1, §6).  Nothing here
+the kernel's names and formats (docs/explanation/amd-design.md §1.1, §6).  Nothing here
 is a capture: the layout follows the kernel sources the probe cites, the
 values a healthy 8x MI300X as amd-smi printed one (samples/amd, the Dell
 static JSON: BDFs, product, part number, 750 W).
