@@ -8,6 +8,8 @@ tests/fixtures/user_surface/.  A deliberate change is recorded again with
 import difflib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +22,13 @@ FILES = ("help.txt", "commands.json", "entry_points.json", "config_keys.txt", "r
 
 @pytest.fixture(scope="module")
 def gathered():
-    return surface.gather()
+    # In an interpreter of its own: click caches a command's help option on
+    # first use, so another test's standalone call of a subcommand (no -h
+    # inherited) would change what this one sees.
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "user_surface.py"), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
 
 
 def _snapshot(name):
