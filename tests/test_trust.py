@@ -291,7 +291,7 @@ def test_state_and_journal_directories_others_can_write_are_refused(tmp_path):
 
 # --------------------------------------------------------- the rule, as a property
 def _expected(dir_uid, dir_mode, file_uid, file_mode):
-    """The rule in the README, written independently of gpugate.safety.trust."""
+    """The rule in docs/how-to/install-slurm.md (step 2), written independently of gpugate.safety.trust."""
     dir_ok = dir_uid == 0 and (not dir_mode & 0o022 or dir_mode & stat.S_ISVTX)
     entry_ok = not dir_mode & 0o022 or file_uid == 0
     file_ok = file_uid == 0 and not file_mode & 0o022

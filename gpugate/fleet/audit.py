@@ -202,7 +202,7 @@ def _status(component: str, product: Optional[str], value: str, baseline) -> str
         return UNCHECKED
     if component == "install":
         return PINNED if value == TRUSTED_INSTALL else UNREADABLE
-    if component == "job_devices":  # not a pin: shown, never drift (README "Jobs sharing a node's GPUs")
+    if component == "job_devices":  # not a pin: shown, never drift (docs/explanation/what-drains-when.md)
         return PINNED if value == "constrained" else UNPINNED
     if component == "kmsg_follower":  # never drift, never a drain: whether an Xid can go unseen
         return PINNED if value == "following" else UNREADABLE

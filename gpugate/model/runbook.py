@@ -40,7 +40,7 @@ _BY_COMPONENT = {
                        "(scontrol reboot); check `lspci -d 10de:`, power, thermals and the riser; if it "
                        "falls off again after the reboot, reseat or RMA"],
     "amdgpu_event": [
-        "an amdgpu kernel-log event (judges.amdevents); the detail names the GPU's PCI address and the "
+        "an amdgpu kernel-log event; the detail names the GPU's PCI address and the "
         "driver's line: dmesg | grep -e 'amdgpu <address>' shows what came before and after it",
         "ue/de/ue_event/poison: an uncorrectable RAS error, a deferred one or poison consumed: reset the GPU "
         "(amd-smi reset -G -g N; on an XGMI hive the driver resets every GPU of the hive, so drain them all), "

@@ -92,7 +92,7 @@ def fragment(config: Optional[str], release_text: str = "22.05", settings=None) 
 # pings; it gets no PATH and is killed at {kill}; gpugate keeps
 # its own budget (budgets.healthcheck, default 40 s) and locks against overlap.
 # LBNL NHC: set [nhc] command in gpugate.toml and gpugate runs it within that
-# budget (README "Running with NHC"); not a second HealthCheckProgram line.
+# budget (docs/how-to/nhc.md); not a second HealthCheckProgram line.
 HealthCheckProgram={hc}
 HealthCheckInterval=300
 # Accepted here: {states}
@@ -103,7 +103,7 @@ Prolog={pro}
 Epilog={epi}
 # PrologFlags is a list: add Alloc to yours (a second line would replace it).
 # Alloc runs the prolog when the job is allocated, before anything starts.
-# With a [preflight] (README "Preflight"): Alloc,DeferBatch (and
+# With a [preflight] (docs/how-to/preflight.md): Alloc,DeferBatch (and
 # ForceRequeueOnFail on 23.02+).
 #PrologFlags=Alloc
 # Unlimited by default: bound the prolog and epilog. The prolog's worst case
@@ -137,8 +137,8 @@ def devices_hint(root: str) -> str:
     state = job_devices(root)
     text = ("# cgroup.conf (not slurm.conf), with TaskPlugin=task/cgroup: ConstrainDevices=yes\n"
             "# confines each job to its own GPUs.  Without it a job may use another's GPU;\n"
-            "# the epilog then drains only for a process no running job owns (README\n"
-            "# \"Jobs sharing a node's GPUs\").  ProctrackType other than proctrack/cgroup:\n"
+            "# the epilog then drains only for a process no running job owns\n"
+            "# (docs/explanation/what-drains-when.md).  ProctrackType other than proctrack/cgroup:\n"
             "# a job's process is the job of the slurmstepd above it; one reparented to init is a leftover.\n")
     if isinstance(state, str) and state != CONSTRAINED and ("no cgroup.conf" not in state or "ProctrackType" in state):
         text += "# NOTE: on this machine %s\n" % state
