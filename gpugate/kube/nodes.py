@@ -51,6 +51,8 @@ class KubeNodes:
         self.selector = str(kube.get("node_selector") or "")  # the keeper's nodes: the GPU nodes gpugate judges
         self.no_execute = bool(kube.get("no_execute"))
         self.why = "configured"
+        self.device_holds = bool(kube.get("device_holds"))  # one GPU held, not its Node (gpugate.kube.dra)
+        self.scope: Dict[str, str] = {}  # node -> what this run held there (devices, or the Node and why)
         self._seen: Dict[str, dict] = {}  # the Node objects last read, for the writes decided on them
 
     def close(self) -> None:
@@ -166,10 +168,55 @@ class KubeNodes:
         if failed:
             raise KubeError("; ".join(failed)[:600])
 
+    def hold_devices(self, name: str, reason: str, findings, gpus) -> str:
+        """[kubernetes] device_holds: hold the GPUs the findings name as
+        DeviceTaintRules, not the Node.  "" when held so; else why the Node
+        is to be held instead (the caller drains it; nothing guessed).
+        gpus: {index: {"uuid", "pci"}} as the node read its GPUs."""
+        from gpugate.kube import devicehold, dra
+
+        if not self.device_holds:
+            return "device holds are off ([kubernetes] device_holds)"
+        held, why = devicehold.plan(findings, self.no_execute)
+        if why:
+            return self._node_scope(name, why)
+        parsed, named = reasons.parse(reason, self.tag), {(f.component, f.gpu) for f in findings}
+        if parsed is None or parsed.more or any((f.component, f.gpu) not in named for f in parsed.findings):
+            return self._node_scope(name, "the reason names more than this run's findings")
+        if nv.our_taints(self.node_object(name)):
+            return self._node_scope(name, "gpugate holds the Node already")
+        try:
+            why = dra.served(self.client)
+            if why:
+                return self._node_scope(name, why)
+            slices, targets = dra.slices_of(self.client, name), []
+            for gpu, effect in sorted(held.items()):
+                found, why = dra.locate(slices, (gpus or {}).get(gpu) or {})
+                if why:
+                    return self._node_scope(name, "gpu%d: %s" % (gpu, why))
+                targets += [(gpu, effect, where) for where in found]
+            written = [dra.write(self.client, dra.rule(name, gpu, where, effect, parsed.cls, reason), name)
+                       for gpu, effect, where in targets]
+            dra.lift(self.client, name, keep=written)  # a GPU held before and not now
+        except KubeError as exc:
+            return self._node_scope(name, "the GPUs could not be held alone: %s" % str(exc)[:300])
+        self._write(name, lambda node: nv.device_patch(node, reason, written, int(self.clock())))
+        self.scope[name] = "held: %s, not the Node" % ", ".join(
+            "gpu%d %s/%s %s" % (gpu, where[1], where[2], effect) for gpu, effect, where in targets)
+        return ""
+
+    def _node_scope(self, name: str, why: str) -> str:
+        self.scope[name] = "the Node is held: " + why
+        return why
+
     def undrain(self, names: str, build=nv.undrain_patch) -> None:
         failed = []
         for name in _expand(names):
             try:
+                if self.device_holds or nv.device_rules(self.node_object(name)):
+                    from gpugate.kube import dra
+
+                    dra.lift(self.client, name)  # its GPUs' rules first: the record naming them goes last
                 self._write(name, build)
             except (ValueError, GpugateError) as exc:  # ValueError: a read with no resourceVersion
                 failed.append("%s: %s" % (name, exc))
@@ -193,7 +240,10 @@ class KubeNodes:
         stands)."""
         held = state.reason if state is not None and verdict.fit and reasons.parse(
             state.reason, self.tag) is not None else ""
-        self.write_condition(name, self._wanted(verdict, held), self._now())
+        want = self._wanted(verdict, held)
+        if not verdict.fit and self.scope.get(name):  # which GPUs are held, or why the Node is
+            want = (want[0], want[1], ("%s; %s" % (want[2], self.scope[name]))[:1024])
+        self.write_condition(name, want, self._now())
 
     def write_condition(self, name: str, want, at_iso: str) -> None:
         """GpugateHealthy as ``want`` (status, reason, message), its heartbeat ``at_iso``."""

@@ -93,7 +93,7 @@ def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
     # gpugate writes its taint and its cordon together: without its taint, a
     # record left behind (an admin lifted the hold by hand) owns nothing,
     # and a cordon there now is whoever's made it.
-    ours = bool(our_taints(node))
+    ours = bool(our_taints(node)) or bool(devices_held(node))
     reason = ""
     if ours:
         reason = record["reason"]
@@ -142,10 +142,39 @@ def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, n
     keep_at = held and record.get("reason") == reason and isinstance(record.get("at"), (int, float))
     new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": effects,
            "cordon": cordon_ours}
+    if device_rules(node):  # the GPUs gpugate held alone stay named: lifted with the Node (KubeNodes.undrain)
+        new["devices"] = device_rules(node)
     body: Dict[str, Any] = {"taints": taints}
     if cordon:
         body["unschedulable"] = True
     return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)}), "spec": body}
+
+
+def devices_held(node: Dict[str, Any]) -> list:
+    """The DeviceTaintRules gpugate's record says hold this node's GPUs
+    instead of the Node (gpugate.kube.dra): [] when none, or when gpugate's
+    taint holds the Node."""
+    return [] if our_taints(node) else device_rules(node)
+
+
+def device_rules(node: Dict[str, Any]) -> list:
+    """The DeviceTaintRules gpugate's record names, whether or not its
+    taint holds the Node too (the sweep's work reason keeps them named)."""
+    names = owned(node).get("devices")
+    return list(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else []
+
+
+def device_patch(node: Dict[str, Any], reason: str, devices, now: int) -> Dict[str, Any]:
+    """Hold GPUs, not the Node: gpugate's record with the rules that hold
+    them (no taint, no cordon: the other GPUs keep serving).  Raises
+    ValueError as drain_patch does."""
+    if foreign_taints(node):
+        raise ValueError("a %s taint on the node was not written by gpugate: left alone" % TAINT_KEY)
+    record = owned(node)
+    keep_at = record.get("reason") == reason and isinstance(record.get("at"), (int, float))
+    new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": [], "cordon": False,
+           "devices": sorted(devices)}
+    return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)})}
 
 
 def undrain_patch(node: Dict[str, Any]) -> Dict[str, Any]:

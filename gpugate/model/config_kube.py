@@ -32,6 +32,8 @@ def table(opt_path, word) -> Table:
         "timeout_seconds": (Number(1, 600), 10.0),
         "pool_label": (Str("nvidia.com/gpu.product"), ""),  # the budget's pools, as partitions ("": one pool)
         "no_execute": (Bool(), False),  # NoExecute too (running pods evicted), for acute findings only
+        # One GPU's own finding holds that GPU alone (a DRA DeviceTaintRule, Kubernetes 1.37+), not its Node.
+        "device_holds": (Bool(), False),
         "namespace": (Str("gpugate", lambda v: word(v, "a namespace")), "gpugate"),  # the Lease, the smoke Pods
         # > a keeper run (25 s) + the watch interval (30 s): the leader renews in time
         "lease_seconds": (Number(60, 3600), 60.0),

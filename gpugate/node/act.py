@@ -32,7 +32,8 @@ def marker_path(settings, node: str) -> str:
 
 
 def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optional[float] = None,
-        spread: bool = False, in_service: Optional[bool] = None, read_at: Optional[float] = None) -> Dict[str, Any]:
+        spread: bool = False, in_service: Optional[bool] = None, read_at: Optional[float] = None,
+        gpus: Optional[Dict[int, Dict[str, str]]] = None) -> Dict[str, Any]:
     """Returns what happened: action, why, ok (False: the verdict could not
     be applied; the caller keeps what it needs to try again next run), and
     applied (the node carries the verdict as far as gpugate may put it).
@@ -42,7 +43,9 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     in_service: slurmd's SLURM_NODE_IS_HEALTHY (None: not given).
     read_at (time.time()): when the verdict's facts began to be read; a
     drain is not applied if the sweep reset the node's GPUs since (see
-    _reset_since)."""
+    _reset_since).  gpus: {index: {"uuid", "pci"}} as this run read them
+    (gpu_identities): on Kubernetes with [kubernetes] device_holds, a GPU's
+    own finding holds that GPU alone where the cluster can (KubeNodes.hold_devices)."""
     from gpugate.slurm import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
@@ -77,15 +80,15 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     # spread: kept for the callers; a node no longer reads the fleet, so a
     # fleet-wide finding costs slurmctld one single-node read and one comment
     # update per node, with nothing to spread out.
-    return _apply(settings, node, verdict, marker, limit, deadline, read_at)
+    return _apply(settings, node, verdict, marker, limit, deadline, read_at, gpus)
 
 
 def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
-           read_at: Optional[float] = None) -> Dict[str, Any]:
+           read_at: Optional[float] = None, gpus=None) -> Dict[str, Any]:
     """Read the node's state, decide by the ownership rules, write; the
     outcome names the Slurm backend that did it (the log line's "backend")."""
     used: list = []
-    outcome = _read_decide_write(settings, node, verdict, marker, limit, deadline, used, read_at)
+    outcome = _read_decide_write(settings, node, verdict, marker, limit, deadline, used, read_at, gpus)
     if used:
         outcome["backend"] = used[0].name
         if used[0].why != "configured":
@@ -97,7 +100,7 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 
 
 def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
-                       used: list, read_at: Optional[float] = None) -> Dict[str, Any]:
+                       used: list, read_at: Optional[float] = None, gpus=None) -> Dict[str, Any]:
     from gpugate.schedulers.registry import connect
     from gpugate.slurm import ownership
 
@@ -131,7 +134,8 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
             if decision.kind == ownership.DRAIN and budgeted:
                 pass  # the keeper drains it, within the budget
             elif decision.kind in (ownership.DRAIN, ownership.UPDATE):
-                slurm.drain(node, decision.reason)
+                if _hold_devices(slurm, node, decision.reason, verdict, gpus) != "":
+                    slurm.drain(node, decision.reason)
             elif decision.kind == ownership.UNDRAIN:
                 slurm.undrain(node)
             reported = _report(settings, slurm, node, verdict, state if decision.kind != ownership.UNDRAIN
@@ -141,9 +145,31 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
     except (GpugateError, OSError) as exc:
         return {"action": "failed", "ok": False, "error": str(exc)[:300], "rpc": True, "applied": False}
     outcome = _decided(settings, verdict, decision, state, marker, why_held)
+    if getattr(slurm, "scope", {}).get(node):
+        outcome["scope"] = slurm.scope[node][:300]  # the GPUs held alone, or why the Node is
     if reported:
         outcome["condition_error"] = reported
     return outcome
+
+
+def _hold_devices(backend, node: str, reason: str, verdict, gpus) -> Optional[str]:
+    """"" when the verdict's GPUs are held alone (Kubernetes, [kubernetes]
+    device_holds); why not, or None where the backend has no such holds."""
+    if not getattr(backend, "device_holds", False):
+        return None
+    return backend.hold_devices(node, reason, verdict.findings, gpus or {})
+
+
+def gpu_identities(facts) -> Dict[int, Dict[str, str]]:
+    """{index: {"uuid", "pci"}} of the GPUs a run read (NVML's, or amdgpu's
+    PCI functions): how a DRA driver's ResourceSlice names them."""
+    found: Dict[int, Dict[str, str]] = {}
+    nvml, amd = getattr(facts, "nvml", None), getattr(facts, "amd", None)
+    for gpu in getattr(nvml, "gpus", None) or ():
+        found[gpu.index] = {k: v for k, v in (("uuid", gpu.uuid), ("pci", gpu.pci_bus_id)) if isinstance(v, str)}
+    for gpu in getattr(amd, "gpus", None) or ():
+        found.setdefault(gpu.index, {"pci": gpu.bdf} if isinstance(gpu.bdf, str) else {})
+    return found
 
 
 def _heartbeat(settings, node: str, verdict, deadline: Optional[float]) -> Dict[str, Any]:

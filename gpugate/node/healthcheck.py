@@ -24,7 +24,7 @@ from gpugate.node import nhc
 from gpugate.node import operator_labels
 from gpugate.safety import state as st
 from gpugate.node import xidhistory
-from gpugate.node.act import act
+from gpugate.node.act import act, gpu_identities
 from gpugate.node.hold import HELD
 from gpugate.node.check import ACT_RESERVE, run_check
 from gpugate.node.lastgood import load_baseline
@@ -178,7 +178,7 @@ def _act(settings, node: str, j: _Judged, deadline: float, nhc_outcome) -> dict:
     # Without a record (first run, wiped state dir) ask Slurm once,
     # unless slurmd already says the node is in service.
     return act(settings, node, j.verdict, check_fit=not j.last, deadline=deadline, spread=True,
-               in_service=j.in_service, read_at=j.read_at)
+               in_service=j.in_service, read_at=j.read_at, gpus=gpu_identities(getattr(j, "facts", None)))
 
 
 def _save_state(settings, node: str, j: _Judged, outcome: dict, record: dict) -> None:

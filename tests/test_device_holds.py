@@ -1,0 +1,170 @@
+"""One GPU held instead of its Node ([kubernetes] device_holds), the pure
+parts: which findings are one GPU's and with which DeviceTaintRule effect
+(gpugate.kube.devicehold, property tests), how a GPU is found in the
+ResourceSlices a DRA driver publishes (gpugate.kube.dra.locate, on a slice
+in NVIDIA's driver's shape, tests/fixtures), the rules' names and
+ownership, and the Node's record of a device hold (gpugate.kube.nodeview).
+The same against real API servers: tests/test_kube_device_holds.py."""
+
+import copy
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpugate.kube import devicehold as dh
+from gpugate.kube import dra
+from gpugate.kube import nodeview as nv
+from gpugate.model.findings import (ACTIONS, HEALTH, PROBE, REBOOT, RESET_GPU, RMA_ACTION, USER_CAUSED, Finding)
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                       "dra-resourceslice-nvidia-h100x8.json")
+OWN = sorted(dh.GPU_OWN)
+ELSE = ["driver", "fallen_off_bus", "sxid", "fabric", "nvml", "module", "gpu_count", "imex_domain", "clocks",
+        "preflight_across", "nvlink", "vbios"]
+
+
+def nvidia_slice():
+    with open(FIXTURE) as handle:
+        return json.load(handle)
+
+
+def finding(component, gpu=3, action=RESET_GPU, observed="failure", cls=HEALTH):
+    return Finding(cls, component, observed, "none", action, gpu=gpu)
+
+
+gpu_findings = st.builds(
+    lambda component, gpu, action, cls: finding(component, gpu, action, cls=cls),
+    st.sampled_from(OWN), st.integers(0, 7), st.sampled_from([RESET_GPU, RMA_ACTION, "investigate"]),
+    st.sampled_from([HEALTH, PROBE]))
+any_findings = st.builds(
+    lambda component, gpu, action: finding(component, gpu, action),
+    st.sampled_from(OWN + ELSE + ["xid"]), st.one_of(st.none(), st.integers(0, 7)), st.sampled_from(ACTIONS))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(gpu_findings, min_size=1, max_size=6), st.booleans())
+def test_a_verdict_of_gpu_findings_holds_exactly_their_gpus(findings, no_execute):
+    held, why = dh.plan(findings, no_execute)
+    assert why == ""
+    assert set(held) == {f.gpu for f in findings}
+    for gpu, effect in held.items():
+        mine = [f for f in findings if f.gpu == gpu]
+        # The strongest effect of its findings, and each finding's effect as decided alone.
+        assert effect == max((dh.effect(f, no_execute) for f in mine), key=dh._STRENGTH.__getitem__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(any_findings, min_size=1, max_size=6), st.booleans())
+def test_one_finding_that_is_not_one_gpus_holds_the_node(findings, no_execute):
+    held, why = dh.plan(findings, no_execute)
+    node_wide = [f for f in findings if dh.granular(f)]
+    assert bool(node_wide) == bool(why)
+    if node_wide:
+        assert held == {}
+    for f in findings:
+        if f.gpu is None or f.action == REBOOT or f.component in ELSE:
+            assert dh.granular(f), f
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_findings, st.booleans())
+def test_no_execute_only_where_acute_asked_and_never_for_what_a_user_can_cause(f, no_execute):
+    effect = dh.effect(f, no_execute)
+    assert effect in ("None", "NoSchedule", "NoExecute")
+    if effect == "NoExecute":
+        assert no_execute and f.acute and f.component not in USER_CAUSED
+    if f.component in USER_CAUSED:
+        assert effect != "NoExecute"
+
+
+def test_the_findings_the_issue_names():
+    assert dh.plan([finding("row_remap", 3, RMA_ACTION)], False) == ({3: "NoSchedule"}, "")
+    assert dh.plan([finding("row_remap", 3, RMA_ACTION)], True) == ({3: "NoExecute"}, "")
+    # An application-Xid repeat is the users' to cause: NoSchedule, even where the site asks NoExecute.
+    assert dh.plan([finding("xid_repeat", 5, observed="xids 13,43 x3")], True) == ({5: "NoSchedule"}, "")
+    assert dh.plan([finding("dcgm_diag", 1, "investigate", observed="memory fail")], False) == ({1: "NoSchedule"}, "")
+    assert dh.plan([finding("ecc", 2), finding("xid", 2, observed="48")], True) == ({2: "NoExecute"}, "")
+    assert dh.plan([finding("pcie_width", 6, observed="x8")], True) == ({6: "None"}, "")
+    # Node-wide: a GPU off the bus, an NVLink Xid, the driver's recovery asking a reboot, no GPU named.
+    for f in (finding("xid", 1, REBOOT, observed="79"), finding("xid", 1, observed="74"),
+              finding("recovery", 1, REBOOT), finding("ecc", None)):
+        held, why = dh.plan([finding("row_remap", 3, RMA_ACTION), f], True)
+        assert held == {} and why, f
+
+
+def test_a_gpu_is_found_by_its_uuid_or_pci_address_never_by_its_index():
+    item = nvidia_slice()
+    dev = item["spec"]["devices"][5]
+    uuid, address = dev["attributes"]["uuid"]["string"], dev["attributes"]["pcieBusID"]["string"]
+    where = [("gpu.nvidia.com", "gpu-node-01", "gpu-5")]
+    assert dra.locate([item], {"uuid": uuid}) == (where, "")
+    # NVML's form of the address (an 8-digit domain, upper case) is the same address.
+    assert dra.locate([item], {"pci": "00000000:%s" % address.split(":", 1)[1].upper()}) == (where, "")
+    assert dra.locate([item], {"uuid": uuid, "pci": address}) == (where, "")
+    found, why = dra.locate([item], {"uuid": "GPU-00000000-0000-0000-0000-000000000000"})
+    assert found == [] and "no ResourceSlice" in why
+    found, why = dra.locate([item], {})
+    assert found == [] and "no UUID" in why
+    other = item["spec"]["devices"][2]["attributes"]["pcieBusID"]["string"]
+    found, why = dra.locate([item], {"uuid": uuid, "pci": other})
+    assert found == [] and "different devices" in why
+
+
+def test_amd_and_mig_forms():
+    amd = nvidia_slice()
+    amd["spec"]["driver"] = "gpu.amd.com"
+    for i, dev in enumerate(amd["spec"]["devices"]):
+        address = dev["attributes"]["pcieBusID"]["string"]
+        dev["name"] = "gpu-%d-%d" % (i + 1, 128 + i)
+        dev["attributes"] = {"type": {"string": "amdgpu"}, "resource.kubernetes.io/pciBusID": {"string": address}}
+    assert dra.locate([amd], {"pci": "0000:3a:00.0"}) == ([("gpu.amd.com", "gpu-node-01", "gpu-3-130")], "")
+    # A MIG device of the GPU (parentUUID) is held with it.
+    mig = nvidia_slice()
+    parent = copy.deepcopy(mig["spec"]["devices"][0])
+    child = {"name": "gpu-0-mig-9-0-4", "attributes": {"type": {"string": "mig"},
+                                                       "uuid": {"string": "MIG-1"},
+                                                       "parentUUID": parent["attributes"]["uuid"]}}
+    mig["spec"]["devices"].append(child)
+    found, why = dra.locate([mig], {"uuid": parent["attributes"]["uuid"]["string"]})
+    assert why == "" and [d for _, _, d in found] == ["gpu-0", "gpu-0-mig-9-0-4"]
+
+
+def test_a_rule_is_named_the_same_every_run_and_gpugate_knows_its_own():
+    body = dra.rule("node01", 3, ("gpu.nvidia.com", "node01", "gpu-3"), "NoSchedule", "health", "gpugate health x")
+    assert body["metadata"]["name"] == "gpugate.node01.gpu.nvidia.com.gpu-3"
+    assert body["spec"] == {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "node01", "device": "gpu-3"},
+                            "taint": {"key": "gpugate.io/unfit", "value": "health", "effect": "NoSchedule"}}
+    assert dra.ours(body, "node01") and not dra.ours(body, "node02")
+    foreign = copy.deepcopy(body)
+    del foreign["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    assert not dra.ours(foreign, "node01")
+    long_node = "n" * 250
+    name = dra.rule_name(long_node, "gpu.nvidia.com", "gpu-3")
+    assert len(name) <= 253 and name == dra.rule_name(long_node, "gpu.nvidia.com", "gpu-3")
+    assert name != dra.rule_name(long_node, "gpu.nvidia.com", "gpu-4")
+
+
+def test_the_node_records_a_device_hold_and_reads_as_held():
+    node = {"metadata": {"name": "node01", "resourceVersion": "7", "annotations": {}}, "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    reason = "gpugate health row_remap:gpu3=failure (want none)"
+    patch = nv.device_patch(node, reason, ["gpugate.node01.gpu.nvidia.com.gpu-3"], 100)
+    assert "spec" not in patch  # no taint, no cordon: the other GPUs keep serving
+    node["metadata"]["annotations"] = patch["metadata"]["annotations"]
+    state = nv.state_of(node)
+    assert state.reason == reason and "DRAIN" in state.flags
+    assert nv.devices_held(node) == ["gpugate.node01.gpu.nvidia.com.gpu-3"]
+    lifted = nv.undrain_patch(node)
+    assert lifted["metadata"]["annotations"] == {nv.OWNED: None} and "spec" not in lifted
+    # The record stays within what node-fields-policy.yaml reads (no nested object).
+    text = patch["metadata"]["annotations"][nv.OWNED]
+    assert "{" not in text[1:-1] and json.loads(text)["cordon"] is False
+
+
+@pytest.mark.parametrize("text,want", [("00000000:18:00.0", "0000:18:00.0"), ("0000:DB:00.0", "0000:db:00.0"),
+                                       ("0000:38:00", "0000:38:00.0"), ("", ""), (None, ""), ("pci0000:15", "")])
+def test_pci_addresses_read_as_one_form(text, want):
+    assert dra.pci(text) == want

@@ -1,0 +1,202 @@
+"""One GPU held instead of its Node ([kubernetes] device_holds), against a
+real control plane (gpugate.testbed.kube, control_plane=True: the release's
+kube-apiserver, kube-scheduler and kube-controller-manager, KWOK's
+kubelets).  A KWOK node publishes its 8 GPUs in a ResourceSlice in the
+shape NVIDIA's DRA driver writes (tests/fixtures/dra-resourceslice-nvidia-h100x8.json,
+the devices named by /dev/nvidia minor, not in NVML's order); the node
+agent (gpugate-healthcheck as installed) judges a GPU's row-remap failure.
+
+On a release that serves DeviceTaintRule (1.37): that GPU alone is held
+(one rule, gpugate's, NoSchedule), the Node is neither tainted nor
+cordoned, and the real scheduler gives 7 Pods claiming one GPU each the
+node's 7 other GPUs, and the eighth none.  A GPU's ECC finding is held the
+same way and the sweep's proof lifts it (its rule deleted with the Node's
+record).  On a release that does not (1.34), the same finding holds the
+Node, and its GpugateHealthy condition says why."""
+
+import copy
+import json
+import os
+
+import pytest
+
+from gpugate.kube import dra
+from gpugate.kube import nodeview as nv
+from gpugate.kube.client import KubeError, node_path
+from test_kube_agent import DEMO_BASELINE, MANIFESTS, _require_kube
+from test_kube_control_plane import GPU, PODS, sweep, unschedulable, wait_for
+
+pytestmark = pytest.mark.kube
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                       "dra-resourceslice-nvidia-h100x8.json")
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
+# The driver's minor numbers in NVML's (PCI) order: gpu index i is device gpu-MINOR[i].
+MINOR = (2, 0, 3, 1, 6, 4, 7, 5)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    _require_kube()
+    from gpugate.testbed import kube_control
+    from gpugate.testbed.kube import KubeAPI, built_versions, cache_dir
+
+    version = os.environ.get("GPUGATE_KUBE_VERSION") or built_versions()[-1]
+    gone = kube_control.missing(os.path.join(cache_dir(), version), cache_dir())
+    if gone and os.environ.get("CI") != "true":
+        pytest.skip("the control plane is not built (%s): scripts/kube-build %s" % (", ".join(gone), version))
+    api = KubeAPI(str(tmp_path_factory.mktemp("dra") / "api"), control_plane=True).start()
+    try:
+        api.apply(MANIFESTS)
+        api.admin().create("/apis/resource.k8s.io/v1/deviceclasses", CLASS)
+        yield api
+    finally:
+        api.stop()
+
+
+def serves_device_taints(api) -> bool:
+    return dra.served(api.admin()) == ""
+
+
+def fleet_with_slice(api, tmp_path, node):
+    """A KWOK node of the demo fleet and its ResourceSlice: the fixture's
+    devices, each carrying the UUID and PCI address of the simulated GPU
+    its minor belongs to, owned by the Node as the driver's are."""
+    from gpugate.sim import fleet as simfleet
+    from gpugate.testbed.kube import KubeFleet
+
+    fleet = KubeFleet(api, str(tmp_path), [node], DEMO_BASELINE, labels=GPU, kwok=True)
+    gpus = simfleet.load(fleet.fleet, node)["nvml"]["gpus"]
+    with open(FIXTURE) as handle:
+        item = json.load(handle)
+    template = item["spec"]["devices"][0]
+    devices = []
+    for index, gpu in enumerate(gpus):
+        device = copy.deepcopy(template)
+        device["name"] = "gpu-%d" % MINOR[index]
+        device["attributes"]["uuid"] = {"string": gpu["uuid"]}
+        device["attributes"]["pcieBusID"] = {"string": gpu["pci_bus_id"][4:].lower()}  # the driver's 4-digit domain
+        devices.append(device)
+    uid = api.admin().get(node_path(node))["metadata"]["uid"]
+    item["metadata"] = {"name": "%s-gpu.nvidia.com-x1" % node,
+                        "ownerReferences": [dict(item["metadata"]["ownerReferences"][0], name=node, uid=uid)]}
+    item["spec"].update(nodeName=node, pool={"name": node, "generation": 1, "resourceSliceCount": 1},
+                        devices=sorted(devices, key=lambda d: d["name"]))
+    api.admin().create(dra.SLICES, item)
+    return fleet
+
+
+def rules(admin, node):
+    try:
+        return [r for r in admin.list_pages(dra.RULES) if r["spec"]["deviceSelector"].get("pool") == node]
+    except KubeError as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
+def condition(admin, node):
+    for cond in admin.get(node_path(node))["status"].get("conditions") or []:
+        if cond["type"] == "GpugateHealthy":
+            return cond
+    return {}
+
+
+def check(fleet, node, *assignments):
+    if assignments:
+        fleet.sim(node, *assignments)
+    out = fleet.healthcheck(fleet.config("admin", extra="device_holds = true"), node)
+    assert out.returncode in (0, 1), (out.returncode, out.stdout[-1500:], out.stderr[-1500:])
+    return out
+
+
+def claim_pod(admin, name, node):
+    """A Pod claiming one GPU (a ResourceClaim of its own), only on ``node``."""
+    admin.create(CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}})
+    admin.create(PODS, {"metadata": {"name": name}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [{"name": "main", "image": "registry.example.com/train:1",
+                        "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+
+def allocated(admin, name):
+    """The devices the scheduler allocated to a claim ([] while none)."""
+    status = admin.get(CLAIMS + "/" + name).get("status") or {}
+    return [r["device"] for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []]
+
+
+def judged_with_device_taints(plane, tmp_path, node, assignment):
+    """The node with its ResourceSlice, its GPU's finding judged by the agent
+    (a release that serves no DeviceTaintRule: skipped, the last test's)."""
+    if not serves_device_taints(plane):
+        pytest.skip("kube-apiserver %s serves no DeviceTaintRule: the Node is held (the last test)" % plane.version)
+    fleet = fleet_with_slice(plane, tmp_path, node)
+    check(fleet, node, assignment)
+    return fleet, plane.admin()
+
+
+def test_a_remap_failure_holds_its_gpu_alone_and_the_scheduler_uses_the_other_seven(plane, tmp_path):
+    node = "gpu71"
+    fleet, admin = judged_with_device_taints(plane, tmp_path, node, "gpu.3.remapped_rows.failure=1")
+    held = rules(admin, node)
+    device = "gpu-%d" % MINOR[3]
+    assert [(r["metadata"]["name"], r["spec"]["deviceSelector"]["device"], r["spec"]["taint"]["effect"])
+            for r in held] == [(dra.rule_name(node, "gpu.nvidia.com", device), device, "NoSchedule")]
+    assert dra.ours(held[0], node)
+    got = admin.get(node_path(node))
+    assert nv.our_taints(got) == [] and not got["spec"].get("unschedulable")  # the Node itself serves on
+    assert nv.devices_held(got) == [held[0]["metadata"]["name"]]
+    assert "row_remap:gpu3=failure" in nv.owned(got)["reason"]
+    cond = condition(admin, node)
+    assert cond["status"] == "False" and "held: gpu3 %s/%s NoSchedule, not the Node" % (node, device) in cond["message"]
+
+    names = ["claim%d" % i for i in range(8)]
+    for name in names:
+        claim_pod(admin, name, node)
+    wait_for("7 Pods running on the GPUs not held",
+             lambda: sum(1 for n in names if admin.get(PODS + "/" + n)["status"].get("phase") == "Running") == 7,
+             timeout=60)
+    given = [d for n in names for d in allocated(admin, n)]
+    assert sorted(given) == sorted("gpu-%d" % m for m in MINOR if m != MINOR[3])
+    waiting = [n for n in names if not allocated(admin, n)]
+    assert len(waiting) == 1
+    assert wait_for("the scheduler's word on the eighth Pod", lambda: unschedulable(admin, waiting[0]))
+    # A second run with the same finding changes nothing (one rule, the same record).
+    before = nv.owned(admin.get(node_path(node)))
+    check(fleet, node)
+    assert len(rules(admin, node)) == 1 and nv.owned(admin.get(node_path(node))) == before
+    for name in names:
+        admin.request("DELETE", PODS + "/" + name, query={"gracePeriodSeconds": "0"})
+        admin.request("DELETE", CLAIMS + "/" + name)
+
+
+def test_the_sweeps_proof_lifts_a_gpus_hold(plane, tmp_path):
+    node = "gpu72"
+    fleet, admin = judged_with_device_taints(plane, tmp_path, node, "gpu.5.ecc.uncorrected.volatile=2")
+    assert [r["spec"]["deviceSelector"]["device"] for r in rules(admin, node)] == ["gpu-%d" % MINOR[5]]
+    # Someone else's rule for the node's pool: never touched by gpugate.
+    foreign = dra.rule(node, 1, ("gpu.nvidia.com", node, "gpu-%d" % MINOR[1]), "None", "health", "theirs")
+    foreign["metadata"] = {"name": "site-rule-%s" % node}
+    admin.create(dra.RULES, foreign)
+    outcome = sweep(fleet, node)
+    assert outcome.get("result") == "resumed", outcome
+    assert [r["metadata"]["name"] for r in rules(admin, node)] == ["site-rule-%s" % node]
+    got = admin.get(node_path(node))
+    assert nv.owned(got) == {} and nv.state_of(got).reason == ""
+
+
+def test_the_same_finding_holds_the_node_where_no_device_taints_are_served(plane, tmp_path):
+    if serves_device_taints(plane):
+        pytest.skip("kube-apiserver %s serves DeviceTaintRule: the tests above" % plane.version)
+    node, admin = "gpu73", plane.admin()
+    fleet = fleet_with_slice(plane, tmp_path, node)
+    check(fleet, node, "gpu.3.remapped_rows.failure=1")
+    got = admin.get(node_path(node))
+    assert [t["effect"] for t in nv.our_taints(got)] == ["NoSchedule"] and got["spec"].get("unschedulable")
+    assert nv.devices_held(got) == []
+    cond = condition(admin, node)
+    assert cond["status"] == "False" and "the Node is held: " + dra.NOT_SERVED in cond["message"]
