@@ -216,11 +216,11 @@ def test_textfile_metrics_name_the_amd_stack_not_nvidias():
 
     b = baseline()
     facts = node(amdgpu_version="6.12.12")
-    states = component_states(decide(judge(b, facts), "gpugate:"), facts, b, b.expect_for("mi01"))
+    states = component_states(decide(judge(b, facts), "gpugate:"), facts, b, b.expect_for("mi01"), "amd")
     assert states == {"kernel": "matches", "amdgpu": "differs", "rocm": "matches", "vbios": "matches",
                       "ifwi": "matches"}  # no "driver: unreadable" on a node that has no NVIDIA driver
     na = node([gpu(i, ifwi=ProbeFailure("amd_smi", "na", "N/A")) for i in range(8)])
-    assert component_states(decide(judge(b, na), "gpugate:"), na, b, b.expect_for("mi01"))["ifwi"] == "unreadable"
+    assert component_states(decide(judge(b, na), "gpugate:"), na, b, b.expect_for("mi01"), "amd")["ifwi"] == "unreadable"
     event = XidEvent(xid=1533, pci_bus_id="0000:1b:00", text="", kind="amdgpu", where="ce:xgmi_wafl")
     assert kernel_log_samples((event,)) == [("gpugate_kernel_log_events", {"kind": "amdgpu", "code": "ce"}, 1)]
 

@@ -43,14 +43,16 @@ def _package_state(packages, role) -> str:
     return MATCHES  # a Package, or None: not installed, which the judge calls drift
 
 
-def component_states(verdict, facts, baseline, expect) -> dict:
+def component_states(verdict, facts, baseline, expect, vendor: str = "nvidia") -> dict:
     """component -> matches | differs | unreadable | unchecked, for each
     pinned component.  Pure.  "matches" needs a value that was read: a
-    fact that is an error or missing is unreadable, never a match."""
-    if getattr(facts, "amd", None) is not None:  # an AMD node: its own stack (gpugate.vendors.seam)
-        from gpugate.vendors.seam import part
+    fact that is an error or missing is unreadable, never a match.  A
+    vendor with its own stack judges its own (gpugate.vendors.seam)."""
+    from gpugate.vendors.seam import part
 
-        return part("amd", "component_states")(verdict, facts, baseline)
+    own = part(vendor, "component_states")
+    if own is not None:
+        return own(verdict, facts, baseline)
     pin, nvml = baseline.pin, facts.nvml
     nvml_ok = nvml is not None and not failed(nvml)
     readable = {
@@ -84,7 +86,7 @@ NHC_RESULTS = ("passed", "failed", "timed out", "not run")  # gpugate.node.nhc
 
 def node_families(node: str, verdict, facts, baseline, held: bool = False, config_error: bool = False,
                   nhc: str = "", stuck=None) -> list:
-    states = component_states(verdict, facts, baseline, baseline.expect_for(node))
+    states = component_states(verdict, facts, baseline, baseline.expect_for(node), baseline.vendor_for(node))
     classes = {f.cls for f in verdict.findings}
 
     def per_component(name, state):
