@@ -18,9 +18,9 @@ from gpugate.model import runbook
 from gpugate.model.baseline import load_baseline
 from gpugate.model.facts import NodeFacts, XidEvent
 from gpugate.model.findings import BROKEN, HEALTH, REBOOT, RESET_GPU, RMA_ACTION, Finding
-from gpugate.vendors.amd import judge_events as amdevents
+from gpugate.vendors.amd import judge_events
 from gpugate.judges import xids
-from gpugate.vendors.amd import parse_kernlog as amdkernlog
+from gpugate.vendors.amd import parse_kernlog
 from gpugate.parsers import kernlog
 from gpugate.probes.kernlog import bus_key, fresh_xids
 from gpugate.model.reason import render
@@ -362,9 +362,9 @@ def test_the_prolog_loads_no_amd_pattern_for_an_nvidia_log():
 
 
 def test_the_gate_and_the_module_agree_on_what_starts_an_amdgpu_record():
-    assert kernlog._AMD_HEADS == amdkernlog.HEADS
-    assert set(POLICY.amdgpu_events) <= set(amdkernlog.EVENTS)
-    assert {amdkernlog.event_name(w) for _, w, _ in CONSTRUCTED} <= set(amdkernlog.EVENTS)
+    assert kernlog._AMD_HEADS == parse_kernlog.HEADS
+    assert set(POLICY.amdgpu_events) <= set(parse_kernlog.EVENTS)
+    assert {parse_kernlog.event_name(w) for _, w, _ in CONSTRUCTED} <= set(parse_kernlog.EVENTS)
 
 
 def test_fresh_events_take_the_amd_gpu_index_and_old_ring_timeouts_count():
@@ -392,13 +392,13 @@ def judge(lines, fresh_from=0, policy=POLICY, gpus=MI300X_GPUS):
     """Kernel-log lines -> findings, as a check reads them (seq from 1)."""
     text = "".join("6,%d,%d,-;%s\n" % (n, n, line) for n, line in enumerate(lines, 1))
     found = fresh_xids(text, None, fresh_from, 0, 0.0, gpus)
-    return amdevents.judge(policy, NodeFacts(node="n", mode="healthcheck", collected_at=0.0, xids=found))
+    return judge_events.judge(policy, NodeFacts(node="n", mode="healthcheck", collected_at=0.0, xids=found))
 
 
 def capture_findings(name, gpus=MI300X_GPUS):
     found = kernlog.parse_kmsg(kmsg(fixture(name)), None)
     found = tuple(replace(e, gpu=gpus.get(bus_key(e.pci_bus_id))) for e in found)
-    return amdevents.judge(POLICY, NodeFacts(node="n", mode="healthcheck", collected_at=0.0, xids=found))
+    return judge_events.judge(POLICY, NodeFacts(node="n", mode="healthcheck", collected_at=0.0, xids=found))
 
 
 def test_the_mi300x_hang_drains_for_its_uncorrectable_error_and_its_reset():
@@ -515,7 +515,7 @@ def test_the_nvidia_judge_ignores_amdgpu_events():
     nvidia = found + (XidEvent(xid=79, pci_bus_id="0000:18:00", text="", gpu=2),)
     assert [(f.component, f.observed, f.gpu) for f in xids.judge(POLICY, replace(facts, xids=nvidia))] == \
         [("xid", "79", 2)]
-    assert amdevents.judge(POLICY, replace(facts, xids=nvidia[1:])) == []
+    assert judge_events.judge(POLICY, replace(facts, xids=nvidia[1:])) == []
 
 
 def test_explain_gives_the_amd_steps():
@@ -551,7 +551,7 @@ ACA_BANKS = [
 
 @pytest.mark.parametrize("status,where", ACA_BANKS)
 def test_an_aca_banks_severity_is_read_from_its_status_bits(status, where):
-    assert amdkernlog.aca_severity(status) == where
+    assert parse_kernlog.aca_severity(status) == where
     for form in ("amdgpu 0000:4e:00.0: {1}[Hardware Error]: aca entry[03].STATUS=0x%016x",
                  "amdgpu 0000:4e:00.0: amdgpu: [Hardware error] ACA[03/04].STATUS=0x%016x"):
         (event,) = kernlog.parse_kmsg("3,9,1,-;%s\n" % (form % status), None)

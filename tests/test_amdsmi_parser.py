@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpugate.model.facts import ProbeFailure
-from gpugate.vendors.amd import parse_smi as amdsmi
+from gpugate.vendors.amd import parse_smi
 from gpugate.vendors.amd import parse_smi_fields as fields
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "amd")
@@ -45,7 +45,7 @@ MI300X_BDFS = ["0000:1b:00.0", "0000:3d:00.0", "0000:4e:00.0", "0000:5f:00.0",
 
 
 def test_static_json_rocm72_mi300x():
-    got = amdsmi.parse_static(read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt"))
+    got = parse_smi.parse_static(read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt"))
     assert sorted(got) == list(range(8))
     assert [got[i]["bdf"] for i in range(8)] == MI300X_BDFS
     assert got[0] == {
@@ -59,11 +59,11 @@ def test_static_json_rocm72_mi300x():
 
 def test_static_json_no_kfd_access_banner():
     text = read("amd-smi-static-json-nonroot-permdenied-MI300X-rocm7.2.1-delldai.txt")
-    banner, payload = amdsmi.json_payload(text)
+    banner, payload = parse_smi.json_payload(text)
     assert banner.startswith("Permission needed to access required GPU device node(s):")
     assert "/dev/kfd: Permission denied" in banner and len(payload["gpu_data"]) == 8
-    assert amdsmi.failure(0, text, "") is None
-    got = amdsmi.parse_static(text)[0]
+    assert parse_smi.failure(0, text, "") is None
+    got = parse_smi.parse_static(text)[0]
     # What sysfs gives is still real; every ioctl field is N/A for want of /dev/kfd.
     assert got["bdf"] == "0000:1b:00.0" and got["serial"] == "692409006566" and got["power_cap_w"] == 750.0
     for key in ("product", "device_id", "ifwi_version", "ifwi_part_number", "bad_page_threshold_exceeded"):
@@ -72,7 +72,7 @@ def test_static_json_no_kfd_access_banner():
 
 
 def test_static_json_mi210_vbios_era_fragment():
-    got = amdsmi.parse_static(read("amd-smi-static-json-MI210-inbox6.14-dmetestrunner.FRAGMENT.txt"))
+    got = parse_smi.parse_static(read("amd-smi-static-json-MI210-inbox6.14-dmetestrunner.FRAGMENT.txt"))
     assert got == {0: {
         "bdf": na("bdf: absent"),  # the publisher cut bus.bdf
         "product": "AMD Instinct MI210", "device_id": "0x740f",
@@ -85,7 +85,7 @@ def test_static_json_mi210_vbios_era_fragment():
 
 
 def test_static_text_mi300a_ifwi_na_and_apu_power_cap():
-    got = amdsmi.parse_static(read("amd-smi-static-MI300A-amdgpu6.19.4-amdsmidocs.FRAGMENT.txt"))[0]
+    got = parse_smi.parse_static(read("amd-smi-static-MI300A-amdgpu6.19.4-amdsmidocs.FRAGMENT.txt"))[0]
     assert got["bdf"] == "0000:01:00.0" and got["product"] == "AMD Instinct MI300A"
     assert got["device_id"] == "0x74a0"
     assert got["ifwi_version"] == na("ifwi_version: N/A") and got["ifwi_part_number"] == na("ifwi_part_number: N/A")
@@ -95,7 +95,7 @@ def test_static_text_mi300a_ifwi_na_and_apu_power_cap():
 
 
 def test_static_text_mi350x_with_libdrm():
-    got = amdsmi.parse_static(read("amd-smi-static-MI350X-amdgpu6.18.3-rocmsys2987.FRAGMENT.txt"))[0]
+    got = parse_smi.parse_static(read("amd-smi-static-MI350X-amdgpu6.18.3-rocmsys2987.FRAGMENT.txt"))[0]
     assert (got["bdf"], got["product"], got["device_id"]) == ("0000:05:00.0", "AMD Instinct MI350X", "0x75a0")
     assert (got["ifwi_version"], got["ifwi_part_number"]) == ("00154951", "113-M350-01-1K0-920A")
     assert got["power_cap_w"] == na("power_cap_w: absent")  # --limit was not asked
@@ -107,16 +107,16 @@ def test_static_without_libdrm_reads_what_it_prints():
     # same as with libdrm); only IFWI NAME, BUILD_DATE and DRIVER are N/A.
     text = read("amd-smi-static-MI350X-nolibdrm-amdgpu6.18.3-rocmsys2987.FRAGMENT.txt")
     warning, _ = text.split("\n", 1)
-    got = amdsmi.parse_static(text)[0]
+    got = parse_smi.parse_static(text)[0]
     assert (got["bdf"], got["device_id"]) == ("0000:05:00.0", "0x75a0")
     assert (got["ifwi_version"], got["ifwi_part_number"]) == ("00154951", "113-M350-01-1K0-920A")
     # The warning on stderr (or before the JSON) is no failure of the answer.
     doc = read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt")
-    assert amdsmi.failure(0, doc, warning) is None
-    assert amdsmi.failure(0, warning + "\n" + doc, "") is None
-    assert amdsmi.failure(0, doc, "Fail to open libdrm.so.2: libdrm.so.2: cannot open shared object file") is None
+    assert parse_smi.failure(0, doc, warning) is None
+    assert parse_smi.failure(0, warning + "\n" + doc, "") is None
+    assert parse_smi.failure(0, doc, "Fail to open libdrm.so.2: libdrm.so.2: cannot open shared object file") is None
     # libamd_smi itself missing still is.
-    assert amdsmi.failure(1, "", warning + "\nOSError: libamd_smi.so: cannot open shared object file").detail \
+    assert parse_smi.failure(1, "", warning + "\nOSError: libamd_smi.so: cannot open shared object file").detail \
         .startswith("library not found: OSError: libamd_smi.so")
 
 
@@ -133,9 +133,9 @@ def test_a_libdrm_warning_never_decides_the_answer(lib, verb, where, rc, gpus):
     line = "%s to open %s: %s: cannot open shared object file: No such file or directory" % (verb, lib, lib)
     err = line if where in ("stderr", "both") else ""
     warned = line + "\n" + out if where in ("banner", "both") else out
-    assert amdsmi.failure(rc, warned, err) == amdsmi.failure(rc, out, "")
+    assert parse_smi.failure(rc, warned, err) == parse_smi.failure(rc, out, "")
     if rc == 0:
-        assert amdsmi.parse_static(warned) == amdsmi.parse_static(out)
+        assert parse_smi.parse_static(warned) == parse_smi.parse_static(out)
 
 
 def test_static_without_libdrm_never_takes_the_sysfs_vbios_string():
@@ -145,7 +145,7 @@ def test_static_without_libdrm_never_takes_the_sysfs_vbios_string():
     doc = json.loads(read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt"))
     gpu = doc["gpu_data"][0]
     gpu["ifwi"] = {"name": "N/A", "build_date": "N/A", "part_number": "N/A", "version": "113-M3000108-103"}
-    got = amdsmi.parse_static(json.dumps(doc))[0]
+    got = parse_smi.parse_static(json.dumps(doc))[0]
     assert isinstance(got["ifwi_version"], ProbeFailure) and got["ifwi_version"].kind == "na"
     assert "no libdrm" in got["ifwi_version"].detail
     assert got["ifwi_part_number"] == na("ifwi_part_number: N/A")
@@ -158,16 +158,16 @@ def test_static_rocm6_list_shape_and_vbios_key():
         gpu["limit"] = {"max_power": {"value": 750, "unit": "W"}, "min_power": {"value": 0, "unit": "W"},
                         "socket_power": {"value": 700, "unit": "W"}}
         gpu["partition"] = {"compute_partition": "spx", "memory_partition": "NPS1", "partition_id": 0}
-    got = amdsmi.parse_static(json.dumps(doc, indent=4))
+    got = parse_smi.parse_static(json.dumps(doc, indent=4))
     assert got[1]["ifwi_version"] == "00159017" and got[1]["power_cap_w"] == 700.0
     # 6.0 printed the cap as "current_power", the library's microwatts with no unit.
     doc[0]["limit"] = {"max_power": 750000000, "current_power": 750000000}
-    assert amdsmi.parse_static(json.dumps(doc))[0]["power_cap_w"] == 750.0
+    assert parse_smi.parse_static(json.dumps(doc))[0]["power_cap_w"] == 750.0
     assert (got[0]["compute_partition"], got[0]["memory_partition"]) == ("SPX", "NPS1")
 
 
 def test_static_partition_text_cpx_nps4():
-    got = amdsmi.parse_static(read("amd-smi-static-partition-CPX-NPS4-MI300X-rocm6.3.0-amdsmichangelog.txt"))
+    got = parse_smi.parse_static(read("amd-smi-static-partition-CPX-NPS4-MI300X-rocm6.3.0-amdsmichangelog.txt"))
     assert (got[0]["compute_partition"], got[0]["memory_partition"]) == ("CPX", "NPS4")
     assert got[0]["bdf"] == na("bdf: absent")
 
@@ -177,7 +177,7 @@ def test_static_cpu_then_gpu_documents():
     cpu = json.dumps([{"cpu": 0, "smu": {"fw_version": "85.103.0"}}], indent=4)
     gpu = read("amd-smi-static-json-8xMI300X-rocm7.2.1-delldai.txt")
     gpus = json.dumps(json.loads(gpu)["gpu_data"][:1], indent=4)
-    assert amdsmi.parse_static(cpu + "\n" + gpus)[0]["bdf"] == "0000:1b:00.0"
+    assert parse_smi.parse_static(cpu + "\n" + gpus)[0]["bdf"] == "0000:1b:00.0"
 
 
 # ---- failure -------------------------------------------------------------------------
@@ -185,48 +185,48 @@ def test_static_cpu_then_gpu_documents():
 
 def test_failure_driver_not_loaded_exit_255():
     err = read("amd-smi-static-driver-not-loaded-stderr-CONSTRUCTED.txt")
-    got = amdsmi.failure(255, "", err)
+    got = parse_smi.failure(255, "", err)
     assert got == ProbeFailure("amd_smi", "missing", "driver not loaded: ERROR: Drivers not loaded "
                                                      "(amdgpu and amd_hsmp drivers not found in modules)")
-    assert amdsmi.failure(255, "", "").kind == "missing"
-    assert amdsmi.failure(1, "", "AmdSmiLibraryException: AMDSMI_STATUS_DRIVER_NOT_LOADED").kind == "missing"
-    assert amdsmi.failure(0, '{"error": "AMDSMI has returned error", "code": -1034}', "").kind == "missing"
+    assert parse_smi.failure(255, "", "").kind == "missing"
+    assert parse_smi.failure(1, "", "AmdSmiLibraryException: AMDSMI_STATUS_DRIVER_NOT_LOADED").kind == "missing"
+    assert parse_smi.failure(0, '{"error": "AMDSMI has returned error", "code": -1034}', "").kind == "missing"
 
 
 def test_failure_traceback_library_and_other_exits():
     tb = "Traceback (most recent call last):\n  File \"/opt/rocm/bin/amd-smi\", line 3\nKeyError: 'AMDSMI_STATUS_X'\n"
-    assert amdsmi.failure(1, "", tb) == ProbeFailure("amd_smi", "error", "KeyError: 'AMDSMI_STATUS_X'")
+    assert parse_smi.failure(1, "", tb) == ProbeFailure("amd_smi", "error", "KeyError: 'AMDSMI_STATUS_X'")
     lib = "OSError: libamd_smi.so: cannot open shared object file: No such file or directory"
-    assert amdsmi.failure(1, "", lib).detail.startswith("library not found: OSError: libamd_smi.so")
-    assert amdsmi.failure(2, "", "usage: amd-smi\namd-smi: error: unrecognized arguments: --link-status") == \
+    assert parse_smi.failure(1, "", lib).detail.startswith("library not found: OSError: libamd_smi.so")
+    assert parse_smi.failure(2, "", "usage: amd-smi\namd-smi: error: unrecognized arguments: --link-status") == \
         ProbeFailure("amd_smi", "error", "exit 2: usage: amd-smi")
-    assert amdsmi.failure(0, "GPU: 0\n    BDF: x\n", "") == ProbeFailure("amd_smi", "error", "no JSON in output: GPU: 0")
-    assert amdsmi.failure(0, '{"error": "Invalid parameters", "code": -1}', "") == \
+    assert parse_smi.failure(0, "GPU: 0\n    BDF: x\n", "") == ProbeFailure("amd_smi", "error", "no JSON in output: GPU: 0")
+    assert parse_smi.failure(0, '{"error": "Invalid parameters", "code": -1}', "") == \
         ProbeFailure("amd_smi", "error", "Invalid parameters (code -1)")
-    assert amdsmi.failure(0, read("amd-smi-version-json-MI300X-rocm7.2.1-delldai.txt"), "") is None
+    assert parse_smi.failure(0, read("amd-smi-version-json-MI300X-rocm7.2.1-delldai.txt"), "") is None
 
 
 def test_failure_needs_root():
     err = read("amd-smi-reset-nonroot-stderr-CONSTRUCTED.txt")
-    assert amdsmi.failure(1, "", err) == ProbeFailure("amd_smi", "error", "needs root")
+    assert parse_smi.failure(1, "", err) == ProbeFailure("amd_smi", "error", "needs root")
 
 
 def test_json_payload_without_json():
     with pytest.raises(ValueError):
-        amdsmi.json_payload("Permission needed ...\n[WARNING] nothing\n")
+        parse_smi.json_payload("Permission needed ...\n[WARNING] nothing\n")
 
 
 # ---- metric -----------------------------------------------------------------------------
 
 
 def test_metric_ecc_blocks_text_all_zero_rocm612():
-    got = amdsmi.parse_metric(read("amd-smi-metric-eccblocks-allzero-MI300X-rocm6.1.2-amdsmichangelog.txt"))
+    got = parse_smi.parse_metric(read("amd-smi-metric-eccblocks-allzero-MI300X-rocm6.1.2-amdsmichangelog.txt"))
     assert got[0]["ecc_blocks"] == {b: (0, 0, 0) for b in ("umc", "sdma", "gfx", "mmhub", "pcie_bif", "hdp", "xgmi_wafl")}
     assert got[0]["ecc_total"] == na("ecc_total: absent") and got[0]["pcie"] == na("pcie: absent")
 
 
 def test_metric_json_nonzero_and_na():
-    got = amdsmi.parse_metric(read("amd-smi-metric-ecc-blocks-pcie-json-nonzero-CONSTRUCTED.json"))
+    got = parse_smi.parse_metric(read("amd-smi-metric-ecc-blocks-pcie-json-nonzero-CONSTRUCTED.json"))
     g0 = got[0]
     assert g0["ecc_total"] == (2, 1538, 1)
     assert g0["ecc_blocks"]["umc"] == (2, 5, 1) and g0["ecc_blocks"]["xgmi_wafl"] == (0, 1533, 0)
@@ -246,17 +246,17 @@ def test_metric_json_nonzero_and_na():
 
 
 def test_bad_pages_four_shapes():
-    got = amdsmi.parse_bad_pages(read("amd-smi-bad-pages-json-4shapes-CONSTRUCTED.json"))
+    got = parse_smi.parse_bad_pages(read("amd-smi-bad-pages-json-4shapes-CONSTRUCTED.json"))
     assert got[0] == (0, 0, 0) and got[1] == (1, 0, 0) and got[2] == (2, 1, 1)
     assert got[3] == na("bad pages retired: N/A; pending: N/A; un_res: N/A")
-    assert amdsmi.parse_bad_pages(read("amd-smi-bad-pages-json-hex-CONSTRUCTED.json")) == {0: (2, 0, 0)}
+    assert parse_smi.parse_bad_pages(read("amd-smi-bad-pages-json-hex-CONSTRUCTED.json")) == {0: (2, 0, 0)}
 
 
 def test_bad_pages_text_captures():
-    assert amdsmi.parse_bad_pages(read("amd-smi-bad-pages-none-MI300X-rocm6.x-rocmblog.FRAGMENT.txt")) == \
+    assert parse_smi.parse_bad_pages(read("amd-smi-bad-pages-none-MI300X-rocm6.x-rocmblog.FRAGMENT.txt")) == \
         {0: (0, 0, 0), 1: (0, 0, 0)}
     # The changelog's --hex example: one retired page, pending and un_res "N/A".
-    got = amdsmi.parse_bad_pages(read("amd-smi-bad-pages-hex-retired1-unknownGPU-rocm7.x-amdsmichangelog.txt"))
+    got = parse_smi.parse_bad_pages(read("amd-smi-bad-pages-hex-retired1-unknownGPU-rocm7.x-amdsmichangelog.txt"))
     assert got == {0: na("bad pages retired: 1; pending: N/A; un_res: N/A")}
 
 
@@ -264,14 +264,14 @@ def test_bad_pages_text_list_of_pages():
     text = ("GPU: 0\n    RETIRED:\n        PAGE_ADDRESS: 8355840\n        PAGE_SIZE: 4096\n        STATUS: RESERVED\n"
             "        PAGE_ADDRESS: 8359936\n        PAGE_SIZE: 4096\n        STATUS: RESERVED\n"
             "    PENDING: No bad pages found.\n    UN_RES: No bad pages found.\n")
-    assert amdsmi.parse_bad_pages(text) == {0: (2, 0, 0)}
+    assert parse_smi.parse_bad_pages(text) == {0: (2, 0, 0)}
 
 
 # ---- xgmi link status ---------------------------------------------------------------------
 
 
 def test_xgmi_link_status_text_link_down_rocm64():
-    got = amdsmi.parse_xgmi_link_status(
+    got = parse_smi.parse_xgmi_link_status(
         read("amd-smi-xgmi-linkstatus-linkdown-unknownGPU-rocm6.4-amdsmichangelog.FRAGMENT.txt"))
     assert got == {0: (5, 2, 1), 1: (5, 2, 1)}
 
@@ -279,76 +279,76 @@ def test_xgmi_link_status_text_link_down_rocm64():
 def test_xgmi_link_status_not_supported_is_not_a_value():
     for name in ("amd-smi-xgmi-linkstatus-notsupported-mVF-MI3x-rocm7.x-amdsmichangelog.FRAGMENT.txt",
                  "amd-smi-xgmi-linkstatus-json-notsupported-CONSTRUCTED.json"):
-        got = amdsmi.parse_xgmi_link_status(read(name))
+        got = parse_smi.parse_xgmi_link_status(read(name))
         assert got and all(isinstance(v, ProbeFailure) and v.kind == "na" for v in got.values()), name
 
 
 def test_xgmi_link_status_json_matrix():
-    got = amdsmi.parse_xgmi_link_status(read("amd-smi-xgmi-linkstatus-json-linkdown-CONSTRUCTED.json"))
+    got = parse_smi.parse_xgmi_link_status(read("amd-smi-xgmi-linkstatus-json-linkdown-CONSTRUCTED.json"))
     assert got == {0: (3, 0, 0), 1: (2, 1, 0), 2: (2, 1, 0), 3: (3, 0, 1)}
-    assert amdsmi.parse_xgmi_link_status('[{"gpu": 0, "bdf": "0000:01:00.0", "link_status": []}]') == {0: None}
-    assert amdsmi.parse_xgmi_link_status('{"link_status": [{"gpu": 0, "link_status": ["SELF"]}]}') == {0: None}
+    assert parse_smi.parse_xgmi_link_status('[{"gpu": 0, "bdf": "0000:01:00.0", "link_status": []}]') == {0: None}
+    assert parse_smi.parse_xgmi_link_status('{"link_status": [{"gpu": 0, "link_status": ["SELF"]}]}') == {0: None}
 
 
 def test_xgmi_metric_table_of_rocm61_has_no_link_status():
-    assert amdsmi.parse_xgmi_link_status(read("amd-smi-xgmi-MI300X-rocm6.1.0-amdsmichangelog.txt")) == {}
+    assert parse_smi.parse_xgmi_link_status(read("amd-smi-xgmi-MI300X-rocm6.1.0-amdsmichangelog.txt")) == {}
 
 
 # ---- version, list, firmware, reset --------------------------------------------------------
 
 
 def test_version_json_and_text():
-    assert amdsmi.parse_version(read("amd-smi-version-json-MI300X-rocm7.2.1-delldai.txt")) == {
+    assert parse_smi.parse_version(read("amd-smi-version-json-MI300X-rocm7.2.1-delldai.txt")) == {
         "tool": "26.2.2+e1a6bc5663", "amdsmi_library_version": "26.2.2", "rocm_version": "7.2.1",
         "amdgpu_version": "6.16.13"}
-    assert amdsmi.parse_version(read("amd-smi-version-MI300X-rocm7.1.1-dme367.txt")) == {
+    assert parse_smi.parse_version(read("amd-smi-version-MI300X-rocm7.1.1-dme367.txt")) == {
         "tool": "26.2.0+021c61fc", "amdsmi_library_version": "26.2.0", "rocm_version": "7.1.1",
         "amdgpu_version": "6.16.13"}
-    got = amdsmi.parse_version(read("amd-smi-version-json-nonroot-fileerror-MI300X-rocm7.2.1-delldai.txt"))
+    got = parse_smi.parse_version(read("amd-smi-version-json-nonroot-fileerror-MI300X-rocm7.2.1-delldai.txt"))
     assert got["amdsmi_library_version"] == "26.2.2"
     assert got["amdgpu_version"] == ProbeFailure(
         "amd_smi", "error", "amdgpu_version: AMDSMI_STATUS_FILE_ERROR - Error opening file")
     # 6.3 prints no amdgpu version; ROCm "N/A" when librocm-core is missing.
-    assert amdsmi.parse_version("AMDSMI Tool: 24.7.1+8dc45db | AMDSMI Library version: 25.1.0.0 | "
+    assert parse_smi.parse_version("AMDSMI Tool: 24.7.1+8dc45db | AMDSMI Library version: 25.1.0.0 | "
                                 "ROCm version: N/A") == {
         "tool": "24.7.1+8dc45db", "amdsmi_library_version": "25.1.0.0", "rocm_version": na("rocm_version: N/A")}
 
 
 def test_list_text_rocm63_and_rocm6x():
-    got = amdsmi.parse_list(read("amd-smi-list-MI300X-rocm6.3.0-amdsmichangelog.txt"))
+    got = parse_smi.parse_list(read("amd-smi-list-MI300X-rocm6.3.0-amdsmichangelog.txt"))
     assert got == {0: {"bdf": "0000:23:00.0", "uuid": "<redacted>", "partition_id": 0},
                    1: {"bdf": "0000:26:00.0", "uuid": "<redacted>", "partition_id": 0}}
-    got = amdsmi.parse_list(read("amd-smi-list-MI300X-rocm6.x-rocmblog.FRAGMENT.txt"))
+    got = parse_smi.parse_list(read("amd-smi-list-MI300X-rocm6.x-rocmblog.FRAGMENT.txt"))
     assert sorted(got) == [0, 1, 2]
     assert got[2] == {"bdf": "0000:46:00.0", "uuid": "97ff74a1-0000-1000-8065-fa81273af9ce",
                       "partition_id": na("partition_id: absent")}
     js = json.dumps([{"gpu": 0, "bdf": "0000:0B:00.0", "uuid": "N/A", "kfd_id": 7, "node_id": 3, "partition_id": 0}])
-    assert amdsmi.parse_list(js) == {0: {"bdf": "0000:0b:00.0", "uuid": na("uuid: N/A"), "partition_id": 0}}
+    assert parse_smi.parse_list(js) == {0: {"bdf": "0000:0b:00.0", "uuid": na("uuid: N/A"), "partition_id": 0}}
 
 
 def test_firmware_text_mi300a_and_mi300x_and_json():
-    got = amdsmi.parse_firmware(read("amd-smi-firmware-MI300A-rocm6.3.3-rocm4477.txt"))
+    got = parse_smi.parse_firmware(read("amd-smi-firmware-MI300A-rocm6.3.3-rocm4477.txt"))
     assert sorted(got) == [0, 1, 2, 3]
     assert got[3] == {"mec": "166", "mec2": "166", "rlc": "65", "sdma": "22", "sdma2": "22", "vcn": "06.11.30.0C",
                       "sos": "00.36.01.50", "ta_ras": "1B.36.02.0F", "ta_xgmi": "20.00.01.13", "smc": "04.85.103.184"}
-    got = amdsmi.parse_firmware(read("amd-smi-firmware-MI300X-rocm6.x-rocmblog.FRAGMENT.txt"))
+    got = parse_smi.parse_firmware(read("amd-smi-firmware-MI300X-rocm6.x-rocmblog.FRAGMENT.txt"))
     assert got[0]["mec"] == "147" and got[0]["sos"] == "36.02.4C" and got[0]["smc"] == "85.110.0"
     js = json.dumps([{"gpu": 0, "fw_list": [{"fw_id": "CP_MEC1", "fw_version": 166},
                                             {"fw_id": "TA_RAS", "fw_version": "N/A"}]},
                      {"gpu": 1, "fw_list": "N/A"}])
-    assert amdsmi.parse_firmware(js) == {0: {"mec": "166", "ta_ras": na("fw ta_ras: N/A")},
+    assert parse_smi.parse_firmware(js) == {0: {"mec": "166", "ta_ras": na("fw ta_ras: N/A")},
                                          1: na("fw_list: N/A")}
 
 
 def test_reset_forms():
-    got = amdsmi.parse_reset(0, read("amd-smi-reset-json-ok-failed-CONSTRUCTED.json"), "")
+    got = parse_smi.parse_reset(0, read("amd-smi-reset-json-ok-failed-CONSTRUCTED.json"), "")
     assert got == {0: True, 1: ProbeFailure("amd_smi", "error", "gpu_reset: Failed to reset GPU")}
-    assert amdsmi.parse_reset(0, "GPU: 0\n    GPU_RESET: Successfully reset GPU\n", "") == {0: True}
+    assert parse_smi.parse_reset(0, "GPU: 0\n    GPU_RESET: Successfully reset GPU\n", "") == {0: True}
     newer = '[{"gpu": 0, "gpu_reset": "[AMDSMI_STATUS_BUSY] Unable to reset GPU"}]'
-    assert amdsmi.parse_reset(0, newer, "")[0].kind == "error"
+    assert parse_smi.parse_reset(0, newer, "")[0].kind == "error"
     err = read("amd-smi-reset-nonroot-stderr-CONSTRUCTED.txt")
-    assert amdsmi.parse_reset(1, "", err) == {-1: ProbeFailure("amd_smi", "error", "needs root")}
-    assert amdsmi.parse_reset(255, "", "ERROR: Driver not loaded (amdgpu not found in modules)")[-1].kind == "missing"
+    assert parse_smi.parse_reset(1, "", err) == {-1: ProbeFailure("amd_smi", "error", "needs root")}
+    assert parse_smi.parse_reset(255, "", "ERROR: Driver not loaded (amdgpu not found in modules)")[-1].kind == "missing"
 
 
 # ---- properties ---------------------------------------------------------------------------
@@ -362,8 +362,8 @@ KEYS = st.sampled_from(["gpu", "gpu_data", "bdf", "asic", "bus", "ifwi", "vbios"
                         "socket_power_limit", "total_uncorrectable_count", "UMC", "width", "speed", "x"])
 TREES = st.recursive(LEAVES, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                     st.dictionaries(KEYS, kids, max_size=6)), max_leaves=30)
-PARSERS = [amdsmi.parse_static, amdsmi.parse_metric, amdsmi.parse_bad_pages, amdsmi.parse_xgmi_link_status,
-           amdsmi.parse_version, amdsmi.parse_list, amdsmi.parse_firmware]
+PARSERS = [parse_smi.parse_static, parse_smi.parse_metric, parse_smi.parse_bad_pages, parse_smi.parse_xgmi_link_status,
+           parse_smi.parse_version, parse_smi.parse_list, parse_smi.parse_firmware]
 
 
 def _leaves(value):
@@ -384,8 +384,8 @@ def test_any_json_tree_gives_values_or_failures(tree, banner):
     for parse in PARSERS:
         for leaf in _leaves(parse(text)):
             assert leaf is None or isinstance(leaf, (str, int, float, ProbeFailure)), (parse, leaf)
-    amdsmi.parse_reset(0, text, "")
-    amdsmi.failure(0, text, "")
+    parse_smi.parse_reset(0, text, "")
+    parse_smi.failure(0, text, "")
 
 
 @FUZZ
@@ -393,8 +393,8 @@ def test_any_json_tree_gives_values_or_failures(tree, banner):
 def test_any_text_gives_values_or_failures(text, rc):
     for parse in PARSERS:
         parse(text)
-    amdsmi.parse_reset(rc, text, text)
-    got = amdsmi.failure(rc, text, "")
+    parse_smi.parse_reset(rc, text, text)
+    got = parse_smi.failure(rc, text, "")
     assert got is None or isinstance(got, ProbeFailure)
 
 
@@ -407,7 +407,7 @@ def test_na_anywhere_is_never_zero_or_true(gpus, na_value, where):
                         "build_date": "2025"},
                "limit": {"ppt0": {"socket_power_limit": na_value if where == "power_cap" else 750}},
                "ras": {"bad_page_threshold_exceeded": na_value if where == "threshold" else "False"}} for g in gpus]
-    for gpu in amdsmi.parse_static(json.dumps(static)).values():
+    for gpu in parse_smi.parse_static(json.dumps(static)).values():
         for key, target in (("ifwi_version", "ifwi_version"), ("power_cap_w", "power_cap"),
                             ("bad_page_threshold_exceeded", "threshold")):
             if where == target:
@@ -416,16 +416,16 @@ def test_na_anywhere_is_never_zero_or_true(gpus, na_value, where):
                                  na_value if where == "ecc" else 0},
                "ecc_blocks": {"UMC": {"correctable_count": 0, "uncorrectable_count": na_value if where == "block" else 0}},
                "pcie": {"width": na_value if where == "pcie" else 16, "speed": 32}} for g in gpus]
-    for gpu in amdsmi.parse_metric(json.dumps({"gpu_data": metric})).values():
+    for gpu in parse_smi.parse_metric(json.dumps({"gpu_data": metric})).values():
         value = {"ecc": gpu["ecc_total"], "block": gpu["ecc_blocks"]["umc"], "pcie": gpu["pcie"]}.get(where)
         if value is not None:
             assert isinstance(value, ProbeFailure) and 0 not in list(_leaves(value))
     pages = [{"gpu": g, "retired": na_value if where == "pages" else "No bad pages found.",
               "pending": "No bad pages found.", "un_res": "No bad pages found."} for g in gpus]
-    for got in amdsmi.parse_bad_pages(json.dumps(pages)).values():
+    for got in parse_smi.parse_bad_pages(json.dumps(pages)).values():
         assert isinstance(got, ProbeFailure) if where == "pages" else got == (0, 0, 0)
     links = [{"gpu": g, "link_status": [na_value if where == "links" else "U"] * 3} for g in gpus]
-    for got in amdsmi.parse_xgmi_link_status(json.dumps(links)).values():
+    for got in parse_smi.parse_xgmi_link_status(json.dumps(links)).values():
         assert isinstance(got, ProbeFailure) if where == "links" else got == (3, 0, 0)
 
 
@@ -445,7 +445,7 @@ def test_one_object_and_list_count_the_same_pages(retired, pending, hexa):
     for one_object in (True, False):
         doc = [{"gpu": 0, "retired": shape(retired, one_object), "pending": shape(pending, one_object),
                 "un_res": "No bad pages found."}]
-        assert amdsmi.parse_bad_pages(json.dumps(doc, indent=4)) == {0: (len(retired), len(pending), 0)}
+        assert parse_smi.parse_bad_pages(json.dumps(doc, indent=4)) == {0: (len(retired), len(pending), 0)}
 
 
 @FUZZ

@@ -14,8 +14,8 @@ from gpugate.vendors.amd.facts import NOT_READ_AMD, gpu_count
 from gpugate.errors import ConfigError, ParseError
 from gpugate.model.facts import Pcie, ProbeFailure
 from gpugate.vendors.amd import parse_sysfs as parse
-from gpugate.vendors.amd import probe_sysfs as amdsysfs
-from gpugate.vendors.amd import sim_node as amdnode
+from gpugate.vendors.amd import probe_sysfs
+from gpugate.vendors.amd import sim_node
 
 BAD_PAGES_CAPTURE = os.path.join(SAMPLES, "amd", "sysfs-gpu_vram_bad_pages-8R-grep-unknownGPU-dridevel.FRAGMENT.txt")
 BUSES = ("1b", "3d", "4e", "5f", "9d", "bd", "cd", "dd")
@@ -31,19 +31,19 @@ def write(path, text):
 @pytest.fixture
 def node(tmp_path):
     """A healthy simulated 8x MI300X: {"root", "model", "render"}."""
-    model = {"amd": amdnode.new_amd(node="mi001")}
+    model = {"amd": sim_node.new_amd(node="mi001")}
     root = str(tmp_path / "root")
 
     def render():
-        amdnode.render(root, model["amd"], write)
-        return amdsysfs.read(root)
+        sim_node.render(root, model["amd"], write)
+        return probe_sysfs.read(root)
 
     return {"root": root, "model": model, "render": render}
 
 
 def sim_set(node, **keys):
     for key, value in keys.items():
-        assert amdnode.set_key(node["model"], key.replace("__", "."), value)
+        assert sim_node.set_key(node["model"], key.replace("__", "."), value)
     return node["render"]()
 
 
@@ -65,10 +65,10 @@ def test_healthy_mi300x_exact(node):
         assert (gpu.product, gpu.vbios) == ("AMD Instinct MI300X OAM", "113-M3000108-103")
         assert (gpu.serial, gpu.unique_id) == (model[i]["serial"], model[i]["unique_id"])
         assert (gpu.compute_partition, gpu.memory_partition, gpu.power_cap_w) == ("SPX", "NPS1", 750.0)
-        assert gpu.ras == {b: (0, 0, 0) for b in amdnode.RAS_BLOCKS}
+        assert gpu.ras == {b: (0, 0, 0) for b in sim_node.RAS_BLOCKS}
         assert gpu.bad_pages == (0, 0, 0) and gpu.pcie == Pcie(5, 16, 5, 16) and gpu.pcie_replays == 0
-        assert gpu.firmware == amdnode.FIRMWARE and gpu.processes == ()
-    assert amdsysfs.bus_to_gpu(amd) == {"0000:%s:00" % b: i for i, b in enumerate(BUSES)}
+        assert gpu.firmware == sim_node.FIRMWARE and gpu.processes == ()
+    assert probe_sysfs.bus_to_gpu(amd) == {"0000:%s:00" % b: i for i, b in enumerate(BUSES)}
 
 
 def test_audio_functions_and_amd_bridges_are_on_the_bus_but_not_counted(node):
@@ -77,7 +77,7 @@ def test_audio_functions_and_amd_bridges_are_on_the_bus_but_not_counted(node):
     assert "0000:1b:00.1" in bus and "0000:1a:00.0" in bus and len(bus) == 24
     with open(os.path.join(node["root"], PCI, "0000:1b:00.1", "class")) as handle:
         assert handle.read() == "0x040300\n"
-    assert amdsysfs.pci_functions(node["root"]) == [("0000:%s:00.0" % b, "0x74a1") for b in BUSES]
+    assert probe_sysfs.pci_functions(node["root"]) == [("0000:%s:00.0" % b, "0x74a1") for b in BUSES]
 
 
 def test_sim_keys_change_exactly_what_they_name(node):
@@ -153,21 +153,21 @@ def test_render_leaves_other_vendors_devices_alone(node):
 
 
 def test_sim_keys_known_and_refused():
-    model = {"amd": amdnode.new_amd(node="mi002", count=2)}
+    model = {"amd": sim_node.new_amd(node="mi002", count=2)}
     for key in ("amd.gpu3.ras.umc.ue", "amd.gpu1.bad_pages", "amd.gpu0.compute_partition", "amd.gpu2.pcie_width",
                 "amd.gpu0.bound", "amd.initstate", "amd.amdgpu", "amd.rocm", "amd.gpu0.processes",
                 "amd.gpu0.firmware.mec", "amd.gpu0.file.ras/features"):
-        assert amdnode.known(key), key
+        assert sim_node.known(key), key
     for key in ("amd.gpu0.ras.umc", "amd.gpu0.nvlink", "gpu.0.xid", "amd.gpu0.file.../etc/passwd", "driver"):
-        assert not amdnode.known(key) and not amdnode.set_key(model, key, "1"), key
+        assert not sim_node.known(key) and not sim_node.set_key(model, key, "1"), key
     for key, value in (("amd.gpu0.compute_partition", "XPX"), ("amd.gpu0.bad_pages", "lost:1"),
                        ("amd.gpu5.bound", "0"), ("amd.gpus", "3"), ("amd.gpu0.ras.umc.ue", "-1"),
                        ("amd.gpu0.bound", "maybe")):
         with pytest.raises(ConfigError):
-            amdnode.set_key(model, key, value)
+            sim_node.set_key(model, key, value)
     with pytest.raises(ConfigError, match="not an AMD node"):
-        amdnode.set_key({"nvml": {}}, "amd.rocm", "7.1.1")
-    assert amdnode.KEYS and all(k.startswith("amd.") for k in amdnode.KEYS)
+        sim_node.set_key({"nvml": {}}, "amd.rocm", "7.1.1")
+    assert sim_node.KEYS and all(k.startswith("amd.") for k in sim_node.KEYS)
 
 
 def test_new_amd_takes_the_baseline_pins():
@@ -176,7 +176,7 @@ def test_new_amd_takes_the_baseline_pins():
         vbios = {"AMD Instinct MI300X OAM": "113-M3000100-999"}
         amdgpu_firmware = {"AMD Instinct MI300X OAM": {"mec": "0x000000b0"}}
 
-    model = amdnode.new_amd(Pin(), node="mi003", count=1)
+    model = sim_node.new_amd(Pin(), node="mi003", count=1)
     assert (model["amdgpu"], model["rocm"]) == (None, "6.3.3")
     assert model["gpus"][0]["vbios"] == "113-M3000100-999" and model["gpus"][0]["firmware"]["mec"] == "0x000000b0"
 
@@ -215,16 +215,16 @@ def tree(tmp_path, gpus=8, device="0x74a1", cls="0x120000", bound=True, live=Tru
 
 
 def test_tree_healthy_and_inbox_driver(tmp_path):
-    amd = amdsysfs.read(tree(tmp_path))
+    amd = probe_sysfs.read(tree(tmp_path))
     assert amd.amdgpu_version == "inbox" and amd.rocm_version == "6.3.3" and amd.pci_functions == 8
     gpu = amd.gpus[0]
     assert gpu.ras == {"umc": (0, 0, 0), "gfx": (0, 0, None)} and gpu.bad_pages == (0, 0, 0)
     assert gpu.firmware == {"mec": "0x000000a6"} and gpu.power_cap_w == 750.0
-    assert amdsysfs.read(tree(tmp_path / "b"), firmware=False).gpus[0].firmware is NOT_READ_AMD
+    assert probe_sysfs.read(tree(tmp_path / "b"), firmware=False).gpus[0].firmware is NOT_READ_AMD
 
 
 def test_initstate_absent_with_gpus_on_the_bus(tmp_path):
-    amd = amdsysfs.read(tree(tmp_path, live=False))
+    amd = probe_sysfs.read(tree(tmp_path, live=False))
     failure(amd.initstate, "missing", "/sys/module/amdgpu/initstate: absent")
     failure(amd.amdgpu_version, "missing", "not loaded")
     assert amd.pci_functions == 8 and gpu_count(amd) == 0 and amd.kfd_processes == ()
@@ -234,15 +234,15 @@ def test_initstate_absent_with_gpus_on_the_bus(tmp_path):
 
 
 def test_eight_on_the_bus_none_bound(tmp_path):
-    amd = amdsysfs.read(tree(tmp_path, bound=False))
+    amd = probe_sysfs.read(tree(tmp_path, bound=False))
     assert amd.initstate == "live" and amd.pci_functions == 8 and gpu_count(amd) == 0
     assert all(not g.bound and isinstance(g.vbios, ProbeFailure) for g in amd.gpus)
-    assert amdsysfs.bus_to_gpu(amd)["0000:17:00"] == 7  # kernel-log lines of unbound GPUs still find them
+    assert probe_sysfs.bus_to_gpu(amd)["0000:17:00"] == 7  # kernel-log lines of unbound GPUs still find them
 
 
 def test_amdgpu_holds_it_but_no_drm_card(tmp_path):
     root = tree(tmp_path, gpus=1, drop=("sys/bus/pci/devices/0000:10:00.0/drm/card0/dev",))
-    gpu = amdsysfs.read(root).gpus[0]
+    gpu = probe_sysfs.read(root).gpus[0]
     assert not gpu.bound
     failure(gpu.product, "missing", "no drm card")
 
@@ -252,7 +252,7 @@ def test_fru_empty_absent_and_corrupted(tmp_path):
     root = tree(tmp_path, gpus=3, extra={(base % 0) + "product_name": "\n", (base % 0) + "serial_number": "",
                                           (base % 1) + "product_name": None, (base % 1) + "serial_number": None,
                                           (base % 2) + "product_name": "AMD Instinct\x01\x02MI300X\n"})
-    gpus = amdsysfs.read(root).gpus
+    gpus = probe_sysfs.read(root).gpus
     assert (gpus[0].product, gpus[0].serial) == (None, None)
     assert (gpus[1].product, gpus[1].serial) == (None, None)  # no FRU: newer kernels show no files
     failure(gpus[2].product, "error", "product_name")
@@ -264,37 +264,37 @@ def test_fru_empty_absent_and_corrupted(tmp_path):
                                        ("ue: 1\nue: 2\nce: 0\n", "expected 'ue: N'"), ("", "no ue line")])
 def test_garbage_ras_text_is_a_failure_for_that_block(tmp_path, text, why):
     root = tree(tmp_path, gpus=1, extra={"sys/bus/pci/devices/0000:10:00.0/ras/umc_err_count": text})
-    gpu = amdsysfs.read(root).gpus[0]
+    gpu = probe_sysfs.read(root).gpus[0]
     failure(gpu.ras["umc"], "error", why)
     assert gpu.ras["gfx"] == (0, 0, None)
 
 
 def test_ras_absent_and_bad_pages_absent(tmp_path):
     base = "sys/bus/pci/devices/0000:10:00.0/ras/"
-    gpu = amdsysfs.read(tree(tmp_path, gpus=1, drop=(base + "umc_err_count", base + "gfx_err_count",
+    gpu = probe_sysfs.read(tree(tmp_path, gpus=1, drop=(base + "umc_err_count", base + "gfx_err_count",
                                                      base + "gpu_vram_bad_pages"))).gpus[0]
     assert gpu.ras is None and gpu.bad_pages is None  # RAS not enabled: a fact
-    gpu = amdsysfs.read(tree(tmp_path / "b", gpus=1, drop=(base + "gpu_vram_bad_pages",))).gpus[0]
+    gpu = probe_sysfs.read(tree(tmp_path / "b", gpus=1, drop=(base + "gpu_vram_bad_pages",))).gpus[0]
     assert gpu.ras == {"umc": (0, 0, 0), "gfx": (0, 0, None)}
     failure(gpu.bad_pages, "missing", "bad page retirement off")
-    gpu = amdsysfs.read(tree(tmp_path / "c", gpus=1, extra={base + "gpu_vram_bad_pages": "0x1 : 0x1000 : X\n"})).gpus[0]
+    gpu = probe_sysfs.read(tree(tmp_path / "c", gpus=1, extra={base + "gpu_vram_bad_pages": "0x1 : 0x1000 : X\n"})).gpus[0]
     failure(gpu.bad_pages, "error", "R|P|F")
 
 
 def test_aca_files_count_where_no_err_count(tmp_path):
     base = "sys/bus/pci/devices/0000:10:00.0/ras/"
     root = tree(tmp_path, gpus=1, extra={base + "aca_umc": "ue: 9\nce: 9\nde: 9\n", base + "aca_sdma": "ue: 1\nce: 2\nde: 3\n"})
-    assert amdsysfs.read(root).gpus[0].ras == {"umc": (0, 0, 0), "gfx": (0, 0, None), "sdma": (1, 2, 3)}
+    assert probe_sysfs.read(root).gpus[0].ras == {"umc": (0, 0, 0), "gfx": (0, 0, None), "sdma": (1, 2, 3)}
 
 
 def test_secondary_die_without_power_cap(tmp_path):
     cap = "sys/bus/pci/devices/0000:1%d:00.0/hwmon/hwmon3/power1_cap"
     mi250 = dict(device="0x740c", cls="0x038000")
-    amd = amdsysfs.read(tree(tmp_path, gpus=2, extra={cap % 0: "560000000\n", cap % 1: None}, **mi250))
+    amd = probe_sysfs.read(tree(tmp_path, gpus=2, extra={cap % 0: "560000000\n", cap % 1: None}, **mi250))
     assert amd.pci_functions == 2 and [g.power_cap_w for g in amd.gpus] == [560.0, None]
-    amd = amdsysfs.read(tree(tmp_path / "b", gpus=2, extra={cap % 1: "0\n"}, **mi250))
+    amd = probe_sysfs.read(tree(tmp_path / "b", gpus=2, extra={cap % 1: "0\n"}, **mi250))
     assert amd.gpus[1].power_cap_w is None  # aldebaran_get_power_limit: the secondary die shows 0
-    amd = amdsysfs.read(tree(tmp_path / "c", gpus=2, extra={cap % 0: None, cap % 1: "0\n"}))  # MI300X: no excuse
+    amd = probe_sysfs.read(tree(tmp_path / "c", gpus=2, extra={cap % 0: None, cap % 1: "0\n"}))  # MI300X: no excuse
     failure(amd.gpus[0].power_cap_w, "missing", "power1_cap")
     failure(amd.gpus[1].power_cap_w, "error", "PPT feature not enabled")
 
@@ -302,13 +302,13 @@ def test_secondary_die_without_power_cap(tmp_path):
 @pytest.mark.parametrize("value, expect", [("CPX\n", "CPX"), ("DPX\n", "DPX"), ("UNKNOWN\n", None), ("cpx\n", None)])
 def test_compute_partition(tmp_path, value, expect):
     root = tree(tmp_path, gpus=1, extra={"sys/bus/pci/devices/0000:10:00.0/current_compute_partition": value})
-    got = amdsysfs.read(root).gpus[0].compute_partition
+    got = probe_sysfs.read(root).gpus[0].compute_partition
     assert got == expect if expect else failure(got, "error", "SPX/DPX/TPX/QPX/CPX")
 
 
 def test_partitions_absent_on_a_gpu_that_has_none(tmp_path):
     base = "sys/bus/pci/devices/0000:10:00.0/"
-    gpu = amdsysfs.read(tree(tmp_path, gpus=1, drop=(base + "current_compute_partition",
+    gpu = probe_sysfs.read(tree(tmp_path, gpus=1, drop=(base + "current_compute_partition",
                                                       base + "current_memory_partition"))).gpus[0]
     assert (gpu.compute_partition, gpu.memory_partition) == (None, None)
 
@@ -319,7 +319,7 @@ def test_unreadable_and_unknown_files_are_failures(tmp_path):
                                          "sys/module/amdgpu/version": "6.16.13 (garbled)\n",
                                          "opt/rocm/.info/version": "seven\n"}, drop=(base + "vbios_version",))
     os.makedirs(os.path.join(root, base, "vbios_version/oops"))
-    amd = amdsysfs.read(root)
+    amd = probe_sysfs.read(root)
     failure(amd.gpus[0].pcie, "error", "the link is not up")
     failure(amd.gpus[0].pcie_replays, "error", "pcie_replay_count")
     failure(amd.gpus[0].vbios, "error", "not a regular file")
@@ -329,12 +329,12 @@ def test_unreadable_and_unknown_files_are_failures(tmp_path):
 
 def test_initstate_not_live_and_no_pci_sysfs(tmp_path):
     root = tree(tmp_path, gpus=1, extra={"sys/module/amdgpu/initstate": "coming\n"})
-    failure(amdsysfs.read(root).initstate, "error", "'coming', not 'live'")
+    failure(probe_sysfs.read(root).initstate, "error", "'coming', not 'live'")
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
-    amd = amdsysfs.read(empty)
+    amd = probe_sysfs.read(empty)
     failure(amd.pci_functions, "missing", "/sys/bus/pci/devices")
-    assert amd.gpus == () and amdsysfs.bus_to_gpu(amd) == {}
+    assert amd.gpus == () and probe_sysfs.bus_to_gpu(amd) == {}
 
 
 def test_only_instinct_classes_count(tmp_path):
@@ -346,10 +346,10 @@ def test_only_instinct_classes_count(tmp_path):
                                      ("0000:0f:00.0", "0x1002", "0x14a1", "0x060400")):  # AMD PCIe switch
         extra.update({bus + bdf + "/vendor": vendor + "\n", bus + bdf + "/device": device + "\n",
                       bus + bdf + "/class": cls + "\n"})
-    amd = amdsysfs.read(tree(tmp_path, gpus=2, extra=extra))
+    amd = probe_sysfs.read(tree(tmp_path, gpus=2, extra=extra))
     assert amd.pci_functions == 2 and [g.bdf for g in amd.gpus] == ["0000:10:00.0", "0000:11:00.0"]
     root = tree(tmp_path / "b", gpus=1, extra={bus + "0000:10:00.0/class": "display\n"})
-    failure(amdsysfs.read(root).pci_functions, "error", "PCI class")
+    failure(probe_sysfs.read(root).pci_functions, "error", "PCI class")
 
 
 def test_kfd_processes_and_topology(tmp_path):
@@ -359,13 +359,13 @@ def test_kfd_processes_and_topology(tmp_path):
             kfd + "topology/nodes/1/properties": "simd_count 1216\nlocation_id %d\ndomain 0\n" % (0x11 << 8),
             kfd + "proc/1557458/vram_30381": "1610571776\n", kfd + "proc/1557458/pasid": "32769\n",
             kfd + "proc/99/pasid": "0\n"}
-    amd = amdsysfs.read(tree(tmp_path, gpus=2, extra=topo))
+    amd = probe_sysfs.read(tree(tmp_path, gpus=2, extra=topo))
     assert amd.kfd_processes == (99, 1557458) and [g.processes for g in amd.gpus] == [(), (1557458,)]
-    amd = amdsysfs.read(tree(tmp_path / "b", gpus=2, extra=topo, drop=(kfd + "topology/nodes/1/properties",)))
+    amd = probe_sysfs.read(tree(tmp_path / "b", gpus=2, extra=topo, drop=(kfd + "topology/nodes/1/properties",)))
     assert amd.kfd_processes == (99, 1557458)
     for gpu in amd.gpus:  # which GPU, unknown: never "none"
         failure(gpu.processes, "missing", "properties")
-    amd = amdsysfs.read(tree(tmp_path / "c", gpus=1, drop=(kfd + "proc/.x",)))
+    amd = probe_sysfs.read(tree(tmp_path / "c", gpus=1, drop=(kfd + "proc/.x",)))
     failure(amd.kfd_processes, "missing", "absent while amdgpu is live")
 
 
@@ -375,7 +375,7 @@ def test_bad_pages_capture_parses(tmp_path):
     assert parse.parse_bad_pages(text) == (8, 0, 0)
     assert parse.parse_bad_page(text.splitlines()[0]) == (0x027f5d43, 0x1000, "R")
     root = tree(tmp_path, gpus=1, extra={"sys/bus/pci/devices/0000:10:00.0/ras/gpu_vram_bad_pages": text})
-    assert amdsysfs.read(root).gpus[0].bad_pages == (8, 0, 0)
+    assert probe_sysfs.read(root).gpus[0].bad_pages == (8, 0, 0)
 
 
 # ----------------------------------------------------------- the parsers

@@ -12,7 +12,7 @@ import os
 import time
 
 from gpugate.model.facts import NodeFacts, ProbeFailure, failed
-from gpugate.vendors.nvidia import probe_nvml as nvml_probe
+from gpugate.vendors.nvidia import probe_nvml
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
@@ -61,7 +61,7 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
         # a simulated node's): the files below are read meanwhile.  Forked
         # before any thread starts: a fork inherits no lock another thread holds.
         try:
-            pending = nvml_probe.Pending(gpus=gpus, processes=processes, started=nvml_started,
+            pending = probe_nvml.Pending(gpus=gpus, processes=processes, started=nvml_started,
                                          loader=lambda: nvml_module(settings, node))
         except OSError as exc:  # no fork (out of processes or memory)
             nvml = ProbeFailure("nvml", "missing", "%s: %s" % (type(exc).__name__, exc))
@@ -75,9 +75,9 @@ def collect(settings, baseline, node: str, mode: str, budget: Budget, xid_after:
     if isinstance(kmsg_text, str):  # the follower's journal: the GPU records a flood pushed out of the ring
         kmsg_text = kernlog.merge(kmsg_text, kernlog.read_events(settings.state_dir(node), values["boot_id"]))
     if amd:
-        from gpugate.vendors.amd import probe_sysfs as amdsysfs  # the kernel's files only: the prolog's too
+        from gpugate.vendors.amd import probe_sysfs  # the kernel's files only: the prolog's too
 
-        values["amd"] = amdsysfs.read(root, firmware=mode != "prolog")  # the firmware set: not before every job
+        values["amd"] = probe_sysfs.read(root, firmware=mode != "prolog")  # the firmware set: not before every job
         if gpus:  # the epilog: only the job's GPUs' KFD processes (another job may be running beside it)
             values["amd"] = _job_processes(values["amd"], gpus)
         values["pci_gpus"] = getattr(values["amd"], "pci_functions", values["amd"])
@@ -211,9 +211,9 @@ def _amd_jobs(settings, baseline, node, mode, budget, gpus=None) -> Dict[str, Ca
     jobs: Dict[str, Callable[[], Any]] = {}
     cmd = lambda name: settings.command(name, node)  # noqa: E731 - short alias
     if mode in ("healthcheck", "verify"):
-        from gpugate.vendors.amd import probe_smi as amdsmi
+        from gpugate.vendors.amd import probe_smi
 
-        jobs.update(amdsmi.jobs(cmd("amd-smi"), lambda: budget.left(_COMMAND_CAP)))
+        jobs.update(probe_smi.jobs(cmd("amd-smi"), lambda: budget.left(_COMMAND_CAP)))
     level = baseline.health.rvs.get(mode, 0)
     if level:
         from gpugate.probes import rvs

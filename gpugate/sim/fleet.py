@@ -132,22 +132,22 @@ def new_model(node: str, baseline, seq: int = 0, vendor: Optional[str] = None) -
 def _new_amd_model(node: str, baseline) -> Dict[str, Any]:
     """An AMD Instinct node (gpugate.vendors.amd.sim_node): no NVML, no NVIDIA tools,
     amd-smi and rvs instead; the rest (kernel, image, kernel log) as NVIDIA's."""
-    from gpugate.vendors.amd import sim_node as amdnode
+    from gpugate.vendors.amd import sim_node
 
     expect, amd_expect, pin = baseline.expect_for(node), baseline.amd_expect_for(node), baseline.pin
     if amd_expect.vendor != "amd":  # --vendor amd on a node an NVIDIA nodeset names: none of its shape applies
         from gpugate.model.baseline import NodeExpect
 
         expect = NodeExpect()
-    product = expect.product or amdnode.DEFAULT_PRODUCT
-    gpu_args = {"device_id": amd_expect.device_id or amdnode.DEFAULT_DEVICE}
+    product = expect.product or sim_node.DEFAULT_PRODUCT
+    gpu_args = {"device_id": amd_expect.device_id or sim_node.DEFAULT_DEVICE}
     if amd_expect.compute_partition:
         gpu_args["compute_partition"] = amd_expect.compute_partition
     if amd_expect.memory_partition:
         gpu_args["memory_partition"] = amd_expect.memory_partition
     if expect.power_limit_watts is not None:
         gpu_args["power_cap_w"] = expect.power_limit_watts
-    amd = amdnode.new_amd(pin, node=node, count=expect.gpus if expect.gpus is not None else 8, product=product,
+    amd = sim_node.new_amd(pin, node=node, count=expect.gpus if expect.gpus is not None else 8, product=product,
                           **gpu_args)
     for gpu in amd["gpus"]:
         gpu["ifwi"] = pin.ifwi.get(product) or "00159017"
@@ -232,9 +232,9 @@ def render(directory: str, model: Dict[str, Any]) -> None:
     sim_ib.render_sysfs(root, model.get("ib"), _write)
     sysroot.render(root, model, _write)
     if model.get("amd") is not None:
-        from gpugate.vendors.amd import sim_node as amdnode
+        from gpugate.vendors.amd import sim_node
 
-        amdnode.render(root, model["amd"], _write)  # after sysroot's PCI bus, which keeps only NVIDIA's
+        sim_node.render(root, model["amd"], _write)  # after sysroot's PCI bus, which keeps only NVIDIA's
     table = outputs.replays(model)
     table.update(sim_ib.imex_replays(model.get("imex")))
     table.update(_amd_replays(model))

@@ -322,13 +322,13 @@ _GPU_KEY = re.compile(r"^gpu\.(\d{1,3})\.(.+)$")
 
 
 def known_keys() -> List[str]:
-    from gpugate.vendors.amd import sim_keys as amdkeys
-    from gpugate.vendors.amd import sim_node as amdnode
+    from gpugate.vendors.amd import sim_keys
+    from gpugate.vendors.amd import sim_node
     from gpugate.sim import jobs
     from gpugate.sim.ib import KEYS
 
     return sorted(NODE_KEYS) + ["service.<unit>"] + list(KEYS) + list(jobs.KEYS) + ["gpu.N.%s" % k for k in sorted(GPU_KEYS) if k != "nvml_error"] \
-        + ["gpu.N.nvml_error.<nvmlFunction>"] + list(amdnode.KEYS) + list(amdkeys.KEYS)
+        + ["gpu.N.nvml_error.<nvmlFunction>"] + list(sim_node.KEYS) + list(sim_keys.KEYS)
 
 
 def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
@@ -345,12 +345,12 @@ def parse_assignments(items: List[str]) -> List[Tuple[str, str]]:
 def check_key(key: str) -> None:
     if key in NODE_KEYS or key.startswith("service.") and len(key) > 8:
         return
-    from gpugate.vendors.amd import sim_keys as amdkeys
-    from gpugate.vendors.amd import sim_node as amdnode
+    from gpugate.vendors.amd import sim_keys
+    from gpugate.vendors.amd import sim_node
     from gpugate.sim import jobs
     from gpugate.sim.ib import known
 
-    if known(key) or amdnode.known(key) or amdkeys.known(key) or jobs.known(key):
+    if known(key) or sim_node.known(key) or sim_keys.known(key) or jobs.known(key):
         return
     m = _GPU_KEY.match(key)
     if m and (m.group(2) in GPU_KEYS or m.group(2).startswith("nvml_error.nvml")):
@@ -373,11 +373,11 @@ def apply(model: Dict[str, Any], key: str, value: str) -> None:
     if key.startswith("slurm."):  # the node's Slurm jobs and cgroups (gpugate.sim.jobs)
         from gpugate.sim import jobs
         return jobs.set_key(model, key, value)
-    if key.startswith("amd."):  # an AMD node's (gpugate.vendors.amd.sim_node: sysfs; amdkeys: tools and kernel log)
-        from gpugate.vendors.amd import sim_keys as amdkeys
-        from gpugate.vendors.amd import sim_node as amdnode
+    if key.startswith("amd."):  # an AMD node's (gpugate.vendors.amd.sim_node: sysfs; sim_keys: tools and kernel log)
+        from gpugate.vendors.amd import sim_keys
+        from gpugate.vendors.amd import sim_node
 
-        amdkeys.set_key(model, key, value) or amdnode.set_key(model, key, value)
+        sim_keys.set_key(model, key, value) or sim_node.set_key(model, key, value)
         return
     m = _GPU_KEY.match(key)
     index, sub = int(m.group(1)), m.group(2)

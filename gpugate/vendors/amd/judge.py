@@ -15,7 +15,7 @@ from __future__ import annotations
 from gpugate.vendors.amd.facts import gpu_count
 from gpugate.model.facts import ProbeFailure, failed, unchecked
 from gpugate.model.findings import BROKEN, DRIFT, INVESTIGATE, NOT_RUN, PROBE, RECONVERGE, RELOAD_OR_REBOOT, Finding
-from gpugate.vendors.amd import judge_gpus as amdgpus
+from gpugate.vendors.amd import judge_gpus
 from gpugate.judges import stack
 from gpugate.judges import versions
 from gpugate.judges.common import probe_finding
@@ -29,13 +29,13 @@ def judge(baseline, expect, facts) -> List[Finding]:
     out: List[Finding] = []
     out += versions.judge(baseline, expect, facts)  # kernel, image (nothing NVIDIA's: no NVML, no packages read)
     amd = facts.amd
-    from gpugate.vendors.amd import judge_events as amdevents
+    from gpugate.vendors.amd import judge_events
     from gpugate.judges.xids import lost_finding
 
     if isinstance(facts.xids, ProbeFailure):  # a kernel log that could not be read: no amdgpu event is known
         out.append(probe_finding("kernel_log", facts.xids))
     out += lost_finding(facts)  # the sweep's verification only (its docstring says why)
-    out += amdevents.judge(baseline.health, facts)
+    out += judge_events.judge(baseline.health, facts)
     if amd is None:  # facts read as another vendor's (a nodeset that became AMD's): nothing is known
         return out + [Finding(PROBE, "amdgpu", "not read", "amdgpu facts", INVESTIGATE,
                               detail="these facts have no AMD part: read the node again as an AMD node")]
@@ -45,7 +45,7 @@ def judge(baseline, expect, facts) -> List[Finding]:
     if not isinstance(amd.initstate, str):
         return out  # no driver: every GPU reading below would be noise
     out += _versions(baseline, expect, facts.node, amd)
-    out += amdgpus.judge(baseline, expect, facts, amd)
+    out += judge_gpus.judge(baseline, expect, facts, amd)
     out += _rvs(amd)
     return out
 

@@ -41,9 +41,9 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
         steps.append({"step": name, "detail": str(detail)[:1000], "ok": ok, "at": time.time()})
 
     from gpugate.model.facts import failed
-    from gpugate.vendors.amd import probe_sysfs as amdsysfs
+    from gpugate.vendors.amd import probe_sysfs
 
-    facts = amdsysfs.read(settings.node_root(node))
+    facts = probe_sysfs.read(settings.node_root(node))
     procs = getattr(facts, "kfd_processes", None)
     if failed(facts) or failed(procs) or procs is None:
         out["error"] = "cannot list the processes on the GPUs (%s): not reset" % (
