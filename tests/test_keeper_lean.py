@@ -390,3 +390,195 @@ def test_a_record_made_at_once_is_the_record():
     assert replace(made, comment="") == replace(plain, comment="")
     with pytest.raises(AttributeError):
         made.comment = "x"
+
+
+# -- the verdicts kept between the timer's runs (gpugate.budget.proofs.load, save) ----------
+
+def _kept(tmp_path, proofs):
+    """Save this run's verdicts as the keeper does (due or not, forced) and read them back as the next run."""
+    where = str(tmp_path / keeper_proofs.FILE)
+    proofs.stored = None  # due: the first run of a file
+    assert keeper_proofs.save(where, proofs) == bool(proofs.macs)  # written when anything was checked afresh
+    return where
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), fleets(), st.data())
+def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data):
+    """A run keeps its verdicts in the file; the next run (a new process:
+    nothing in memory) reads them.  Its fleet is the first's with nodes
+    re-signed, forged, copied from another node, pasted stale, reordered
+    with an admin's text, or gone, read later or with another key: each
+    node is judged as pending.verified judges it then, and the decision is
+    the straightforward path's."""
+    import tempfile
+    from pathlib import Path
+
+    reads = []
+    for text, _share, _per_hour in (first, second):
+        full = _full(text)
+        reads.append({} if isinstance(full, ParseError) else full)
+    later = dict(reads[0])
+    for name in data.draw(st.lists(st.sampled_from(sorted(later)), unique=True)) if later else ():
+        kind = data.draw(st.sampled_from(["other", "own", "digit", "gone", "swapped"]))
+        comment = later[name].comment
+        if kind == "other" and reads[1]:  # another node's comment (its span is not this node's)
+            comment = data.draw(st.sampled_from(sorted(s.comment for s in reads[1].values())))
+        elif kind == "own":  # signed again, or a forged, stale, unsigned... one in its place
+            comment = _span(data.draw, name, sorted(later))
+        elif kind == "digit" and any(c.isdigit() for c in comment):  # one digit changed: the text judged differs
+            i = data.draw(st.sampled_from([i for i, c in enumerate(comment) if c.isdigit()]))
+            comment = comment[:i] + str((int(comment[i]) + 1) % 10) + comment[i + 1:]
+        elif kind == "gone":
+            comment = ""
+        elif kind == "swapped":  # an admin's text moved before the node's span: another text
+            comment = ("rack 3 " + comment) if comment else comment
+        later[name] = replace(later[name], comment=comment)
+    share, per_hour = first[1], first[2]
+    now = NOW + data.draw(st.sampled_from([0, 1, 600, pending.MAX_AGE_SECONDS]))
+    key = data.draw(st.sampled_from([KEY, KEY, KEY, OTHER_KEY]))
+    with tempfile.TemporaryDirectory() as tmp:
+        proofs = keeper_proofs.Proofs(KEY)
+        keeper.decide(of_states(reads[0]), proofs, TAG, share, per_hour, {}, lambda: NOW)
+        where = _kept(Path(tmp), proofs)
+        stored = keeper_proofs.load(where, key)
+        assert (stored is None) == (key != KEY or not proofs.macs)  # another key's file is no memory
+        mine, unverified, memory, waiting, plan = reference_decide(later, share, per_hour, {}, now)
+        fleet = of_states(later)
+        if stored is None:
+            return
+        again = keeper_proofs.Proofs(KEY, stored)
+        got = keeper.decide(fleet, again, TAG, share, per_hour, {}, lambda: now)
+        assert (got.plan.drain, got.plan.held, got.plan.uses) == (plan.drain, plan.held, plan.uses)
+        assert got.unverified == unverified and got.waiting == waiting
+        assert got.mine == {n: s for n, s in mine.items() if n in fleet.states}
+        read = {n: pending.read(s.comment) for n, s in mine.items() if n in fleet.states}
+        assert got.spans == {n: seen for n, seen in read.items() if seen is not None}
+        assert all((got.spans[n].seen, got.spans[n].proof) == (read[n].seen, read[n].proof) for n in got.spans)
+        # what the file said was used only for a node whose comment is the very text it kept
+        kept = dict(zip(*(lambda at, comments, *_: (list(at), comments))(*stored))) if stored else {}
+        assert again.hits == sum(1 for n, s in fleet.states.items() if kept.get(n) == s.comment)
+
+
+def _signed_fleet():
+    names = ["gpu%02d" % i for i in range(6)]
+    return {n: NodeState(n, "IDLE", frozenset(), "", None, "", ("gpu",),
+                         pending.publish("", DRIFT, NOW - 60 - i, KEY, n)) for i, n in enumerate(names)}
+
+
+def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
+    """Absent, damaged anywhere, cut short, grown, under another key, a
+    link, over the cap, or signed but not the shape written: load says
+    None, and the run verifies every span (the same decision)."""
+    import marshal
+    import os
+
+    states = _signed_fleet()
+    proofs = keeper_proofs.Proofs(KEY)
+    keeper_proofs.screen(states, proofs, NOW)
+    where = _kept(tmp_path, proofs)
+    good = open(where, "rb").read()
+    assert keeper_proofs.load(where, KEY) is not None and keeper_proofs.load(where, OTHER_KEY) is None
+    assert keeper_proofs.load(str(tmp_path / "absent"), KEY) is None
+
+    def refused(data):
+        with open(where, "wb") as handle:
+            handle.write(data)
+        return keeper_proofs.load(where, KEY) is None
+
+    for at in range(0, len(good), max(1, len(good) // 97)):  # one byte changed anywhere
+        assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
+    assert refused(good[:-1]) and refused(good + b"\0") and refused(b"") and refused(good[:20])
+    body = marshal.dumps(((b"gpu00",), ("x",), (DRIFT,), (0,), (1,), (2,), ("0" * 32,)))  # signed, not the shape
+    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
+    body = marshal.dumps((("gpu00",), ("x",), (DRIFT,), (1,), (1,), (2,), ("0" * 32,)))  # a reason not in the table
+    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
+    body = marshal.dumps((("gpu00",), ("x",), (DRIFT,), (0,), ("1",), (2,), ("0" * 32,)))  # a time not a number
+    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
+    assert not refused(good)
+    os.rename(where, where + ".real")
+    os.symlink(where + ".real", where)
+    assert keeper_proofs.load(where, KEY) is None  # a link at the name
+    os.unlink(where)
+    os.rename(where + ".real", where)
+    saved, keeper_proofs._FILE_CAP = keeper_proofs._FILE_CAP, len(good) - 1
+    try:
+        assert keeper_proofs.load(where, KEY) is None
+    finally:
+        keeper_proofs._FILE_CAP = saved
+
+
+def test_a_kept_verdict_says_nothing_of_a_span_forged_beside_it(tmp_path):
+    """The file keeps a node's verdict on its exact comment: a forged proof,
+    another node's span, a stale or future one, or an admin's paste before
+    its own span, in a later run, are judged afresh, as pending judges them."""
+    states = _signed_fleet()
+    proofs = keeper_proofs.Proofs(KEY)
+    keeper_proofs.screen(states, proofs, NOW)
+    stored = keeper_proofs.load(_kept(tmp_path, proofs), KEY)
+    own = states["gpu00"].comment
+    forged = own[:own.index("proof ") + 6] + "0" * 32 + own[own.index("proof ") + 38:]
+    later = dict(states)
+    later["gpu00"] = replace(states["gpu00"], comment=forged)
+    later["gpu01"] = replace(states["gpu01"], comment=states["gpu02"].comment)  # copied from another node
+    later["gpu03"] = replace(states["gpu03"], comment=pending.publish("", DRIFT, NOW - 9999, KEY, "gpu03"))
+    later["gpu04"] = replace(states["gpu04"], comment=states["gpu04"].comment + " " + states["gpu05"].comment)
+    for now in (NOW, NOW + pending.MAX_AGE_SECONDS, NOW - pending.MAX_AGE_SECONDS):  # stale, then from the future
+        again = keeper_proofs.Proofs(KEY, stored)
+        mine, unverified, spans = keeper_proofs.screen(later, again, now)
+        assert (mine, unverified) == reference_screen(later, KEY, now)
+        assert again.hits == 2  # gpu02, gpu05: their own comments, unchanged (their times judged at `now`)
+        assert {"gpu00", "gpu01"} <= set(unverified) and ("gpu03" in unverified) == (now >= NOW)
+        assert ("gpu02" in spans) == (now == NOW)  # a kept verdict's times are judged at every run
+
+
+def test_the_file_holds_one_runs_verdicts_and_is_written_when_due(tmp_path):
+    """Written on a run that checked over a tenth of its spans afresh (the
+    event's first run, or after many re-signed), not on the runs between;
+    it holds the verdicts of the run that wrote it, none older."""
+    states = _signed_fleet()
+    where = str(tmp_path / keeper_proofs.FILE)
+    first = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    keeper_proofs.screen(states, first, NOW)
+    assert first.stored is None and keeper_proofs.save(where, first)
+    second = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    keeper_proofs.screen(states, second, NOW)
+    assert (second.hits, second.macs) == (6, 0) and not keeper_proofs.save(where, second)
+    fewer = {n: s for n, s in states.items() if n != "gpu05"}
+    fewer["gpu00"] = replace(states["gpu00"], comment=pending.publish("", XID, NOW - 5, KEY, "gpu00"))
+    third = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    keeper_proofs.screen(fewer, third, NOW)
+    assert (third.hits, third.macs) == (4, 1) and keeper_proofs.save(where, third)  # 1 of 5 afresh: due
+    names = set(keeper_proofs.load(where, KEY)[0])
+    assert names == set(fewer)  # gpu05 (no longer published) is gone from the file
+
+
+def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):
+    """gpugate budget (a new process each timer run): the run writes the
+    file beside its status, the next reads it and decides the same."""
+    from gpugate.model.config import parse_settings
+
+    key = tmp_path / "drain-budget.key"
+    key.write_bytes(KEY + b"\n")
+    key.chmod(0o600)
+    base = parse_settings({"drain_budget": {"max_share": 0.25, "key_file": str(key)}}, "(test)")
+    cfg = replace(base, sweep=dict(base.sweep, journal=str(tmp_path / "sweep.db")))
+    states = _signed_fleet()
+
+    class Fleet:
+        def fleet(self):
+            return of_states(states)
+
+        def own_record(self, name):
+            return None  # changed since the read: nothing is drained, the runs compare their plans
+
+    runs = []
+    for _ in range(3):
+        keeper_proofs._LAST[:] = [b"", {}]  # a new process: nothing in memory
+        figures = keeper.run_once(cfg, Fleet(), clock=lambda: NOW, sleep=lambda s: None)
+        runs.append((figures["held"], figures["skipped"], figures["unverified"]))
+        if len(runs) == 2:  # the file damaged: verified afresh, the same decision
+            path = tmp_path / keeper_proofs.FILE
+            path.write_bytes(path.read_bytes()[:-3] + b"xyz")
+    assert (tmp_path / keeper_proofs.FILE).exists()
+    assert runs[0] == runs[1] == runs[2] and len(runs[0][1]) == 1  # one node's drain skipped: 25 % of 6

@@ -14,11 +14,20 @@ event (100,000 nodes published at once) counted in microseconds a node.
   it, for the run's re-read and the next run of the same process
   (`gpugate budget --watch`).  Only the entries of the latest run are kept,
   so the memory follows the fleet's published nodes and never grows past
-  them.  A timer's run (a new process each time) starts with none: a file
-  of 100,000 remembered comments costs as much to read as the checks.
-  What the screen verifies in one step is written there when the memory
-  is next looked at (Proofs.settle), with the exact comment it judged.
-  The times are judged afresh by every call.
+  them.  What the screen verifies in one step is written there when the
+  memory is next looked at (Proofs.settle), with the exact comment it
+  judged.  The times are judged afresh by every call.
+- A timer's run (a new process each time) reads the verdicts an earlier
+  run kept in FILE (load, save): for each node whose span verified in one
+  step, the exact comment and what it reads as, the whole file HMACed
+  under the budget key.  A comment equal to the one remembered for its
+  node, character for character, is not checked again (its times are);
+  any other is checked as above.  A file that is absent, unreadable, over
+  its cap, not signed under today's key or not the shape written is no
+  memory: everything is verified.  The file holds one run's verdicts,
+  and is written again only when over a tenth of a run's verdicts were
+  not in it (a fleet-wide event re-signs about 1/60 of its spans a run),
+  so most runs read it and write nothing.
 - Comments with one opening mark (what a node writes, with an admin's
   text or not) are read here in one step; any other (an admin's paste
   beside the node's span) by pending.read_all."""
@@ -63,7 +72,7 @@ class Proofs:
     """One run's proof checks, remembered from the previous run of this
     process under the same key (see the module doc)."""
 
-    def __init__(self, key: bytes):
+    def __init__(self, key: bytes, stored=None):
         import hmac
         import re
 
@@ -72,6 +81,8 @@ class Proofs:
         self.old = _LAST[1] if _LAST[0] == key else {}
         self.new = {}
         self.fresh = []  # (nodes, comments, spans) _screen verified, lists in step, not yet in new
+        self.stored = stored  # an earlier run's verdicts (load), or None
+        self.hits = self.macs = 0  # spans found in stored; spans HMACed in one step (save's rule)
 
     def keep(self) -> None:
         """This run's memory serves the next run (this process's)."""
@@ -147,6 +158,11 @@ def _screen(states, proofs: Proofs, now: float):
     each span holds the one string (the plan hashes it once)."""
     if proofs.fresh:
         proofs.settle()
+    stored = proofs.stored
+    if stored is not None:
+        where, kept_comment, kept_reason, kept_which, kept_since, kept_seen, kept_proof = stored
+        where = where.get
+    hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
     inner, outer, domain, join = proofs.signer._inner, proofs.signer._outer, pending._DOMAIN, "\n".join
@@ -161,6 +177,18 @@ def _screen(states, proofs: Proofs, now: float):
         if not comment or _OPEN not in comment:
             continue
         got = (remembered.get(name) or old.get(name)) if recall else None
+        if (got is None or got[0] != comment) and stored is not None:
+            i = where(name)
+            if i is not None and kept_comment[i] == comment:  # the exact text an earlier run verified
+                hits += 1
+                seen = kept_seen[i]
+                span = Pending(kept_reason[kept_which[i]], kept_since[i], seen, kept_proof[i])
+                if span.since <= seen <= newest and now - seen <= max_age:
+                    passed_node(name)
+                    passed_comment(comment)
+                    passed(span)
+                    continue
+                got = (comment, span, True)
         if got is None or got[0] != comment:
             m = whole(comment)  # the span alone, its reason without "[" (so its only opening mark): one step
             if m is not None:
@@ -186,6 +214,7 @@ def _screen(states, proofs: Proofs, now: float):
                     text = text.encode()
                 except UnicodeEncodeError:  # a lone surrogate: pending.proof's bytes for it
                     text = text.encode("utf-8", "surrogateescape")
+                macs += 1
                 mac = inner.copy()
                 mac.update(text)
                 check = outer.copy()
@@ -220,7 +249,10 @@ def _screen(states, proofs: Proofs, now: float):
     if verified:
         proofs.fresh.append((nodes, comments, verified))
         spans.update(zip(nodes, verified))  # made in C, in one go
+    proofs.hits += hits
+    proofs.macs += macs
     return out, unverified, spans
+
 
 
 _ONE = []
@@ -241,3 +273,102 @@ def _one():
         _ONE.append(re.compile(head).search)
         _ONE.append(re.compile(head + r"([^\[]*) \[/gpugate-pending\]").fullmatch)
     return _ONE[0], _ONE[1]
+
+
+# -- the verdicts kept between the timer's runs (see the module doc) ------------------------
+
+FILE = "budget-keeper-proofs.bin"
+_MAGIC = b"gpugate-keeper-proofs/1\n"  # also the HMAC's domain: no span's proof reads as a file's
+_FILE_CAP = 128 << 20  # bytes: a larger file is not read (everything verified)
+_MAX_ENTRIES = 1 << 20
+_RESAVE = 0.1  # written again when over this share of a run's verdicts were not in the file
+
+
+def path(status_path: str) -> str:
+    """Beside the keeper's status (gpugate.keeper.run.status_path), root's."""
+    import os
+
+    return os.path.join(os.path.dirname(status_path), FILE)
+
+
+def _mac(key: bytes, body) -> bytes:
+    import hmac
+
+    mac = hmac.new(key, _MAGIC, hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+def load(where: str, key: bytes):
+    """The verdicts an earlier run kept under this key (Proofs' stored), or
+    None: absent, unreadable, not a regular file of this user's, over the
+    cap, not signed under this key or not the shape save writes.  None
+    means every span is verified."""
+    import hmac
+    import marshal
+    import os
+    from array import array
+
+    from gpugate.safety.safeio import open_regular
+
+    try:
+        fd = open_regular(where, owners=frozenset({os.geteuid()}))
+        try:
+            size = os.fstat(fd).st_size
+            data = os.read(fd, size + 1) if size <= _FILE_CAP else b""  # one read; grown or short: refused
+        finally:
+            os.close(fd)
+        head = len(_MAGIC) + 32
+        if len(data) != size or size < head or not data.startswith(_MAGIC):
+            return None
+        body = memoryview(data)[head:]
+        if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
+            return None  # another key's, damaged or not ours: nothing is trusted
+        names, comments, reasons, which, since, seen, proof = marshal.loads(body)
+        count = len(names)
+        if (count > _MAX_ENTRIES or type(reasons) is not tuple or set(map(type, reasons)) - {str}
+                or any(type(c) is not tuple or len(c) != count for c in (names, comments, which, since, seen, proof))
+                or set(map(type, names)) - {str} or set(map(type, proof)) - {str}):
+            return None
+        array("q", since), array("q", seen)  # whole numbers only (TypeError, OverflowError: not ours)
+        if count and not 0 <= min(array("q", which)) <= max(which) < len(reasons):
+            return None
+        return dict(zip(names, range(count))), comments, reasons, which, since, seen, proof
+    except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
+        return None
+
+
+def save(where: str, proofs: Proofs) -> bool:
+    """Keep this run's verdicts for the next run's load, when over a tenth
+    of them were not in the file it read (or it read none): every span
+    this run verified in one step and found within its times (the node,
+    the exact comment, what it reads as).  False when not written (not
+    due, or the write failed: the next run verifies what the file lacks)."""
+    if not proofs.macs:
+        return False  # nothing checked afresh: what the file holds (or its absence) stands
+    if proofs.stored is not None and proofs.macs <= _RESAVE * (proofs.macs + proofs.hits):
+        return False
+    import marshal
+    from operator import attrgetter
+
+    from gpugate.safety.state import write_bytes
+
+    names, comments, spans = [], [], []
+    for nodes, texts, verified in proofs.fresh:  # passed in one step by _screen, in step
+        names += nodes
+        comments += texts
+        spans += verified
+    if len(proofs.fresh) > 1 and len(set(names)) != len(names):  # a node screened twice: its latest verdict
+        latest = dict(zip(names, zip(comments, spans)))
+        names, comments, spans = list(latest), [c for c, _ in latest.values()], [p for _, p in latest.values()]
+    del names[_MAX_ENTRIES:], comments[_MAX_ENTRIES:], spans[_MAX_ENTRIES:]
+    said = list(map(attrgetter("reason"), spans))
+    reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
+    body = marshal.dumps((tuple(names), tuple(comments), tuple(reasons), tuple(map(reasons.__getitem__, said)),
+                          tuple(map(attrgetter("since"), spans)), tuple(map(attrgetter("seen"), spans)),
+                          tuple(map(attrgetter("proof"), spans))))
+    try:
+        write_bytes(where, _MAGIC + _mac(proofs.key, body) + body, durable=False, mode=0o600)
+    except OSError:
+        return False
+    return True
