@@ -107,7 +107,7 @@ def condition(admin, node):
 def check(fleet, node, *assignments):
     if assignments:
         fleet.sim(node, *assignments)
-    out = fleet.healthcheck(fleet.config("admin", extra="device_holds = true"), node)
+    out = fleet.healthcheck(fleet.config("agent", extra="device_holds = true"), node)
     assert out.returncode in (0, 1), (out.returncode, out.stdout[-1500:], out.stderr[-1500:])
     return out
 
@@ -200,3 +200,56 @@ def test_the_same_finding_holds_the_node_where_no_device_taints_are_served(plane
     assert nv.devices_held(got) == []
     cond = condition(admin, node)
     assert cond["status"] == "False" and "the Node is held: " + dra.NOT_SERVED in cond["message"]
+
+
+def refusal(client, method, path, body=None, timeout=30.0):
+    """The admission policy's words refusing a dry-run write (a new policy
+    is enforced a moment after it is created: asked again until then)."""
+    import time
+
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            client.request(method, path, body, query={"dryRun": "All"})
+            last = "let through"
+        except KubeError as exc:
+            if exc.status in (403, 422) and "ValidatingAdmissionPolicy" in str(exc):
+                return str(exc)
+            last = str(exc)[:300]
+        time.sleep(0.3)
+    raise AssertionError("not refused by a policy in %.0fs: %s" % (timeout, last))
+
+
+def test_the_agent_and_the_sweep_write_only_gpugates_own_rules(plane):
+    """RBAC lets the node agent write any DeviceTaintRule and the sweep delete
+    any: the policy (agent-policy.yaml) holds the agent to its own Node's
+    devices and both to gpugate's own rules; gpugate's own write passes."""
+    if not serves_device_taints(plane):
+        pytest.skip("kube-apiserver %s serves no DeviceTaintRule" % plane.version)
+    from gpugate.testbed.kube import add_node
+    from gpugate.testbed.kube_tokens import node_token
+
+    admin = plane.admin()
+    add_node(admin, "gpu74")
+    agent = plane.client("agent")
+    agent.token = node_token(admin, "gpu74")
+    mine = dra.rule("gpu74", 2, ("gpu.nvidia.com", "gpu74", "gpu-2"), "NoSchedule", "health", "r")
+    other_node = dra.rule("gpu75", 2, ("gpu.nvidia.com", "gpu75", "gpu-2"), "NoSchedule", "health", "r")
+    other_pool = copy.deepcopy(mine)
+    other_pool["spec"]["deviceSelector"]["pool"] = "gpu75"
+    unlabelled = copy.deepcopy(mine)
+    del unlabelled["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    other_key = copy.deepcopy(mine)
+    other_key["spec"]["taint"]["key"] = "example.com/broken"
+    assert "only the devices of the Node its pod runs on" in refusal(agent, "POST", dra.RULES, other_node)
+    assert "only the devices of the Node its pod runs on" in refusal(agent, "POST", dra.RULES, other_pool)
+    assert "only its own DeviceTaintRules" in refusal(agent, "POST", dra.RULES, unlabelled)
+    assert "its own key only" in refusal(agent, "POST", dra.RULES, other_key)
+    # A token that names no Node writes no rule at all.
+    assert "only the devices of the Node" in refusal(plane.client("agent"), "POST", dra.RULES, mine)
+    agent.request("POST", dra.RULES, mine, query={"dryRun": "All"})  # gpugate's own write passes
+    site = dict(other_key, metadata={"name": "site-gpu74-gpu-2"})
+    admin.create(dra.RULES, site)
+    for client in (agent, plane.client("sweep")):
+        assert "only its own DeviceTaintRules" in refusal(client, "DELETE", dra.RULES + "/site-gpu74-gpu-2")
+    admin.request("DELETE", dra.RULES + "/site-gpu74-gpu-2")
