@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from gpugate.keeper import lease_memory
+from gpugate.keeper import kube_lease_memory as lease_memory
 from gpugate.kube import lease
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import KubeError, node_path
@@ -130,7 +130,7 @@ def _run_as(identity: str, config: str) -> dict:
     from gpugate.model.config import load_settings
     from gpugate.keeper.run import run
 
-    with mock.patch("gpugate.keeper.lead.socket.gethostname", return_value=identity):
+    with mock.patch("gpugate.keeper.kube_lead.socket.gethostname", return_value=identity):
         return run(load_settings(config))
 
 

@@ -1,5 +1,5 @@
 """Slurm on Kubernetes with no writable token where jobs run
-(gpugate.kube.mirror, gpugate.node.mirror_agent): slurmd's gpugate writes
+(gpugate.kube.mirror, gpugate.node.kube_mirror_agent): slurmd's gpugate writes
 a mirror file, the slurmd pod's sidecar alone writes the Node.  The file
 and its checks here; the sidecar against a real kube-apiserver below and
 in tests/test_kube_slinky.py (a real slurmctld and slurmds)."""
@@ -85,7 +85,7 @@ def test_only_gpugates_shape_is_ever_applied(data):
 @pytest.mark.kube
 def test_the_sidecar_writes_the_node_from_the_file_and_holds_a_node_registered_anew(tmp_path):
     from gpugate.model.config import load_settings
-    from gpugate.node.mirror_agent import MirrorAgent
+    from gpugate.node.kube_mirror_agent import MirrorAgent
     from gpugate.testbed.kube import KubeAPI, add_node
     from test_kube_agent import MANIFESTS, _require_kube
 

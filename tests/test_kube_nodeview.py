@@ -9,7 +9,7 @@ import json
 from hypothesis import given, settings, strategies as st
 
 from gpugate.kube import nodeview as nv
-from gpugate.slurm import ownership
+from gpugate.model import ownership
 from gpugate.model.verdict import decide
 from gpugate.model.findings import Finding
 

@@ -174,7 +174,7 @@ class Broken:
 def test_the_reservation_ends_with_the_sweeps_own_time_limits(tmp_path):
     """Before: Duration=UNLIMITED (scontrol) or a year (pyslurm)."""
     from gpugate.slurm.trace import in_scontrol_words
-    from gpugate.slurm.reservations import reservation_minutes
+    from gpugate.schedulers.reservations import reservation_minutes
 
     slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
     sweeper, journal = _sweep(tmp_path, slurm, {})

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gpugate.model.findings import EVENTS, Finding, is_acute
 from gpugate.model.reason import parse
-from gpugate.slurm import ownership as o
+from gpugate.model import ownership as o
 from gpugate.slurm.nodestate import NodeState
 from gpugate.model.verdict import decide
 

@@ -44,3 +44,49 @@ def test_an_unknown_scheduler_is_refused_not_taken_for_slurm():
         registry.connect(Settings())
     with pytest.raises(ConfigError, match="Slurm only"):
         registry.require_slurm(Settings(), "gpugate sweep")
+
+
+def test_every_transport_gpugate_toml_accepts_is_the_sweeps_own_or_a_schedulers():
+    from gpugate.model.config import _SWEEP
+
+    accepted = set(_SWEEP.fields["transport"][0].choices)
+    assert accepted == {"ssh", "local"} | set(registry.TRANSPORTS)
+    for name in registry.TRANSPORTS:
+        assert callable(registry.transport_maker(name))
+    assert registry.transport_maker("ssh") is None  # the sweep's own (gpugate.node.transport)
+
+
+def test_above_the_seam_only_a_schedulers_own_parts_reach_its_adapter():
+    """Above the schedulers layer, a module imports gpugate.slurm* or
+    gpugate.kube* only where it is that scheduler's own part: named for it
+    (kube_*, slurm_*), or one of the programs slurmd runs.  Everything else
+    goes through gpugate.schedulers.  Neutral pieces still under an adapter
+    (the published-finding format, the node-state records) are listed with
+    why; the list can only shrink (a stale entry fails)."""
+    from test_layout import LAYERS, import_graph, layer_of
+
+    seam = [name for name, _ in LAYERS].index("schedulers")
+    neutral = {
+        "gpugate.slurm.pending",  # the published-finding format every scheduler's records carry
+        "gpugate.slurm.nodestate", "gpugate.slurm.nodestate.lean",  # NodeState, Fleet (the keeper's fleet view)
+        "gpugate.slurm.jobs",  # the sweep's smoke job on Slurm (sweep.smoke: Kubernetes runs a Pod instead)
+        "gpugate.slurm.prologtimeout",  # the Slurm prolog's own deadline
+        "gpugate.slurm",  # the Slurm prolog's job note (node.prolog: only slurmd runs it)
+    }
+    graph = import_graph()
+    offenders, used = [], set()
+    for module, imports in sorted(graph.items()):
+        if layer_of(module)[0] <= seam or module.startswith(("gpugate.testbed", "gpugate.cli", "gpugate.sim")):
+            continue
+        leaf = module.rsplit(".", 1)[1]
+        for imported in imports:
+            kube, slurm = imported.startswith("gpugate.kube"), imported.startswith("gpugate.slurm")
+            if (kube and leaf.startswith("kube_")) or (slurm and leaf.startswith("slurm_")):
+                continue
+            if kube or slurm:
+                if imported in neutral:
+                    used.add(imported)
+                else:
+                    offenders.append("%s imports %s" % (module, imported))
+    assert not offenders, "through gpugate.schedulers, or name the module for its scheduler:\n" + "\n".join(offenders)
+    assert used == neutral, "no longer imported above the seam, drop from the list: %s" % sorted(neutral - used)

@@ -8,7 +8,7 @@ import types
 from gpugate.model import reason as reasons
 from gpugate.model.config import _SWEEP
 from gpugate.model.findings import Finding
-from gpugate.slurm import ownership
+from gpugate.model import ownership
 from gpugate.sweep import history as hist
 from gpugate.sweep import run as sweep_run
 from gpugate.sweep import timed_rollout

@@ -19,7 +19,7 @@ so it grows with the unfit nodes, never with the fleet.  Lost or garbled,
 it is empty: the keeper then behaves as before (it may drain a RESUMEd span
 once more), never worse.  Pure apart from load/save.
 
-On Kubernetes the memory lives on the keeper's Lease (gpugate.kube.lease, gpugate.keeper.lease_memory),
+On Kubernetes the memory lives on the keeper's Lease (gpugate.kube.lease, gpugate.keeper.kube_lease_memory),
 so the replica that takes over after a failover has it; on Slurm, in this
 file beside the keeper's status."""
 

@@ -50,7 +50,7 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
     path = config_path(config)
     settings = load_settings(path)
     if mirror_from:
-        from gpugate.node.mirror_agent import MirrorAgent
+        from gpugate.node.kube_mirror_agent import MirrorAgent
 
         if settings.scheduler != "slurm+kubernetes":
             raise click.UsageError("--mirror-from is the slurmd pod's sidecar (Slurm on Kubernetes); %s says "

@@ -6,7 +6,7 @@ operator runs another driver than the node is pinned to, or its labels
 went stale): a precise reason, budgeted like any drift; while a rollout is
 in progress, a label still on ``[previous]``'s version is pending, as the
 driver NVML reports is (gpugate.judges.versions).  Pure: the labels
-come from the node's own Node object (gpugate.node.operator_labels).
+come from the node's own Node object (gpugate.node.kube_operator_labels).
 
 Labels (GFD's README, "Generated Labels"; AMD GPU Operator's node labeller):
 ``nvidia.com/cuda.driver-version.full`` ("575.57.08"; older GFD:

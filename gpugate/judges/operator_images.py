@@ -4,7 +4,7 @@ device plugin, DCGM exporter) and AMD's GPU Operator (device plugin,
 device metrics exporter).  The pods on the node are the truth for the node:
 during the operator's rolling update some nodes run the old image, and the
 ClusterPolicy says only what every node will run.  Pure: the images come
-from gpugate.node.operator_labels.
+from gpugate.node.kube_operator_labels.
 
 An image reference as the operator builds it from ClusterPolicy's
 ``repository``/``image``/``version``: ``nvcr.io/nvidia/k8s-device-plugin:v0.17.1``,

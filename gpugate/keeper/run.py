@@ -321,7 +321,7 @@ class _host_lock:
 def run(settings, connect=None) -> dict:
     """One run as `gpugate budget` makes it: connect with a deadline, run,
     record the outcome (failures too: the metric says how long since the
-    last good run).  On Kubernetes through the Lease (gpugate.keeper.lead)."""
+    last good run).  On Kubernetes through the Lease (gpugate.keeper.kube_lead)."""
     if connect is None:
         from gpugate.schedulers.registry import connect
     try:
@@ -330,7 +330,7 @@ def run(settings, connect=None) -> dict:
             memory = None
             try:
                 if getattr(slurm, "memory_on_lease", False):  # Kubernetes: memory and status on the Lease
-                    from gpugate.keeper import lead as keeper_lead
+                    from gpugate.keeper import kube_lead as keeper_lead
 
                     figures = keeper_lead.run(settings, slurm, failed_runs(read_status(settings)), lambda mem, pools: (
                         run_once(settings, slurm, view=take_view(settings, time.time()), memory=mem, pools=pools)))

@@ -5,7 +5,7 @@ would be any job's to read.  So with ``[kubernetes] mirror_file`` set,
 slurmd's gpugate writes no Node: what it would write (gpugate's hold, its
 reason, the GpugateHealthy condition) goes into the mirror file, on a volume
 it shares with a sidecar container of the same pod; the sidecar (`gpugate
-agent --mirror-from FILE`, gpugate.node.mirror_agent) alone has a token,
+agent --mirror-from FILE`, gpugate.node.kube_mirror_agent) alone has a token,
 projected into its own container only, and writes the Node.
 
 ``MirrorFile`` stands in for gpugate.kube.nodes.KubeNodes inside

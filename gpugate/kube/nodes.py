@@ -58,7 +58,7 @@ class KubeNodes:
     def close(self) -> None:
         self.client.close()
 
-    # The keeper keeps its memory and status on a Lease (gpugate.keeper.lease_memory), not in a file.
+    # The keeper keeps its memory and status on a Lease (gpugate.keeper.kube_lease_memory), not in a file.
     memory_on_lease = True
 
     def lead(self, who: str) -> str:

@@ -1,7 +1,7 @@
 """A Kubernetes Node object as gpugate reads and writes it.  Pure functions.
 
 Reading: ``state_of`` turns a Node into the NodeState the ownership rules
-(gpugate.slurm.ownership), the budgeted publish (gpugate.node.hold) and
+(gpugate.model.ownership), the budgeted publish (gpugate.node.hold) and
 the keeper (gpugate.keeper.run) already decide on, so one set of rules holds
 on both schedulers:
 

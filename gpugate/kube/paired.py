@@ -154,7 +154,7 @@ class PairedNodes:
         RESERVED, so its reservations are read (one call, only here)."""
         from ClusterShell.NodeSet import NodeSet
 
-        from gpugate.slurm.reservations import PREFIX
+        from gpugate.schedulers.reservations import PREFIX
 
         if state is None or state.down or state.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINTENANCE"}:
             return True

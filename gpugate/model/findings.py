@@ -74,7 +74,7 @@ ACUTE = {
 # Findings of one moment: a kernel-log event, a job's own counters, a
 # preflight's answer.  The next check does not see them again, so a drain
 # reason that names one keeps it while gpugate holds the node for the same
-# class (gpugate.slurm.ownership): findings seen later add to it, never
+# class (gpugate.model.ownership): findings seen later add to it, never
 # push out the Xid that drained the node.
 EVENTS = frozenset({"xid", "sxid", "fallen_off_bus", "amdgpu_event", "ecc_during_job", "remap_during_job",
                     "preflight", "preflight_across"})

@@ -46,7 +46,7 @@ def act(settings, node: str, verdict, check_fit: bool = False, deadline: Optiona
     _reset_since).  gpus: {index: {"uuid", "pci"}} as this run read them
     (gpu_identities): on Kubernetes with [kubernetes] device_holds, a GPU's
     own finding holds that GPU alone where the cluster can (KubeNodes.hold_devices)."""
-    from gpugate.slurm import ownership  # here: a fit prolog never acts, and never loads it
+    from gpugate.model import ownership  # here: a fit prolog never acts, and never loads it
 
     marker = marker_path(settings, node)
     # A fit run with something pending (a rollout) on Kubernetes reads the
@@ -102,7 +102,7 @@ def _apply(settings, node: str, verdict, marker: str, limit: float, deadline: Op
 def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, deadline: Optional[float],
                        used: list, read_at: Optional[float] = None, gpus=None) -> Dict[str, Any]:
     from gpugate.schedulers.registry import connect
-    from gpugate.slurm import ownership
+    from gpugate.model import ownership
 
     try:
         # Health check, prolog and epilog may act at once: read, decide and
@@ -177,7 +177,7 @@ def _heartbeat(settings, node: str, verdict, deadline: Optional[float]) -> Dict[
     condition written all the same (its lastHeartbeatTime: a dead agent
     shows as a stale heartbeat, never as a node fit for ever)."""
     from gpugate.schedulers.registry import connect
-    from gpugate.slurm import ownership
+    from gpugate.model import ownership
 
     outcome = {"action": ownership.NONE, "ok": True, "rpc": True, "applied": True}
     try:
@@ -207,7 +207,7 @@ def _report(settings, slurm, node: str, verdict, state) -> str:
 
 
 def _decided(settings, verdict, decision, state, marker: str, why_held) -> Dict[str, Any]:
-    from gpugate.slurm import ownership
+    from gpugate.model import ownership
 
     if why_held and decision.kind == ownership.DRAIN:
         return {"action": hold.HELD, "why": why_held, "ok": True, "rpc": True, "applied": True}

@@ -21,7 +21,7 @@ from gpugate.probes import files
 from gpugate.model.verdict import decide
 from gpugate.preflight import memory as preflight_memory
 from gpugate.node import nhc
-from gpugate.node import operator_labels
+from gpugate.node import kube_operator_labels as operator_labels
 from gpugate.safety import state as st
 from gpugate.node import xidhistory
 from gpugate.node.act import act, gpu_identities

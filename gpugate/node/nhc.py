@@ -5,7 +5,7 @@ between judging the node and acting on it, so that:
 - NHC marks the node itself, with its own "NHC:" reason, through its own
   helpers (node-mark-offline keeps a reason that is not NHC's; node-mark-online
   resumes only a node whose reason starts with "NHC:"), and gpugate never
-  reads, writes or lifts an NHC reason (gpugate.slurm.ownership: not ours);
+  reads, writes or lifts an NHC reason (gpugate.model.ownership: not ours);
 - NHC ends by its share of the run's budget: at the deadline its whole
   session is killed, reported here as "timed out", never as a gpugate finding;
 - while gpugate wants the node drained, NHC runs with ONLINE_NODE=: (it cannot

@@ -244,10 +244,11 @@ def open_ssh_config(path: str) -> int:
 
 def make(settings) -> Union[LocalTransport, SshTransport]:
     sweep = settings.sweep
-    if sweep["transport"] == "kubernetes":  # through the node agent, on the Node object: no ssh
-        from gpugate.kube.transport import make as kube_make
+    from gpugate.schedulers.registry import transport_maker
 
-        return kube_make(settings)
+    own = transport_maker(sweep["transport"])
+    if own is not None:  # the scheduler's own channel (Kubernetes: the node agent, on the Node object: no ssh)
+        return own(settings)
     if sweep["transport"] == "local":
         return LocalTransport(sweep["gpugate"], sweep["remote_config"] or settings.source, int(sweep["fanout"]))
     os.close(open_ssh())  # refuse before the first step, not in the middle of a batch

@@ -20,6 +20,12 @@ ADAPTERS = {
     "kubernetes": "gpugate.kube.nodes:connect",
     "slurm+kubernetes": "gpugate.kube.paired:connect",  # Slurm, each hold mirrored on the Node that runs it
 }
+# [sweep] transport -> "module:make" where a scheduler brings its own channel
+# from the sweep to a node (Kubernetes: the node agent, on the Node object, no
+# ssh); "ssh" and "local" are the sweep's own (gpugate.node.transport).
+TRANSPORTS = {
+    "kubernetes": "gpugate.kube.transport:make",
+}
 # The controller commands that drive Slurm itself (sbatch, reservations) and
 # are not built for Kubernetes yet.
 SLURM_DRIVEN = ("slurm", "slurm+kubernetes")
@@ -43,3 +49,12 @@ def connect(settings, timeout=None, deadline=None):
     except KeyError:
         raise ConfigError("scheduler = %r: no such scheduler (one of %s)" % (name, ", ".join(sorted(ADAPTERS)))) from None
     return getattr(importlib.import_module(module), function)(settings, timeout=timeout, deadline=deadline)
+
+
+def transport_maker(name: str):
+    """The make(settings) of a scheduler's own transport ([sweep] transport), or None."""
+    spec = TRANSPORTS.get(name)
+    if spec is None:
+        return None
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), function)

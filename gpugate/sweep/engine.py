@@ -17,7 +17,7 @@ from gpugate.model.findings import RMA, ROLLOUT, Finding
 from gpugate.sweep import history as hist
 from gpugate.sweep import journal as jr
 from gpugate.sweep import evidence
-from gpugate.slurm import reservations
+from gpugate.schedulers import reservations
 from gpugate.sweep import escalation as esc
 from gpugate.sweep.plan import ESCALATE, REBOOT, RECONVERGE, RESET, Options, Plan, plan
 from gpugate.core.record import dataclass, field, replace

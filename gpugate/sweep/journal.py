@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 from gpugate.errors import ConfigError
 from gpugate.sweep.history import ESCALATED, FORGIVEN, REDRAINED, RESUMED, Event
-from gpugate.slurm.reservations import PREFIX as RESERVATION_PREFIX
+from gpugate.schedulers.reservations import PREFIX as RESERVATION_PREFIX
 from gpugate.core.record import dataclass
 
 SCHEMA_VERSION = 2
@@ -106,7 +106,7 @@ def _private(path: str) -> None:
 
 def _reservation_ids(name: str) -> Tuple[Optional[int], Optional[int]]:
     head, _, batch = name.partition("_b")
-    from gpugate.slurm.reservations import PREFIX
+    from gpugate.schedulers.reservations import PREFIX
 
     run = head[len(PREFIX):] if head.startswith(PREFIX) else ""
     if not (run.isdigit() and batch.isdigit() and run.isascii() and batch.isascii()) or run[0] == "0":

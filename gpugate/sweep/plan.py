@@ -146,7 +146,7 @@ def remedy_for(ours, options: Options) -> Tuple[Optional[str], str]:
     if cls == HEALTH:
         # What no repair brings back, in any finding the reason names, not
         # only the first: a reason keeps the events that drained the node
-        # (an Xid) before later findings (gpugate.slurm.ownership).
+        # (an Xid) before later findings (gpugate.model.ownership).
         findings = ours.findings or (first,)
         escalating = [x for x in _xids(ours) if x in options.escalate_xids]
         if escalating:

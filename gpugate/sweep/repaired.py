@@ -10,7 +10,7 @@ the rma reason is replaced by the sweep's work reason
 
 (the class it was drained for when the journal knows it; ``reconverge``
 for versions and a broken stack).  A work reason is the sweep's: the
-node's own checks keep it (gpugate.slurm.ownership), the drain budget
+node's own checks keep it (gpugate.model.ownership), the drain budget
 counts it, and the next `gpugate sweep --apply` takes the node, reboots
 (or converges and reboots) it, verifies it, runs the smoke job and only
 then RESUMEs it; a node that fails is retried, then escalated again."""

@@ -14,7 +14,7 @@ from gpugate.errors import CommandError
 from gpugate.model.findings import ROLLOUT, Finding
 from gpugate.safety.runner import run
 from gpugate.sweep import journal as jr
-from gpugate.slurm.reservations import reservation_minutes
+from gpugate.schedulers.reservations import reservation_minutes
 from gpugate.node.transport import expand
 from gpugate.sweep.waits import poll_until
 

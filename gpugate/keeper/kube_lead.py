@@ -23,7 +23,7 @@ import socket
 import time
 
 from gpugate.errors import GpugateError
-from gpugate.keeper import lease_memory
+from gpugate.keeper import kube_lease_memory as lease_memory
 from gpugate.kube import lease
 from gpugate.kube.client import KubeError
 
