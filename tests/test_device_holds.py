@@ -168,3 +168,144 @@ def test_the_node_records_a_device_hold_and_reads_as_held():
                                        ("0000:38:00", "0000:38:00.0"), ("", ""), (None, ""), ("pci0000:15", "")])
 def test_pci_addresses_read_as_one_form(text, want):
     assert dra.pci(text) == want
+
+
+class FakeAPI:
+    """The calls gpugate.kube.dra and KubeNodes make, over dicts: a Node,
+    ResourceSlices, DeviceTaintRules; ``served``: the group lists the kind;
+    ``refuse``: rule names whose create is refused (403)."""
+
+    def __init__(self, served=True, refuse=()):
+        self.node = {"kind": "Node", "metadata": {"name": "node01", "uid": "u1", "resourceVersion": "1",
+                                                  "annotations": {}}, "spec": {}, "status": {}}
+        item = nvidia_slice()
+        item["spec"].update(nodeName="node01", pool={"name": "node01", "generation": 1, "resourceSliceCount": 1})
+        self.slices, self.rules, self.served, self.refuse, self.calls = [item], {}, served, set(refuse), []
+        self.requests = 0
+
+    def get(self, path):
+        from gpugate.kube.client import KubeError
+
+        self.calls.append(("GET", path))
+        if path == dra.API:
+            if not self.served:
+                raise KubeError("404", 404, "NotFound")
+            return {"resources": [{"name": "resourceslices"}, {"name": "devicetaintrules"}]}
+        if path.startswith(dra.RULES + "/"):
+            return copy.deepcopy(self.rules[path.rsplit("/", 1)[1]])
+        return copy.deepcopy(self.node)
+
+    def list_pages(self, path, **query):
+        self.calls.append(("LIST", path))
+        return iter(copy.deepcopy(self.slices if path == dra.SLICES else list(self.rules.values())))
+
+    def create(self, path, body):
+        from gpugate.kube.client import KubeError
+
+        name = body["metadata"]["name"]
+        self.calls.append(("POST", name))
+        if name in self.refuse:
+            raise KubeError("403 Forbidden: by policy", 403, "Forbidden")
+        if name in self.rules:
+            raise KubeError("409 AlreadyExists", 409, "AlreadyExists")
+        self.rules[name] = dict(copy.deepcopy(body), metadata=dict(body["metadata"], uid="r-" + name,
+                                                                  resourceVersion="1"))
+        return self.rules[name]
+
+    def replace(self, path, body):
+        self.calls.append(("PUT", body["metadata"]["name"]))
+        self.rules[body["metadata"]["name"]] = copy.deepcopy(body)
+        return body
+
+    def request(self, method, path, body=None, *args, **kwargs):
+        self.calls.append((method, path.rsplit("/", 1)[1]))
+        self.rules.pop(path.rsplit("/", 1)[1], None)
+        return {}
+
+    def patch(self, path, patch, kind="merge"):
+        self.calls.append(("PATCH", path))
+        annotations = self.node["metadata"]["annotations"]
+        for key, value in patch["metadata"].get("annotations", {}).items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        if "spec" in patch:
+            self.node["spec"].update(patch["spec"])
+        self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.node)
+
+    def close(self):
+        pass
+
+
+REMAP = "gpugate health row_remap:gpu3=failure (want none)"
+
+
+def kube_nodes(api, **kube):
+    from gpugate.kube.nodes import KubeNodes
+
+    return KubeNodes(api, dict({"device_holds": True}, **kube), "gpugate", clock=lambda: 1000.0)
+
+
+def gpu3(api):
+    dev = api.slices[0]["spec"]["devices"][3]
+    return {3: {"uuid": dev["attributes"]["uuid"]["string"]}}
+
+
+def test_hold_devices_holds_the_gpu_and_its_lift_deletes_the_rule():
+    api = FakeAPI()
+    backend = kube_nodes(api)
+    assert backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api)) == ""
+    assert list(api.rules) == ["gpugate.node01.gpu.nvidia.com.gpu-3"]
+    assert backend.scope["node01"] == "held: gpu3 node01/gpu-3 NoSchedule, not the Node"
+    assert nv.devices_held(api.node) == ["gpugate.node01.gpu.nvidia.com.gpu-3"] and not nv.our_taints(api.node)
+    backend.undrain("node01")
+    assert api.rules == {} and nv.owned(api.node) == {}
+
+
+@pytest.mark.parametrize("case,want", [
+    ("node-wide", "fallen_off_bus names no GPU"),
+    ("more in the reason", "the reason names more than this run's findings"),
+    ("not served", dra.NOT_SERVED),
+    ("gpu unknown", "gpu3: gpugate read no UUID nor PCI address for it"),
+    ("refused", "the GPUs could not be held alone: 403 Forbidden: by policy"),
+    ("foreign rule", "the GPUs could not be held alone: DeviceTaintRule gpugate.node01.gpu.nvidia.com.gpu-3 was not "
+                     "written by gpugate: left alone"),
+])
+def test_hold_devices_says_why_the_node_is_held_and_leaves_nothing_half_written(case, want):
+    api = FakeAPI(served=case != "not served", refuse=["gpugate.node01.gpu.nvidia.com.gpu-5"])
+    findings, reason, gpus = [finding("row_remap", 3, RMA_ACTION)], REMAP, gpu3(api)
+    if case == "node-wide":
+        findings.append(Finding(HEALTH, "fallen_off_bus", "0000:18:00", "on the bus", REBOOT))
+    if case == "more in the reason":
+        reason = REMAP + "; ecc:gpu1=2 (want 0)"
+    if case == "gpu unknown":
+        gpus = {}
+    if case == "refused":  # gpu3 written, gpu5 refused: gpu3's rule is deleted again
+        findings.append(finding("ecc", 5))
+        gpus[5] = {"uuid": api.slices[0]["spec"]["devices"][5]["attributes"]["uuid"]["string"]}
+        reason = REMAP + "; ecc:gpu5=failure (want none)"
+    if case == "foreign rule":
+        theirs = dra.rule("node01", 3, ("gpu.nvidia.com", "node01", "gpu-3"), "None", "health", "x")
+        del theirs["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+        api.rules[theirs["metadata"]["name"]] = theirs
+    backend = kube_nodes(api)
+    why = backend.hold_devices("node01", reason, findings, gpus)
+    assert why.startswith(want), why
+    assert backend.scope["node01"] == "the Node is held: " + why
+    assert nv.owned(api.node) == {}  # the Node untouched here: the caller holds it
+    if case == "foreign rule":
+        assert list(api.rules) == ["gpugate.node01.gpu.nvidia.com.gpu-3"] and "PUT" not in [c[0] for c in api.calls]
+        assert not dra.ours(api.rules["gpugate.node01.gpu.nvidia.com.gpu-3"], "node01")
+    else:
+        assert api.rules == {}
+    if case in ("node-wide", "more in the reason"):
+        assert api.calls == []  # decided before any request
+
+
+def test_hold_devices_is_off_unless_asked():
+    api = FakeAPI()
+    backend = kube_nodes(api, device_holds=False)
+    assert "off" in backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api))
+    assert api.calls == [] and backend.scope == {}

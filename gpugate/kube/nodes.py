@@ -199,6 +199,10 @@ class KubeNodes:
                        for gpu, effect, where in targets]
             dra.lift(self.client, name, keep=written)  # a GPU held before and not now
         except KubeError as exc:
+            try:  # none left half-written: the Node's hold stands for them all
+                dra.lift(self.client, name, keep=nv.device_rules(self.node_object(name)))
+            except KubeError:
+                pass  # the Node's lift deletes them (its record names them, or device_holds is on)
             return self._node_scope(name, "the GPUs could not be held alone: %s" % str(exc)[:300])
         self._write(name, lambda node: nv.device_patch(node, reason, written, int(self.clock())))
         self.scope[name] = "held: %s, not the Node" % ", ".join(
