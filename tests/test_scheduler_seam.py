@@ -90,3 +90,13 @@ def test_above_the_seam_only_a_schedulers_own_parts_reach_its_adapter():
                     offenders.append("%s imports %s" % (module, imported))
     assert not offenders, "through gpugate.schedulers, or name the module for its scheduler:\n" + "\n".join(offenders)
     assert used == neutral, "no longer imported above the seam, drop from the list: %s" % sorted(neutral - used)
+
+
+def test_slurm_never_reaches_for_kubernetes():
+    """Slurm's adapter stands alone; Slurm on Kubernetes (gpugate.kube.paired) uses it, never the other way."""
+    from test_layout import import_graph
+
+    graph = import_graph()
+    crossing = sorted("%s -> %s" % (m, i) for m, imports in graph.items() if m.startswith("gpugate.slurm")
+                      for i in imports if i.startswith("gpugate.kube"))
+    assert "gpugate.slurm.commands" in graph and not crossing, crossing

@@ -3,7 +3,8 @@
 No I/O here.  Each module judges one concern; ``judge`` runs them all.
 
 May import: gpugate.core, gpugate.safety, gpugate.model, gpugate.parsers,
-gpugate.probes' types."""
+gpugate.probes' types, and the vendors' judges (gpugate.vendors.<vendor>.judge*)
+and model modules (facts, the Xid catalog)."""
 
 from __future__ import annotations
 

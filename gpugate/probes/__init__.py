@@ -4,7 +4,8 @@ Commands run concurrently (a hung ``dcgmi`` must not starve the others) and
 NVML runs in a thread the collector can abandon.  Whatever has not answered
 by the deadline is recorded as a timeout.
 
-May import: gpugate.core, gpugate.safety, gpugate.model, gpugate.parsers."""
+May import: gpugate.core, gpugate.safety, gpugate.model, gpugate.parsers,
+and the vendors' probes (gpugate.vendors.<vendor>.probe_*, NVIDIA's nvmlread)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ Slurm 25.11 and any release a site builds pyslurm for.  ``[slurm] backend``
 picks one; ``auto`` takes pyslurm when it loads and was built for the Slurm
 this host runs, else the commands, and says why (``backend.why``).
 
-May import: the layers below the schedulers (core .. judges); never the node
-agent, the keeper or the sweep."""
+May import: the layers below the schedulers (core .. judges) and
+gpugate.schedulers' neutral modules; never gpugate.kube, the node agent, the
+keeper or the sweep."""
 
 COMMANDS, PYSLURM, AUTO = "commands", "pyslurm", "auto"
 

@@ -38,7 +38,8 @@ For readability the work is split: ``record`` (NodeState, state words, the
 parse contract), ``fields`` (validators), ``json_shapes`` (every release's
 JSON) and ``text`` (the sinfo text fallback); callers import from here.
 
-May import: gpugate.core and gpugate.model."""
+May import: gpugate.core, gpugate.model and gpugate.slurm.pending (the
+published-finding format a record's comment carries)."""
 
 from typing import Dict, List
 
