@@ -1,4 +1,4 @@
-"""The AMD judges (gpugate.vendors.amd.judge, amdgpus): one finding per fault with
+"""The AMD judges (gpugate.vendors.amd.judge, judge_gpus): one finding per fault with
 its exact reason, the same reason grammar and budget classes as NVIDIA's,
 and unknown never taken for good.  Facts are built as the probes build
 them (gpugate.vendors.amd.facts records)."""

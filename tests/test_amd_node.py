@@ -1,6 +1,6 @@
 """`gpugate check`, `reset-gpus`, `facts` and `baseline capture` on simulated
 AMD Instinct nodes (issue 29): only amdgpu's sysfs, amd-smi, rvs and the
-kernel log are simulated (gpugate.vendors.amd.sim_node, amdsmi_out, amdkeys); the
+kernel log are simulated (gpugate.vendors.amd.sim_node, sim_smi_out, sim_keys); the
 probes, parsers and judges run the production code.  Every injected fault
 gives its class and exact reason; unknown is never good."""
 

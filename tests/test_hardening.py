@@ -81,7 +81,7 @@ def _g(*parts):
 
 
 GUARDED = {
-    # a lock anyone can open is a lock anyone can hold: 0600 files in a 0700 locks/ (node/lock.py)
+    # a lock anyone can open is a lock anyone can hold: 0600 files in a 0700 locks/ (safety/lock.py)
     "flock": ({"fcntl.flock", "fcntl.lockf"}, {
         _g("safety", "lock.py"): "RunLock: the one lock only root can take",
     }),

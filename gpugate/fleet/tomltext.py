@@ -1,6 +1,6 @@
 """TOML text by hand (the standard library only reads TOML) and the reading
 of a node's facts (their JSON form) that baseline capture needs: shared by
-gpugate.fleet.capture (NVIDIA) and capture_amd."""
+gpugate.fleet.capture (NVIDIA) and gpugate.vendors.amd.capture."""
 
 import json
 import time

@@ -1,6 +1,6 @@
 """The names baseline.toml's keys are made of (pinned components, clock
 reasons, amdgpu events, what a version string is): a leaf module, so the
-schema (gpugate.model.baseline_schema, amdbaseline) and the records
+schema (gpugate.model.baseline_schema, gpugate.vendors.amd.baseline) and the records
 (gpugate.model.baseline) share them without importing each other."""
 
 from __future__ import annotations

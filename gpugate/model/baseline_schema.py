@@ -22,7 +22,7 @@ def _pins_spec() -> Table:
     fields["hca_firmware"] = (MapOf(Str("28.41.1000", _version)), dict)  # per HCA type, e.g. MT4129
     fields["require_hold"] = (Bool(), False)
     fields.update(amd.pin_fields(ver))  # amdgpu, rocm, amd_smi, ifwi, amdgpu_firmware
-    # pin.driver is required where a nodeset is NVIDIA's (amdbaseline.check_vendors)
+    # pin.driver is required where a nodeset is NVIDIA's (gpugate.vendors.amd.baseline.check_vendors)
     return Table(fields)
 
 

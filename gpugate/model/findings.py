@@ -63,8 +63,8 @@ ACUTE = {
         "dcgm_diag", "ecc_during_job", "remap_during_job", "gpus_lost",
         "preflight",  # wrong values from the job's preflight all_reduce (gpugate.preflight.node); its busbw is budgeted
         "ib_port", "ib_errors",  # this node's own HCA history (judges.hca); hca_* and imex_* are budgeted
-        "amdgpu_event",  # the amdgpu driver's own kernel-log events (judges.amdevents)
-        "ras", "ras_deferred", "bad_pages", "xgmi", "rvs"}),  # AMD GPUs' own faults (judges.amdgpus, amd)
+        "amdgpu_event",  # the amdgpu driver's own kernel-log events (gpugate.vendors.amd.judge_events)
+        "ras", "ras_deferred", "bad_pages", "xgmi", "rvs"}),  # AMD GPUs' own faults (gpugate.vendors.amd.judge_gpus, judge)
     BROKEN: frozenset({"nvml", "module", "dkms", "nvml_gpus", "fabric", "processes",
                        "amdgpu_event",  # init_failed: amdgpu failed at probe
                        "bound_gpus"}),  # AMD functions on the bus that amdgpu does not drive

@@ -45,7 +45,7 @@ _RECONVERGE_FIXES = {"dkms"}  # broken, but only a converge (build the module) f
 _RESET_FIXES = {"ecc": None, "row_remap": ("pending",), "retired_pages": ("pending",),
                 "recovery": ("gpu reset", "drain and reset")}
 _NOT_RESET_XIDS = frozenset((79, 154))  # off the bus; 154 names its own recovery
-# AMD (judges.amdgpus, amdevents): what a reset clears (RAS counters, pending
+# AMD (gpugate.vendors.amd.judge_gpus, judge_events): what a reset clears (RAS counters, pending
 # pages retired, links retrained), what only a reboot does (the driver could
 # not recover), and what no repair does (pages it could not retire, the
 # driver's bad-page threshold reached): by the finding's observed words.

@@ -6,7 +6,7 @@ names (kernel, image, gpu_count, pci_gpus, product, vbios, pcie_*,
 power_limit, processes, gpus_lost; gpugate.judges.versions / stack / gpus /
 settings), and only what the hardware does differently is judged here:
 the amdgpu module, RAS blocks, bad pages, XGMI links, partitions, IFWI and
-the firmware set, the amdgpu kernel-log events (judges.amdevents) and the
+the firmware set, the amdgpu kernel-log events (judge_events) and the
 ROCm Validation Suite (judges.dcgm.diagnostic).
 """
 

@@ -8,7 +8,7 @@ units), `version --json` (a list of one object), `xgmi --link-status
 simulated: gpugate's probes and parsers read these as they read the real
 ones.
 
-Model keys beyond amdnode's (each optional, default healthy):
+Model keys beyond sim_node's (each optional, default healthy):
     amd["smi"]: "ok" | "kfd" (no /dev/kfd access: the banner, then every
         ioctl field "N/A") | "hang" | "absent" (not installed) | "nolibdrm"
         (libdrm not installed: the library's warning on stderr, IFWI name

@@ -5,7 +5,7 @@ Xid Errors with the Xid Catalog": the "Resolution Bucket (Immediate Action)"
 column, Ampere and newer) and the GB200 Health Validation Xid checks
 (docs.nvidia.com/health-validation/reference/checks/xid).  The baseline's
 ``drain_xids`` / ``xid_actions`` defaults are generated from this table, and
-tests/test_xidcatalog.py checks that the example baselines say the same.
+tests/test_xid_policy.py checks that the example baselines say the same.
 
 Columns: code -> (what gpugate does, the catalog's immediate action, why
 gpugate deviates; empty when it follows the catalog).  gpugate actions:
