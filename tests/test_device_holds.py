@@ -309,3 +309,18 @@ def test_hold_devices_is_off_unless_asked():
     backend = kube_nodes(api, device_holds=False)
     assert "off" in backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api))
     assert api.calls == [] and backend.scope == {}
+
+
+def test_a_device_hold_survives_the_node_object_as_a_node_hold():
+    """gpugate.kube.survive remembers a device hold as any hold; a Node
+    registered anew without it is held again (as a Node: the safe side)."""
+    from gpugate.kube import survive
+
+    api = FakeAPI()
+    kube_nodes(api).hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api))
+    action, reason = survive.decide(None, api.node, "gpugate")
+    assert (action, reason) == (survive.REMEMBER, REMAP)
+    record = {"reason": reason, "uid": "u1"}
+    assert survive.decide(record, api.node, "gpugate") == (survive.NOTHING, REMAP)
+    anew = {"metadata": {"name": "node01", "uid": "u2", "resourceVersion": "9"}, "spec": {}, "status": {}}
+    assert survive.decide(record, anew, "gpugate") == (survive.RESTORE, REMAP)

@@ -54,7 +54,8 @@ def _uid(node: Dict[str, Any]) -> str:
 def decide(record: Optional[Dict[str, Any]], node: Dict[str, Any], tag: str) -> Tuple[str, str]:
     """(what to do, the reason): REMEMBER the Node's hold, FORGET the
     record, RESTORE the record's hold on this Node, or NOTHING."""
-    held = nv.our_taints(node) and reasons.parse(nv.owned(node).get("reason"), tag) is not None
+    held = ((nv.our_taints(node) or nv.devices_held(node))  # (its GPUs held alone: restored as a Node hold)
+            and reasons.parse(nv.owned(node).get("reason"), tag) is not None)
     if held:
         reason = nv.owned(node)["reason"]
         if record and record.get("reason") == reason and record.get("uid") == _uid(node):
