@@ -7,16 +7,21 @@ The keeper (gpugate.keeper.run) reads the fleet once per run in sinfo's text
 format (SINFO_TEXT_ARGV), as gpugate.slurm.nodestate.lean reads it (records
 for the nodes that can decide only), and decides (gpugate.keeper.run.decide:
 every published span's proof checked, the memory, the preflight pins, the
-plan of every partition).  The reference, measured in the same run and
-interleaved with it: the same fleet as 24.11's `scontrol --json show node`
-prints it (recorded fixture entries, 1.6 KB a node), read in full by
-parse_nodes_json, and the same decision.  Each repetition is a fresh process
-reading the output from a file; reports wall and CPU medians and the peak
-RSS (the process's own VmHWM) of both, the ratio, and exits 1 when the wall
-ratio is not under TARGET_RATIO or the keeper's peak RSS not under
-TARGET_RSS_MB.  --stages: each keeper process, after its timed run, times
-the read and each step of the decision again (CPU, printed apart, outside
-the figures above).
+plan of every partition), as two timer runs (each a new process) make them:
+the event's first run ("cold": every comment new, every proof HMACed, its
+verdicts then kept in gpugate.budget.proofs.FILE) and the next run ("warm":
+the same fleet 30 s later, 1/60 of the spans re-signed since, the verdicts
+read from that file, only the changed comments checked afresh); each
+keeper's time includes reading and writing that file.  The reference,
+measured in the same run and interleaved with them: the same fleet as
+24.11's `scontrol --json show node` prints it (recorded fixture entries,
+1.6 KB a node), read in full by parse_nodes_json, and the same decision.
+Each repetition is a fresh process reading the output from a file; reports
+wall and CPU medians and the peak RSS (the process's own VmHWM) of each,
+the ratios, and exits 1 when the later run's wall ratio is not under
+TARGET_RATIO or a keeper's peak RSS not under TARGET_RSS_MB.  --stages:
+each first-run process, after its timed run, times the read and each step
+of the decision again (CPU, printed apart, outside the figures above).
 """
 
 import argparse

@@ -402,6 +402,12 @@ def _kept(tmp_path, proofs):
     return where
 
 
+def _kept_texts(stored) -> dict:
+    """node -> the exact comment the file kept a verdict on."""
+    where, text, at = stored[:3]
+    return {name: text[at[i]:at[i + 1]] for name, i in where.items()}
+
+
 @settings(max_examples=200, deadline=None)
 @given(fleets(), fleets(), st.data())
 def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data):
@@ -456,7 +462,7 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
         assert got.spans == {n: seen for n, seen in read.items() if seen is not None}
         assert all((got.spans[n].seen, got.spans[n].proof) == (read[n].seen, read[n].proof) for n in got.spans)
         # what the file said was used only for a node whose comment is the very text it kept
-        kept = dict(zip(*(lambda at, comments, *_: (list(at), comments))(*stored))) if stored else {}
+        kept = _kept_texts(stored)
         assert again.hits == sum(1 for n, s in fleet.states.items() if kept.get(n) == s.comment)
 
 
@@ -489,12 +495,18 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     for at in range(0, len(good), max(1, len(good) // 97)):  # one byte changed anywhere
         assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
     assert refused(good[:-1]) and refused(good + b"\0") and refused(b"") and refused(good[:20])
-    body = marshal.dumps(((b"gpu00",), ("x",), (DRIFT,), (0,), (1,), (2,), ("0" * 32,)))  # signed, not the shape
-    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
-    body = marshal.dumps((("gpu00",), ("x",), (DRIFT,), (1,), (1,), (2,), ("0" * 32,)))  # a reason not in the table
-    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
-    body = marshal.dumps((("gpu00",), ("x",), (DRIFT,), (0,), ("1",), (2,), ("0" * 32,)))  # a time not a number
-    assert refused(keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body)
+    def signed(names="gpu00", text="x", at=(0, 1), reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,),
+               proofs="0" * 32):
+        from array import array
+
+        body = marshal.dumps((names, text, array("q", at).tobytes(), reasons, array("q", which).tobytes(),
+                              array("q", since).tobytes(), array("q", seen).tobytes(), proofs))
+        return keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body
+
+    assert not refused(signed())  # the shape written: read (the variants below are each one thing off)
+    assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(at=(0, 2)))
+    assert refused(signed(proofs="0" * 31)) and refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
+    assert refused(signed(names="gpu00\ngpu01"))  # two names, one verdict
     assert not refused(good)
     os.rename(where, where + ".real")
     os.symlink(where + ".real", where)
@@ -549,8 +561,8 @@ def test_the_file_holds_one_runs_verdicts_and_is_written_when_due(tmp_path):
     third = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
     keeper_proofs.screen(fewer, third, NOW)
     assert (third.hits, third.macs) == (4, 1) and keeper_proofs.save(where, third)  # 1 of 5 afresh: due
-    names = set(keeper_proofs.load(where, KEY)[0])
-    assert names == set(fewer)  # gpu05 (no longer published) is gone from the file
+    kept = _kept_texts(keeper_proofs.load(where, KEY))
+    assert kept == {n: s.comment for n, s in fewer.items()}  # gpu05 (no longer published) is gone from the file
 
 
 def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):

@@ -160,8 +160,8 @@ def _screen(states, proofs: Proofs, now: float):
         proofs.settle()
     stored = proofs.stored
     if stored is not None:
-        where, kept_comment, kept_reason, kept_which, kept_since, kept_seen, kept_proof = stored
-        where = where.get
+        where, kept_text, kept_at, kept_reason, kept_which, kept_since, kept_seen, kept_proof = stored
+        where, kept_text = where.get, kept_text.startswith
     hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
@@ -179,10 +179,11 @@ def _screen(states, proofs: Proofs, now: float):
         got = (remembered.get(name) or old.get(name)) if recall else None
         if (got is None or got[0] != comment) and stored is not None:
             i = where(name)
-            if i is not None and kept_comment[i] == comment:  # the exact text an earlier run verified
+            # the exact text an earlier run verified: the kept texts' characters from kept_at[i] to kept_at[i + 1]
+            if i is not None and kept_at[i + 1] - kept_at[i] == len(comment) and kept_text(comment, kept_at[i]):
                 hits += 1
                 seen = kept_seen[i]
-                span = Pending(kept_reason[kept_which[i]], kept_since[i], seen, kept_proof[i])
+                span = Pending(kept_reason[kept_which[i]], kept_since[i], seen, kept_proof[32 * i:32 * i + 32])
                 if span.since <= seen <= newest and now - seen <= max_age:
                     passed_node(name)
                     passed_comment(comment)
@@ -303,7 +304,8 @@ def load(where: str, key: bytes):
     """The verdicts an earlier run kept under this key (Proofs' stored), or
     None: absent, unreadable, not a regular file of this user's, over the
     cap, not signed under this key or not the shape save writes.  None
-    means every span is verified."""
+    means every span is verified.  Read in a few objects (the names, all
+    comments in one text, the numbers in arrays), not six a node."""
     import hmac
     import marshal
     import os
@@ -324,16 +326,17 @@ def load(where: str, key: bytes):
         body = memoryview(data)[head:]
         if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
             return None  # another key's, damaged or not ours: nothing is trusted
-        names, comments, reasons, which, since, seen, proof = marshal.loads(body)
+        names, text, at, reasons, which, since, seen, proofs = marshal.loads(body)
+        names = names.split("\n") if names else []
         count = len(names)
-        if (count > _MAX_ENTRIES or type(reasons) is not tuple or set(map(type, reasons)) - {str}
-                or any(type(c) is not tuple or len(c) != count for c in (names, comments, which, since, seen, proof))
-                or set(map(type, names)) - {str} or set(map(type, proof)) - {str}):
+        at, which, since, seen = array("q", at), array("q", which), array("q", since), array("q", seen)
+        if (type(text) is not str or type(proofs) is not str or type(reasons) is not tuple or count > _MAX_ENTRIES
+                or set(map(type, reasons)) - {str} or len(at) != count + 1 or at[0] != 0 or at[-1] != len(text)
+                or not len(which) == len(since) == len(seen) == count or len(proofs) != 32 * count
+                or (count and not 0 <= min(which) <= max(which) < len(reasons))):
             return None
-        array("q", since), array("q", seen)  # whole numbers only (TypeError, OverflowError: not ours)
-        if count and not 0 <= min(array("q", which)) <= max(which) < len(reasons):
-            return None
-        return dict(zip(names, range(count))), comments, reasons, which, since, seen, proof
+        # tuples: a number read from one is the object made here, not one made at each read
+        return dict(zip(names, range(count))), text, tuple(at), reasons, tuple(which), tuple(since), tuple(seen), proofs
     except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
         return None
 
@@ -349,6 +352,8 @@ def save(where: str, proofs: Proofs) -> bool:
     if proofs.stored is not None and proofs.macs <= _RESAVE * (proofs.macs + proofs.hits):
         return False
     import marshal
+    from array import array
+    from itertools import accumulate
     from operator import attrgetter
 
     from gpugate.safety.state import write_bytes
@@ -364,9 +369,12 @@ def save(where: str, proofs: Proofs) -> bool:
     del names[_MAX_ENTRIES:], comments[_MAX_ENTRIES:], spans[_MAX_ENTRIES:]
     said = list(map(attrgetter("reason"), spans))
     reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
-    body = marshal.dumps((tuple(names), tuple(comments), tuple(reasons), tuple(map(reasons.__getitem__, said)),
-                          tuple(map(attrgetter("since"), spans)), tuple(map(attrgetter("seen"), spans)),
-                          tuple(map(attrgetter("proof"), spans))))
+    body = marshal.dumps(("\n".join(names), "".join(comments),  # a node's name holds no newline (fields._name)
+                          array("q", accumulate(map(len, comments), initial=0)).tobytes(), tuple(reasons),
+                          array("q", map(reasons.__getitem__, said)).tobytes(),
+                          array("q", map(attrgetter("since"), spans)).tobytes(),
+                          array("q", map(attrgetter("seen"), spans)).tobytes(),
+                          "".join(map(attrgetter("proof"), spans))))  # 32 hex digits each (_one's head)
     try:
         write_bytes(where, _MAGIC + _mac(proofs.key, body) + body, durable=False, mode=0o600)
     except OSError:

@@ -33,6 +33,11 @@ run old is safe: every node is re-read before it is drained, and a run
 that drains reads the fleet after writing, counting every drain stamped
 since that view was read.
 
+The proofs' verdicts are kept too (budget-keeper-proofs.bin, root's,
+HMACed under the budget key: gpugate.budget.proofs): a later run checks
+afresh only the comments whose text changed since; a file it cannot trust
+is no memory, and every proof is checked.
+
 No keeper, no harm: without it budgeted findings are never drained; they
 stay published and visible (`gpugate status`, the node log's
 ``action=held``, ``gpugate_drain_held``), and `gpugate metrics` exports the
