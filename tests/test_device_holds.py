@@ -324,3 +324,26 @@ def test_a_device_hold_survives_the_node_object_as_a_node_hold():
     assert survive.decide(record, api.node, "gpugate") == (survive.NOTHING, REMAP)
     anew = {"metadata": {"name": "node01", "uid": "u2", "resourceVersion": "9"}, "spec": {}, "status": {}}
     assert survive.decide(record, anew, "gpugate") == (survive.RESTORE, REMAP)
+
+
+def test_a_device_hold_stays_one_for_its_gpus_own_findings_only():
+    """KubeNodes.drain on a node whose GPUs are held alone: the sweep's
+    escalation of the same GPU's finding keeps the device hold (the reason
+    written, the rule kept); its work reason, or another GPU, holds the Node."""
+    api = FakeAPI()
+    backend = kube_nodes(api)
+    backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api))
+    rma = "gpugate rma row_remap:gpu3=failure (want none); evidence=node01-20261205T070000Z-a1"
+    backend.drain("node01", rma)
+    assert nv.owned(api.node)["reason"] == rma and nv.devices_held(api.node) == list(api.rules)
+    assert not nv.our_taints(api.node) and not api.node["spec"].get("unschedulable")
+    assert backend.scope["node01"] == "still held: gpu3, not the Node"
+    for reason in ("gpugate health sweep=reset (want fit); row_remap:gpu3=failure (want none)",
+                   "gpugate health ecc:gpu5=2 (want 0)"):
+        api.node["metadata"]["annotations"][nv.OWNED] = json.dumps(
+            {"reason": rma, "at": 1, "effects": [], "cordon": False, "devices": list(api.rules)})
+        api.node["spec"] = {}
+        backend._seen.pop("node01", None)
+        backend.drain("node01", reason)
+        assert [t["effect"] for t in nv.our_taints(api.node)] == ["NoSchedule"], reason
+        assert nv.device_rules(api.node) == list(api.rules)  # still named: lifted with the Node

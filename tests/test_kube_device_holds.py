@@ -189,6 +189,20 @@ def test_the_sweeps_proof_lifts_a_gpus_hold(plane, tmp_path):
     assert nv.owned(got) == {} and nv.state_of(got).reason == ""
 
 
+def test_the_sweeps_escalation_of_a_remap_failure_keeps_the_gpu_held_alone(plane, tmp_path):
+    """A row-remap failure is an RMA: the sweep escalates it at once, and the
+    GPU stays held alone under the rma reason; the Node keeps serving."""
+    node = "gpu76"
+    fleet, admin = judged_with_device_taints(plane, tmp_path, node, "gpu.6.remapped_rows.failure=1")
+    before = rules(admin, node)
+    outcome = sweep(fleet, node)
+    assert outcome.get("result") == "escalated", outcome
+    got = admin.get(node_path(node))
+    assert rules(admin, node) == before and nv.devices_held(got) == [before[0]["metadata"]["name"]]
+    assert nv.owned(got)["reason"].startswith("gpugate: rma row_remap:gpu6=failure")
+    assert nv.our_taints(got) == [] and not got["spec"].get("unschedulable")
+
+
 def test_the_same_finding_holds_the_node_where_no_device_taints_are_served(plane, tmp_path):
     if serves_device_taints(plane):
         pytest.skip("kube-apiserver %s serves DeviceTaintRule: the tests above" % plane.version)

@@ -161,12 +161,33 @@ class KubeNodes:
         failed = []
         for name in _expand(names):
             try:
+                if self._stays_on_devices(name, parsed):
+                    continue
                 self._write(name, lambda node: nv.drain_patch(node, reason, cls, no_execute, int(self.clock()),
                                                                self.cordon))
             except (ValueError, GpugateError) as exc:
                 failed.append("%s: %s" % (name, exc))
         if failed:
             raise KubeError("; ".join(failed)[:600])
+
+    def _stays_on_devices(self, name: str, parsed) -> bool:
+        """A hold of GPUs alone stays one where the new reason names only
+        their own findings on the GPUs already held (the sweep's escalation
+        of a row-remap failure: rma): the reason written, the rules kept.
+        Anything else (the sweep's work, a node-wide finding) holds the Node."""
+        from gpugate.kube import devicehold
+
+        node = self.node_object(name)
+        rules = nv.devices_held(node)
+        if not rules or parsed is None or parsed.more:
+            return False
+        before = reasons.parse(nv.owned(node).get("reason"), self.tag)
+        held, why = devicehold.plan(parsed.findings, False)
+        if why or before is None or not set(held) <= {f.gpu for f in before.findings}:
+            return False
+        self._write(name, lambda fresh: nv.device_patch(fresh, parsed.text, rules, int(self.clock())))
+        self.scope[name] = "still held: %s, not the Node" % ", ".join("gpu%d" % g for g in sorted(held))
+        return True
 
     def hold_devices(self, name: str, reason: str, findings, gpus) -> str:
         """[kubernetes] device_holds: hold the GPUs the findings name as
