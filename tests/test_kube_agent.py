@@ -458,7 +458,9 @@ def _own_node_only(site, agent):
         with pytest.raises(KubeError) as info:
             agent.patch(path, patch)
         assert info.value.status in (403, 422), info.value
-        assert "writes only the Node its pod runs on" in str(info.value), info.value
+        # Another Node's taints break two policies; the API server names whichever it evaluated first.
+        assert "writes only the Node its pod runs on" in str(info.value) or (
+            "taints" in patch.get("spec", {}) and "changes only its own gpugate.io/unfit taints" in str(info.value)), info.value
     with pytest.raises(KubeError) as info:
         agent.patch(node_path("gpu02", "status"), {"status": {"conditions": [
             {"type": "GpugateHealthy", "status": "False", "reason": "Xid", "message": "forged"}]}}, "strategic")
