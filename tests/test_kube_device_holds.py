@@ -24,7 +24,7 @@ from gpugate.kube import dra
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import KubeError, node_path
 from test_kube_agent import DEMO_BASELINE, MANIFESTS, _require_kube
-from test_kube_control_plane import GPU, PODS, sweep, unschedulable, wait_for
+from test_kube_control_plane import GPU, PODS, pod, sweep, unschedulable, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -104,10 +104,10 @@ def condition(admin, node):
     return {}
 
 
-def check(fleet, node, *assignments):
+def check(fleet, node, *assignments, extra=""):
     if assignments:
         fleet.sim(node, *assignments)
-    out = fleet.healthcheck(fleet.config("agent", extra="device_holds = true"), node)
+    out = fleet.healthcheck(fleet.config("agent", extra="device_holds = true\n" + extra), node)
     assert out.returncode in (0, 1), (out.returncode, out.stdout[-1500:], out.stderr[-1500:])
     return out
 
@@ -200,6 +200,27 @@ def test_the_sweeps_escalation_of_a_remap_failure_keeps_the_gpu_held_alone(plane
     got = admin.get(node_path(node))
     assert rules(admin, node) == before and nv.devices_held(got) == [before[0]["metadata"]["name"]]
     assert nv.owned(got)["reason"].startswith("gpugate: rma row_remap:gpu6=failure")
+    assert nv.our_taints(got) == [] and not got["spec"].get("unschedulable")
+
+
+def test_no_execute_empties_the_gpu_not_the_node(plane, tmp_path):
+    """no_execute = true: the acute finding's rule is NoExecute, and the
+    device taint eviction controller evicts the Pod using that GPU; the Pod
+    on another GPU of the node runs on."""
+    if not serves_device_taints(plane):
+        pytest.skip("kube-apiserver %s serves no DeviceTaintRule" % plane.version)
+    node, admin = "gpu77", plane.admin()
+    fleet = fleet_with_slice(plane, tmp_path, node)
+    for name in ("on-bad", "on-good"):
+        claim_pod(admin, name, node)
+    wait_for("both Pods running", lambda: all(admin.get(PODS + "/" + n)["status"].get("phase") == "Running"
+                                              for n in ("on-bad", "on-good")), timeout=60)
+    bad = MINOR.index(int(allocated(admin, "on-bad")[0].split("-")[1]))
+    check(fleet, node, "gpu.%d.remapped_rows.failure=1" % bad, extra="no_execute = true")
+    assert [r["spec"]["taint"]["effect"] for r in rules(admin, node)] == ["NoExecute"]
+    wait_for("the Pod on the held GPU evicted", lambda: pod(admin, "on-bad") is None, timeout=60)
+    assert admin.get(PODS + "/on-good")["status"].get("phase") == "Running"
+    got = admin.get(node_path(node))
     assert nv.our_taints(got) == [] and not got["spec"].get("unschedulable")
 
 

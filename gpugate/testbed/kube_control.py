@@ -25,9 +25,11 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # = "fake": a Node whose kubelet KWOK pl
 BINARIES = ("kube-scheduler", "kube-controller-manager")
 # No deployment controller: the manifests' keeper Deployment (applied by the tests) makes no pods
 # that would sit on the test's nodes and be evicted by its sweeps.
+# The device taint eviction controller evicts the Pods whose DRA claims use a device a NoExecute
+# DeviceTaintRule taints ([kubernetes] device_holds; it does nothing where the release serves no rules).
 CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller", "disruption-controller",
                "daemonset-controller", "replicaset-controller", "garbage-collector-controller",
-               "namespace-controller")
+               "namespace-controller", "device-taint-eviction-controller")
 # The node lifecycle controller looks at the Nodes every second (5 s by default): a taint follows
 # a Ready condition within a second or two.
 NODE_MONITOR_PERIOD = "1s"
