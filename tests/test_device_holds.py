@@ -347,3 +347,21 @@ def test_a_device_hold_stays_one_for_its_gpus_own_findings_only():
         backend.drain("node01", reason)
         assert [t["effect"] for t in nv.our_taints(api.node)] == ["NoSchedule"], reason
         assert nv.device_rules(api.node) == list(api.rules)  # still named: lifted with the Node
+
+
+def test_gpu_identities_are_what_the_node_read_of_its_gpus():
+    """NVML's UUID and bus id, amdgpu's PCI address; a value NVML could not
+    read is left out (never a guess), and a run that read no GPU has none."""
+    from types import SimpleNamespace as NS
+
+    from gpugate.model.facts import ProbeFailure
+    from gpugate.node.act import gpu_identities
+
+    failed = ProbeFailure("nvml", "error", "GPU is lost")
+    nvml = NS(gpus=(NS(index=0, uuid="GPU-a", pci_bus_id="00000000:18:00.0"),
+                    NS(index=1, uuid=failed, pci_bus_id="00000000:2A:00.0")))
+    assert gpu_identities(NS(nvml=nvml, amd=None)) == {0: {"uuid": "GPU-a", "pci": "00000000:18:00.0"},
+                                                       1: {"pci": "00000000:2A:00.0"}}
+    amd = NS(gpus=(NS(index=0, bdf="0000:1b:00.0"),))
+    assert gpu_identities(NS(nvml=None, amd=amd)) == {0: {"pci": "0000:1b:00.0"}}
+    assert gpu_identities(NS(nvml=failed, amd=None)) == {} and gpu_identities(None) == {}

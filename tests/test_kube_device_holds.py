@@ -112,6 +112,12 @@ def check(fleet, node, *assignments, extra=""):
     return out
 
 
+def last_log(fleet, node):
+    """The health check's last log line (log = "file": state_dir/gpugate.log)."""
+    with open(os.path.join(fleet.dir, "state", node, "gpugate.log")) as handle:
+        return json.loads(handle.read().splitlines()[-1])
+
+
 def claim_pod(admin, name, node):
     """A Pod claiming one GPU (a ResourceClaim of its own), only on ``node``."""
     admin.create(CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [
@@ -153,6 +159,7 @@ def test_a_remap_failure_holds_its_gpu_alone_and_the_scheduler_uses_the_other_se
     assert "row_remap:gpu3=failure" in nv.owned(got)["reason"]
     cond = condition(admin, node)
     assert cond["status"] == "False" and "held: gpu3 %s/%s NoSchedule, not the Node" % (node, device) in cond["message"]
+    assert last_log(fleet, node)["scope"] == "held: gpu3 %s/%s NoSchedule, not the Node" % (node, device)
 
     names = ["claim%d" % i for i in range(8)]
     for name in names:
@@ -235,6 +242,7 @@ def test_the_same_finding_holds_the_node_where_no_device_taints_are_served(plane
     assert nv.devices_held(got) == []
     cond = condition(admin, node)
     assert cond["status"] == "False" and "the Node is held: " + dra.NOT_SERVED in cond["message"]
+    assert last_log(fleet, node)["scope"] == ("the Node is held: " + dra.NOT_SERVED)[:300]
 
 
 def refusal(client, method, path, body=None, timeout=30.0):

@@ -233,7 +233,7 @@ def _log_fields(record: dict, j: _Judged, outcome: dict) -> None:
         record.update(kernel_log_lost=j.facts.kernel_log_lost, kernel_log_follower=follower)
     if "jitter" in outcome:
         record["jitter"] = outcome["jitter"]
-    for key in ("backend", "backend_why", "node_read", "condition_error"):
+    for key in ("backend", "backend_why", "node_read", "condition_error", "scope"):  # scope: device holds
         if key in outcome:
             record[key] = outcome[key]
     if not outcome["ok"]:
