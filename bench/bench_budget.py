@@ -126,9 +126,12 @@ def resigned(i: int) -> str:
 def sinfo_text(count: int, share: float = 1.0, resign: int = 0) -> str:
     """resign: every resign-th published node's comment is as it is a run
     later, re-signed (resigned); 0: none."""
-    lines = []
+    lines, published = [], 0
     for i in range(count):
-        text = (resigned(i) if resign and i % resign == 0 else comment(i)) if _published(i, share) else "(null)"
+        text = "(null)"
+        if _published(i, share):
+            text = resigned(i) if resign and published % resign == 0 else comment(i)
+            published += 1
         for part in ("gpu", "pool%d" % (i % PARTITIONS)):
             lines.append("gpu%06d|%s|idle|Unknown|Unknown|%s\x1fnone" % (i, part, text))
     return "\n".join(lines) + "\n"
