@@ -404,8 +404,8 @@ def _kept(tmp_path, proofs):
 
 def _kept_texts(stored) -> dict:
     """node -> the exact comment the file kept a verdict on."""
-    where, text, at = stored[:3]
-    return {name: text[at[i]:at[i + 1]] for name, i in where.items()}
+    where, heads, _reasons, ends, which = stored[:5]
+    return {name: heads[i] + ends[which[i]] for name, i in where.items()}
 
 
 @settings(max_examples=200, deadline=None)
@@ -495,16 +495,16 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     for at in range(0, len(good), max(1, len(good) // 97)):  # one byte changed anywhere
         assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
     assert refused(good[:-1]) and refused(good + b"\0") and refused(b"") and refused(good[:20])
-    def signed(names="gpu00", text="x", at=(0, 1), reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,),
-               proofs="0" * 32):
+    def signed(names="gpu00", heads=("x",), reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,), proofs="0" * 32):
         from array import array
 
-        body = marshal.dumps((names, text, array("q", at).tobytes(), reasons, array("q", which).tobytes(),
-                              array("q", since).tobytes(), array("q", seen).tobytes(), proofs))
+        body = marshal.dumps((names, heads, reasons, array("q", which).tobytes(), array("q", since).tobytes(),
+                              array("q", seen).tobytes(), proofs))
         return keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body
 
     assert not refused(signed())  # the shape written: read (the variants below are each one thing off)
-    assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(at=(0, 2)))
+    assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(heads=(b"x",)))
+    assert refused(signed(heads=("x", "y"))) and refused(signed(heads=["x"]))
     assert refused(signed(proofs="0" * 31)) and refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
     assert refused(signed(names="gpu00\ngpu01"))  # two names, one verdict
     assert not refused(good)

@@ -160,8 +160,8 @@ def _screen(states, proofs: Proofs, now: float):
         proofs.settle()
     stored = proofs.stored
     if stored is not None:
-        where, kept_text, kept_at, kept_reason, kept_which, kept_since, kept_seen, kept_proof = stored
-        where, kept_text = where.get, kept_text.startswith
+        where, kept_head, kept_reason, kept_end, kept_which, kept_since, kept_seen, kept_proof = stored
+        where = where.get
     hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
@@ -179,17 +179,19 @@ def _screen(states, proofs: Proofs, now: float):
         got = (remembered.get(name) or old.get(name)) if recall else None
         if (got is None or got[0] != comment) and stored is not None:
             i = where(name)
-            # the exact text an earlier run verified: the kept texts' characters from kept_at[i] to kept_at[i + 1]
-            if i is not None and kept_at[i + 1] - kept_at[i] == len(comment) and kept_text(comment, kept_at[i]):
-                hits += 1
-                seen = kept_seen[i]
-                span = Pending(kept_reason[kept_which[i]], kept_since[i], seen, kept_proof[32 * i:32 * i + 32])
-                if span.since <= seen <= newest and now - seen <= max_age:
-                    passed_node(name)
-                    passed_comment(comment)
-                    passed(span)
-                    continue
-                got = (comment, span, True)
+            if i is not None:  # the exact text an earlier run verified: its head, then its reason and closing mark
+                kept, w = kept_head[i], kept_which[i]
+                tail = kept_end[w]
+                if len(comment) == len(kept) + len(tail) and comment.startswith(kept) and comment.endswith(tail):
+                    hits += 1
+                    seen = kept_seen[i]
+                    span = Pending(kept_reason[w], kept_since[i], seen, kept_proof[32 * i:32 * i + 32])
+                    if span.since <= seen <= newest and now - seen <= max_age:
+                        passed_node(name)
+                        passed_comment(comment)
+                        passed(span)
+                        continue
+                    got = (comment, span, True)
         if got is None or got[0] != comment:
             m = whole(comment)  # the span alone, its reason without "[" (so its only opening mark): one step
             if m is not None:
@@ -304,8 +306,9 @@ def load(where: str, key: bytes):
     """The verdicts an earlier run kept under this key (Proofs' stored), or
     None: absent, unreadable, not a regular file of this user's, over the
     cap, not signed under this key or not the shape save writes.  None
-    means every span is verified.  Read in a few objects (the names, all
-    comments in one text, the numbers in arrays), not six a node."""
+    means every span is verified.  A kept comment is its head (the text up
+    to its reason) and its reason's number: a fleet-wide event's 100,000
+    comments share one reason, kept once."""
     import hmac
     import marshal
     import os
@@ -326,17 +329,18 @@ def load(where: str, key: bytes):
         body = memoryview(data)[head:]
         if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
             return None  # another key's, damaged or not ours: nothing is trusted
-        names, text, at, reasons, which, since, seen, proofs = marshal.loads(body)
+        names, heads, reasons, which, since, seen, proofs = marshal.loads(body)
         names = names.split("\n") if names else []
         count = len(names)
-        at, which, since, seen = array("q", at), array("q", which), array("q", since), array("q", seen)
-        if (type(text) is not str or type(proofs) is not str or type(reasons) is not tuple or count > _MAX_ENTRIES
-                or set(map(type, reasons)) - {str} or len(at) != count + 1 or at[0] != 0 or at[-1] != len(text)
+        which, since, seen = array("q", which), array("q", since), array("q", seen)
+        if (type(heads) is not tuple or type(proofs) is not str or type(reasons) is not tuple or count > _MAX_ENTRIES
+                or set(map(type, reasons)) - {str} or set(map(type, heads)) - {str} or len(heads) != count
                 or not len(which) == len(since) == len(seen) == count or len(proofs) != 32 * count
                 or (count and not 0 <= min(which) <= max(which) < len(reasons))):
             return None
+        ends = tuple(reason + _TAIL for reason in reasons)  # what follows a kept head: the reason, the closing mark
         # tuples: a number read from one is the object made here, not one made at each read
-        return dict(zip(names, range(count))), text, tuple(at), reasons, tuple(which), tuple(since), tuple(seen), proofs
+        return dict(zip(names, range(count))), heads, reasons, ends, tuple(which), tuple(since), tuple(seen), proofs
     except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
         return None
 
@@ -345,16 +349,18 @@ def save(where: str, proofs: Proofs) -> bool:
     """Keep this run's verdicts for the next run's load, when over a tenth
     of them were not in the file it read (or it read none): every span
     this run verified in one step and found within its times (the node,
-    the exact comment, what it reads as).  False when not written (not
-    due, or the write failed: the next run verifies what the file lacks)."""
+    the exact comment as its head and its reason's number, what it reads
+    as), a comment with text after its span's closing mark left out (it
+    is checked again).  False when not written (not due, or the write
+    failed: the next run verifies what the file lacks)."""
     if not proofs.macs:
         return False  # nothing checked afresh: what the file holds (or its absence) stands
     if proofs.stored is not None and proofs.macs <= _RESAVE * (proofs.macs + proofs.hits):
         return False
     import marshal
     from array import array
-    from itertools import accumulate
-    from operator import attrgetter
+    from itertools import compress, repeat
+    from operator import attrgetter, neg
 
     from gpugate.safety.state import write_bytes
 
@@ -369,9 +375,15 @@ def save(where: str, proofs: Proofs) -> bool:
     del names[_MAX_ENTRIES:], comments[_MAX_ENTRIES:], spans[_MAX_ENTRIES:]
     said = list(map(attrgetter("reason"), spans))
     reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
-    body = marshal.dumps(("\n".join(names), "".join(comments),  # a node's name holds no newline (fields._name)
-                          array("q", accumulate(map(len, comments), initial=0)).tobytes(), tuple(reasons),
-                          array("q", map(reasons.__getitem__, said)).tobytes(),
+    which = list(map(reasons.__getitem__, said))
+    ends = list(map([r + _TAIL for r in reasons].__getitem__, which))
+    kept = list(map(str.endswith, comments, ends))  # what a node writes ends with its span; any other: checked again
+    if not all(kept):
+        names, comments, spans, which, ends = (list(compress(column, kept))
+                                               for column in (names, comments, spans, which, ends))
+    heads = list(map(str.__getitem__, comments, map(slice, repeat(None), map(neg, map(len, ends)))))
+    body = marshal.dumps(("\n".join(names), tuple(heads), tuple(reasons),  # a name holds no newline (fields._name)
+                          array("q", which).tobytes(),
                           array("q", map(attrgetter("since"), spans)).tobytes(),
                           array("q", map(attrgetter("seen"), spans)).tobytes(),
                           "".join(map(attrgetter("proof"), spans))))  # 32 hex digits each (_one's head)
