@@ -319,7 +319,7 @@ def test_the_smoke_stage_makes_an_ended_reservation_again_before_its_job(tmp_pat
     it could not end; with the bound and no remaking, the proof failed."""
     import types
 
-    from gpugate.sweep import smoke
+    from gpugate.sweep import slurm_smoke, smoke
 
     slurm = FakeSlurm(count=4, drained=("gpu001",), reason=XID, reboot_polls=1)
     slurm.undrain = lambda names: [slurm._set(n, flags=set(), reason="") for n in slurm._names(names)]
@@ -331,8 +331,8 @@ def test_the_smoke_stage_makes_an_ended_reservation_again_before_its_job(tmp_pat
         ran.append((reservation, reservation in slurm.res))
         return {n: smoke.SmokeResult(n, job="7", passed=True) for n in nodes}
 
-    monkeypatch.setattr(smoke, "run_smoke", run_smoke)
-    monkeypatch.setattr(smoke, "Outputs", lambda path: types.SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(slurm_smoke, "run_smoke", run_smoke)
+    monkeypatch.setattr(slurm_smoke, "Outputs", lambda path: types.SimpleNamespace(close=lambda: None))
     step = sweeper._step_smoke
 
     def ended_first(nodes, records):

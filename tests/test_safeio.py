@@ -289,7 +289,7 @@ def test_a_swapped_output_is_refused_at_once_and_proves_nothing(tmp_path, top, s
 
 
 def test_run_smoke_by_hand_refuses_an_untrusted_directory(top):
-    from gpugate.sweep.smoke import run_smoke
+    from gpugate.sweep.slurm_smoke import run_smoke
 
     outdir = nobody_dir(top, "smoke", 0o755)
     slurm = SmokeSlurm(write_output(""), count=1)

@@ -69,7 +69,6 @@ def test_above_the_seam_only_a_schedulers_own_parts_reach_its_adapter():
     neutral = {
         "gpugate.slurm.pending",  # the published-finding format every scheduler's records carry
         "gpugate.slurm.nodestate", "gpugate.slurm.nodestate.lean",  # NodeState, Fleet (the keeper's fleet view)
-        "gpugate.slurm.jobs",  # the sweep's smoke job on Slurm (sweep.smoke: Kubernetes runs a Pod instead)
         "gpugate.slurm.prologtimeout",  # the Slurm prolog's own deadline
         "gpugate.slurm",  # the Slurm prolog's job note (node.prolog: only slurmd runs it)
     }

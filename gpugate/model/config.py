@@ -140,7 +140,7 @@ _SWEEP = Table({
     # node to service for repeat_limit times within repeat_window seconds: rma.
     "repeat_limit": (Int(0, 1000), 3),  # 0: never escalate for repeats
     "repeat_window": (Number(60, 365 * 86400), 7 * 86400.0),
-    # The smoke job (gpugate/sweep/smoke.py), submitted with sbatch into the
+    # The smoke job (gpugate/sweep/slurm_smoke.py), submitted with sbatch into the
     # batch's reservation after verification; [] turns it off.  {gpus}: the
     # node's GPU count from the baseline's [nodes] ({node} also expands).
     "smoke": (_ARGV, ("/opt/nccl-tests/build/all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "{gpus}")),

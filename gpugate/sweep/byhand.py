@@ -10,7 +10,7 @@ from gpugate.errors import SlurmError
 from gpugate.sweep.pairs import FAIL, PairRun, PairVerdict, decide, run_rounds
 from gpugate.sweep.partner import Lender
 from gpugate.core.record import dataclass, field
-from gpugate.sweep.smoke import run_pairs, run_smoke
+from gpugate.sweep.slurm_smoke import run_pairs, run_smoke
 from gpugate.schedulers.reservations import reservation_minutes
 from gpugate.sweep.steps import hostlist
 

@@ -24,7 +24,7 @@ from gpugate.core.record import dataclass, field, replace
 from gpugate.sweep.snapshot import take
 from gpugate.sweep.defer_step import DeferStep
 from gpugate.sweep.reset_step import ResetStep
-from gpugate.sweep.smoke import SmokeStep
+from gpugate.sweep.slurm_smoke import SlurmSmokeStep
 from gpugate.sweep.steps import Steps
 from gpugate.sweep.steps import hostlist as _hostlist
 
@@ -63,7 +63,7 @@ class SweepReport:
     max_out: Dict[str, int] = field(default_factory=dict)  # most nodes in our hands per partition
 
 
-class Sweeper(Steps, ResetStep, SmokeStep, DeferStep):
+class Sweeper(Steps, ResetStep, SlurmSmokeStep, DeferStep):
     def __init__(self, settings, baseline, slurm, transport, journal: jr.Journal, options: Options,
                  force: bool = False, say: Callable[[str], None] = lambda text: None, sleep=time.sleep,
                  clock=time.time):

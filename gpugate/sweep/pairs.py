@@ -103,7 +103,7 @@ def _partner(run: PairRun, node: str) -> str:
 
 def run_rounds(nodes, run_pairs, partner_for=None) -> List[PairRun]:
     """Round 1, then round 2 for the suspects; the runs in order.
-    ``run_pairs(pairs)`` runs the jobs (gpugate.sweep.smoke.run_pairs):
+    ``run_pairs(pairs)`` runs the jobs (gpugate.sweep.slurm_smoke.run_pairs):
     {"a,b": SmokeResult}; ``partner_for(odd)``, when given, an in-service
     partner for round 1's odd one out (or None).  Only the batch's nodes
     are judged or reused as partners.  A site fault (the pair command cannot
