@@ -260,6 +260,14 @@ def test_hold_devices_holds_the_gpu_and_its_lift_deletes_the_rule():
     assert list(api.rules) == ["gpugate.node01.gpu.nvidia.com.gpu-3"]
     assert backend.scope["node01"] == "held: gpu3 node01/gpu-3 NoSchedule, not the Node"
     assert nv.devices_held(api.node) == ["gpugate.node01.gpu.nvidia.com.gpu-3"] and not nv.our_taints(api.node)
+    # The next run's hold: the rule as the server keeps it (its timeAdded) is not written again.
+    api.rules["gpugate.node01.gpu.nvidia.com.gpu-3"]["spec"]["taint"]["timeAdded"] = "2026-12-05T07:00:00Z"
+    assert backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api)) == ""
+    assert "PUT" not in [call[0] for call in api.calls]
+    # A new effect is (the site asked NoExecute since).
+    assert kube_nodes(api, no_execute=True).hold_devices(
+        "node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api)) == ""
+    assert api.rules["gpugate.node01.gpu.nvidia.com.gpu-3"]["spec"]["taint"]["effect"] == "NoExecute"
     backend.undrain("node01")
     assert api.rules == {} and nv.owned(api.node) == {}
 

@@ -172,10 +172,12 @@ def test_a_remap_failure_holds_its_gpu_alone_and_the_scheduler_uses_the_other_se
     waiting = [n for n in names if not allocated(admin, n)]
     assert len(waiting) == 1
     assert wait_for("the scheduler's word on the eighth Pod", lambda: unschedulable(admin, waiting[0]))
-    # A second run with the same finding changes nothing (one rule, the same record).
-    before = nv.owned(admin.get(node_path(node)))
+    # A second run with the same finding writes nothing: the rule as it was (its resourceVersion, the
+    # server's timeAdded), the same record.
+    before, before_rules = nv.owned(admin.get(node_path(node))), rules(admin, node)
+    assert before_rules[0]["spec"]["taint"].get("timeAdded")  # the server's own field
     check(fleet, node)
-    assert len(rules(admin, node)) == 1 and nv.owned(admin.get(node_path(node))) == before
+    assert rules(admin, node) == before_rules and nv.owned(admin.get(node_path(node))) == before
     for name in names:
         admin.request("DELETE", PODS + "/" + name, query={"gracePeriodSeconds": "0"})
         admin.request("DELETE", CLAIMS + "/" + name)

@@ -156,10 +156,18 @@ def write(client, body: Dict[str, Any], node: str) -> str:
     there = client.get(RULES + "/" + name)
     if not ours(there, node):
         raise KubeError("DeviceTaintRule %s was not written by gpugate: left alone" % name, 409, "Conflict")
-    if there.get("spec") != body["spec"]:
+    if _what(there) != _what(body):  # (the server's own fields, the taint's timeAdded, kept as they are)
         body = dict(body, metadata=dict(body["metadata"], resourceVersion=there["metadata"]["resourceVersion"]))
         client.replace(RULES + "/" + name, body)
     return name
+
+
+def _what(item: Dict[str, Any]) -> tuple:
+    """What gpugate decides of a rule: its device and its taint's key, value and effect."""
+    spec = item.get("spec") if isinstance(item.get("spec"), dict) else {}
+    taint = spec.get("taint") if isinstance(spec.get("taint"), dict) else {}
+    return (json.dumps(spec.get("deviceSelector"), sort_keys=True),
+            taint.get("key"), taint.get("value"), taint.get("effect"))
 
 
 def ours_for(client, node: str) -> List[Dict[str, Any]]:
