@@ -11,6 +11,7 @@ import os
 from conftest import DEMO_BASELINE, gpugate_cmd
 
 from gpugate.node import gpureset
+from gpugate.vendors.nvidia import reset as nvidia_reset
 from gpugate.node.evidence import collect
 from gpugate.sim import fleet as sim_fleet
 
@@ -95,13 +96,13 @@ def test_a_gpu_off_the_bus_is_not_recoverable_by_reset(fleet, tmp_path):
 def test_an_interrupted_reset_leaves_nothing_stopped(fleet, tmp_path):
     """A reset killed after it stopped persistenced: the next run starts it again."""
     os.makedirs(str(tmp_path / "state" / "gpu01"))
-    with open(str(tmp_path / "state" / "gpu01" / gpureset.STOPPED), "w") as handle:
+    with open(str(tmp_path / "state" / "gpu01" / nvidia_reset.STOPPED), "w") as handle:
         json.dump({"units": ["nvidia-persistenced"]}, handle)
     sim_set(fleet, "gpu01", "service.nvidia-persistenced=inactive")
     out = reset(fleet, tmp_path)
     assert out["ok"], out
     assert sim_fleet.load(fleet, "gpu01")["services"]["nvidia-persistenced"] == "active"
-    assert not os.path.exists(str(tmp_path / "state" / "gpu01" / gpureset.STOPPED))
+    assert not os.path.exists(str(tmp_path / "state" / "gpu01" / nvidia_reset.STOPPED))
 
 
 def test_the_evidence_parts_bug_report_absent_by_default(fleet, tmp_path, settings_for):

@@ -173,7 +173,7 @@ _SWEEP = Table({
     "evidence_keep": (Int(0, 10000), 10),
     "evidence_timeout": (Number(10, 86400), 600.0),  # the whole collection, per batch
     "bug_report_timeout": (Number(1, 86400), 300.0),  # nvidia-bug-report.sh's own limit on the node
-    # The reset rung (gpugate/node/gpureset.py): findings a GPU reset clears
+    # The reset rung (gpugate/vendors/*/reset.py): findings a GPU reset clears
     # are reset (`gpugate reset-gpus` on the node) before any reboot.
     "reset": (Bool(), True),
     "reset_timeout": (Number(10, 86400), 600.0),

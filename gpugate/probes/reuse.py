@@ -36,7 +36,7 @@ def fresh_baseline(settings, node: str, last: Optional[dict], boot_id) -> Tuple[
         return None, cursor  # a cache written by another version: load the TOML
 
 
-RESET_MARKER = "gpu-reset.json"  # `gpugate reset-gpus` (gpugate.node.gpureset) writes it at the end
+RESET_MARKER = "gpu-reset.json"  # `gpugate reset-gpus` (gpugate.node.gpureset.mark) writes it at the end
 
 
 def reset_cursor(settings, node: str, boot_id) -> int:

@@ -1,7 +1,7 @@
 """The sweep's evidence and reset steps (issue 28), mixed into engine.Sweeper
 like steps.Steps: ``_step_evidence`` keeps what the node knows before a reset
 or a reboot wipes it (gpugate/sweep/evidence.py), ``_step_reset`` is the
-reset rung (the node side: gpugate/node/gpureset.py).
+reset rung (the node side: gpugate/vendors/nvidia/reset.py, gpugate/vendors/amd/reset.py).
 
 The reset rung runs on a drained, idle node (wait_drained came first): the
 batch's maintenance reservation is made (the smoke job runs in it), the node

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 PARTS = {
     "nvidia": {
-        "reset": "gpugate.node.gpureset:reset",  # nvidia-smi -r, GPU by GPU
-        "evidence": None,
+        "reset": "gpugate.vendors.nvidia.reset:reset",  # nvidia-smi -r, GPU by GPU
+        "evidence": "gpugate.vendors.nvidia.evidence:nvidia_parts",  # nvidia-smi -q, nvidia-bug-report.sh
         "component_states": None,
         "runbook": None,
     },

@@ -22,8 +22,9 @@ COMMANDS = (("amd-smi-static.json", ("static", "--json")),
 _RAS_CAP = 1 << 20
 
 
-def amd_parts(settings, node: str, add, parts: list, timing: dict, error) -> None:
-    """add(name, data[, cap]) keeps a part; error(name, why) says one could not be read."""
+def amd_parts(settings, node: str, add, parts: list, timing: dict, error, options=None) -> None:
+    """add(name, data[, cap]) keeps a part; error(name, why) says one could not be read
+    (options: NVIDIA's bug-report limits, nothing of AMD's)."""
     t0 = time.monotonic()
     smi = settings.command("amd-smi", node)
     for name, args in COMMANDS:
