@@ -21,7 +21,7 @@ PARTS = {
     "nvidia": {
         "reset": "gpugate.vendors.nvidia.reset:reset",  # nvidia-smi -r, GPU by GPU
         "evidence": "gpugate.vendors.nvidia.evidence:nvidia_parts",  # nvidia-smi -q, nvidia-bug-report.sh
-        "component_states": None,
+        "component_states": "gpugate.vendors.nvidia.metrics:nvidia_component_states",
         "runbook": None,
     },
     "amd": {

@@ -25,7 +25,7 @@ def _gpu_state(amd, read, pins) -> str:
     return UNREADABLE if UNREADABLE in states else UNCHECKED if UNCHECKED in states else MATCHES
 
 
-def amd_component_states(verdict, facts, baseline) -> dict:
+def amd_component_states(verdict, facts, baseline, expect=None) -> dict:
     pin, amd = baseline.pin, facts.amd
     whole = failed(amd)
     states = {"kernel": MATCHES if isinstance(facts.kernel_release, str) else UNREADABLE,
