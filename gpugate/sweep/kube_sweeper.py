@@ -61,7 +61,7 @@ _ACTIVE_MARGIN = 30
 
 
 class KubeSweeper(KubeRebootSteps, Sweeper):
-    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes (its reboot and wait_up: reboot_step)."""
+    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes (its reboot and wait_up: gpugate.sweep.kube_reboot)."""
 
     smoke_unit = "pod"
 
