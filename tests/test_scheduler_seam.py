@@ -99,3 +99,20 @@ def test_slurm_never_reaches_for_kubernetes():
     crossing = sorted("%s -> %s" % (m, i) for m, imports in graph.items() if m.startswith("gpugate.slurm")
                       for i in imports if i.startswith("gpugate.kube"))
     assert "gpugate.slurm.commands" in graph and not crossing, crossing
+
+
+def test_the_modules_the_seams_name_by_string_stand_at_or_below_them():
+    """registry.ADAPTERS/TRANSPORTS and vendors.seam.PARTS import by name (the
+    AST walk of tests/test_layout.py cannot see them): each named module's
+    layer is at or below its seam's."""
+    from gpugate.vendors import seam
+    from test_layout import layer_of
+
+    named = [("gpugate.schedulers.registry", spec) for spec in list(registry.ADAPTERS.values()) +
+             list(registry.TRANSPORTS.values())]
+    named += [("gpugate.vendors.seam", spec) for parts in seam.PARTS.values() for spec in parts.values() if spec]
+    assert len(named) >= 10
+    for owner, spec in named:
+        module = spec.partition(":")[0]
+        assert layer_of(module)[0] <= layer_of(owner)[0], "%s names %s, above it" % (owner, module)
+        assert callable(getattr(importlib.import_module(module), spec.partition(":")[2]))
