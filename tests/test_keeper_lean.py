@@ -404,8 +404,8 @@ def _kept(tmp_path, proofs):
 
 def _kept_texts(stored) -> dict:
     """node -> the exact comment the file kept a verdict on."""
-    where, heads, _reasons, ends, which = stored[:5]
-    return {name: heads[i] + ends[which[i]] for name, i in where.items()}
+    where, _reasons, ends = stored
+    return {name: kept[0] + ends[kept[1]] for name, kept in where.items()}
 
 
 @settings(max_examples=200, deadline=None)
@@ -496,6 +496,7 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
         assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
     assert refused(good[:-1]) and refused(good + b"\0") and refused(b"") and refused(good[:20])
     def signed(names="gpu00", heads=("x",), reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,), proofs="0" * 32):
+        """A file in the shape save writes, signed under KEY."""
         from array import array
 
         body = marshal.dumps((names, heads, reasons, array("q", which).tobytes(), array("q", since).tobytes(),
@@ -505,7 +506,7 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     assert not refused(signed())  # the shape written: read (the variants below are each one thing off)
     assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(heads=(b"x",)))
     assert refused(signed(heads=("x", "y"))) and refused(signed(heads=["x"]))
-    assert refused(signed(proofs="0" * 31)) and refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
+    assert refused(signed(proofs="0" * 31)) and refused(signed(proofs="0" * 32 + "\n" + "0" * 32)) and refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
     assert refused(signed(names="gpu00\ngpu01"))  # two names, one verdict
     assert not refused(good)
     os.rename(where, where + ".real")
@@ -592,5 +593,10 @@ def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):
         if len(runs) == 2:  # the file damaged: verified afresh, the same decision
             path = tmp_path / keeper_proofs.FILE
             path.write_bytes(path.read_bytes()[:-3] + b"xyz")
-    assert (tmp_path / keeper_proofs.FILE).exists()
+    path = tmp_path / keeper_proofs.FILE
     assert runs[0] == runs[1] == runs[2] and len(runs[0][1]) == 1  # one node's drain skipped: 25 % of 6
+    assert keeper_proofs.load(str(path), KEY) is not None  # the third run wrote it again, whole
+    kept = path.read_bytes()
+    states["gpu00"] = replace(states["gpu00"], comment=pending.publish("", XID, NOW - 5, KEY, "gpu00"))
+    figures = keeper.run_once(cfg, Fleet(), clock=lambda: NOW, sleep=lambda s: None)  # --watch: the same process
+    assert figures["ok"] and path.read_bytes() == kept  # its memory, not the file

@@ -160,7 +160,7 @@ def _screen(states, proofs: Proofs, now: float):
         proofs.settle()
     stored = proofs.stored
     if stored is not None:
-        where, kept_head, kept_reason, kept_end, kept_which, kept_since, kept_seen, kept_proof = stored
+        where, kept_reason, kept_end = stored
         where = where.get
     hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
@@ -178,15 +178,14 @@ def _screen(states, proofs: Proofs, now: float):
             continue
         got = (remembered.get(name) or old.get(name)) if recall else None
         if (got is None or got[0] != comment) and stored is not None:
-            i = where(name)
-            if i is not None:  # the exact text an earlier run verified: its head, then its reason and closing mark
-                kept, w = kept_head[i], kept_which[i]
+            kept = where(name)
+            if kept is not None:  # the exact text an earlier run verified: its head, then its reason and closing mark
+                kept, w, since, seen, proof = kept
                 tail = kept_end[w]
                 if len(comment) == len(kept) + len(tail) and comment.startswith(kept) and comment.endswith(tail):
                     hits += 1
-                    seen = kept_seen[i]
-                    span = Pending(kept_reason[w], kept_since[i], seen, kept_proof[32 * i:32 * i + 32])
-                    if span.since <= seen <= newest and now - seen <= max_age:
+                    span = Pending(kept_reason[w], since, seen, proof)
+                    if since <= seen <= newest and now - seen <= max_age:
                         passed_node(name)
                         passed_comment(comment)
                         passed(span)
@@ -330,17 +329,17 @@ def load(where: str, key: bytes):
         if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
             return None  # another key's, damaged or not ours: nothing is trusted
         names, heads, reasons, which, since, seen, proofs = marshal.loads(body)
-        names = names.split("\n") if names else []
+        names, proofs = (names.split("\n") if names else []), (proofs.split("\n") if proofs else [])
         count = len(names)
         which, since, seen = array("q", which), array("q", since), array("q", seen)
-        if (type(heads) is not tuple or type(proofs) is not str or type(reasons) is not tuple or count > _MAX_ENTRIES
+        if (type(heads) is not tuple or type(reasons) is not tuple or count > _MAX_ENTRIES
                 or set(map(type, reasons)) - {str} or set(map(type, heads)) - {str} or len(heads) != count
-                or not len(which) == len(since) == len(seen) == count or len(proofs) != 32 * count
-                or (count and not 0 <= min(which) <= max(which) < len(reasons))):
+                or not len(which) == len(since) == len(seen) == len(proofs) == count
+                or (count and (set(map(len, proofs)) != {32} or not 0 <= min(which) <= max(which) < len(reasons)))):
             return None
         ends = tuple(reason + _TAIL for reason in reasons)  # what follows a kept head: the reason, the closing mark
-        # tuples: a number read from one is the object made here, not one made at each read
-        return dict(zip(names, range(count))), heads, reasons, ends, tuple(which), tuple(since), tuple(seen), proofs
+        # node -> (head, its reason's number, first time, signing time, proof), made in C
+        return dict(zip(names, zip(heads, which, since, seen, proofs))), reasons, ends
     except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
         return None
 
@@ -386,7 +385,7 @@ def save(where: str, proofs: Proofs) -> bool:
                           array("q", which).tobytes(),
                           array("q", map(attrgetter("since"), spans)).tobytes(),
                           array("q", map(attrgetter("seen"), spans)).tobytes(),
-                          "".join(map(attrgetter("proof"), spans))))  # 32 hex digits each (_one's head)
+                          "\n".join(map(attrgetter("proof"), spans))))  # 32 hex digits each (_one's head)
     try:
         write_bytes(where, _MAGIC + _mac(proofs.key, body) + body, durable=False, mode=0o600)
     except OSError:

@@ -102,8 +102,8 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         return figures
     key = _key(settings)  # before any read: no key, nothing published is drained
     proofs = keeper_proofs.Proofs(key)  # each (node, comment) checked once
-    kept_proofs = keeper_proofs.path(status_path(settings))
-    if not proofs.old:  # a new process (the timer's): the verdicts an earlier run kept, if any can be trusted
+    kept_proofs = keeper_proofs.path(status_path(settings)) if not proofs.old else None
+    if kept_proofs:  # a new process (the timer's, or --watch's first run): what an earlier run kept, if trusted
         proofs.stored = keeper_proofs.load(kept_proofs, key)
     from gpugate.slurm.nodestate.lean import of_states, paused_gc
 
@@ -188,7 +188,8 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         figures["_pools"] = keeper_pools.remember(final, tag, given_back)
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in given_back else s
                          for n, s in final.items()}, tag, share, sizes=sizes)
-    keeper_proofs.save(kept_proofs, proofs)  # when due: most runs of a fleet-wide event write nothing
+    if kept_proofs:  # when due: most runs of a fleet-wide event write nothing (--watch's later runs never)
+        keeper_proofs.save(kept_proofs, proofs)
     proofs.keep()
     figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
                    unverified=sum(1 for n in held if n in unverified),
