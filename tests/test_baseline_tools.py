@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.model.baseline import PIN_COMPONENTS, load_baseline, parse_baseline
+from gpugate.model.baseline import load_baseline, parse_baseline
+from gpugate.model.baseline_keys import PIN_COMPONENTS
 from gpugate.errors import ConfigError
 from gpugate.fleet.capture import capture
 from gpugate.fleet.review import diff, diff_text

@@ -29,14 +29,15 @@ from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, EXAMPLE_BASELINE, ROOT
 from gpugate.model import reason
-from gpugate.model.baseline import MAX_NODESET, load_baseline, parse_baseline
+from gpugate.core.hostlists import MAX_NODESET
+from gpugate.model.baseline import load_baseline, parse_baseline
 from gpugate.model.config import DEFAULT_COMMANDS, load_settings, parse_settings
 from gpugate.errors import ConfigError, ParseError
 from gpugate.model.findings import CLASSES, Finding
 from gpugate.parsers import dcgm
 from gpugate.parsers import kernlog
 from gpugate.parsers import system
-from gpugate.model.schema import _toml
+from gpugate.model.schema import _parser
 
 EXAMPLE_CONFIG = os.path.join(ROOT, "slurm_conf", "gpugate.example.toml")
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,7 +51,7 @@ def _read(path):
 
 TEXTS = {"baseline.example": _read(EXAMPLE_BASELINE), "demo-baseline": _read(DEMO_BASELINE),
          "gpugate.example": _read(EXAMPLE_CONFIG)}
-DOCS = {name: _toml.loads(text) for name, text in TEXTS.items()}
+DOCS = {name: _parser().loads(text) for name, text in TEXTS.items()}
 BASELINES = ("baseline.example", "demo-baseline")
 
 
@@ -422,7 +423,7 @@ CLI_HOSTLISTS = st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(expr=CLI_HOSTLISTS)
 def test_cli_hostlists_never_give_a_traceback(cli_config, command, expr):
-    from gpugate.model.baseline import _hostlist_size
+    from gpugate.core.hostlists import _hostlist_size
 
     assume(expr and _hostlist_size(expr) <= 50)  # "-w ''" is no filter; audit runs once per node
     result = _invoke(command, cli_config, expr)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import DEMO_BASELINE, SAMPLES, gpugate_cmd
 from gpugate.errors import ParseError
-from gpugate.model.facts import NOT_RUN
+from gpugate.model.toolfacts import NOT_RUN
 from gpugate.parsers import dcgm
 
 MIG_SAMPLE = "dcgmi-diag-r3-mig-incompatible-a100-pcie-DCGM-issue94.txt"

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpugate.errors import ParseError
-from gpugate.model.facts import DcgmHealth, DkmsEntry, Package, XidEvent
+from gpugate.model.facts import XidEvent
+from gpugate.model.toolfacts import DcgmHealth, DkmsEntry, Package
 from gpugate.parsers import dcgm
 from gpugate.parsers import kernlog
 from gpugate.parsers import system

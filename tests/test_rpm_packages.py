@@ -12,7 +12,8 @@ from conftest import DEMO_BASELINE, ROOT, gpugate_cmd
 from gpugate.model.baseline import load_baseline
 from gpugate.model.config import DEFAULT_PACKAGES
 from gpugate.errors import CommandError, ParseError
-from gpugate.model.facts import Package, ProbeFailure
+from gpugate.model.facts import ProbeFailure
+from gpugate.model.toolfacts import Package
 from gpugate.node.check import run_check
 from gpugate.parsers import system
 from gpugate.probes import commands

@@ -12,7 +12,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DEMO_BASELINE, gpugate_cmd
-from gpugate.model.baseline import PIN_COMPONENTS, load_baseline
+from gpugate.model.baseline import load_baseline
+from gpugate.model.baseline_keys import PIN_COMPONENTS
 from gpugate.model.facts import UNCHECKED, ProbeFailure, to_jsonable
 from gpugate.model.findings import CHECK_CLASSES
 from gpugate.fleet.audit import DRIFT, STATUSES, UNCHECKED as AUDIT_UNCHECKED, UNREADABLE, fold

@@ -8,7 +8,7 @@ change (``diff``) is in review.py.
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from gpugate.model.baseline import PIN_COMPONENTS
+from gpugate.model.baseline_keys import PIN_COMPONENTS
 from gpugate.errors import ConfigError
 from gpugate.fleet.tomltext import _comment, _error, _stamp, _toml_str, _toml_value, _version_or_why
 
@@ -174,7 +174,7 @@ _SETTINGS = ("ecc", "compute_mode", "power_limit_watts")
 
 def _capture_settings(gpus, shape, skipped) -> None:
     """ECC, compute mode and power limit, when every GPU reads the same."""
-    from gpugate.model.baseline import COMPUTE_MODES
+    from gpugate.model.baseline_schema import COMPUTE_MODES
     from gpugate.judges.settings import COMPUTE_MODE_NAMES
 
     modes = [COMPUTE_MODE_NAMES.get(g.get("compute_mode")) for g in gpus]

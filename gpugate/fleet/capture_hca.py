@@ -5,7 +5,7 @@ that are up: a port down on the reference node is not taken as the norm)."""
 
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from gpugate.model.baseline import VERSION_RE
+from gpugate.model.baseline_keys import VERSION_RE
 
 
 def _hcas(facts: Mapping) -> List[Mapping]:

@@ -4,7 +4,7 @@ audit, which nodes would drift under the new one before it is pushed."""
 import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from gpugate.model.baseline import PIN_COMPONENTS
+from gpugate.model.baseline_keys import PIN_COMPONENTS
 
 AMD_PIN_COMPONENTS = ("amdgpu", "rocm", "amd_smi")  # gpugate.vendors.amd.baseline's (not imported: it loads the schema)
 from gpugate.core.record import asdict

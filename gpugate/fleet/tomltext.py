@@ -6,7 +6,7 @@ import json
 import time
 from typing import Mapping, Optional, Tuple
 
-from gpugate.model.baseline import VERSION_RE
+from gpugate.model.baseline_keys import VERSION_RE
 
 def _toml_str(value: str) -> str:
     """A TOML basic string.  JSON's escapes (\\" \\\\ \\b \\f \\n \\r \\t \\uXXXX

@@ -4,7 +4,7 @@ what each nodeset must look like, and the health policy."""
 from __future__ import annotations
 
 from gpugate.errors import ConfigError
-from gpugate.model.iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX, IB_COUNTERS  # noqa: F401 - re-exported
+from gpugate.model.iblimits import DEFAULT_IB_COUNTER_MAX, DEFAULT_IB_RATE_MAX
 from gpugate.core.record import asdict, dataclass, field, replace
 from gpugate.model.schema import load_toml, validate
 
@@ -288,18 +288,3 @@ def _keys():
     from gpugate.model import baseline_keys
 
     return baseline_keys
-
-
-def __getattr__(name: str):
-    if name in ("AMD_NODESET_KEYS", "AMDGPU_EVENTS", "CLOCK_REASONS", "PIN_COMPONENTS", "VERSION_RE", "_version"):
-        return getattr(_keys(), name)
-    # The schema (and the hostlist checks) load only where TOML is validated.
-    if name in ("MAX_NODESET", "_hostlist", "_hostlist_size"):
-        from gpugate.core import hostlists
-
-        return getattr(hostlists, name)
-    if name in ("COMPUTE_MODES", "XID_ACTIONS", "MODES"):
-        from gpugate.model import baseline_schema
-
-        return getattr(baseline_schema, name)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -383,15 +383,3 @@ def from_jsonable(data: Any) -> NodeFacts:
 
 if TYPE_CHECKING:
     Fact = Union[Any, ProbeFailure]
-
-
-_TOOL_FACTS = ("Package", "DkmsEntry", "DcgmHealth", "DcgmTestResult", "DcgmDiag", "NOT_RUN", "Hca", "HcaPort",
-               "ImexStatus")
-
-
-def __getattr__(name: str):
-    if name in _TOOL_FACTS:  # gpugate.model.toolfacts, loaded when asked for
-        from gpugate.model import toolfacts
-
-        return getattr(toolfacts, name)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

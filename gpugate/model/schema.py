@@ -305,12 +305,6 @@ def _parser():
     return tomli
 
 
-def __getattr__(name: str):
-    if name == "_toml":  # the parser module, as before it was imported lazily
-        return _parser()
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
-
-
 def validate(data: Any, spec: Spec, source: str) -> Any:
     try:
         return spec.check(data, "")

@@ -6,7 +6,7 @@ ProbeFailure in its field, never a healthy-looking value."""
 
 import os
 
-from gpugate.model.baseline import IB_COUNTERS
+from gpugate.model.iblimits import IB_COUNTERS
 from gpugate.errors import ParseError
 from gpugate.model.facts import ProbeFailure
 from gpugate.parsers import ib as parse

@@ -74,7 +74,7 @@ if TYPE_CHECKING:  # for annotations only: typing costs each prolog milliseconds
 # What a message must start with to be handed here (gpugate.parsers.kernlog).
 HEADS = ("amdgpu ", "amdgpu:", "[drm:amdgpu_", "[drm] VRAM is lost")
 # The event names (the part of ``where`` before ":"); [health] amdgpu_events
-# names the ones that drain (gpugate.model.baseline.AMDGPU_EVENTS).
+# names the ones that drain (gpugate.model.baseline_keys.AMDGPU_EVENTS).
 EVENTS = ("ue", "ce", "de", "poison", "ue_event", "aca", "bad_page_threshold", "gpu_reset", "reset_ok",
           "reset_failed", "ring_timeout", "ring_reset_failed", "init_failed", "vram_lost", "vm_fault")
 _TEXT = 160  # of the driver's message kept in the event

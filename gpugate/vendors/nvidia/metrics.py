@@ -4,7 +4,7 @@ DCGM, GSP firmware and VBIOS per GPU, the container toolkit and Fabric
 Manager (judged only on NVSwitch nodes).  Pure."""
 
 from gpugate.judges.common import nvswitch
-from gpugate.model.baseline import PIN_COMPONENTS
+from gpugate.model.baseline_keys import PIN_COMPONENTS
 from gpugate.model.facts import ProbeFailure, failed, unchecked
 from gpugate.node.metrics import DIFFERS, MATCHES, UNCHECKED, UNREADABLE
 
