@@ -32,6 +32,10 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
       gpugate agent --metrics-port 9477
       gpugate agent --mirror-from /run/gpugate-mirror/gpu07.json --poll 2
 
+    With [preflight] kubernetes = true it also serves the preflight init
+    container of opted-in GPU Pods on [preflight] kube_port: this node's
+    own proof and the proof across the Pod's gang (gpugate.node.kube_preflight).
+
     With --mirror-from FILE (scheduler = "slurm+kubernetes"): the slurmd
     pod's sidecar, the only container with a token; it writes on its Node
     what slurmd's gpugate wrote into FILE (gpugate's hold and the
@@ -70,4 +74,10 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
     port = port_of(settings, metrics_port)
     if port:  # when its last check ended, from a thread beside the loop (GpugateHealthCheckStale)
         serve(settings, port, AgentWatch(runner).text)
+    if settings.preflight["kubernetes"]:  # the preflight init containers' requests, from threads beside it
+        from gpugate.kube.client import connect
+        from gpugate.node.kube_preflight import PreflightServer
+
+        PreflightServer(settings, node, node, lambda: connect(dict(settings.kubernetes)),
+                        int(settings.preflight["kube_port"])).start()
     runner.run()

@@ -3,7 +3,10 @@ an active proof on a job's fresh allocation, in the prolog, before the
 job's own code.  Off until a partition or a job asks for it.  The
 validators for commands, words and hosts are config.py's."""
 
-from gpugate.model.schema import Choice, Int, ListOf, Number, Str, Table
+from gpugate.model.schema import Bool, Choice, Int, ListOf, Number, Str, Table
+
+# The gangs a Pod can belong to on Kubernetes (gpugate.kube.gangs), in the order asked.
+GANG_KINDS = ("workload", "jobset", "kueue", "volcano")
 
 
 def table(argv, word, host) -> Table:
@@ -38,4 +41,10 @@ def table(argv, word, host) -> Table:
         # /dev/shm and /tmp, no other job on the node): one that fails is undecided, never a suspect.
         "shm_free_mb": (Int(0, 1 << 20), 1024),
         "tmp_free_mb": (Int(0, 1 << 20), 256),
+        # Kubernetes (gpugate.node.kube_preflight): the node agent serves the preflight init container
+        # of opted-in GPU Pods on this port (the chart's Service, internalTrafficPolicy Local).
+        "kubernetes": (Bool(), False),
+        "kube_port": (Int(1024, 65535), 9412),
+        # Which gangs a Pod's peers are found through, in this order (gpugate.kube.gangs).
+        "gangs": (ListOf(Choice(*GANG_KINDS)), GANG_KINDS),
     })

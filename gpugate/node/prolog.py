@@ -128,7 +128,7 @@ def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:
         memory.remember(settings, node, [f for f in proof.findings if not f.acute], passed and proof.floor_judged,
                         boot_id if isinstance(boot_id, str) else None)
         memory.count(settings, node, memory.outcome(proof.findings, proof.undecided),
-                     record["preflight"]["seconds_total"], across=_decided(across, node))
+                     record["preflight"]["seconds_total"], across=across.counted() if across is not None else "")
     except OSError as exc:
         record["state_error"] = str(exc)[:200]
     if not proof.findings:
@@ -212,17 +212,6 @@ def _note_job(settings, record: dict, requeue: bool) -> None:
             pf["note_error"] = str(exc)[:200]
     finally:
         slurm.close()
-
-
-def _decided(across, node: str) -> str:
-    """The job's outcome across its nodes, counted by its first node only."""
-    if across is None or not across.first:
-        return ""
-    if across.culprits:
-        return "culprit"
-    if across.why.startswith("not run"):
-        return "not_run"
-    return "passed" if across.why.startswith("passed") else "undecided"
 
 
 def _refuse(settings, node: str, record: dict, last: dict, deadline: float) -> int:

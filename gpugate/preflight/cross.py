@@ -57,6 +57,17 @@ class Across:
                 "culprits": list(self.culprits), "busbw_gbps": self.busbw_gbps, "seconds": round(self.seconds, 3),
                 "first": self.first, "failed": self.failed}
 
+    def counted(self) -> str:
+        """The job's outcome across its nodes, counted by its first node only
+        (gpugate_preflight_across_total): "" on every other node."""
+        if not self.first:
+            return ""
+        if self.culprits:
+            return "culprit"
+        if self.why.startswith("not run"):
+            return "not_run"
+        return "passed" if self.why.startswith("passed") else "undecided"
+
 
 @dataclass(frozen=True)
 class Member:
