@@ -12,7 +12,14 @@ Slurm record, and one keeper (gpugate.keeper.run, `gpugate budget`) decides:
 of the node has room.  The ranking that settles two keepers deciding at
 once is Slurm's view: the nodes drained for budgeted classes, oldest
 reason first (then by name); the first ``allowance`` of them keep their
-drain, and ``over`` names the newer ones a keeper gives back."""
+drain, and ``over`` names the newer ones a keeper gives back.
+
+On Kubernetes a node may be held for one GPU alone (a DeviceTaintRule,
+gpugate.kube.dra): its state carries ``share`` (k/n for k of its n GPUs
+held, gpugate.kube.gpushare) and counts that much of a node; every other
+state counts 1.  The allowance stays whole nodes; what is held is the sum
+of the shares, and a node drains only where its own share still fits.
+With every share 1 (Slurm) the decisions are the whole-node ones."""
 
 import math
 from typing import Iterable, Mapping, Optional, Tuple
@@ -34,10 +41,30 @@ class Use:
     size: int
     allowance: int
     drained: Tuple[str, ...]
+    held: float = -1.0  # the nodes' worth held: the sum of their shares (-1: one each, len(drained))
+
+    @property
+    def weight(self) -> float:
+        return float(len(self.drained)) if self.held < 0 else self.held
 
     @property
     def spent(self) -> bool:
-        return len(self.drained) >= self.allowance
+        return self.weight >= self.allowance - EPS
+
+
+# Shares are k/n: sums of them compared with this much slack (8 x 1/8 is 1).
+EPS = 1e-9
+
+
+def share_of(state) -> float:
+    """How much of a node this state's hold takes: 1, or k/n where k of its
+    n GPUs are held alone (Kubernetes, gpugate.kube.gpushare)."""
+    return getattr(state, "share", 1.0)
+
+
+def weigh(states) -> float:
+    """The nodes' worth of these states' holds (never more than 1 a node)."""
+    return float(sum(min(1.0, share_of(s)) for s in states))
 
 
 def switched_on(share: float) -> bool:
@@ -124,17 +151,37 @@ def usage(states: Mapping[str, object], tag: str, share: float,
     for part, nodes in sorted(members.items()):
         drained = sorted((s for s in nodes if counted(s, tag)), key=_rank_key)
         size = len(nodes) if sizes is None else sizes[part]
-        result[part] = Use(part, size, allowance(size, share), tuple(s.name for s in drained))
+        whole = all(share_of(s) >= 1 for s in drained)
+        result[part] = Use(part, size, allowance(size, share), tuple(s.name for s in drained),
+                           -1.0 if whole else weigh(drained))
     return result
 
 
-def _spent(use: Use, taken, share: float) -> str:
+def _within(names, shares: Mapping[str, float], limit: int) -> int:
+    """How many of ``names`` (rank order) fit in ``limit`` nodes' worth."""
+    if not shares:
+        return min(limit, len(names))
+    total = 0.0
+    for i, name in enumerate(names):
+        total += min(1.0, shares.get(name, 1.0))
+        if total > limit + EPS:
+            return i
+    return len(names)
+
+
+def _spent(use: Use, taken, share: float, shares: Optional[Mapping[str, float]] = None) -> str:
     """Why a node is held: what was counted, said as it is (never "3 of 2",
     issue 25): the nodes that hold the budget, and any drained beyond it
-    (a share lowered since, or two keepers' race before it is given back)."""
-    holders, beyond = taken[:use.allowance], taken[use.allowance:]
-    why = "drain budget of partition %s spent: %d of %d nodes (%g%% of %d) drained for budgeted findings: %s" % (
-        use.partition, len(holders), use.allowance, share * 100, use.size,
+    (a share lowered since, or two keepers' race before it is given back).
+    shares: node -> its share where less than a node (GPUs held alone)."""
+    cut = _within(taken, shares or {}, use.allowance)
+    holders, beyond = taken[:cut], taken[cut:]
+    worth = "%d" % len(holders)
+    if shares and any(n in shares for n in holders):
+        worth = "%.3g" % sum(min(1.0, shares.get(n, 1.0)) for n in holders)
+        holders = ["%s (%.3g)" % (n, shares[n]) if n in shares else n for n in holders]
+    why = "drain budget of partition %s spent: %s of %d nodes (%g%% of %d) drained for budgeted findings: %s" % (
+        use.partition, worth, use.allowance, share * 100, use.size,
         ", ".join(holders[:4]) + (" and %d more" % (len(holders) - 4) if len(holders) > 4 else ""))
     if beyond:
         why += "; %d more drained beyond it: %s" % (
@@ -203,8 +250,9 @@ def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[M
     partition, are never drained by the keeper.  sizes, spans: as usage's
     and published's."""
     uses = usage(states, tag, share, sizes=sizes)
-    room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
+    room = {p: u.allowance - u.weight for p, u in uses.items()}
     taken = {p: list(u.drained) for p, u in uses.items()}  # rank order, then this run's drains
+    shares = {n: share_of(s) for n, s in states.items() if share_of(s) < 1}  # GPUs held alone: less than a node
     waiting, memo = [], {}
     for state in states.values():
         seen = published(state, tag, memo, spans)
@@ -219,19 +267,20 @@ def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[M
         if not state.partitions:
             held[name] = "in no partition: no drain budget to count it in"
             continue
+        need = shares.get(name, 1.0)
         full = None
         for part in state.partitions:
-            if room[part] <= 0:
+            if room[part] < need - EPS:
                 full = part
                 break
         if full is not None:
-            why = spent.get(full)
-            if why is None:  # once per partition: a full one stays full
-                why = spent[full] = _spent(uses[full], taken[full], share)
+            why = spent.get((full, len(taken[full])))
+            if why is None:  # once per partition and count: a full one stays full
+                why = spent[full, len(taken[full])] = _spent(uses[full], taken[full], share, shares)
             held[name] = why
             continue
         for part in state.partitions:
-            room[part] -= 1
+            room[part] -= need
             taken[part].append(name)
         drain.append((name, reason))
     return Plan(tuple(drain), held, uses)
@@ -260,37 +309,43 @@ def plan_published(states: Mapping[str, object], tag: str, share: float, sizes: 
             if ours is None:
                 ours = _budgeted(seen.reason, tag, memo)
             if ours:
-                queue((seen.since, name, seen.reason, state.reason, state.partitions))
+                queue((seen.since, name, seen.reason, state.reason, state.partitions, share_of(state)))
     uses = usage(drained, tag, share, sizes=sizes)
-    room = {p: u.allowance - len(u.drained) for p, u in uses.items()}
+    room = {p: u.allowance - u.weight for p, u in uses.items()}
     taken = {p: list(u.drained) for p, u in uses.items()}
+    shares = {n: share_of(s) for n, s in drained.items() if share_of(s) < 1}
+    shares.update((w[1], w[5]) for w in waiting if w[5] < 1)
     waiting.sort()  # by time published, then name: no two alike
-    drain, held, spent, full = [], {}, {}, {p for p, n in room.items() if n <= 0}
+    # full: no whole node fits (a node's share of GPUs held alone may still)
+    drain, held, spent, full = [], {}, {}, {p for p, n in room.items() if n < 1 - EPS}
     foreign = {"": ""}  # Slurm's reason -> why it holds the node ("": gpugate's, or none)
-    verdicts = {}  # partitions -> why a node in them is held now ("": room in all); forgotten when one fills
-    for _since, name, reason, text, parts in waiting:
+    verdicts = {}  # partitions -> why a whole node in them is held now ("": room in all); forgotten when one fills
+    for _since, name, reason, text, parts, need in waiting:
         why = foreign.get(text)
         if why is None:
             why = foreign[text] = "" if reasons.parse(text, tag) is not None else (
                 "Slurm holds a reason on the node that is not gpugate's: %r" % text[:80])
         if not why:
-            why = verdicts.get(parts)
+            why = verdicts.get(parts) if need >= 1 else None
             if why is None:
                 why = "" if parts else "in no partition: no drain budget to count it in"
                 for part in parts:
-                    if part in full:
-                        why = spent.get(part)
-                        if why is None:  # once per partition: a full one stays full
-                            why = spent[part] = _spent(uses[part], taken[part], share)
+                    if room[part] < need - EPS:
+                        why = spent.get((part, len(taken[part])))
+                        if why is None:  # once per partition and count: a full one stays full
+                            why = spent[part, len(taken[part])] = _spent(uses[part], taken[part], share, shares)
                         break
-                verdicts[parts] = why
+                if need >= 1:
+                    verdicts[parts] = why
             if not why:
                 for part in parts:
-                    room[part] -= 1
+                    room[part] -= need
                     taken[part].append(name)
-                    if room[part] <= 0:
+                    if room[part] < 1 - EPS and part not in full:
                         full.add(part)
                         verdicts.clear()
+                if need < 1:  # a spent partition's count grew: its reason is said anew
+                    verdicts.clear()
                 drain.append((name, reason))
                 continue
         held[name] = why
@@ -308,7 +363,8 @@ def over(states: Mapping[str, object], tag: str, share: float, since: float,
     sizes: as usage's."""
     undo = set()
     for use in usage(states, tag, share, sizes=sizes).values():
-        for name in use.drained[use.allowance:]:
+        shares = {n: share_of(states[n]) for n in use.drained} if use.held >= 0 else {}
+        for name in use.drained[_within(use.drained, shares, use.allowance):]:
             state = states[name]
             seen = published(state, tag)
             if (seen is not None and seen.reason == state.reason and state.reason_time is not None

@@ -90,6 +90,22 @@ def locate(slices: List[Dict[str, Any]], ident: Dict[str, str]) -> Tuple[List[Tu
     return found, ""
 
 
+def gpu_count(slices: List[Dict[str, Any]]) -> int:
+    """The GPUs the node's slices publish: distinct by their UUID (a MIG
+    device's parent's) or PCI address; 0 when none names one."""
+    seen = set()
+    for item in slices:
+        spec = item.get("spec") if isinstance(item, dict) and isinstance(item.get("spec"), dict) else {}
+        driver = str(spec.get("driver") or "")
+        for device in spec.get("devices") or []:
+            if isinstance(device, dict):
+                key = (_attribute(device, driver, "parentUUID") or _attribute(device, driver, "uuid")).lower() or \
+                    next((pci(_attribute(device, driver, k)) for k in _PCI_KEYS if _attribute(device, driver, k)), "")
+                if key:
+                    seen.add(key)
+    return len(seen)
+
+
 def _node_label(node: str) -> str:
     """A label value (63 characters at most) for the node's name."""
     return node if len(node) <= 63 else "h-" + hashlib.sha256(node.encode()).hexdigest()[:40]

@@ -53,6 +53,9 @@ class KubeNodes:
         self.why = "configured"
         self.device_holds = bool(kube.get("device_holds"))  # one GPU held, not its Node (gpugate.kube.dra)
         self.scope: Dict[str, str] = {}  # node -> what this run held there (devices, or the Node and why)
+        self._offers: Dict[str, str] = {}  # node -> its agent's offer to hold GPUs alone (gpugate.kube.gpushare)
+        self._tried: set = set()  # nodes whose GPUs this run tried to hold alone: a drain holds the Node
+        self._served: Optional[bool] = None  # DeviceTaintRule served (read once a run, by the keeper's list)
         self._seen: Dict[str, dict] = {}  # the Node objects last read, for the writes decided on them
 
     def close(self) -> None:
@@ -100,13 +103,25 @@ class KubeNodes:
             return states
         states = {}
         query = {"labelSelector": self.selector} if self.selector else {}
+        offers = self._devices_served()  # a waiting node's offer to hold GPUs alone counts its share
         for node in self.client.list_pages("/api/v1/nodes", **query):
             name = (node.get("metadata") or {}).get("name")
             if not isinstance(name, str) or (wanted is not None and name not in wanted):
                 continue
             self._seen[name] = nv.slim(node)
-            states[name] = nv.state_of(node, self.pool_label)
+            states[name] = nv.state_of(node, self.pool_label, offers)
         return states
+
+    def _devices_served(self) -> bool:
+        """device_holds on and the server serves DeviceTaintRule (asked once)."""
+        if self._served is None:
+            from gpugate.kube import dra
+
+            try:
+                self._served = self.device_holds and not dra.served(self.client)
+            except KubeError:
+                self._served = False  # not known: every waiting node counts whole
+        return self._served
 
     def node_object(self, name: str) -> dict:
         """The Node as last read (read now when it was not)."""
@@ -161,7 +176,7 @@ class KubeNodes:
         failed = []
         for name in _expand(names):
             try:
-                if self._stays_on_devices(name, parsed):
+                if self._stays_on_devices(name, parsed) or self._offered(name, reason, parsed):
                     continue
                 self._write(name, lambda node: nv.drain_patch(node, reason, cls, no_execute, int(self.clock()),
                                                                self.cordon))
@@ -189,6 +204,36 @@ class KubeNodes:
         self.scope[name] = "still held: %s, not the Node" % ", ".join("gpu%d" % g for g in sorted(held))
         return True
 
+    def _offered(self, name: str, reason: str, parsed) -> bool:
+        """The keeper's drain of a budgeted finding its node published with
+        an offer to hold its GPUs alone (offer_devices): held so where the
+        cluster can (hold_devices), else the Node (False)."""
+        if not self.device_holds or name in self._tried or parsed is None or reasons.acute(parsed):
+            return False
+        from gpugate.kube import gpushare
+        from gpugate.slurm import pending
+
+        node = self.node_object(name)
+        comment, offer = gpushare.split(str(((node.get("metadata") or {}).get("annotations") or {}).get(
+            nv.PENDING) or ""))
+        seen = pending.read(comment)
+        if offer is None or seen is None or seen.reason != reason:
+            return False
+        return self.hold_devices(name, reason, parsed.findings, offer["gpus"]) == ""
+
+    def offer_devices(self, name: str, findings, gpus) -> None:
+        """Node side, before a budgeted finding is published (gpugate.node.hold):
+        where its findings are one GPU's, the comment carries the GPUs'
+        identities, so that the keeper can hold them alone (and count them
+        as their share of the node: gpugate.kube.gpushare)."""
+        from gpugate.kube import devicehold
+
+        held, why = devicehold.plan(findings, False) if self.device_holds else ({}, "off")
+        if why or not all((gpus or {}).get(g) for g in held):
+            self._offers.pop(name, None)
+            return
+        self._offers[name] = (held, dict(gpus), max(len(gpus), max(held) + 1))
+
     def hold_devices(self, name: str, reason: str, findings, gpus) -> str:
         """[kubernetes] device_holds: hold the GPUs the findings name as
         DeviceTaintRules, not the Node.  "" when held so; else why the Node
@@ -198,6 +243,7 @@ class KubeNodes:
 
         if not self.device_holds:
             return "device holds are off ([kubernetes] device_holds)"
+        self._tried.add(name)
         held, why = devicehold.plan(findings, self.no_execute)
         if why:
             return self._node_scope(name, why)
@@ -225,7 +271,8 @@ class KubeNodes:
             except KubeError:
                 pass  # the Node's lift deletes them (its record names them, or device_holds is on)
             return self._node_scope(name, "the GPUs could not be held alone: %s" % str(exc)[:300])
-        self._write(name, lambda node: nv.device_patch(node, reason, written, int(self.clock())))
+        of = max(dra.gpu_count(slices), max(held) + 1)  # the GPUs its DRA driver publishes: the budget's n
+        self._write(name, lambda node: nv.device_patch(node, reason, written, int(self.clock()), sorted(held), of))
         self.scope[name] = "held: %s, not the Node" % ", ".join(
             "gpu%d %s/%s %s" % (gpu, where[1], where[2], effect) for gpu, effect, where in targets)
         return ""
@@ -254,6 +301,11 @@ class KubeNodes:
         self.undrain(names, nv.return_patch)
 
     def set_comment(self, name: str, text: str) -> None:
+        offer = self._offers.get(name)
+        if text and offer is not None:
+            from gpugate.kube import gpushare
+
+            text = gpushare.with_offer(text, offer[1], offer[0], offer[2])
         try:
             self._write(name, lambda node: nv.comment_patch(node, text))
         except ValueError as exc:  # a read with no resourceVersion: nothing written
@@ -308,6 +360,7 @@ class KubeNodes:
         action, reason = survive.decide(survive.read(state_dir), self._seen[name], self.tag)
         if action != survive.RESTORE:
             return state
+        self._tried.add(name)  # restored as a Node hold (the safe side)
         self.drain(name, reason)
         return nv.state_of(self._seen[name], self.pool_label)
 

@@ -25,6 +25,7 @@ import json
 from gpugate.model.findings import CLASSES
 from gpugate.core.jsontext import loads_bounded
 from gpugate.slurm.nodestate.record import NodeState
+from gpugate.kube import gpushare
 from gpugate.kube.condition import CONDITION  # noqa: F401 (read by the demo and the tests as nodeview.CONDITION)
 
 TYPE_CHECKING = False
@@ -86,7 +87,9 @@ def _ready(node) -> str:
     return "Unknown"
 
 
-def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
+def state_of(node: Dict[str, Any], pool_label: str = "", offers: bool = False) -> NodeState:
+    """offers: the cluster holds GPUs alone (device_holds, DeviceTaintRule
+    served): a waiting node's offer to be held so counts its share."""
     meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     record = owned(node)
     cordoned = bool(spec.get("unschedulable"))
@@ -111,10 +114,16 @@ def state_of(node: Dict[str, Any], pool_label: str = "") -> NodeState:
     # so the keeper holds its findings ("in no partition") and drains nothing there.
     pools = ((str(labels[pool_label]),) if labels.get(pool_label) else ()) if pool_label else ("all",)
     at = record.get("at") if ours else None
-    return NodeState(
+    share = 1.0  # of a node, for the drain budget (gpugate.kube.gpushare)
+    comment, offer = gpushare.split(str((meta.get("annotations") or {}).get(PENDING) or ""))
+    if ours and not our_taints(node):
+        share = gpushare.held_share(record)
+    elif offers and not reason:
+        share = gpushare.waiting_share(offer)
+    return gpushare.kind(share)(
         name=str(meta.get("name", "")), state="IDLE" if ready == "True" else "DOWN", flags=frozenset(flags),
         reason=reason, reason_time=int(at) if isinstance(at, (int, float)) else None, reason_user="",
-        partitions=pools, comment=str((meta.get("annotations") or {}).get(PENDING) or ""))
+        partitions=pools, comment=comment)
 
 
 def drain_patch(node: Dict[str, Any], reason: str, cls: str, no_execute: bool, now: int,
@@ -164,16 +173,20 @@ def device_rules(node: Dict[str, Any]) -> list:
     return list(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else []
 
 
-def device_patch(node: Dict[str, Any], reason: str, devices, now: int) -> Dict[str, Any]:
+def device_patch(node: Dict[str, Any], reason: str, devices, now: int, gpus=None, of: int = 0) -> Dict[str, Any]:
     """Hold GPUs, not the Node: gpugate's record with the rules that hold
-    them (no taint, no cordon: the other GPUs keep serving).  Raises
-    ValueError as drain_patch does."""
+    them (no taint, no cordon: the other GPUs keep serving), and which GPUs
+    of how many (the budget's share: gpugate.kube.gpushare; kept from the
+    record when not given).  Raises ValueError as drain_patch does."""
     if foreign_taints(node):
         raise ValueError("a %s taint on the node was not written by gpugate: left alone" % TAINT_KEY)
     record = owned(node)
     keep_at = record.get("reason") == reason and isinstance(record.get("at"), (int, float))
     new = {"reason": reason, "at": int(record["at"]) if keep_at else int(now), "effects": [], "cordon": False,
            "devices": sorted(devices)}
+    gpus, of = (sorted(gpus), of) if gpus else (record.get("gpus"), record.get("of"))
+    if gpushare.fraction(gpus, of) < 1:
+        new.update(gpus=gpus, of=of)
     return {"metadata": _precondition(node, {OWNED: json.dumps(new, sort_keys=True)})}
 
 

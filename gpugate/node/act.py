@@ -126,6 +126,8 @@ def _read_decide_write(settings, node: str, verdict, marker: str, limit: float, 
                 # Published for the keeper, whatever else holds the node; not
                 # once gpugate drained it for more (rma, the sweep's work, an
                 # acute finding): a span there reads as waiting for the keeper.
+                if getattr(slurm, "device_holds", False):  # one GPU's finding: the keeper may hold it alone
+                    slurm.offer_devices(node, verdict.findings, gpus or {})
                 why_held = hold.publish(settings, slurm, node, state, verdict.reason)
             elif budgeted and decision.kind == ownership.KEEP:
                 hold.remember_kept(settings, slurm, node, state, verdict.reason)
