@@ -18,6 +18,7 @@ from gpugate.cli import status_cmd
 from gpugate.cli import agent_cmd
 from gpugate.cli import budget_cmd
 from gpugate.cli import kmsg_cmd
+from gpugate.cli import kube_preflight_cmd
 from gpugate.cli import repair_cmd
 from gpugate.cli import sweep as sweep_cmd
 from gpugate.cli.context import default_node, in_context, load_context
@@ -262,5 +263,5 @@ def slurm_conf(config, release):
 # (they do not import this module, so there is no cycle).
 for _command in (sim_cmd.sim, demo_cmd.demo, sweep_cmd.sweep, fleet_cmd.audit, fleet_cmd.metrics, smoke_cmd.smoke,
                  status_cmd.status, baseline_cmd.baseline, budget_cmd.budget, repair_cmd.evidence,
-                 repair_cmd.reset_gpus, kmsg_cmd.kmsg_follow, agent_cmd.agent):
+                 repair_cmd.reset_gpus, kmsg_cmd.kmsg_follow, agent_cmd.agent, kube_preflight_cmd.kube_preflight):
     main.add_command(_command)
