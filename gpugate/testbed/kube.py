@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from gpugate.testbed import manifests
 from gpugate.testbed.procs import ClusterError, free_ports
@@ -54,7 +54,9 @@ def built_versions() -> List[str]:
 
 
 class KubeAPI:
-    def __init__(self, workdir: str, version: Optional[str] = None, control_plane: bool = False):
+    def __init__(self, workdir: str, version: Optional[str] = None, control_plane: bool = False,
+                 apiserver_args: Sequence[str] = ()):
+        """apiserver_args: more kube-apiserver flags (an alpha API: --feature-gates, --runtime-config)."""
         versions = built_versions()
         if not versions:
             raise ClusterError("no kube-apiserver built in %s: run scripts/kube-build" % cache_dir())
@@ -68,7 +70,7 @@ class KubeAPI:
         self.procs: Dict[str, subprocess.Popen] = {}
         self.server = ""
         self.ca_file = os.path.join(workdir, "certs", "apiserver.crt")
-        self.control_plane = control_plane
+        self.control_plane, self.apiserver_args = control_plane, list(apiserver_args)
 
     def token_file(self, who: str) -> str:
         return os.path.join(self.dir, "token-" + who)
@@ -108,7 +110,7 @@ class KubeAPI:
             "--endpoint-reconciler-type", "none"]  # a loopback advertise address: no Endpoints reconciling
             # With the control plane, the Nodes' lists come from etcd (no watch cache for them): a
             # continue token then expires with etcd's compaction (410 Gone), as a real server's does.
-            + (["--watch-cache-sizes", "nodes#0"] if self.control_plane else []))
+            + (["--watch-cache-sizes", "nodes#0"] if self.control_plane else []) + self.apiserver_args)
         self.etcd_url = etcd_url
         self.server = "https://127.0.0.1:%d" % api_port
         self._wait_ready(timeout)
