@@ -39,8 +39,10 @@ TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MAX = 4096  # what the kubelet keeps of a termination message
 CONTAINER_NAME = "gpugate-preflight"
 # The env the init container is given: (variable, downward API field).
-FIELDS = (("GPUGATE_POD_NAME", "metadata.name"), ("GPUGATE_POD_NAMESPACE", "metadata.namespace"),
-          ("GPUGATE_POD_UID", "metadata.uid"), ("GPUGATE_NODE_NAME", "spec.nodeName"))
+# In name order: the chart's template writes them so (a Helm dict ranges in key order).
+FIELDS = (("GPUGATE_NODE_NAME", "spec.nodeName"), ("GPUGATE_POD_NAME", "metadata.name"),
+          ("GPUGATE_POD_NAMESPACE", "metadata.namespace"), ("GPUGATE_POD_UID", "metadata.uid"))
+NEEDED = ("GPUGATE_POD_NAME", "GPUGATE_POD_NAMESPACE", "GPUGATE_POD_UID", "GPUGATE_PREFLIGHT_AGENT")
 
 
 def init_container(image: str, agent: str, seconds: int = int(DEFAULT_SECONDS)) -> dict:
@@ -174,7 +176,7 @@ def run(environ=None, say=print, termination: str = TERMINATION_LOG, clock=time.
             raise ValueError
     except ValueError:
         seconds = DEFAULT_SECONDS
-    missing = [name for name, _ in FIELDS[:3] + (("GPUGATE_PREFLIGHT_AGENT", ""),) if not env.get(name)]
+    missing = [name for name in NEEDED if not env.get(name)]
     if missing:
         result = {"verdict": "undecided", "why": "not set: %s" % ", ".join(missing), "node": node}
     else:
