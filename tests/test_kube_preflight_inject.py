@@ -197,5 +197,5 @@ def test_the_injected_container_is_unprivileged_and_the_sites_snippet(api):
 def test_the_agents_service_stays_on_the_node(api):
     service = api.admin().get("/api/v1/namespaces/gpugate/services/gpugate-preflight")["spec"]
     assert service["internalTrafficPolicy"] == "Local"
-    assert service["ports"] == [{"name": "preflight", "protocol": "TCP", "port": 9412, "targetPort": "preflight"}]
+    assert service["ports"] == [{"name": "preflight", "protocol": "TCP", "port": 9412, "targetPort": 9412}]
     assert service["selector"] == {"app.kubernetes.io/name": "gpugate-node-agent"}
