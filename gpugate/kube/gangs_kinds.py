@@ -45,6 +45,18 @@ from urllib.parse import quote
 from gpugate.errors import GpugateError
 from gpugate.kube.client import KubeError
 
+SCHEDULING_GROUP, WORKLOAD_REF = "schedulingGroup", "workloadRef"
+PODGROUP_VERSIONS = ("v1beta1", "v1alpha2")  # 1.37 serves v1beta1, 1.36 v1alpha2
+WORKLOAD_VERSION = "v1alpha1"  # 1.35
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_RESTART = "jobset.sigs.k8s.io/restart-attempt"
+JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+VOLCANO_GROUP = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+VOLCANO_JOB = "volcano.sh/job-name"
+VOLCANO_API = "/apis/scheduling.volcano.sh/v1beta1"
 MAX_SIZE = 100000  # no gang preflight pairs more Pods; a larger count is a typo or a hostile annotation
 FINISHED = ("Succeeded", "Failed")
 _LABEL_VALUE = re.compile(r"(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
@@ -77,13 +89,13 @@ def meta_of(obj, what: str = "the Pod") -> dict:
     return meta
 
 
-def strings(meta: dict, field: str, what: str = "the Pod") -> Dict[str, str]:
+def strings(meta: dict, which: str, what: str = "the Pod") -> Dict[str, str]:
     """metadata.labels or .annotations: {} when absent; GangError when not a map of strings."""
-    found = meta.get(field)
+    found = meta.get(which)
     if found is None:
         return {}
     if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
-        raise GangError("%s's metadata.%s is not a map of strings" % (what, field))
+        raise GangError("%s's metadata.%s is not a map of strings" % (what, which))
     return found
 
 
@@ -102,7 +114,7 @@ def field(obj, *path, kind=dict, what: str = "the Pod"):
         obj = obj.get(step)
         if obj is None:
             return None
-    if not isinstance(obj, kind) or isinstance(obj, bool) and kind is not bool:
+    if not isinstance(obj, kind) or (isinstance(obj, bool) and kind is not bool):
         raise GangError("%s: %s is not %s" % (what, ".".join(path), getattr(kind, "__name__", kind)))
     return obj
 
@@ -134,8 +146,9 @@ def label_value(value, what: str) -> str:
 
 
 def read_object(read: Read, paths: Sequence[str], what: str) -> dict:
-    """The object at the first of ``paths`` (one a served API version) that
-    has it; GangError naming it when none has it or it cannot be read."""
+    """The object at the first of ``paths`` (one per API version a release
+    may serve) that has it; GangError naming it when none has it, or when
+    it cannot be read (refused, no answer: never taken as absent)."""
     for path in paths:
         try:
             obj = read(path)
@@ -155,20 +168,6 @@ def uid_of(obj: dict, what: str) -> str:
     if not isinstance(uid, str) or not uid or "/" in uid:
         raise GangError("%s has no uid" % what)
     return uid
-
-
-SCHEDULING_GROUP, WORKLOAD_REF = "schedulingGroup", "workloadRef"
-PODGROUP_VERSIONS = ("v1beta1", "v1alpha2")  # 1.37 serves v1beta1, 1.36 v1alpha2
-WORKLOAD_VERSION = "v1alpha1"  # 1.35
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
-JOBSET_RESTART = "jobset.sigs.k8s.io/restart-attempt"
-JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
-KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
-KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
-VOLCANO_GROUP = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
-VOLCANO_JOB = "volcano.sh/job-name"
-VOLCANO_API = "/apis/scheduling.volcano.sh/v1beta1"
 
 
 class Claim(NamedTuple):
