@@ -21,6 +21,7 @@ PG_PATH = "/apis/scheduling.k8s.io/v1beta1/namespaces/ml/podgroups/training-work
 WL_PATH = "/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/workloads/pytorch"
 JS_PATH = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/pytorch"
 VC_PATH = "/apis/scheduling.volcano.sh/v1beta1/namespaces/hpc/podgroups/mpi-3b0e9a5c-22d4-4f1e-8e43-9f0a7c6d5b41"
+KQ_PATH = "/apis/kueue.x-k8s.io/v1beta1/namespaces/team-a/workloads/sample-group"
 
 
 def load(name):
@@ -147,11 +148,24 @@ def test_jobset_that_starts_in_order_is_undecided():
 
 def test_kueue_pod_group():
     fx = load("kueue-pod-group.json")
-    read = reader({})
+    read = reader({KQ_PATH: fx["workload"]})
     gang = of_pod(fx["pods"][0], read)
-    assert gang == Gang("kueue", "kueue/team-a/sample-group", "team-a", 3, "kueue.x-k8s.io/pod-group-name=sample-group")
-    assert read.asked == []  # the annotation is the size: nothing to read
+    assert gang == Gang("kueue", "kueue/team-a/sample-group/" + fx["workload"]["metadata"]["uid"], "team-a", 3,
+                        "kueue.x-k8s.io/pod-group-name=sample-group")
+    assert read.asked == [KQ_PATH.replace("v1beta1", "v1beta2"), KQ_PATH]  # newer Kueue's version first
     assert members(gang, fx["pods"] + fx["other_group_pods"]) == fx["pods"]
+
+
+def test_kueue_pod_group_of_a_prebuilt_workload():
+    fx = load("kueue-pod-group.json")
+    pods = copy.deepcopy(fx["pods"])
+    for pod in pods:
+        pod["metadata"]["labels"]["kueue.x-k8s.io/prebuilt-workload-name"] = "made-before"
+    path = KQ_PATH.replace("sample-group", "made-before")
+    gang = of_pod(pods[0], reader({path: fx["workload"]}))
+    assert gang.key == "kueue/team-a/sample-group/" + fx["workload"]["metadata"]["uid"] and members(gang, pods) == pods
+    with pytest.raises(GangError, match="Kueue Workload team-a/made-before .pod group sample-group. does not exist"):
+        of_pod(pods[0], reader({KQ_PATH: fx["workload"]}))
 
 
 def test_volcano_pod_group():
@@ -180,7 +194,7 @@ def test_a_new_podgroup_uid_is_a_new_key():
 def test_members_drop_deleted_and_finished_pods():
     fx = load("kueue-pod-group.json")
     pods = copy.deepcopy(fx["pods"])
-    gang = of_pod(pods[0], reader({}))
+    gang = of_pod(pods[0], reader({KQ_PATH: fx["workload"]}))
     pods[1]["metadata"]["deletionTimestamp"] = "2026-12-05T09:00:00Z"
     pods[2]["status"]["phase"] = "Succeeded"
     failed = copy.deepcopy(pods[0])
@@ -233,17 +247,20 @@ def _kueue(total):
                          "annotations": {"kueue.x-k8s.io/pod-group-total-count": total}}}
 
 
+KUEUE_G = reader({"/apis/kueue.x-k8s.io/v1beta1/namespaces/ns/workloads/g": {"metadata": {"uid": "u"}}})
+
+
 @pytest.mark.parametrize("total, why", [("0", "is 0"), ("100001", "is 100001"), ("four", "not a count"),
                                         ("-1", "not a count"), ("1.5", "not a count"), ("", "not a count"),
                                         ("99999999999999999999", "not a count"), ("٣", "not a count")])
 def test_a_bad_total_count_is_undecided(total, why):
     with pytest.raises(GangError, match=why):
-        of_pod(_kueue(total), reader({}))
+        of_pod(_kueue(total), KUEUE_G)
 
 
 def test_a_total_count_at_the_bounds_is_taken():
-    assert of_pod(_kueue("1"), reader({})).size == 1
-    assert of_pod(_kueue(str(gangs.MAX_SIZE)), reader({})).size == gangs.MAX_SIZE
+    assert of_pod(_kueue("1"), KUEUE_G).size == 1
+    assert of_pod(_kueue(str(gangs.MAX_SIZE)), KUEUE_G).size == gangs.MAX_SIZE
 
 
 @pytest.mark.parametrize("mutate, why", [
@@ -309,7 +326,8 @@ def test_a_malformed_pod_raises_gang_error(pod, why):
 
 
 def test_is_member_of_malformed_pods_is_false():
-    gang = of_pod(load("kueue-pod-group.json")["pods"][0], reader({}))
+    fx = load("kueue-pod-group.json")
+    gang = of_pod(fx["pods"][0], reader({KQ_PATH: fx["workload"]}))
     for pod in (None, [], {}, {"metadata": None}, {"metadata": {"namespace": "team-a", "labels": 1}},
                 {"metadata": {"namespace": "team-a"}, "status": {"phase": 3}}):
         assert not is_member(gang, pod)
@@ -437,7 +455,7 @@ def test_the_generated_pods_reach_each_kind_and_each_answer():
 @settings(max_examples=200, deadline=None)
 @given(pods=st.lists(PODS, max_size=10), seed=st.integers(0, 2 ** 16))
 def test_members_of_a_shuffled_list_are_the_same_set(pods, seed):
-    for gang in (Gang("kueue", "kueue/ns/a", "ns", 2, "kueue.x-k8s.io/pod-group-name=a"),
+    for gang in (Gang("kueue", "kueue/ns/a/u1", "ns", 2, "kueue.x-k8s.io/pod-group-name=a"),
                  Gang("volcano", "volcano/ns/a/u1", "ns", 2, ""), Gang("jobset", "jobset/ns/a/0/u1", "ns", 2, ""),
                  Gang("workload", "workload/ns/podgroup/a/u1", "ns", 2, "")):
         before = members(gang, pods)

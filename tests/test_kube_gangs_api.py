@@ -1,8 +1,8 @@
-"""gpugate.kube.gangs against a real kube-apiserver: the CRDs of JobSet and
-Volcano's PodGroup (tests/fixtures/gangs/crds/: their real group, version,
-kind and plural), the objects and Pods as those controllers write them
-(tests/fixtures/gangs/), Kubernetes' own PodGroup where the release serves
-it, and every read made with the node agent's own token ("agent"), holding
+"""gpugate.kube.gangs against a real kube-apiserver: the CRDs of JobSet,
+Kueue's Workload and Volcano's PodGroup (tests/fixtures/gangs/crds/: their
+real group, version, kind and plural), the objects and Pods as those
+controllers write them (tests/fixtures/gangs/), Kubernetes' own PodGroup
+where the release serves it, and every read made with the node agent's own token ("agent"), holding
 only the chart's preflight RBAC (templates/preflight-rbac.yaml, on with
 preflight.enabled; its rbac.yaml grants the agent no Pod reads).
 
@@ -88,7 +88,7 @@ class Rig:
             body["metadata"].pop(key, None)
         status = body.pop("status", None)
         made = self.admin.create(collection, body)
-        if status and collection.startswith("/apis/jobset"):  # a status subresource (Volcano's CRD has none)
+        if status and not collection.startswith("/apis/scheduling.volcano.sh"):  # Volcano's CRD has no status subresource
             made = self.admin.patch(collection + "/" + made["metadata"]["name"] + "/status", {"status": status})
         return made
 
@@ -126,6 +126,7 @@ def rig(tmp_path_factory):
             with open(os.path.join(FIXTURES, "crds", name)) as handle:
                 admin.create(CRDS, manifests.parse(handle.read(), name)[0])
         _wait(lambda: _served(admin, "jobset.x-k8s.io/v1alpha2", "jobsets")
+              and _served(admin, "kueue.x-k8s.io/v1beta1", "workloads")
               and _served(admin, "scheduling.volcano.sh/v1beta1", "podgroups"), "the CRDs served")
         for ns in ("ml", "team-a", "hpc"):
             admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
@@ -163,8 +164,11 @@ def test_kueue_members_drop_the_deleted_and_the_finished(rig):
     fx = load("kueue-pod-group.json")
     rig.pods(fx["pods"] + fx["other_group_pods"])
     first, second, third = (p["metadata"]["name"] for p in fx["pods"])
+    with pytest.raises(GangError, match="Kueue Workload team-a/sample-group .* does not exist"):
+        of_pod(rig.pod("team-a", first), rig.read)  # Kueue has not made the group's Workload yet
+    workload = rig.create(fx["workload"], "/apis/kueue.x-k8s.io/v1beta1/namespaces/team-a/workloads")
     gang = of_pod(rig.pod("team-a", first), rig.read)
-    assert (gang.kind, gang.size, gang.key) == ("kueue", 3, "kueue/team-a/sample-group")
+    assert (gang.kind, gang.size, gang.key) == ("kueue", 3, "kueue/team-a/sample-group/" + workload["metadata"]["uid"])
     assert sorted(p["metadata"]["name"] for p in members(gang, rig.candidates(gang))) == [first, second, third]
     # One being deleted (a finalizer keeps it, with its deletionTimestamp), one finished.
     base = "/api/v1/namespaces/team-a/pods/"

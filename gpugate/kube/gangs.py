@@ -10,14 +10,14 @@ where each name's source is cited), tried in order:
 - jobset: labels ``jobset.sigs.k8s.io/jobset-name`` and ``.../restart-attempt``;
   size from the JobSet: the sum of replicas x min(parallelism, completions).
 - kueue: label ``kueue.x-k8s.io/pod-group-name``; size the annotation
-  ``kueue.x-k8s.io/pod-group-total-count``.
+  ``kueue.x-k8s.io/pod-group-total-count``; its key from the Workload Kueue
+  made for the group (kueue.x-k8s.io).
 - volcano: annotation ``scheduling.k8s.io/group-name`` (or
   ``scheduling.volcano.sh/group-name``) names a PodGroup; size ``spec.minMember``.
 
 A gang's key is ``<kind>/<namespace>/<the Pod's own identity of it>/<uid>``,
-the uid of the object read (Workload, PodGroup, JobSet): a gang deleted and
-made again under the same name is a new key.  A Kueue pod group has no
-object of its own: its key ends at its name.
+the uid of the object read (Workload, PodGroup, JobSet, Kueue's Workload):
+a gang deleted and made again under the same name is a new key.
 
 of_pod() never guesses: a Pod that names a gang whose object cannot be read,
 or whose declared size is not a count (0, over MAX_SIZE, not a number),
@@ -87,8 +87,6 @@ def is_member(gang: Gang, pod: dict) -> bool:
         return False
     local, uid = found
     prefix = "%s/%s/%s" % (gang.kind, gang.namespace, local)
-    if not plugin.has_object:  # Kueue: the key ends at the group's name
-        return gang.key == prefix
     head, _, gang_uid = gang.key.rpartition("/")
     return head == prefix and uid in ("", gang_uid)
 

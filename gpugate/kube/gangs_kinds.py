@@ -26,8 +26,11 @@ Sources of each name (checked, not guessed):
   The JobSet is jobset.x-k8s.io/v1alpha2 ``jobsets``; a Job's Pods number
   min(parallelism, completions), parallelism 1 by default.
 - Kueue plain Pod groups: kubernetes-sigs/kueue pkg/controller/jobs/pod/
-  constants/constants.go (GroupNameLabel, GroupTotalCountAnnotation) and
-  kueue.sigs.k8s.io/docs/tasks/run/plain_pods/.
+  constants/constants.go (GroupNameLabel, GroupTotalCountAnnotation),
+  pod_controller.go (workloadName: the prebuilt workload's name, else the
+  group's; the Pods gated until the Workload is admitted) and
+  kueue.sigs.k8s.io/docs/tasks/run/plain_pods/.  The Workload is
+  kueue.x-k8s.io ``workloads``.
 - Volcano: volcano-sh/apis pkg/apis/scheduling/v1beta1/labels.go
   (KubeGroupNameAnnotationKey, VolcanoGroupNameAnnotationKey), types.go
   (PodGroupSpec.minMember); volcano-sh/volcano pkg/controllers/job/
@@ -54,6 +57,8 @@ JOBSET_RESTART = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
 KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_PREBUILT = "kueue.x-k8s.io/prebuilt-workload-name"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # newer Kueue releases serve v1beta2 beside v1beta1
 VOLCANO_GROUP = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
 VOLCANO_JOB = "volcano.sh/job-name"
 VOLCANO_API = "/apis/scheduling.volcano.sh/v1beta1"
@@ -181,8 +186,7 @@ def _path(api: str, namespace: str, plural: str, name: str) -> str:
 
 
 def _gang(kind: str, namespace: str, claim: Claim, uid: str, size: int, selector: str = "") -> Gang:
-    key = "%s/%s/%s" % (kind, namespace, claim.local) + ("/" + uid if uid else "")
-    return Gang(kind, key, namespace, size, selector)
+    return Gang(kind, "%s/%s/%s/%s" % (kind, namespace, claim.local, uid), namespace, size, selector)
 
 
 def _policy_size(policy, what: str) -> Optional[int]:
@@ -199,7 +203,7 @@ def _policy_size(policy, what: str) -> Optional[int]:
 class Workload:
     """Kubernetes' own gang scheduling (the Workload API)."""
 
-    kind, has_object = "workload", True
+    kind = "workload"
 
     @staticmethod
     def claim(pod) -> Optional[Claim]:
@@ -267,7 +271,7 @@ def _job_pods(rjob, what: str) -> int:
 
 
 class JobSet:
-    kind, has_object = "jobset", True
+    kind = "jobset"
 
     @staticmethod
     def claim(pod) -> Optional[Claim]:
@@ -307,14 +311,19 @@ class JobSet:
 
 
 class Kueue:
-    """A Kueue plain Pod group: no object of its own to read."""
+    """A Kueue plain Pod group: sized by its Pods' annotation, keyed by the
+    Workload Kueue made for it (named as the group, or the Pods' prebuilt
+    workload label), which exists before Kueue lets any of its Pods schedule."""
 
-    kind, has_object = "kueue", False
+    kind = "kueue"
 
     @staticmethod
     def claim(pod) -> Optional[Claim]:
-        name, _ = _label(pod, KUEUE_GROUP)
-        return None if name is None else Claim(name, "", (name,))
+        name, labels = _label(pod, KUEUE_GROUP)
+        if name is None:
+            return None
+        workload = name_in(labels.get(KUEUE_PREBUILT, name), "the Pod's label " + KUEUE_PREBUILT)
+        return Claim(name, "", (name, workload))
 
     @staticmethod
     def resolve(pod, namespace: str, claim: Claim, read) -> Gang:
@@ -322,11 +331,14 @@ class Kueue:
         if KUEUE_TOTAL not in annotations:
             raise GangError("the Pod of Kueue pod group %s has no %s annotation" % (claim.local, KUEUE_TOTAL))
         size = count(annotations[KUEUE_TOTAL], "the Pod's annotation " + KUEUE_TOTAL, low=1)
-        return _gang("kueue", namespace, claim, "", size, "%s=%s" % (KUEUE_GROUP, claim.local))
+        what = "Kueue Workload %s/%s (pod group %s)" % (namespace, claim.names[1], claim.local)
+        obj = read_object(read, [_path("/apis/kueue.x-k8s.io/" + v, namespace, "workloads", claim.names[1])
+                                 for v in KUEUE_VERSIONS], what)
+        return _gang("kueue", namespace, claim, uid_of(obj, what), size, "%s=%s" % (KUEUE_GROUP, claim.local))
 
 
 class Volcano:
-    kind, has_object = "volcano", True
+    kind = "volcano"
 
     @staticmethod
     def claim(pod) -> Optional[Claim]:
