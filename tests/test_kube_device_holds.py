@@ -60,14 +60,14 @@ def serves_device_taints(api) -> bool:
     return dra.served(api.admin()) == ""
 
 
-def fleet_with_slice(api, tmp_path, node):
+def fleet_with_slice(api, tmp_path, node, baseline=DEMO_BASELINE):
     """A KWOK node of the demo fleet and its ResourceSlice: the fixture's
     devices, each carrying the UUID and PCI address of the simulated GPU
     its minor belongs to, owned by the Node as the driver's are."""
     from gpugate.sim import fleet as simfleet
     from gpugate.testbed.kube import KubeFleet
 
-    fleet = KubeFleet(api, str(tmp_path), [node], DEMO_BASELINE, labels=GPU, kwok=True)
+    fleet = KubeFleet(api, str(tmp_path), [node], baseline, labels=GPU, kwok=True)
     gpus = simfleet.load(fleet.fleet, node)["nvml"]["gpus"]
     with open(FIXTURE) as handle:
         item = json.load(handle)

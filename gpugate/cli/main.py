@@ -98,7 +98,9 @@ def _node_options(command):
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (keys: node, mode, fit, reason, findings, facts, durations).")
 @click.option("--pin", type=click.Choice(["current", "previous"]), default="current", show_default=True,
               help="Judge against the baseline's [pin] or its [previous] block (what a rollback verifies).")
-def check(config, baseline_path, sim, node, mode, as_json, pin):
+@click.option("--gpu", "gpus", type=click.IntRange(0, 99), multiple=True,
+              help="These GPUs only (repeat): their facts and diagnostic (the sweep's repair of one held GPU).")
+def check(config, baseline_path, sim, node, mode, as_json, pin, gpus):
     """Check one node against the baseline.  Never touches Slurm.
 
     \b
@@ -122,7 +124,7 @@ def check(config, baseline_path, sim, node, mode, as_json, pin):
 
         xid_after = verify_cursor(settings, node)  # after the sweep's GPU reset: only Xids since
         baseline = xidhistory.deepen(settings, node, baseline)  # application Xids: the deep diagnostic
-    result = run_check(settings, baseline, node, mode, xid_after=xid_after)
+    result = run_check(settings, baseline, node, mode, xid_after=xid_after, gpus=sorted(set(gpus)) or None)
     # A pass of the deep diagnostic proves the GPUs: their application Xid history goes.
     cleared = xidhistory.after_verify(settings, node, baseline, result) if mode == "verify" else ""
     if as_json:

@@ -60,7 +60,8 @@ def _finite(value) -> bool:
 
 # verb -> {flag: the values it may take (a callable judges one)}; "--gpu" may repeat.
 _FLAGS = {
-    "check": {"--mode": ("verify", "healthcheck"), "--pin": ("previous", "current")},
+    "check": {"--mode": ("verify", "healthcheck"), "--pin": ("previous", "current"),
+              "--gpu": lambda w: re.fullmatch(r"[0-9]{1,2}", w) is not None},
     "facts": {"--max-age": _number},
     "reset-gpus": {"--timeout": _number, "--gpu": lambda w: re.fullmatch(r"[0-9]{1,2}", w) is not None},
 }

@@ -36,6 +36,7 @@ NODE_LABEL = "gpugate.io/node"
 OWNED = "gpugate.io/owned"
 TAINT_KEY = "gpugate.io/unfit"
 _PCI_KEYS = ("pcieBusID", "resource.kubernetes.io/pciBusID", "pciAddr")
+EMPTY = "-empty"  # the sweep's NoExecute rule beside gpugate's, while it repairs the GPU (KubeNodes.empty_gpus)
 NOT_SERVED = ("this API server serves no DeviceTaintRule (resource.k8s.io/v1, Kubernetes 1.37 or later): "
               "the Node is held")
 
@@ -118,11 +119,12 @@ def rule_name(node: str, driver: str, device: str) -> str:
     return name if len(name) <= 253 else "gpugate." + hashlib.sha256(name.encode()).hexdigest()[:48]
 
 
-def rule(node: str, gpu: int, where: Tuple[str, str, str], effect: str, cls: str, reason: str) -> Dict[str, Any]:
+def rule(node: str, gpu: int, where: Tuple[str, str, str], effect: str, cls: str, reason: str,
+         suffix: str = "") -> Dict[str, Any]:
     driver, pool, device = where
     record = json.dumps({"node": node, "gpu": gpu, "reason": reason}, sort_keys=True)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-            "metadata": {"name": rule_name(node, driver, device),
+            "metadata": {"name": rule_name(node, driver, device + suffix),
                          "labels": {MANAGED_BY: "gpugate", NODE_LABEL: _node_label(node)},
                          "annotations": {OWNED: record}},
             "spec": {"deviceSelector": {"driver": driver, "pool": pool, "device": device},

@@ -20,6 +20,7 @@ from gpugate.errors import GpugateError
 from gpugate.kube import condition as cond
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import KubeError, node_path
+from gpugate.kube.nodes_gpus import DeviceHolds
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _expand(names: str):
     return list(NodeSet(names))
 
 
-class KubeNodes:
+class KubeNodes(DeviceHolds):
     """``client``: a gpugate.kube.client.KubeClient; ``kube``: gpugate.toml's
     [kubernetes] table; ``tag``: the reason tag."""
 
@@ -56,6 +57,7 @@ class KubeNodes:
         self._offers: Dict[str, str] = {}  # node -> its agent's offer to hold GPUs alone (gpugate.kube.gpushare)
         self._tried: set = set()  # nodes whose GPUs this run tried to hold alone: a drain holds the Node
         self._served: Optional[bool] = None  # DeviceTaintRule served (read once a run, by the keeper's list)
+        self.gpu_repair: set = set()  # nodes whose held GPUs the sweep repairs alone (gpugate.sweep.kube_gpu_repair)
         self._seen: Dict[str, dict] = {}  # the Node objects last read, for the writes decided on them
 
     def close(self) -> None:
@@ -111,17 +113,6 @@ class KubeNodes:
             self._seen[name] = nv.slim(node)
             states[name] = nv.state_of(node, self.pool_label, offers)
         return states
-
-    def _devices_served(self) -> bool:
-        """device_holds on and the server serves DeviceTaintRule (asked once)."""
-        if self._served is None:
-            from gpugate.kube import dra
-
-            try:
-                self._served = self.device_holds and not dra.served(self.client)
-            except KubeError:
-                self._served = False  # not known: every waiting node counts whole
-        return self._served
 
     def node_object(self, name: str) -> dict:
         """The Node as last read (read now when it was not)."""
@@ -184,102 +175,6 @@ class KubeNodes:
                 failed.append("%s: %s" % (name, exc))
         if failed:
             raise KubeError("; ".join(failed)[:600])
-
-    def _stays_on_devices(self, name: str, parsed) -> bool:
-        """A hold of GPUs alone stays one where the new reason names only
-        their own findings on the GPUs already held (the sweep's escalation
-        of a row-remap failure: rma): the reason written, the rules kept.
-        Anything else (the sweep's work, a node-wide finding) holds the Node."""
-        from gpugate.kube import devicehold
-
-        node = self.node_object(name)
-        rules = nv.devices_held(node)
-        if not rules or parsed is None or parsed.more:
-            return False
-        before = reasons.parse(nv.owned(node).get("reason"), self.tag)
-        held, why = devicehold.plan(parsed.findings, False)
-        if why or before is None or not set(held) <= {f.gpu for f in before.findings}:
-            return False
-        self._write(name, lambda fresh: nv.device_patch(fresh, parsed.text, rules, int(self.clock())))
-        self.scope[name] = "still held: %s, not the Node" % ", ".join("gpu%d" % g for g in sorted(held))
-        return True
-
-    def _offered(self, name: str, reason: str, parsed) -> bool:
-        """The keeper's drain of a budgeted finding its node published with
-        an offer to hold its GPUs alone (offer_devices): held so where the
-        cluster can (hold_devices), else the Node (False)."""
-        if not self.device_holds or name in self._tried or parsed is None or reasons.acute(parsed):
-            return False
-        from gpugate.kube import gpushare
-        from gpugate.slurm import pending
-
-        node = self.node_object(name)
-        comment, offer = gpushare.split(str(((node.get("metadata") or {}).get("annotations") or {}).get(
-            nv.PENDING) or ""))
-        seen = pending.read(comment)
-        if offer is None or seen is None or seen.reason != reason:
-            return False
-        return self.hold_devices(name, reason, parsed.findings, offer["gpus"]) == ""
-
-    def offer_devices(self, name: str, findings, gpus) -> None:
-        """Node side, before a budgeted finding is published (gpugate.node.hold):
-        where its findings are one GPU's, the comment carries the GPUs'
-        identities, so that the keeper can hold them alone (and count them
-        as their share of the node: gpugate.kube.gpushare)."""
-        from gpugate.kube import devicehold
-
-        held, why = devicehold.plan(findings, False) if self.device_holds else ({}, "off")
-        if why or not all((gpus or {}).get(g) for g in held):
-            self._offers.pop(name, None)
-            return
-        self._offers[name] = (held, dict(gpus), max(len(gpus), max(held) + 1))
-
-    def hold_devices(self, name: str, reason: str, findings, gpus) -> str:
-        """[kubernetes] device_holds: hold the GPUs the findings name as
-        DeviceTaintRules, not the Node.  "" when held so; else why the Node
-        is to be held instead (the caller drains it; nothing guessed).
-        gpus: {index: {"uuid", "pci"}} as the node read its GPUs."""
-        from gpugate.kube import devicehold, dra
-
-        if not self.device_holds:
-            return "device holds are off ([kubernetes] device_holds)"
-        self._tried.add(name)
-        held, why = devicehold.plan(findings, self.no_execute)
-        if why:
-            return self._node_scope(name, why)
-        parsed, named = reasons.parse(reason, self.tag), {(f.component, f.gpu) for f in findings}
-        if parsed is None or parsed.more or any((f.component, f.gpu) not in named for f in parsed.findings):
-            return self._node_scope(name, "the reason names more than this run's findings")
-        if nv.our_taints(self.node_object(name)):
-            return self._node_scope(name, "gpugate holds the Node already")
-        try:
-            why = dra.served(self.client)
-            if why:
-                return self._node_scope(name, why)
-            slices, targets = dra.slices_of(self.client, name), []
-            for gpu, effect in sorted(held.items()):
-                found, why = dra.locate(slices, (gpus or {}).get(gpu) or {})
-                if why:
-                    return self._node_scope(name, "gpu%d: %s" % (gpu, why))
-                targets += [(gpu, effect, where) for where in found]
-            written = [dra.write(self.client, dra.rule(name, gpu, where, effect, parsed.cls, reason), name)
-                       for gpu, effect, where in targets]
-            dra.lift(self.client, name, keep=written)  # a GPU held before and not now
-        except KubeError as exc:
-            try:  # none left half-written: the Node's hold stands for them all
-                dra.lift(self.client, name, keep=nv.device_rules(self.node_object(name)))
-            except KubeError:
-                pass  # the Node's lift deletes them (its record names them, or device_holds is on)
-            return self._node_scope(name, "the GPUs could not be held alone: %s" % str(exc)[:300])
-        of = max(dra.gpu_count(slices), max(held) + 1)  # the GPUs its DRA driver publishes: the budget's n
-        self._write(name, lambda node: nv.device_patch(node, reason, written, int(self.clock()), sorted(held), of))
-        self.scope[name] = "held: %s, not the Node" % ", ".join(
-            "gpu%d %s/%s %s" % (gpu, where[1], where[2], effect) for gpu, effect, where in targets)
-        return ""
-
-    def _node_scope(self, name: str, why: str) -> str:
-        self.scope[name] = "the Node is held: " + why
-        return why
 
     def undrain(self, names: str, build=nv.undrain_patch) -> None:
         failed = []

@@ -44,6 +44,7 @@ from gpugate.kube import evict
 from gpugate.kube import gpus
 from gpugate.kube.client import KubeError, node_path
 from gpugate.kube.gpus import resource_for
+from gpugate.sweep.kube_gpu_repair import KubeGpuRepair
 from gpugate.sweep.kube_reboot import KubeRebootSteps
 from gpugate.kube.smokepod import SmokePods, nonce, pod_name, pod_spec
 
@@ -60,8 +61,9 @@ _SITE_WAITING = ("InvalidImageName", "ErrImageNeverPull")
 _ACTIVE_MARGIN = 30
 
 
-class KubeSweeper(KubeRebootSteps, Sweeper):
-    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes (its reboot and wait_up: gpugate.sweep.kube_reboot)."""
+class NodeSweeper(KubeRebootSteps, Sweeper):
+    """Sweeper with slurm = gpugate.kube.nodes.KubeNodes (its reboot and wait_up: gpugate.sweep.kube_reboot),
+    a node at a time."""
 
     smoke_unit = "pod"
 
@@ -133,6 +135,13 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
         self._finish(name, "deferred", why + "; held for the next run")
         self.say("  %s: deferred: %s" % (name, why))
 
+    def _lost(self, name, st) -> bool:
+        """Left when gpugate's hold on it is gone (someone else's now, or no Node)."""
+        if st is None or not st.drain or reasons.parse(st.reason, self.tag) is None:
+            self._leave(name, "its hold is no longer gpugate's: %r" % (st.reason if st else "gone"))
+            return True
+        return False
+
     def _evict_wait(self, nodes, cleared) -> Dict[str, str]:
         """Evict until no pod that must go is left (cleared(node, the pods the first round found)) or
         drain_timeout: {node: why} of those with pods left then."""
@@ -143,9 +152,7 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
 
         def settle(states, waiting):
             for name in sorted(waiting):
-                st = states.get(name)
-                if st is None or not st.drain or reasons.parse(st.reason, self.tag) is None:
-                    self._leave(name, "its hold is no longer gpugate's: %r" % (st.reason if st else "gone"))
+                if self._lost(name, states.get(name)):
                     yield name
                     continue
                 left, why = evict.evict_round(self.slurm.client, name, own, gpus)
@@ -313,3 +320,8 @@ class KubeSweeper(KubeRebootSteps, Sweeper):
         verdict = judge_smoke(parsed, code, False, want, require_result=nccl_tests)
         res.passed, res.problem = verdict.passed, verdict.problem
         return res
+
+
+class KubeSweeper(KubeGpuRepair, NodeSweeper):
+    """The Kubernetes sweep: a node whose GPUs gpugate holds alone is repaired GPU by GPU, the Node
+    serving (gpugate.sweep.kube_gpu_repair); any other node whole (NodeSweeper)."""

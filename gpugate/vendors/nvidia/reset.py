@@ -77,12 +77,14 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
         step("processes", out["error"], False)
         return out
     procs = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    switches = _nvswitches(settings, node)
+    if procs and gpus and not switches:  # -i below: only the GPUs reset must be free (the others may serve)
+        procs = _on(settings, node, smi, procs, gpus, timeout)
     if procs:
         out["error"] = "%d process(es) on the GPUs (%s): not reset" % (len(procs), "; ".join(procs[:3]))
         step("processes", out["error"], False)
         return out
     step("processes", "none on the GPUs")
-    switches = _nvswitches(settings, node)
     systemctl = settings.command("systemctl", node)
     from gpugate.safety.state import read_json, write_json
 
@@ -148,6 +150,23 @@ def reset(settings, node: str, gpus: List[int], timeout: float) -> dict:
                 pass
     mark(settings, node, out)
     return out
+
+
+def _on(settings, node, smi: str, procs: List[str], gpus: List[int], timeout: float) -> List[str]:
+    """The processes (nvidia-smi's lines: pid, name, bus id) on the GPUs
+    ``gpus``; all of them where the GPUs' bus ids cannot be read."""
+    try:
+        listed = run([smi, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
+    except CommandError:
+        return procs
+    buses = set()
+    for line in listed.stdout.splitlines():
+        index, _, bus = line.partition(",")
+        if index.strip().isdigit() and int(index) in gpus and bus.strip():
+            buses.add(bus.strip().lower())
+    if len(buses) != len(set(gpus)):
+        return procs
+    return [p for p in procs if p.rsplit(",", 1)[-1].strip().lower() in buses]
 
 
 def _nvswitches(settings, node) -> int:
