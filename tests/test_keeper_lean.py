@@ -404,7 +404,7 @@ def _kept(tmp_path, proofs):
 
 def _kept_texts(stored) -> dict:
     """node -> the exact comment the file kept a verdict on."""
-    where, _reasons, ends = stored
+    where, _reasons, ends = stored[:3]
     return {name: kept[0] + ends[kept[1]] for name, kept in where.items()}
 
 
@@ -495,18 +495,22 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     for at in range(0, len(good), max(1, len(good) // 97)):  # one byte changed anywhere
         assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
     assert refused(good[:-1]) and refused(good + b"\0") and refused(b"") and refused(good[:20])
-    def signed(names="gpu00", heads=("x",), reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,), proofs="0" * 32):
+    def signed(names="gpu00", reasons=(DRIFT,), which=(0,), since=(1,), seen=(2,), proofs="0" * 32, odd_at=(0,),
+               odd_heads=("x",)):
         """A file in the shape save writes, signed under KEY."""
         from array import array
 
-        body = marshal.dumps((names, heads, reasons, array("q", which).tobytes(), array("q", since).tobytes(),
-                              array("q", seen).tobytes(), proofs))
+        body = marshal.dumps((names, reasons, array("q", which).tobytes(), array("q", since).tobytes(),
+                              array("q", seen).tobytes(), proofs, array("q", odd_at).tobytes(), odd_heads))
         return keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body
 
-    assert not refused(signed())  # the shape written: read (the variants below are each one thing off)
-    assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(heads=(b"x",)))
-    assert refused(signed(heads=("x", "y"))) and refused(signed(heads=["x"]))
-    assert refused(signed(proofs="0" * 31)) and refused(signed(proofs="0" * 32 + "\n" + "0" * 32)) and refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
+    assert not refused(signed()) and not refused(signed(odd_at=(), odd_heads=()))  # the shape written: read
+    # the variants below are each one thing off
+    assert refused(signed(names=b"gpu00")) and refused(signed(which=(1,))) and refused(signed(odd_heads=(b"x",)))
+    assert refused(signed(odd_heads=("x", "y"))) and refused(signed(odd_heads=["x"])) and refused(signed(odd_at=(1,)))
+    assert refused(signed(odd_at=(-1,))) and refused(signed(odd_at=(0, 0)))
+    assert refused(signed(proofs="0" * 31)) and refused(signed(proofs="0" * 32 + "\n" + "0" * 32))
+    assert refused(signed(since=(1, 2))) and refused(signed(reasons=[DRIFT]))
     assert refused(signed(names="gpu00\ngpu01"))  # two names, one verdict
     assert not refused(good)
     os.rename(where, where + ".real")
@@ -564,6 +568,31 @@ def test_the_file_holds_one_runs_verdicts_and_is_written_when_due(tmp_path):
     assert (third.hits, third.macs) == (4, 1) and keeper_proofs.save(where, third)  # 1 of 5 afresh: due
     kept = _kept_texts(keeper_proofs.load(where, KEY))
     assert kept == {n: s.comment for n, s in fewer.items()}  # gpu05 (no longer published) is gone from the file
+
+
+def test_the_file_keeps_each_verdict_on_its_exact_text(tmp_path):
+    """A comment as a node writes it is kept as its numbers (its text made
+    again at load); one an admin wrote text before, or with a time written
+    with a leading zero, keeps its head as it is; one with text after the
+    span is left out.  Each node's kept text is its comment, character for
+    character, and the next run finds each (the left-out one checked again)."""
+    states = _signed_fleet()
+    own = {n: s.comment for n, s in states.items()}
+    padded = own["gpu01"].replace(" @", " @0")
+    odd = {"gpu00": "rack 3 " + own["gpu00"], "gpu01": padded, "gpu02": own["gpu02"] + " rack 3"}
+    states.update({n: replace(states[n], comment=c) for n, c in odd.items()})
+    proofs = keeper_proofs.Proofs(KEY)
+    mine, unverified, spans = keeper_proofs.screen(states, proofs, NOW)
+    assert (mine, unverified) == reference_screen(states, KEY, NOW) and len(spans) == 6
+    stored = keeper_proofs.load(_kept(tmp_path, proofs), KEY)
+    kept = _kept_texts(stored)
+    assert kept == {n: s.comment for n, s in states.items() if n != "gpu02"}
+    assert stored[3] == {"gpu00", "gpu01"}  # the heads kept as they are; the others made at load
+    again = keeper_proofs.Proofs(KEY, stored)
+    assert keeper_proofs.screen(states, again, NOW) == (mine, unverified, spans)
+    assert (again.hits, again.macs) == (5, 1)
+    stored = keeper_proofs.load(_kept(tmp_path, again), KEY)  # written again from the hits: the same texts
+    assert _kept_texts(stored) == kept and stored[3] == {"gpu00", "gpu01"}
 
 
 def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):

@@ -18,16 +18,11 @@ event (100,000 nodes published at once) counted in microseconds a node.
   memory is next looked at (Proofs.settle), with the exact comment it
   judged.  The times are judged afresh by every call.
 - A timer's run (a new process each time) reads the verdicts an earlier
-  run kept in FILE (load, save): for each node whose span verified in one
-  step, the exact comment and what it reads as, the whole file HMACed
-  under the budget key.  A comment equal to the one remembered for its
-  node, character for character, is not checked again (its times are);
-  any other is checked as above.  A file that is absent, unreadable, over
-  its cap, not signed under today's key or not the shape written is no
-  memory: everything is verified.  The file holds one run's verdicts,
-  and is written again only when over a tenth of a run's verdicts were
-  not in it (a fleet-wide event re-signs about 1/60 of its spans a run),
-  so most runs read it and write nothing.
+  run kept in FILE (load, save; HMACed under the budget key): a comment
+  equal, character for character, to the one kept for its node is not
+  checked again (its times are); any other is.  A file it cannot trust is
+  no memory.  Written when over a tenth of a run's verdicts were not in
+  it: most runs of a fleet-wide event read it and write nothing.
 - Comments with one opening mark (what a node writes, with an admin's
   text or not) are read here in one step; any other (an admin's paste
   beside the node's span) by pending.read_all."""
@@ -83,6 +78,7 @@ class Proofs:
         self.fresh = []  # (nodes, comments, spans) _screen verified, lists in step, not yet in new
         self.stored = stored  # an earlier run's verdicts (load), or None
         self.hits = self.macs = 0  # spans found in stored; spans HMACed in one step (save's rule)
+        self.odd = []  # nodes whose span _screen read in one step from a comment not written as FMT writes it
 
     def keep(self) -> None:
         """This run's memory serves the next run (this process's)."""
@@ -160,8 +156,8 @@ def _screen(states, proofs: Proofs, now: float):
         proofs.settle()
     stored = proofs.stored
     if stored is not None:
-        where, kept_reason, kept_end = stored
-        where = where.get
+        where, kept_reason, kept_end, kept_odd = stored[0].get, stored[1], stored[2], stored[3]
+        proofs.odd += kept_odd  # those found again are kept as they were
     hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
@@ -172,6 +168,7 @@ def _screen(states, proofs: Proofs, now: float):
     shared = None
     nodes, comments, verified, texts = [], [], [], {}  # the spans verified in one step, in step
     passed_node, passed_comment, passed, one = nodes.append, comments.append, verified.append, texts.setdefault
+    odd = proofs.odd.append
     for name, state in states.items():
         comment = state.comment
         if not comment or _OPEN not in comment:
@@ -202,6 +199,7 @@ def _screen(states, proofs: Proofs, now: float):
                 if end >= 0 and comment.count(_OPEN) == 1:
                     first, last, proof = m.groups()
                     reason = comment[at:end]
+                    odd(name)  # an admin's text before or after the span: the file keeps its head as it is
                 else:
                     m = None
             if m is not None:
@@ -211,6 +209,7 @@ def _screen(states, proofs: Proofs, now: float):
                 reason = shared
                 if first[0] == "0" or last[0] == "0":  # as pending.proof writes them: the numbers' digits
                     first, last = str(since), str(seen)
+                    odd(name)
                 text = join((domain, name, first, last, reason))
                 try:
                     text = text.encode()
@@ -256,7 +255,6 @@ def _screen(states, proofs: Proofs, now: float):
     return out, unverified, spans
 
 
-
 _ONE = []
 
 
@@ -280,17 +278,16 @@ def _one():
 # -- the verdicts kept between the timer's runs (see the module doc) ------------------------
 
 FILE = "budget-keeper-proofs.bin"
-_MAGIC = b"gpugate-keeper-proofs/1\n"  # also the HMAC's domain: no span's proof reads as a file's
+_MAGIC = b"gpugate-keeper-proofs/2\n"  # also the HMAC's domain: no span's proof reads as a file's
 _FILE_CAP = 128 << 20  # bytes: a larger file is not read (everything verified)
 _MAX_ENTRIES = 1 << 20
 _RESAVE = 0.1  # written again when over this share of a run's verdicts were not in the file
+FMT = _OPEN + "%d seen @%d proof %s] "  # a head as pending.publish writes it: a kept one unless odd (save)
 
 
 def path(status_path: str) -> str:
     """Beside the keeper's status (gpugate.keeper.run.status_path), root's."""
-    import os
-
-    return os.path.join(os.path.dirname(status_path), FILE)
+    return status_path[:status_path.rfind("/") + 1] + FILE
 
 
 def _mac(key: bytes, body) -> bytes:
@@ -306,8 +303,11 @@ def load(where: str, key: bytes):
     None: absent, unreadable, not a regular file of this user's, over the
     cap, not signed under this key or not the shape save writes.  None
     means every span is verified.  A kept comment is its head (the text up
-    to its reason) and its reason's number: a fleet-wide event's 100,000
-    comments share one reason, kept once."""
+    to its reason: FMT's, made here from the numbers kept, or kept as it
+    is for an odd one) and its reason's number: a fleet-wide event's
+    100,000 comments share one reason, kept once.  Returns (node -> (head,
+    reason's number, first time, signing time, proof), reasons, what
+    follows each reason's head, the nodes whose head was kept as it is)."""
     import hmac
     import marshal
     import os
@@ -328,18 +328,22 @@ def load(where: str, key: bytes):
         body = memoryview(data)[head:]
         if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
             return None  # another key's, damaged or not ours: nothing is trusted
-        names, heads, reasons, which, since, seen, proofs = marshal.loads(body)
+        names, reasons, which, since, seen, proofs, odd_at, odd_heads = marshal.loads(body)
         names, proofs = (names.split("\n") if names else []), (proofs.split("\n") if proofs else [])
         count = len(names)
-        which, since, seen = array("q", which), array("q", since), array("q", seen)
-        if (type(heads) is not tuple or type(reasons) is not tuple or count > _MAX_ENTRIES
-                or set(map(type, reasons)) - {str} or set(map(type, heads)) - {str} or len(heads) != count
+        which, since, seen, odd_at = array("q", which), array("q", since), array("q", seen), array("q", odd_at)
+        if (type(reasons) is not tuple or type(odd_heads) is not tuple or count > _MAX_ENTRIES
+                or set(map(type, reasons)) - {str} or set(map(type, odd_heads)) - {str}
                 or not len(which) == len(since) == len(seen) == len(proofs) == count
+                or len(odd_at) != len(odd_heads) or (odd_at and not 0 <= min(odd_at) <= max(odd_at) < count)
                 or (count and (set(map(len, proofs)) != {32} or not 0 <= min(which) <= max(which) < len(reasons)))):
             return None
+        heads = list(map(FMT.__mod__, zip(since, seen, proofs)))  # what pending.publish wrote, made in C
+        for at, kept in zip(odd_at, odd_heads):
+            heads[at] = kept
         ends = tuple(reason + _TAIL for reason in reasons)  # what follows a kept head: the reason, the closing mark
-        # node -> (head, its reason's number, first time, signing time, proof), made in C
-        return dict(zip(names, zip(heads, which, since, seen, proofs))), reasons, ends
+        return (dict(zip(names, zip(heads, which, since, seen, proofs))), reasons, ends,
+                frozenset(names[at] for at in odd_at))
     except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
         return None
 
@@ -348,44 +352,47 @@ def save(where: str, proofs: Proofs) -> bool:
     """Keep this run's verdicts for the next run's load, when over a tenth
     of them were not in the file it read (or it read none): every span
     this run verified in one step and found within its times (the node,
-    the exact comment as its head and its reason's number, what it reads
-    as), a comment with text after its span's closing mark left out (it
-    is checked again).  False when not written (not due, or the write
-    failed: the next run verifies what the file lacks)."""
+    its reason's number, what it reads as; the head of the comment only
+    where it is not FMT's: an admin's text before the span, a time written
+    with a leading zero), a comment with text after its span's closing
+    mark left out (it is checked again).  False when not written (not
+    due, or the write failed: the next run verifies what the file lacks)."""
     if not proofs.macs:
         return False  # nothing checked afresh: what the file holds (or its absence) stands
     if proofs.stored is not None and proofs.macs <= _RESAVE * (proofs.macs + proofs.hits):
         return False
     import marshal
     from array import array
-    from itertools import compress, repeat
-    from operator import attrgetter, neg
+    from itertools import compress
+    from operator import attrgetter, not_
 
     from gpugate.safety.state import write_bytes
 
     names, comments, spans = [], [], []
     for nodes, texts, verified in proofs.fresh:  # passed in one step by _screen, in step
-        names += nodes
-        comments += texts
-        spans += verified
+        names, comments, spans = names + nodes, comments + texts, spans + verified
     if len(proofs.fresh) > 1 and len(set(names)) != len(names):  # a node screened twice: its latest verdict
         latest = dict(zip(names, zip(comments, spans)))
         names, comments, spans = list(latest), [c for c, _ in latest.values()], [p for _, p in latest.values()]
-    del names[_MAX_ENTRIES:], comments[_MAX_ENTRIES:], spans[_MAX_ENTRIES:]
+    names, comments, spans = names[:_MAX_ENTRIES], comments[:_MAX_ENTRIES], spans[:_MAX_ENTRIES]
+    odd = set(proofs.odd)
+    odd = list(compress(range(len(names)), map(odd.__contains__, names))) if odd else []
+    cut = {at for at in odd if not comments[at].endswith(spans[at].reason + _TAIL)}
+    if cut:  # text after the span's closing mark: left out, checked again
+        keep = list(map(not_, map(cut.__contains__, range(len(names)))))
+        names, comments, spans = list(compress(names, keep)), list(compress(comments, keep)), list(compress(spans, keep))
+        odd = list(compress(range(len(names)), map(set(odd).__contains__, compress(range(len(keep)), keep))))
     said = list(map(attrgetter("reason"), spans))
     reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
-    which = list(map(reasons.__getitem__, said))
-    ends = list(map([r + _TAIL for r in reasons].__getitem__, which))
-    kept = list(map(str.endswith, comments, ends))  # what a node writes ends with its span; any other: checked again
-    if not all(kept):
-        names, comments, spans, which, ends = (list(compress(column, kept))
-                                               for column in (names, comments, spans, which, ends))
-    heads = list(map(str.__getitem__, comments, map(slice, repeat(None), map(neg, map(len, ends)))))
-    body = marshal.dumps(("\n".join(names), tuple(heads), tuple(reasons),  # a name holds no newline (fields._name)
-                          array("q", which).tobytes(),
+    which = bytes(8 * len(said)) if len(reasons) == 1 else array("q", map(reasons.__getitem__, said)).tobytes()
+    odd_heads = {at: comments[at][:len(comments[at]) - len(spans[at].reason + _TAIL)] for at in odd}
+    odd_heads = {at: head for at, head in odd_heads.items() if head != FMT % (  # FMT's after all: made at load
+        spans[at].since, spans[at].seen, spans[at].proof)}
+    body = marshal.dumps(("\n".join(names), tuple(reasons), which,  # a name holds no newline (fields._name)
                           array("q", map(attrgetter("since"), spans)).tobytes(),
                           array("q", map(attrgetter("seen"), spans)).tobytes(),
-                          "\n".join(map(attrgetter("proof"), spans))))  # 32 hex digits each (_one's head)
+                          "\n".join(map(attrgetter("proof"), spans)),  # 32 hex digits each (_one's head)
+                          array("q", odd_heads).tobytes(), tuple(odd_heads.values())))
     try:
         write_bytes(where, _MAGIC + _mac(proofs.key, body) + body, durable=False, mode=0o600)
     except OSError:
