@@ -147,7 +147,7 @@ class DeviceHolds:
         if nv.our_taints(self.node_object(name)):
             return self._node_scope(name, "gpugate holds the Node already")
         try:
-            why = dra.served(self.client)
+            why = dra.served(self.client) if self._served is None else ("" if self._served else dra.NOT_SERVED)
             if why:
                 return self._node_scope(name, why)
             slices, targets = dra.slices_of(self.client, name), []
