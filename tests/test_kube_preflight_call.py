@@ -22,8 +22,9 @@ class Agent:
     """One answer per connection: reads the request line, sends ``answer``,
     then holds the connection ``hold`` seconds (or until stopped) and closes it."""
 
-    def __init__(self, answer=b"", hold=0.0, listen_after=0.0):
-        self.answer, self.hold, self.requests = answer, hold, []
+    def __init__(self, answer=b"", hold=0.0, listen_after=0.0, on_request=None):
+        """on_request: called with each request line before the answer (an agent's hold)."""
+        self.answer, self.hold, self.requests, self.on_request = answer, hold, [], on_request
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))  # bound, not yet listening: a connect is refused
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
@@ -54,6 +55,8 @@ class Agent:
                         break
                     data += chunk
                 self.requests.append(data)
+                if self.on_request:
+                    self.on_request(data)
                 try:
                     conn.sendall(self.answer)
                 except OSError:
@@ -192,15 +195,17 @@ def test_no_termination_log_outside_a_pod(agent, tmp_path):
     assert json.loads(said[-1])["verdict"] == "passed"
 
 
-def test_the_command_exits_with_the_verdict(agent, monkeypatch):
+def test_the_command_exits_with_the_verdict(agent, tmp_path):
     from gpugate.cli.main import main
 
     server = agent(lines({"progress": "proving"}, {"verdict": "failed", "why": "gpu3 failed", "node": NODE}))
-    monkeypatch.setattr(call, "TERMINATION_LOG", "/nonexistent/termination-log")
-    result = CliRunner().invoke(main, ["kube-preflight"], env=env(server.address))
+    log = tmp_path / "termination-log"  # where the kubelet's mount would be (never this machine's /dev)
+    result = CliRunner().invoke(main, ["kube-preflight"],
+                                env=dict(env(server.address), GPUGATE_TERMINATION_LOG=str(log)))
     assert result.exit_code == 1, result.output
     assert result.output.splitlines()[0] == "gpugate-preflight: proving"
     assert json.loads(result.output.splitlines()[-1])["why"] == "gpu3 failed"
+    assert json.loads(log.read_text()) == json.loads(result.output.splitlines()[-1])
 
 
 def test_print_init_container_is_the_clients_own():

@@ -23,7 +23,8 @@ whatever else happens: the agent not reachable within the connect wait
 is not such a JSON object, the connection closed before a verdict, the
 whole wait spent, a failed verdict naming another node than this Pod's.
 One JSON line ends the output; the same goes to the kubelet's
-terminationMessagePath (/dev/termination-log) where it is writable."""
+terminationMessagePath (/dev/termination-log, or GPUGATE_TERMINATION_LOG:
+the testbed kubelet's file) where it is writable."""
 
 import json
 import os
@@ -166,6 +167,7 @@ def _write_termination(path: str, text: str) -> None:
 def run(environ=None, say=print, termination: str = TERMINATION_LOG, clock=time.monotonic) -> int:
     """The init container's whole run: its exit code, one JSON line said last."""
     env = os.environ if environ is None else environ
+    termination = env.get("GPUGATE_TERMINATION_LOG") or termination  # the testbed kubelet's mount
     started = clock()
     node = env.get("GPUGATE_NODE_NAME", "")
     request = {"namespace": env.get("GPUGATE_POD_NAMESPACE", ""), "pod": env.get("GPUGATE_POD_NAME", ""),

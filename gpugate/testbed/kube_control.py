@@ -8,10 +8,15 @@ tests of gpugate's own writes need only the API server, and start faster.
 
 The controllers are the ones gpugate's holds meet on a site: the node
 lifecycle and taint eviction controllers (NoExecute), the disruption
-controller (a PodDisruptionBudget's status), DaemonSets, ReplicaSets, the
-garbage collector and namespaces.  No ServiceAccount token controller: the
-rig's API server authenticates static tokens and admits pods without a
-ServiceAccount (its ServiceAccount admission plugin is off)."""
+controller (a PodDisruptionBudget's status), DaemonSets, ReplicaSets, Jobs,
+the garbage collector and namespaces.  No ServiceAccount token controller:
+the rig's API server authenticates static tokens and admits pods without a
+ServiceAccount (its ServiceAccount admission plugin is off).
+
+KWOK runs with its own stages but one: a Pod whose first init container is
+gpugate's preflight is made Running only once that container exited 0
+(PREFLIGHT_GATE; the testbed kubelet gpugate.testbed.kubelet_preflight
+runs it)."""
 
 import os
 import subprocess
@@ -27,9 +32,10 @@ BINARIES = ("kube-scheduler", "kube-controller-manager")
 # that would sit on the test's nodes and be evicted by its sweeps.
 # The device taint eviction controller evicts the Pods whose DRA claims use a device a NoExecute
 # DeviceTaintRule taints ([kubernetes] device_holds; it does nothing where the release serves no rules).
+# The Job controller makes a Job's failed Pod anew (a preflight's culprit: gpugate.testbed.kubelet_preflight).
 CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller", "disruption-controller",
                "daemonset-controller", "replicaset-controller", "garbage-collector-controller",
-               "namespace-controller", "device-taint-eviction-controller")
+               "namespace-controller", "device-taint-eviction-controller", "job-controller")
 # The node lifecycle controller looks at the Nodes every second (5 s by default): a taint follows
 # a Ready condition within a second or two.
 NODE_MONITOR_PERIOD = "1s"
@@ -45,6 +51,32 @@ def missing(bin_dir: str, cache: str) -> List[str]:
     gone = [p for p in paths if not os.access(p, os.X_OK)]
     stages = os.path.join(os.path.dirname(kwok_binary(cache)), "stages.yaml")
     return gone + ([] if os.path.isfile(stages) else [stages])
+
+
+# KWOK's pod-ready stage waits, for a Pod whose first init container is gpugate's preflight, until
+# that container has exited 0 (the testbed kubelet runs it: gpugate.testbed.kubelet_preflight); for
+# any other Pod it is true at once, as in KWOK's own stage.  A gojq expression, as KWOK's keys are.
+PREFLIGHT_GATE = {
+    "key": '((.spec.initContainers // []) | map(.name) | first) != "gpugate-preflight" or '
+           '([(.status.initContainerStatuses // [])[] | select(.name == "gpugate-preflight") '
+           '| .state.terminated.exitCode] == [0])',
+    "operator": "In", "values": ["true"]}
+
+
+def stages(cache: str, workdir: str) -> str:
+    """scripts/kube-build's stages.yaml (KWOK's own), its pod-ready stage gated by
+    PREFLIGHT_GATE, written into ``workdir``; returns its path."""
+    import yaml
+
+    with open(os.path.join(os.path.dirname(kwok_binary(cache)), "stages.yaml")) as handle:
+        docs = [d for d in yaml.safe_load_all(handle) if d]
+    for doc in docs:
+        if doc["metadata"]["name"] == "pod-ready":
+            doc["spec"]["selector"]["matchExpressions"].append(PREFLIGHT_GATE)
+    path = os.path.join(workdir, "kwok-stages.yaml")
+    with open(path, "w") as handle:
+        yaml.safe_dump_all(docs, handle, sort_keys=False)
+    return path
 
 
 def kubeconfig(path: str, server: str, ca_file: str, token: str) -> str:
@@ -82,7 +114,7 @@ def start(spawn: Callable[[str, List[str]], None], workdir: str, bin_dir: str, c
         "--controllers", ",".join(CONTROLLERS), "--use-service-account-credentials=false",
         "--node-monitor-period", NODE_MONITOR_PERIOD] + common)
     kwok = kwok_binary(cache)
-    spawn("kwok", [kwok, "--kubeconfig", config, "--config", os.path.join(os.path.dirname(kwok), "stages.yaml"),
+    spawn("kwok", [kwok, "--kubeconfig", config, "--config", stages(cache, workdir),
                    "--manage-nodes-with-annotation-selector", "%s=fake" % KWOK_ANNOTATION,
                    "--node-port", "0", "--server-address", ""])  # no kubelet port: nothing else binds
     return ports

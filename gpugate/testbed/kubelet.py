@@ -70,13 +70,36 @@ def _gpu_resources(status) -> dict:
     return counts
 
 
-class Kubelets(threading.Thread):
-    def __init__(self, api, nodes, interval: float = 0.2):
-        """api: gpugate.testbed.kube.KubeAPI (each thread here has its own client: one connection per thread)."""
+class Rounds(threading.Thread):
+    """A test's kubelet: _round() every interval until stop(); an error in one round is said, not fatal."""
+
+    def __init__(self, api, interval: float):
         super().__init__(daemon=True)
-        self.api, self.nodes, self.interval = api, set(nodes), interval
+        self.api, self.interval = api, interval
         self.admin = api.admin()
         self.stopping = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._round()
+            except Exception as exc:  # noqa: BLE001 (a test's kubelet keeps going; the test sees the outcome)
+                sys.stderr.write("testbed kubelet: %s\n" % exc)
+            self.stopping.wait(self.interval)
+
+    def _round(self) -> None:
+        raise NotImplementedError
+
+
+class Kubelets(Rounds):
+    def __init__(self, api, nodes, interval: float = 0.2):
+        """api: gpugate.testbed.kube.KubeAPI (each thread here has its own client: one connection per thread)."""
+        super().__init__(api, interval)
+        self.nodes = set(nodes)
         self.started_pods = set()
         self.namespace = "gpugate-smoke"
         self.reject = {}  # node: (reason, message) its kubelet refuses the smoke Pods with
@@ -93,18 +116,6 @@ class Kubelets(threading.Thread):
             if name in self.nodes:
                 self.gpus[name] = _gpu_resources(node.get("status"))
                 self.boots[name] = ((node.get("status") or {}).get("nodeInfo", {}).get("bootID"), 0.0)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=10)
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self._round()
-            except Exception as exc:  # noqa: BLE001 (a test's kubelet keeps going; the test sees the outcome)
-                sys.stderr.write("testbed kubelet: %s\n" % exc)
-            self.stopping.wait(self.interval)
 
     def _round(self) -> None:
         from gpugate.kube.client import KubeError
