@@ -188,6 +188,25 @@ def test_a_container_not_set_up_is_undecided(tmp_path, changes, why):
     assert code == 0 and why in json.loads(said[-1])["why"]
 
 
+@pytest.mark.parametrize("seconds", ["inf", "nan", "-5", "0", "abc", "1e309", "86401"])
+def test_a_wait_that_is_not_one_is_the_default(agent, tmp_path, seconds):
+    server = agent(lines({"verdict": "failed", "why": "x", "node": NODE}))
+    said = []
+    assert call.run(dict(env(server.address), GPUGATE_PREFLIGHT_SECONDS=seconds), say=said.append,
+                    termination=str(tmp_path / "t")) == 1
+    assert json.loads(said[-1])["verdict"] == "failed"
+
+
+def test_an_unforeseen_error_is_undecided(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(call, "_connect", broken)
+    said = []
+    assert call.run(env("127.0.0.1:1"), say=said.append, termination=str(tmp_path / "t")) == 0
+    assert "a bug" in json.loads(said[-1])["why"]
+
+
 def test_no_termination_log_outside_a_pod(agent, tmp_path):
     server = agent(lines({"verdict": "passed", "why": "", "node": NODE}))
     said = []

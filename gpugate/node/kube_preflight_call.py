@@ -21,7 +21,8 @@ the Pod fails, its controller makes it anew elsewhere).  Undecided is
 whatever else happens: the agent not reachable within the connect wait
 (it is retried: it may be starting), a line over MAX_LINE bytes, one that
 is not such a JSON object, the connection closed before a verdict, the
-whole wait spent, a failed verdict naming another node than this Pod's.
+whole wait spent, a failed verdict naming another node than this Pod's,
+an error of its own.
 One JSON line ends the output; the same goes to the kubelet's
 terminationMessagePath (/dev/termination-log, or GPUGATE_TERMINATION_LOG:
 the testbed kubelet's file) where it is writable."""
@@ -34,6 +35,7 @@ import time
 VERDICTS = ("passed", "failed", "undecided")
 MAX_LINE = 64 * 1024
 DEFAULT_SECONDS = 900.0
+MAX_SECONDS = 86400.0  # a longer (or unreadable) wait is taken as the default
 CONNECT_SECONDS = 60.0  # at most; never more than the whole wait
 RETRY_SECONDS = 0.5
 TERMINATION_LOG = "/dev/termination-log"
@@ -174,7 +176,7 @@ def run(environ=None, say=print, termination: str = TERMINATION_LOG, clock=time.
                "uid": env.get("GPUGATE_POD_UID", "")}
     try:
         seconds = float(env.get("GPUGATE_PREFLIGHT_SECONDS") or DEFAULT_SECONDS)
-        if seconds != seconds or seconds <= 0:  # NaN, or no wait at all
+        if not 0 < seconds <= MAX_SECONDS:  # NaN, infinite, or no wait at all
             raise ValueError
     except ValueError:
         seconds = DEFAULT_SECONDS
@@ -182,10 +184,16 @@ def run(environ=None, say=print, termination: str = TERMINATION_LOG, clock=time.
     if missing:
         result = {"verdict": "undecided", "why": "not set: %s" % ", ".join(missing), "node": node}
     else:
-        result = ask(env["GPUGATE_PREFLIGHT_AGENT"], request, seconds, node=node, say=say, clock=clock)
+        try:
+            result = ask(env["GPUGATE_PREFLIGHT_AGENT"], request, seconds, node=node, say=say, clock=clock)
+        except Exception as exc:  # noqa: BLE001 (whatever else goes wrong here never fails the Pod)
+            result = {"verdict": "undecided", "why": "the preflight's client failed: %r" % exc, "node": node}
     final = dict(result, mode="kube-preflight", namespace=request["namespace"], pod=request["pod"],
                  seconds=round(clock() - started, 3))
     line = json.dumps(final, sort_keys=True)
-    say(line)
+    try:
+        say(line)
+    except OSError:
+        pass  # no stdout (closed): the termination message still says it
     _write_termination(termination, line)
     return exit_code(result["verdict"])
