@@ -36,16 +36,8 @@ def plane(tmp_path_factory):
     module; the manifests applied (the agent's RBAC, its DaemonSet).  The
     keepers' race (test_two_keepers...) starts here: its Lease takes a
     minute to expire, which the other tests' time covers."""
-    _require_kube()
-    from gpugate.testbed import kube_control
-    from gpugate.testbed.kube import KubeAPI, built_versions, cache_dir
-
-    version = os.environ.get("GPUGATE_KUBE_VERSION") or built_versions()[-1]
-    gone = kube_control.missing(os.path.join(cache_dir(), version), cache_dir())
-    if gone and os.environ.get("CI") != "true":  # CI builds it: there, KubeAPI's error fails the module
-        pytest.skip("the control plane is not built (%s): scripts/kube-build %s" % (", ".join(gone), version))
     base = tmp_path_factory.mktemp("plane")
-    api = KubeAPI(str(base / "api"), control_plane=True).start()
+    api = start_control_plane(str(base / "api"))
     race = None
     try:
         api.apply(MANIFESTS)
@@ -56,6 +48,21 @@ def plane(tmp_path_factory):
         if race is not None:
             race.stop()
         api.stop()
+
+
+def start_control_plane(workdir: str):
+    """The release's API server with its scheduler, controllers and KWOK
+    (GPUGATE_KUBE_VERSION, else the newest built); skipped where the control
+    plane is not built, except in CI, which builds it (there KubeAPI's error fails)."""
+    _require_kube()
+    from gpugate.testbed import kube_control
+    from gpugate.testbed.kube import KubeAPI, built_versions, cache_dir
+
+    version = os.environ.get("GPUGATE_KUBE_VERSION") or built_versions()[-1]
+    gone = kube_control.missing(os.path.join(cache_dir(), version), cache_dir())
+    if gone and os.environ.get("CI") != "true":
+        pytest.skip("the control plane is not built (%s): scripts/kube-build %s" % (", ".join(gone), version))
+    return KubeAPI(workdir, control_plane=True).start()
 
 
 def wait_for(what, predicate, timeout=30.0):

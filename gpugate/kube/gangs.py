@@ -73,13 +73,22 @@ def is_member(gang: Gang, pod: dict) -> bool:
     """The Pod is in ``gang`` (the same gang identity, the same uid where the
     Pod carries one), not being deleted, not finished."""
     try:
-        if namespace_of(pod) != gang.namespace:
-            return False
         meta = meta_of(pod)
         phase = field(pod, "status", "phase", kind=str)
     except GangError:
         return False
     if meta.get("deletionTimestamp") or phase in FINISHED:
+        return False
+    return in_gang(gang, pod)
+
+
+def in_gang(gang: Gang, pod: dict) -> bool:
+    """The Pod names ``gang`` (the same gang identity, the same uid where it
+    carries one), whatever its phase: a finished one too."""
+    try:
+        if namespace_of(pod) != gang.namespace:
+            return False
+    except GangError:
         return False
     plugin = PLUGINS.get(gang.kind)
     found = _identity(plugin, pod) if plugin is not None else None

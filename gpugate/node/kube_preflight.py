@@ -94,6 +94,7 @@ class PreflightServer:
         self.node_lock = threading.Lock()  # one proof at a time on this node's GPUs
         self.lock = threading.Lock()
         self.verdicts: Dict[str, dict] = {}  # Pod uid -> its final answer
+        self.pinned: Dict[str, float] = {}  # gang key -> when this node was found its culprit
         self.running: Dict[str, threading.Event] = {}  # Pod uid or gang -> done
         self.sock: Optional[socket.socket] = None
 
@@ -202,7 +203,9 @@ class PreflightServer:
             return {"verdict": pod_run.UNDECIDED, "why": "another Pod's preflight holds this node's GPUs"}
         try:
             verdict, why, pf = pod_run.run_pod(self.settings, self.node, self.kube_node, client, pod, CONTAINER,
-                                               progress)
+                                               progress, self.pinned)
+            while len(self.pinned) > KEEP_VERDICTS:
+                self.pinned.pop(next(iter(self.pinned)))
         finally:
             self.node_lock.release()
         record["preflight"] = pf

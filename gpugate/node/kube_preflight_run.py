@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
 GANG_POLL = 1.0  # seconds between reads of the gang's Pods while it is being bound
 RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+PINNED_SECONDS = 3600.0  # a gang's Pod made anew is refused where that gang pinned the node, this long
 
 
 def pod_gpus(pod: dict, whole: Optional[int], resource: str) -> Tuple[List[int], str]:
@@ -83,13 +84,15 @@ def bound_gang(list_pods: Callable[[], List[dict]], gang, me_uid: str, container
                sleep=time.sleep) -> Tuple[List[dict], str]:
     """The gang's Pods once ``gang.size`` of them are bound to Nodes; ([], why) where
     the gang started already, or is not bound in time (undecided)."""
-    from gpugate.kube.gangs import members
+    from gpugate.kube.gangs import in_gang, members
 
     while True:
-        pods = members(gang, list_pods())
-        others = [p for p in pods if (p.get("metadata") or {}).get("uid") != me_uid]
-        if any(started_already(p, container) for p in others):
+        listed = list_pods()
+        # A peer past its preflight (running, or finished already) means the gang has started.
+        if any(in_gang(gang, p) and (p.get("metadata") or {}).get("uid") != me_uid and started_already(p, container)
+               for p in listed if isinstance(p, dict)):
             return [], "the gang has started (this Pod replaces one of it): no proof across its nodes"
+        pods = members(gang, listed)
         bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
         if len(bound) >= gang.size:
             return bound, ""
@@ -99,8 +102,11 @@ def bound_gang(list_pods: Callable[[], List[dict]], gang, me_uid: str, container
 
 
 def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: str,
-            progress: Callable[[str], None]) -> Tuple[str, str, Dict[str, object]]:
-    """(verdict, why, the log record's preflight part) for one Pod."""
+            progress: Callable[[str], None], pinned: Dict[str, float]) -> Tuple[str, str, Dict[str, object]]:
+    """(verdict, why, the log record's preflight part) for one Pod.  pinned:
+    the gangs (keys) this node was found the culprit of, and when: a Pod of
+    such a gang made anew and placed here again fails at once (its gang's
+    evidence, not another's: no other workload is refused for it)."""
     from gpugate.node.lastgood import load_baseline
     from gpugate.preflight.node import prove
 
@@ -113,10 +119,15 @@ def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: s
     gpus, why = pod_gpus(pod, baseline.expect_for(node).gpus, resource)
     if not gpus:
         return UNDECIDED, why, {"why": why}
+    found: Dict[str, object] = {}
+    gang = _gang(settings, client, pod, found)
+    if gang is not None and time.time() - pinned.get(gang.key, 0.0) < PINNED_SECONDS:
+        return FAILED, "this node was found the culprit of this Pod's gang %.0fs ago: not run here again" % (
+            time.time() - pinned[gang.key]), dict(found, why="pinned for this gang")
     progress("this node's own proof (%d GPUs)" % len(gpus))
     proof = prove(settings, baseline, node, gpus, started + float(cfg["timeout_seconds"]))
-    pf: Dict[str, object] = dict(proof.to_json(), passed=not proof.findings and not proof.undecided)
-    across = _across(settings, baseline, node, kube_node, client, pod, container, gpus, proof, started, pf,
+    pf: Dict[str, object] = dict(proof.to_json(), passed=not proof.findings and not proof.undecided, **found)
+    across = _across(settings, baseline, node, kube_node, client, pod, container, gang, gpus, proof, started, pf,
                      progress)
     if across is not None:
         pf["across"] = across.to_json()
@@ -128,6 +139,7 @@ def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: s
     # budgeted: published for the keeper), so its controller recreates it elsewhere, as Slurm requeues
     # the job; a budgeted finding of its own lets it start, as the prolog does.
     if across is not None and across.finding is not None:
+        pinned[gang.key] = time.time()
         return FAILED, "this node is the gang's culprit: %s" % acted, pf
     if any(f.acute for f in proof.findings):
         return FAILED, acted, pf
@@ -140,24 +152,32 @@ def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: s
     return PASSED, "this node's own proof passed" + (" (%s)" % across.why[:200] if across is not None else ""), pf
 
 
-def _across(settings, baseline, node, kube_node, client, pod, container, gpus, proof, started, pf, progress):
-    """The proof across the gang's nodes, or None where there is none to run."""
+def _gang(settings, client, pod: dict, pf: Dict[str, object]):
+    """The Pod's gang where a proof across nodes is configured (None: none,
+    or one that cannot be told: said in ``pf``)."""
     from gpugate.kube.gangs import GangError, of_pod
+
+    if not settings.preflight["allreduce_multi"]:
+        return None
+    try:
+        gang = of_pod(pod, client.get, tuple(settings.preflight["gangs"]))
+    except (GangError, GpugateError) as exc:
+        pf["gang"] = "undecided: %s" % str(exc)[:200]
+        return None
+    if gang is not None:
+        pf["gang"] = gang.key
+    return gang
+
+
+def _across(settings, baseline, node, kube_node, client, pod, container, gang, gpus, proof, started, pf, progress):
+    """The proof across the gang's nodes, or None where there is none to run."""
     from gpugate.preflight import memory
     from gpugate.preflight.cross import Member, prove_across, run_rank_command
     from gpugate.preflight.environment import UNFIT
 
     cfg = settings.preflight
-    if not cfg["allreduce_multi"]:
-        return None
-    try:
-        gang = of_pod(pod, client.get, tuple(cfg["gangs"]))
-    except (GangError, GpugateError) as exc:
-        pf["gang"] = "undecided: %s" % str(exc)[:200]
-        return None
     if gang is None or gang.size < 2:
         return None
-    pf["gang"] = gang.key
     progress("waiting for the gang %s (%d Pods) to be bound" % (gang.key, gang.size))
     until = started + float(cfg["timeout_seconds"])
     meta = pod.get("metadata") or {}
