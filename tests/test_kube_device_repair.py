@@ -97,3 +97,51 @@ def test_a_failing_diagnostic_keeps_the_gpu_held_alone(plane, tmp_path):
     assert effects == ["NoExecute", "NoSchedule"]  # the GPU held alone, still empty
     assert sorted(nv.devices_held(got)) == sorted(r["metadata"]["name"] for r in rules(admin, node))
     assert admin.get(PODS + "/good-" + node)["status"]["phase"] == "Running"
+
+
+def test_the_keeper_holds_a_budgeted_gpu_finding_alone_and_counts_it_as_its_share(plane, tmp_path):
+    """Two nodes publish an application-Xid repeat on one GPU with their
+    agent's offer, a third a wrong pin, all in one pool whose allowance is
+    one node (max_share 0.01).  The keeper holds the two GPUs alone
+    (NoSchedule rules, the Nodes serving: 2/8 of a node), and the wrong pin
+    not: a whole node does not fit beside them."""
+    import time
+
+    from gpugate.kube import gpushare
+    from gpugate.slurm import pending
+
+    if not serves_device_taints(plane):
+        pytest.skip("kube-apiserver %s serves no DeviceTaintRule" % plane.version)
+    admin, fleets = plane.admin(), {}
+    for node in ("gpu91", "gpu92", "gpu93"):
+        fleets[node] = fleet_with_slice(plane, tmp_path / node, node)
+    with open(fleets["gpu91"].key, "rb") as handle:
+        key = handle.read().strip()
+    now = int(time.time())
+    for i, node in enumerate(("gpu91", "gpu92")):
+        uuid = [d for d in admin.list_pages("/apis/resource.k8s.io/v1/resourceslices")
+                if d["spec"]["nodeName"] == node][0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+        gpu = next(i for i, g in enumerate(_gpus(fleets[node], node)) if g["uuid"] == uuid)
+        reason = "gpugate: health xid_repeat:gpu%d=xids in >=3 jobs (want < 3 jobs within 24h)" % gpu
+        text = gpushare.with_offer(pending.publish("", reason, now - 60 + i, key, node), {gpu: {"uuid": uuid}},
+                                   [gpu], 8)
+        admin.patch(node_path(node), {"metadata": {"annotations": {nv.PENDING: text}}})
+    drift = "gpugate: drift driver=550.54.15 (want 580.65.06)"
+    admin.patch(node_path("gpu93"), {"metadata": {"annotations": {
+        nv.PENDING: pending.publish("", drift, now - 50, key, "gpu93")}}})
+    keeper = fleets["gpu91"].config("keeper", share=0.01, extra="device_holds = true")
+    figures = fleets["gpu91"].keeper(keeper)
+    assert figures["_exit"] == 0 and sorted(figures["drained"]) == ["gpu91", "gpu92"], figures
+    for node in ("gpu91", "gpu92"):
+        got = admin.get(node_path(node))
+        assert nv.our_taints(got) == [] and not got["spec"].get("unschedulable")
+        assert [r["spec"]["taint"]["effect"] for r in rules(admin, node)] == ["NoSchedule"]
+        assert (nv.owned(got)["of"], len(nv.owned(got)["gpus"])) == (8, 1)
+    assert nv.owned(admin.get(node_path("gpu93"))) == {}  # held back: 2/8 + 1 > 1
+    assert figures["held"] >= 1
+
+
+def _gpus(fleet, node):
+    from gpugate.sim import fleet as simfleet
+
+    return simfleet.load(fleet.fleet, node)["nvml"]["gpus"]

@@ -158,7 +158,8 @@ class DeviceHolds:
                 targets += [(gpu, effect, where) for where in found]
             written = [dra.write(self.client, dra.rule(name, gpu, where, effect, parsed.cls, reason), name)
                        for gpu, effect, where in targets]
-            dra.lift(self.client, name, keep=written)  # a GPU held before and not now
+            if nv.device_rules(self.node_object(name)):  # a GPU held before and not now (a rule named by no
+                dra.lift(self.client, name, keep=written)  # record goes with the Node's lift: no list per hold)
         except KubeError as exc:
             try:  # none left half-written: the Node's hold stands for them all
                 dra.lift(self.client, name, keep=nv.device_rules(self.node_object(name)))
