@@ -75,8 +75,7 @@ def test_the_proof_runs_on_the_whole_node_only():
     assert gpus == [] and "0 of the node's 8" in why
     gpus, why = run.pod_gpus(pod(gpus="eight"), 8, "nvidia.com/gpu")
     assert gpus == [] and "not a count" in why
-    gpus, why = run.pod_gpus(pod(claims=True), 8, "nvidia.com/gpu")
-    assert gpus == [] and "DRA claims" in why
+    assert run.pod_gpus(pod(claims=True), 8, "nvidia.com/gpu") == ([], run.CLAIMED)  # its claims decide
     assert run.pod_gpus(pod(), None, "nvidia.com/gpu")[0] == []
 
 
@@ -134,3 +133,34 @@ def test_a_silent_connection_is_dropped_after_its_seconds(monkeypatch):
     with pytest.raises(kp.Refused, match="no request line"):
         kp._read_line(a)
     a.close(), b.close()
+
+
+def _slice():
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                           "dra-resourceslice-nvidia-h100x8.json")) as handle:
+        return json.load(handle)
+
+
+def test_claims_cover_the_node_only_when_every_gpu_it_publishes_is_allocated():
+    item = _slice()
+    spec = item["spec"]
+    every = {(spec["driver"], spec["pool"]["name"], d["name"]) for d in spec["devices"]}
+    assert run.claimed_share([item], every) == (8, 8)
+    some = set(sorted(every)[:5])
+    assert run.claimed_share([item], some) == (5, 8)
+    assert run.claimed_share([item], set()) == (0, 8)
+    # A device of another pool (another node's) or another driver covers nothing here.
+    other = {("gpu.nvidia.com", "elsewhere", d) for _, _, d in every} | {("gpu.amd.com", p, d) for _, p, d in every}
+    assert run.claimed_share([item], other) == (0, 8)
+    assert run.claimed_share([], every) == (0, 0)
+
+
+@given(st.sets(st.integers(0, 7)))
+def test_the_share_is_the_distinct_gpus_allocated(picked):
+    item = _slice()
+    spec = item["spec"]
+    names = sorted(d["name"] for d in spec["devices"])
+    covered, published = run.claimed_share([item], {(spec["driver"], spec["pool"]["name"], names[i]) for i in picked})
+    assert (covered, published) == (len(picked), 8)

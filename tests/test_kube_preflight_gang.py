@@ -90,6 +90,25 @@ def test_a_gang_with_one_slow_node_runs_on_four_good_nodes_and_the_culprit_is_he
     rig.fleet.sim("gpu03", "smoke=healthy")
 
 
+def test_a_gang_whose_gpus_come_through_dra_claims_is_proved_the_same(rig):
+    """Each Pod claims every GPU of its node through a ResourceClaimTemplate
+    (allocationMode All); the real scheduler allocates them from the nodes'
+    ResourceSlices, and the agent reads the allocation: the whole node."""
+    admin = rig.admin
+    rig.publish_gpus()
+    rig.dra_gang("gang-dra", 2)
+    wait_for("the DRA gang's Job complete", lambda: rig.complete("gang-dra"), 120)
+    pods = [p for p in rig.pods("gang-dra") if p["status"].get("phase") == "Succeeded"]
+    assert len(pods) == 2 and all(preflight_exit(p) == 0 for p in pods), [p["status"] for p in rig.pods("gang-dra")]
+    for p in pods:
+        assert p["spec"]["initContainers"][0]["name"] == "gpugate-preflight"
+        said = [r for r in rig.records(p["spec"]["nodeName"]) if r.get("uid") == p["metadata"]["uid"]]
+        assert said and said[-1]["verdict"] == "passed", said
+        assert said[-1]["preflight"]["across"]["ran"] and said[-1]["preflight"]["across"]["why"].startswith(
+            "passed: 2 nodes"), said
+    assert [n for n in NODES if n != "gpu03" and held(admin, n)] == []
+
+
 def test_ten_healthy_gangs_pass_and_nothing_is_held(rig):
     admin = rig.admin
     good = [n for n in NODES if not held(admin, n)]

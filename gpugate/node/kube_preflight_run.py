@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
 GANG_POLL = 1.0  # seconds between reads of the gang's Pods while it is being bound
 RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+CLAIMED = "through DRA claims"  # pod_gpus: the Pod's GPUs are in its ResourceClaims (claimed_gpus)
 PINNED_SECONDS = 3600.0  # a gang's Pod made anew is refused where that gang pinned the node, this long
 
 
@@ -56,9 +57,44 @@ def pod_gpus(pod: dict, whole: Optional[int], resource: str) -> Tuple[List[int],
     if asked >= whole:
         return list(range(whole)), ""
     if spec.get("resourceClaims"):
-        return [], "the Pod takes GPUs through DRA claims: which ones is not proved here (not run)"
+        return [], CLAIMED
     return [], "the Pod takes %d of the node's %d GPUs (%s): a proof would judge another Pod's (not run)" % (
         asked, whole, resource)
+
+
+def claimed_share(slices: List[dict], devices) -> Tuple[int, int]:
+    """(the node's GPUs the allocated ``devices`` cover, the GPUs the node's
+    ResourceSlices publish), each counted by its UUID or PCI address as
+    gpugate.kube.dra does (a GPU's MIG devices are that GPU).  Pure."""
+    from gpugate.kube.dra import gpu_count
+
+    wanted, mine = set(devices), []
+    for item in slices:
+        spec = item.get("spec") if isinstance(item, dict) and isinstance(item.get("spec"), dict) else {}
+        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
+        kept = [d for d in spec.get("devices") or [] if isinstance(d, dict) and (driver, pool, d.get("name")) in wanted]
+        mine.append(dict(item, spec=dict(spec, devices=kept)))
+    return gpu_count(mine), gpu_count(slices)
+
+
+def claimed_gpus(client, pod: dict, kube_node: str, whole: int) -> Tuple[List[int], str]:
+    """pod_gpus for a Pod whose GPUs come through DRA claims: every GPU of
+    the node where its claims were allocated all that the node's slices
+    publish (and as many as the baseline says), else none, and why."""
+    from urllib.parse import quote
+
+    from gpugate.kube.claims import CLAIMS, allocated, claim_names
+    from gpugate.kube.dra import slices_of
+
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    devices = set()
+    for name in claim_names(pod):
+        devices |= allocated(client.get(CLAIMS % (quote(namespace, safe=""), quote(name, safe=""))))
+    covered, published = claimed_share(slices_of(client, kube_node), devices)
+    if published and covered >= published and covered >= whole:
+        return list(range(whole)), ""
+    return [], "the Pod's claims hold %d of the node's %d GPUs: a proof would judge another Pod's (not run)" % (
+        covered, max(published, whole))
 
 
 def gang_job(gang, pods: List[dict]) -> str:
@@ -117,6 +153,11 @@ def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: s
     amd = baseline.vendor_for(node) == "amd"
     resource = str(settings.kubernetes.get("smoke_resource_amd" if amd else "smoke_resource"))
     gpus, why = pod_gpus(pod, baseline.expect_for(node).gpus, resource)
+    if why == CLAIMED:
+        try:
+            gpus, why = claimed_gpus(client, pod, kube_node, int(baseline.expect_for(node).gpus))
+        except GpugateError as exc:
+            gpus, why = [], "the Pod's ResourceClaims cannot be read: %s (not run)" % str(exc)[:200]
     if not gpus:
         return UNDECIDED, why, {"why": why}
     found: Dict[str, object] = {}

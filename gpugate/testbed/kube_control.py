@@ -32,10 +32,12 @@ BINARIES = ("kube-scheduler", "kube-controller-manager")
 # that would sit on the test's nodes and be evicted by its sweeps.
 # The device taint eviction controller evicts the Pods whose DRA claims use a device a NoExecute
 # DeviceTaintRule taints ([kubernetes] device_holds; it does nothing where the release serves no rules).
-# The Job controller makes a Job's failed Pod anew (a preflight's culprit: gpugate.testbed.kubelet_preflight).
+# The Job controller makes a Job's failed Pod anew (a preflight's culprit: gpugate.testbed.kubelet_preflight);
+# the ResourceClaim controller makes a Pod's claims from its ResourceClaimTemplates (a DRA gang's).
 CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller", "disruption-controller",
                "daemonset-controller", "replicaset-controller", "garbage-collector-controller",
-               "namespace-controller", "device-taint-eviction-controller", "job-controller")
+               "namespace-controller", "device-taint-eviction-controller", "job-controller",
+               "resourceclaim-controller")
 # The node lifecycle controller looks at the Nodes every second (5 s by default): a taint follows
 # a Ready condition within a second or two.
 NODE_MONITOR_PERIOD = "1s"

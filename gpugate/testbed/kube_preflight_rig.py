@@ -143,16 +143,35 @@ class GangRig:
     # ------------------------------------------------------------ the gangs
     def gang(self, name: str, size: int, namespace: str = OPTED_IN) -> None:
         """A Volcano PodGroup and a Job of ``size`` whole-node Pods in it (restartPolicy Never)."""
+        self._job(name, size, namespace, {}, {"limits": {"nvidia.com/gpu": "8"}})
+
+    def publish_gpus(self) -> None:
+        """NVIDIA's DRA driver on every node: its DeviceClass and each node's ResourceSlice."""
+        from gpugate.testbed.kube_dra import DEVICE_CLASS, publish_slice
+
+        self.admin.create("/apis/resource.k8s.io/v1/deviceclasses", DEVICE_CLASS)
+        for node in self.nodes:
+            publish_slice(self.admin, self.fleet.fleet, node)
+
+    def dra_gang(self, name: str, size: int, namespace: str = OPTED_IN) -> None:
+        """As gang(), the Pods' GPUs claimed through DRA: each Pod's claim, made from a
+        ResourceClaimTemplate by the ResourceClaim controller, takes every GPU of one node."""
+        self.admin.create("/apis/resource.k8s.io/v1/namespaces/%s/resourceclaimtemplates" % namespace, {
+            "metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]}}}})
+        self._job(name, size, namespace, {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": name}]},
+                  {"claims": [{"name": "gpus"}]})
+
+    def _job(self, name: str, size: int, namespace: str, spec: dict, resources: dict) -> None:
         self.admin.create(self.podgroups(namespace), {
             "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "metadata": {"name": name},
             "spec": {"minMember": size}})
         self.admin.create("/apis/batch/v1/namespaces/%s/jobs" % namespace, {
             "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {
                 "completions": size, "parallelism": size, "completionMode": "Indexed", "backoffLimit": 4,
-                "template": {"metadata": {"annotations": {"scheduling.k8s.io/group-name": name}}, "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "train", "image": "registry.example.com/train:1",
-                                    "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}})
+                "template": {"metadata": {"annotations": {"scheduling.k8s.io/group-name": name}}, "spec": dict(
+                    spec, restartPolicy="Never", containers=[{"name": "train", "image": "registry.example.com/train:1",
+                                                              "resources": resources}])}}})
 
     def pods(self, job: str, namespace: str = OPTED_IN) -> List[dict]:
         return self.admin.get("/api/v1/namespaces/%s/pods?labelSelector=job-name%%3D%s" % (namespace, job))["items"]
