@@ -464,6 +464,10 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
         # what the file said was used only for a node whose comment is the very text it kept
         kept = _kept_texts(stored)
         assert again.hits == sum(1 for n, s in fleet.states.items() if kept.get(n) == s.comment)
+        assert all(reads[0][n].comment == text for n, text in kept.items())  # each verdict on the text it judged
+        if again.macs:  # written again from this run's checks and hits: each kept text is this run's comment
+            rewritten = keeper_proofs.load(_kept(Path(tmp) / "again", again), KEY)
+            assert all(later[n].comment == text for n, text in _kept_texts(rewritten).items())
 
 
 def _signed_fleet():
