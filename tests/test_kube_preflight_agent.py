@@ -1,5 +1,5 @@
 """The node agent's side of a Pod's preflight on Kubernetes, its pure parts
-(gpugate.node.kube_preflight, gpugate.node.kube_preflight_run): which
+(gpugate.node.kube_preflight, _pod, _run): which
 requests it takes, which Pods it serves, on which GPUs, and the meeting's
 id.  The whole path runs on the real control plane in
 tests/test_kube_preflight_gang.py."""
@@ -12,15 +12,17 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from gpugate.node import kube_preflight as kp
+from gpugate.node import kube_preflight_pod as kpod
 from gpugate.node import kube_preflight_run as run
 
 UID = "0b5e3c52-4a8e-4d4a-9a57-0d1b7c3c2a11"
 
 
-def pod(node="gpu01", uid=UID, phase="Pending", gpus="8", init=True, terminated=None, deleting=False, claims=False):
+def pod(node="gpu01", uid=UID, phase="Pending", gpus="8", init=True, terminated=None, deleting=False, claims=False,
+        running=False, before=()):
     spec = {"nodeName": node, "containers": [{"name": "train", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
     if init:
-        spec["initContainers"] = [{"name": kp.CONTAINER, "image": "gpugate"}]
+        spec["initContainers"] = [{"name": n} for n in before] + [{"name": kp.CONTAINER, "image": "gpugate"}]
     if claims:
         spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "c"}]
         spec["containers"][0]["resources"] = {}
@@ -30,6 +32,8 @@ def pod(node="gpu01", uid=UID, phase="Pending", gpus="8", init=True, terminated=
     status = {"phase": phase}
     if terminated is not None:
         status["initContainerStatuses"] = [{"name": kp.CONTAINER, "state": {"terminated": {"exitCode": terminated}}}]
+    elif running:
+        status["initContainerStatuses"] = [{"name": kp.CONTAINER, "state": {"running": {"startedAt": "x"}}}]
     return {"metadata": meta, "spec": spec, "status": status}
 
 
@@ -56,27 +60,51 @@ def test_any_bytes_are_a_request_or_refused(data):
     assert "/" not in namespace + name + uid
 
 
-def test_only_a_pending_pod_bound_here_with_the_init_container_is_served():
-    assert kp.check_pod(pod(), UID, "gpu01") == ""
-    assert "not bound to this node" in kp.check_pod(pod(node="gpu02"), UID, "gpu01")
-    assert "not bound to this node" in kp.check_pod(pod(node=None), UID, "gpu01")
-    assert "recreated" in kp.check_pod(pod(uid="other"), UID, "gpu01")
-    assert "no gpugate-preflight" in kp.check_pod(pod(init=False), UID, "gpu01")
-    assert "past its preflight" in kp.check_pod(pod(phase="Running"), UID, "gpu01")
-    assert "ended" in kp.check_pod(pod(terminated=0), UID, "gpu01")
-    assert "deleted" in kp.check_pod(pod(deleting=True), UID, "gpu01")
+def test_only_a_pending_pod_bound_here_with_the_init_container_first_is_served():
+    assert kpod.check_pod(pod(), UID, "gpu01") == ""
+    assert "not bound to this node" in kpod.check_pod(pod(node="gpu02"), UID, "gpu01")
+    assert "not bound to this node" in kpod.check_pod(pod(node=None), UID, "gpu01")
+    assert "recreated" in kpod.check_pod(pod(uid="other"), UID, "gpu01")
+    assert "first init container" in kpod.check_pod(pod(init=False), UID, "gpu01")
+    # A container of the Pod's own before it (a native sidecar) could load the GPUs during the proof.
+    assert "first init container" in kpod.check_pod(pod(before=("sidecar",)), UID, "gpu01")
+    assert "past its preflight" in kpod.check_pod(pod(phase="Running"), UID, "gpu01")
+    assert "ended" in kpod.check_pod(pod(terminated=0), UID, "gpu01")
+    assert "deleted" in kpod.check_pod(pod(deleting=True), UID, "gpu01")
+
+
+def test_a_pod_is_served_once_the_kubelet_reports_its_preflight_running():
+    class Client:
+        def __init__(self, answers):
+            self.answers = list(answers)
+
+        def get(self, path):
+            assert path == "/api/v1/namespaces/ml/pods/p"
+            return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    waited = []
+    got, why = kpod.admitted(Client([pod(running=True)]), pod(), UID, "gpu01", seconds=5, sleep=waited.append)
+    assert why == "" and kpod.in_preflight(got) and waited == [0.5]
+    # A Pod bound by hand that the kubelet refused never runs its preflight: not served.
+    got, why = kpod.admitted(Client([pod()]), pod(), UID, "gpu01", seconds=0.01, sleep=lambda s: None)
+    assert "has not reported" in why
+    assert kpod.admitted(Client([]), pod(node="gpu02"), UID, "gpu01")[1].startswith("the Pod is not bound")
 
 
 def test_the_proof_runs_on_the_whole_node_only():
-    assert run.pod_gpus(pod(gpus="8"), 8, "nvidia.com/gpu") == (list(range(8)), "")
-    gpus, why = run.pod_gpus(pod(gpus="4"), 8, "nvidia.com/gpu")
+    assert kpod.pod_gpus(pod(gpus="8"), 8, "nvidia.com/gpu", "8") == (list(range(8)), "")
+    gpus, why = kpod.pod_gpus(pod(gpus="4"), 8, "nvidia.com/gpu", "8")
     assert gpus == [] and "4 of the node's 8" in why
-    gpus, why = run.pod_gpus(pod(gpus="8"), 8, "amd.com/gpu")
+    gpus, why = kpod.pod_gpus(pod(gpus="8"), 8, "amd.com/gpu", "8")
     assert gpus == [] and "0 of the node's 8" in why
-    gpus, why = run.pod_gpus(pod(gpus="eight"), 8, "nvidia.com/gpu")
+    gpus, why = kpod.pod_gpus(pod(gpus="eight"), 8, "nvidia.com/gpu", "8")
     assert gpus == [] and "not a count" in why
-    assert run.pod_gpus(pod(claims=True), 8, "nvidia.com/gpu") == ([], run.CLAIMED)  # its claims decide
-    assert run.pod_gpus(pod(), None, "nvidia.com/gpu")[0] == []
+    assert kpod.pod_gpus(pod(claims=True), 8, "nvidia.com/gpu", "0") == ([], kpod.CLAIMED)  # its claims decide
+    assert kpod.pod_gpus(pod(), None, "nvidia.com/gpu", "8")[0] == []
+    # Time-slicing or MPS: the Node offers each GPU several times; 8 asked are shares of GPUs others use.
+    gpus, why = kpod.pod_gpus(pod(gpus="8"), 8, "nvidia.com/gpu", "32")
+    assert gpus == [] and "shared" in why
+    assert kpod.pod_gpus(pod(gpus="8"), 8, "nvidia.com/gpu", None)[0] == []
 
 
 @given(st.lists(st.text(alphabet="0123456789abcdef-", min_size=1, max_size=36), min_size=1, max_size=8, unique=True),
@@ -147,14 +175,39 @@ def test_claims_cover_the_node_only_when_every_gpu_it_publishes_is_allocated():
     item = _slice()
     spec = item["spec"]
     every = {(spec["driver"], spec["pool"]["name"], d["name"]) for d in spec["devices"]}
-    assert run.claimed_share([item], every) == (8, 8)
+    assert kpod.claimed_share([item], every) == (8, 8, "")
     some = set(sorted(every)[:5])
-    assert run.claimed_share([item], some) == (5, 8)
-    assert run.claimed_share([item], set()) == (0, 8)
+    assert kpod.claimed_share([item], some) == (5, 8, "")
+    assert kpod.claimed_share([item], set()) == (0, 8, "")
     # A device of another pool (another node's) or another driver covers nothing here.
     other = {("gpu.nvidia.com", "elsewhere", d) for _, _, d in every} | {("gpu.amd.com", p, d) for _, p, d in every}
-    assert run.claimed_share([item], other) == (0, 8)
-    assert run.claimed_share([], every) == (0, 0)
+    assert kpod.claimed_share([item], other) == (0, 8, "")
+    assert kpod.claimed_share([], every) == (0, 0, "")
+
+
+def test_a_mig_device_is_never_counted_as_its_gpu():
+    item = _slice()
+    spec = item["spec"]
+    mig = dict(spec["devices"][0], name="gpu-0-mig-1g10gb-0")
+    mig["attributes"] = dict(mig["attributes"], parentUUID=mig["attributes"]["uuid"])
+    spec["devices"].append(mig)
+    covered, published, why = kpod.claimed_share([item], {(spec["driver"], spec["pool"]["name"], mig["name"])})
+    assert covered == 0 and published == 8 and "a part of a GPU" in why
+
+
+def _claim(reserved=(UID,), **result):
+    return {"metadata": {"name": "c"}, "status": {
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": u} for u in reserved],
+        "allocation": {"devices": {"results": [dict({"driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0",
+                                                     "request": "gpus"}, **result)]}}}}
+
+
+def test_a_claim_counts_only_where_it_is_this_pods_alone_and_not_shared():
+    assert kpod.claim_devices(_claim(), UID) == ({("gpu.nvidia.com", "n", "gpu-0")}, "")
+    assert "not reserved for this Pod alone" in kpod.claim_devices(_claim(reserved=(UID, "other")), UID)[1]
+    assert "not reserved for this Pod alone" in kpod.claim_devices(_claim(reserved=()), UID)[1]
+    assert "shared" in kpod.claim_devices(_claim(adminAccess=True), UID)[1]
+    assert "shared" in kpod.claim_devices(_claim(shareID="0b5e"), UID)[1]
 
 
 @given(st.sets(st.integers(0, 7)))
@@ -162,5 +215,6 @@ def test_the_share_is_the_distinct_gpus_allocated(picked):
     item = _slice()
     spec = item["spec"]
     names = sorted(d["name"] for d in spec["devices"])
-    covered, published = run.claimed_share([item], {(spec["driver"], spec["pool"]["name"], names[i]) for i in picked})
-    assert (covered, published) == (len(picked), 8)
+    covered, published, why = kpod.claimed_share([item], {(spec["driver"], spec["pool"]["name"], names[i])
+                                                          for i in picked})
+    assert (covered, published, why) == (len(picked), 8, "")

@@ -78,6 +78,6 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
         from gpugate.kube.client import connect
         from gpugate.node.kube_preflight import PreflightServer
 
-        PreflightServer(settings, node, node, lambda: connect(dict(settings.kubernetes)),
+        PreflightServer(settings, node, node, lambda deadline: connect(dict(settings.kubernetes), deadline),
                         int(settings.preflight["kube_port"])).start()
     runner.run()

@@ -5,14 +5,17 @@ opted-in GPU Pods (gpugate.node.kube_preflight_call is the other end) on
 
 The init container holds no key and no right: it only names its Pod.  The
 agent believes nothing it is told; it reads the Pod from the API server
-and serves it only where the Pod is bound to this agent's Node, has that
-init container, and has not started (a stranger's connection can at most
-ask for a proof the named Pod is about to ask for itself).  One proof per
+and serves it only where the Pod is bound to this agent's Node, that init
+container is its first and the kubelet reports it running
+(gpugate.node.kube_preflight_pod: a stranger's connection can at most ask
+for a proof the named Pod is about to ask for itself).  Until then the
+peer hears only that it is not served.  One proof per
 Pod (by uid: an init container that restarts hears the same verdict) and
 one at a time on the node (its GPUs: a proof runs only for a Pod that
 takes all of them).  Anyone may connect: a request is one line of at most 4 KiB within
-5 s, and at most ``CONNECTIONS`` are served at once (a flood denies the
-proof, which is undecided: the Pod starts, never capacity).
+5 s, and at most ``CONNECTIONS`` are served at once, ``PER_PEER`` from one
+address (a flood denies the proof, which is undecided: the Pod starts,
+never capacity).
 
 The wire: the request ``{"namespace", "pod", "uid"}``, one JSON line;
 the answers, JSON lines: ``{"progress"}`` while it runs, then
@@ -27,19 +30,21 @@ import socket
 import sys
 import threading
 import time
-from urllib.parse import quote
 
 from gpugate.errors import GpugateError
+from gpugate.node import kube_preflight_pod as pods
 from gpugate.node import kube_preflight_run as pod_run
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Dict, Optional, Tuple
 
-CONTAINER = "gpugate-preflight"  # the init container's name (the chart's policy injects it)
+CONTAINER = pods.CONTAINER
 REQUEST_CAP = 4096
 REQUEST_SECONDS = 5.0
 CONNECTIONS = 32
+PER_PEER = 4  # connections one address may hold at once: one machine cannot take every slot
+NOT_SERVED = "not served here (the node agent's log says why: gpugate.log, mode kube-preflight)"
 KEEP_VERDICTS = 4096  # Pods' verdicts remembered (by uid), oldest dropped first
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
@@ -64,39 +69,27 @@ def parse_request(line: bytes) -> Tuple[str, str, str]:
     return namespace, pod, uid
 
 
-def check_pod(pod: dict, uid: str, kube_node: str) -> str:
-    """Why this agent does not serve the Pod ("" where it does).  Pure."""
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    if str(meta.get("uid") or "") != uid:
-        return "the Pod's uid is not the one named (it was recreated)"
-    if spec.get("nodeName") != kube_node:
-        return "the Pod is not bound to this node (%s)" % kube_node
-    if meta.get("deletionTimestamp"):
-        return "the Pod is being deleted"
-    if not any((c or {}).get("name") == CONTAINER for c in spec.get("initContainers") or []):
-        return "the Pod has no %s init container" % CONTAINER
-    if status.get("phase") not in (None, "Pending"):
-        return "the Pod is %s, past its preflight" % status.get("phase")
-    for item in status.get("initContainerStatuses") or []:
-        if (item or {}).get("name") == CONTAINER and ((item.get("state") or {}).get("terminated")):
-            return "the Pod's preflight has ended"
-    return ""
-
-
 class PreflightServer:
     """Serves the preflight port beside the agent's loop (threads)."""
 
-    def __init__(self, settings, node: str, kube_node: str, connect: Callable[[], object], port: int,
+    def __init__(self, settings, node: str, kube_node: str, connect: Callable[[float], object], port: int,
                  address: str = ""):
+        """connect(deadline): an API client whose every call ends by the
+        deadline (time.monotonic())."""
         self.settings, self.node, self.kube_node, self.connect = settings, node, kube_node, connect
         self.port, self.address = port, address
         self.slots = threading.BoundedSemaphore(CONNECTIONS)
         self.node_lock = threading.Lock()  # one proof at a time on this node's GPUs
         self.lock = threading.Lock()
         self.verdicts: Dict[str, dict] = {}  # Pod uid -> its final answer
-        self.pinned: Dict[str, float] = {}  # gang key -> when this node was found its culprit
-        self.running: Dict[str, threading.Event] = {}  # Pod uid or gang -> done
+        self.pinned: Dict[str, list] = {}  # gang key -> [when this node was found its culprit, refused once]
+        self.running: Dict[str, threading.Event] = {}  # Pod uid -> done
+        self.peers: Dict[str, int] = {}  # address -> connections held
         self.sock: Optional[socket.socket] = None
+        self.closed = False
+        cfg = settings.preflight
+        # A proof's worst case: the wait for the node's GPUs, then its own and the run across.
+        self.worst = 2 * float(cfg["timeout_seconds"]) + float(cfg["across_seconds"]) + pods.ADMITTED_SECONDS + 30
 
     def start(self) -> "PreflightServer":
         family = socket.AF_INET6 if socket.has_ipv6 and ":" in (self.address or "::") else socket.AF_INET
@@ -114,29 +107,59 @@ class PreflightServer:
         return self
 
     def close(self) -> None:
+        self.closed = True
         if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
+            except OSError:
+                pass
             self.sock.close()
 
     def _accept(self) -> None:
-        while True:
+        while not self.closed:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
-                return  # closed
-            if not self.slots.acquire(blocking=False):
+                if self.closed:
+                    return
+                time.sleep(0.5)  # out of descriptors, a connection reset before accept: the port stays served
+                continue
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if not self._take(address):
+                self._log({"node": self.node, "mode": "kube-preflight", "peer": address, "verdict": "refused",
+                           "why": "connections full (%d in all, %d an address)" % (CONNECTIONS, PER_PEER)}, once=True)
                 conn.close()  # a flood: this one is undecided, the Pod starts
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, address), daemon=True).start()
+            except RuntimeError:  # no thread could be made
+                self._give(address)
+                conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
-        record: Dict[str, object] = {"node": self.node, "mode": "kube-preflight"}
+    def _take(self, address: str) -> bool:
+        with self.lock:
+            if self.peers.get(address, 0) >= PER_PEER or not self.slots.acquire(blocking=False):
+                return False
+            self.peers[address] = self.peers.get(address, 0) + 1
+            return True
+
+    def _give(self, address: str) -> None:
+        with self.lock:
+            self.peers[address] -= 1
+            if not self.peers[address]:
+                del self.peers[address]
+            self.slots.release()
+
+    def _serve(self, conn: socket.socket, address: str) -> None:
+        record: Dict[str, object] = {"node": self.node, "mode": "kube-preflight", "peer": address}
         started = time.monotonic()
         try:
             answer = self._answer(conn, record)
         except Exception as exc:  # noqa: BLE001 - a proof that cannot decide never takes capacity
-            answer = {"verdict": pod_run.UNDECIDED, "why": "%s: %s" % (type(exc).__name__, str(exc)[:200])}
+            record["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+            answer = {"verdict": pod_run.UNDECIDED, "why": NOT_SERVED}
         answer["node"] = self.kube_node
-        record.update(verdict=answer["verdict"], why=str(answer.get("why", ""))[:300],
+        record.update(verdict=answer["verdict"], why=str(record.pop("why_refused", answer.get("why", "")))[:300],
                       seconds=round(time.monotonic() - started, 3))
         try:
             _send(conn, answer)
@@ -144,39 +167,41 @@ class PreflightServer:
             record["send_error"] = "the init container was gone before the verdict"
         finally:
             conn.close()
-            self.slots.release()
+            self._give(address)
         self._log(record)
 
     def _answer(self, conn: socket.socket, record: dict) -> dict:
+        """The answer to one connection.  Until the Pod is found to be one this
+        agent serves, the peer hears only NOT_SERVED (the log line says why):
+        a stranger learns nothing of other namespaces' Pods."""
         try:
             namespace, name, uid = parse_request(_read_line(conn))
         except Refused as exc:
-            return {"verdict": pod_run.UNDECIDED, "why": str(exc)}
+            record["why_refused"] = str(exc)
+            return {"verdict": pod_run.UNDECIDED, "why": NOT_SERVED}
         record["pod"], record["uid"] = "%s/%s" % (namespace, name), uid
+        client = self.connect(time.monotonic() + self.worst)
+        try:
+            pod, refused = pods.admitted(client, pods.read_pod(client, namespace, name), uid, self.kube_node)
+            if refused:
+                record["why_refused"] = refused
+                return {"verdict": pod_run.UNDECIDED, "why": NOT_SERVED}
+            return self._once(uid, lambda: self._prove(client, pod, conn, record))
+        finally:
+            getattr(client, "close", lambda: None)()
+
+    def _once(self, uid: str, prove: Callable[[], dict]) -> dict:
+        """The Pod's proof, run once: its verdict again for a later request, a
+        second request while it runs waits for the first's."""
         with self.lock:
             if uid in self.verdicts:
                 return dict(self.verdicts[uid], again=True)
-        client = self.connect()
-        try:
-            pod = client.get("/api/v1/namespaces/%s/pods/%s" % (quote(namespace, safe=""), quote(name, safe="")))
-            refused = check_pod(pod, uid, self.kube_node)
-            if refused:
-                return {"verdict": pod_run.UNDECIDED, "why": refused}
-            answer = self._once(uid, lambda: self._prove(client, pod, conn, record))
-        finally:
-            getattr(client, "close", lambda: None)()
-        return answer
-
-    def _once(self, uid: str, prove: Callable[[], dict]) -> dict:
-        """The Pod's proof, run once: a second request for it while it runs waits for the first's."""
-        with self.lock:
             event = self.running.get(uid)
             mine = event is None
             if mine:
                 event = self.running[uid] = threading.Event()
         if not mine:
-            event.wait(float(self.settings.preflight["timeout_seconds"]) + float(
-                self.settings.preflight["across_seconds"]) + 30)
+            event.wait(self.worst)
             with self.lock:
                 return dict(self.verdicts.get(uid) or {"verdict": pod_run.UNDECIDED,
                                                        "why": "the Pod's proof did not end in time"})
@@ -193,17 +218,28 @@ class PreflightServer:
             event.set()
 
     def _prove(self, client, pod: dict, conn: socket.socket, record: dict) -> dict:
+        meta = pod.get("metadata") or {}
+        namespace, name, uid = str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid"))
+
         def progress(text: str) -> None:
             try:
                 _send(conn, {"progress": text[:300]})
             except OSError:
                 pass  # the init container went: the proof still decides for the node
 
+        def still_here() -> str:
+            try:
+                now = pods.read_pod(client, namespace, name)
+            except GpugateError as exc:
+                return "it cannot be read: %s" % str(exc)[:100]
+            return pods.check_pod(now, uid, self.kube_node) or ("" if pods.in_preflight(now) else
+                                                                "its preflight is no longer running")
+
         if not self.node_lock.acquire(timeout=float(self.settings.preflight["timeout_seconds"])):
             return {"verdict": pod_run.UNDECIDED, "why": "another Pod's preflight holds this node's GPUs"}
         try:
-            verdict, why, pf = pod_run.run_pod(self.settings, self.node, self.kube_node, client, pod, CONTAINER,
-                                               progress, self.pinned)
+            verdict, why, pf = pod_run.run_pod(self.settings, self.node, self.kube_node, client, pod, progress,
+                                               self.pinned, still_here)
             while len(self.pinned) > KEEP_VERDICTS:
                 self.pinned.pop(next(iter(self.pinned)))
         finally:
@@ -211,9 +247,15 @@ class PreflightServer:
         record["preflight"] = pf
         return {"verdict": verdict, "why": why}
 
-    def _log(self, record: dict) -> None:
+    def _log(self, record: dict, once: bool = False) -> None:
+        """One structured line (mode kube-preflight); ``once``: at most one a minute (a flood's)."""
         from gpugate.node.logline import emit
 
+        if once:
+            now = time.monotonic()
+            if now - getattr(self, "_said", -60.0) < 60.0:
+                return
+            self._said = now
         try:
             emit(self.settings.log, self.settings.state_dir(self.node), record)
         except OSError as exc:

@@ -3,9 +3,9 @@ Pod's init container (gpugate.node.kube_preflight): the same proof as the
 Slurm prolog's (gpugate.preflight), held to the same rules.
 
 - This node's own proof (gpugate.preflight.node.prove) on the node's GPUs,
-  only where the Pod takes every GPU of the node: the device plugin does
-  not say which GPUs a Pod got, so a proof on some would judge another
-  Pod's.  A Pod on part of a node is "not run" (undecided: it starts).
+  only where the Pod holds every GPU of the node alone
+  (gpugate.node.kube_preflight_pod): a proof on shared GPUs would judge
+  another Pod's load.  Any other Pod is "not run" (undecided: it starts).
 - Its gang (gpugate.kube.gangs): the Pods that start together, found
   through the objects their controllers write.  Once every one is bound,
   the proof across their nodes (gpugate.preflight.cross.prove_across),
@@ -18,7 +18,8 @@ Slurm prolog's (gpugate.preflight), held to the same rules.
   can slow a shared link) is published for the keeper, which holds it
   within the budget and ``[preflight] pins_per_hour``.  The Pod fails
   ("failed": its controller recreates it elsewhere) where this node was
-  found unfit; every other outcome, undecided included, lets it start."""
+  found unfit; every other outcome, undecided included, lets it start.
+  Nothing is acted on where the Pod left its preflight before the verdict."""
 
 from __future__ import annotations
 
@@ -30,71 +31,12 @@ from gpugate.errors import GpugateError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, List, Optional, Tuple
+    from typing import Callable, Dict, List, Tuple
 
 PASSED, FAILED, UNDECIDED = "passed", "failed", "undecided"
 GANG_POLL = 1.0  # seconds between reads of the gang's Pods while it is being bound
-RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
-CLAIMED = "through DRA claims"  # pod_gpus: the Pod's GPUs are in its ResourceClaims (claimed_gpus)
-PINNED_SECONDS = 3600.0  # a gang's Pod made anew is refused where that gang pinned the node, this long
-
-
-def pod_gpus(pod: dict, whole: Optional[int], resource: str) -> Tuple[List[int], str]:
-    """The GPUs this Pod's proof runs on: every GPU of the node where the Pod
-    asks for all of them (its containers' limits of ``resource``), else
-    none, and why.  Pure."""
-    if not whole:
-        return [], "the node's GPU count is not in the baseline: not run"
-    spec = pod.get("spec") or {}
-    asked = 0
-    for container in spec.get("containers") or []:
-        limits = ((container or {}).get("resources") or {}).get("limits") or {}
-        value = limits.get(resource)
-        try:
-            asked += int(str(value)) if value is not None else 0
-        except ValueError:
-            return [], "the Pod's %s limit %r is not a count: not run" % (resource, str(value)[:20])
-    if asked >= whole:
-        return list(range(whole)), ""
-    if spec.get("resourceClaims"):
-        return [], CLAIMED
-    return [], "the Pod takes %d of the node's %d GPUs (%s): a proof would judge another Pod's (not run)" % (
-        asked, whole, resource)
-
-
-def claimed_share(slices: List[dict], devices) -> Tuple[int, int]:
-    """(the node's GPUs the allocated ``devices`` cover, the GPUs the node's
-    ResourceSlices publish), each counted by its UUID or PCI address as
-    gpugate.kube.dra does (a GPU's MIG devices are that GPU).  Pure."""
-    from gpugate.kube.dra import gpu_count
-
-    wanted, mine = set(devices), []
-    for item in slices:
-        spec = item.get("spec") if isinstance(item, dict) and isinstance(item.get("spec"), dict) else {}
-        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
-        kept = [d for d in spec.get("devices") or [] if isinstance(d, dict) and (driver, pool, d.get("name")) in wanted]
-        mine.append(dict(item, spec=dict(spec, devices=kept)))
-    return gpu_count(mine), gpu_count(slices)
-
-
-def claimed_gpus(client, pod: dict, kube_node: str, whole: int) -> Tuple[List[int], str]:
-    """pod_gpus for a Pod whose GPUs come through DRA claims: every GPU of
-    the node where its claims were allocated all that the node's slices
-    publish (and as many as the baseline says), else none, and why."""
-    from urllib.parse import quote
-
-    from gpugate.kube.claims import CLAIMS, allocated, claim_names
-    from gpugate.kube.dra import slices_of
-
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-    devices = set()
-    for name in claim_names(pod):
-        devices |= allocated(client.get(CLAIMS % (quote(namespace, safe=""), quote(name, safe=""))))
-    covered, published = claimed_share(slices_of(client, kube_node), devices)
-    if published and covered >= published and covered >= whole:
-        return list(range(whole)), ""
-    return [], "the Pod's claims hold %d of the node's %d GPUs: a proof would judge another Pod's (not run)" % (
-        covered, max(published, whole))
+GANG_POLL_ALL = 3.0  # ... where the gang's Pods have no label to select them by (its namespace listed)
+PINNED_SECONDS = 3600.0  # a gang's Pod made anew is refused once where that gang pinned the node, this long
 
 
 def gang_job(gang, pods: List[dict]) -> str:
@@ -132,64 +74,81 @@ def bound_gang(list_pods: Callable[[], List[dict]], gang, me_uid: str, container
         bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
         if len(bound) >= gang.size:
             return bound, ""
-        if time.monotonic() + GANG_POLL > until:
+        every = GANG_POLL if gang.selector else GANG_POLL_ALL
+        if time.monotonic() + every > until:
             return [], "undecided: %d of the gang's %d Pods bound in time" % (len(bound), gang.size)
-        sleep(GANG_POLL)
+        sleep(every)
 
 
-def run_pod(settings, node: str, kube_node: str, client, pod: dict, container: str,
-            progress: Callable[[str], None], pinned: Dict[str, float]) -> Tuple[str, str, Dict[str, object]]:
+def run_pod(settings, node: str, kube_node: str, client, pod: dict, progress: Callable[[str], None],
+            pinned: Dict[str, list], still_here: Callable[[], str]) -> Tuple[str, str, Dict[str, object]]:
     """(verdict, why, the log record's preflight part) for one Pod.  pinned:
-    the gangs (keys) this node was found the culprit of, and when: a Pod of
-    such a gang made anew and placed here again fails at once (its gang's
-    evidence, not another's: no other workload is refused for it)."""
+    the gangs (keys) this node was found the culprit of: [when, refused];
+    a Pod of such a gang made anew and placed here again fails once within
+    the hour (its gang's evidence: no other workload is refused for it; as
+    Slurm requeues a job once).  still_here(): why the Pod is no longer in
+    its preflight ("" while it is): read before acting, so a Pod whose own
+    containers started meanwhile never has the node judged under its load."""
+    from gpugate.kube.client import node_path
     from gpugate.node.lastgood import load_baseline
+    from gpugate.node.kube_preflight_pod import CLAIMED, claimed_gpus, pod_gpus
     from gpugate.preflight.node import prove
 
     started = time.monotonic()
     cfg = settings.preflight
     record: Dict[str, object] = {}
     baseline = load_baseline(settings, record, node)
-    amd = baseline.vendor_for(node) == "amd"
-    resource = str(settings.kubernetes.get("smoke_resource_amd" if amd else "smoke_resource"))
-    gpus, why = pod_gpus(pod, baseline.expect_for(node).gpus, resource)
-    if why == CLAIMED:
-        try:
-            gpus, why = claimed_gpus(client, pod, kube_node, int(baseline.expect_for(node).gpus))
-        except GpugateError as exc:
-            gpus, why = [], "the Pod's ResourceClaims cannot be read: %s (not run)" % str(exc)[:200]
+    whole = baseline.expect_for(node).gpus
+    resource = str(settings.kubernetes.get("smoke_resource_amd" if baseline.vendor_for(node) == "amd"
+                                           else "smoke_resource"))
+    try:
+        offered = ((client.get(node_path(kube_node)).get("status") or {}).get("capacity") or {}).get(resource)
+        gpus, why = pod_gpus(pod, whole, resource, offered)
+        if why == CLAIMED:
+            gpus, why = claimed_gpus(client, pod, kube_node, int(whole))
+    except GpugateError as exc:
+        gpus, why = [], "the Node or the Pod's ResourceClaims cannot be read: %s (not run)" % str(exc)[:200]
     if not gpus:
-        return UNDECIDED, why, {"why": why}
-    found: Dict[str, object] = {}
+        return UNDECIDED, why, dict(record, why=why)
+    found: Dict[str, object] = dict(record)
     gang = _gang(settings, client, pod, found)
-    if gang is not None and time.time() - pinned.get(gang.key, 0.0) < PINNED_SECONDS:
-        return FAILED, "this node was found the culprit of this Pod's gang %.0fs ago: not run here again" % (
-            time.time() - pinned[gang.key]), dict(found, why="pinned for this gang")
+    seen = pinned.get(gang.key) if gang is not None else None
+    if seen is not None and time.time() - seen[0] < PINNED_SECONDS and not seen[1]:
+        seen[1] = True
+        return FAILED, "this node was found the culprit of this Pod's gang %.0fs ago: its Pod made anew is not " \
+                       "run here (once)" % (time.time() - seen[0]), dict(found, why="pinned for this gang")
     progress("this node's own proof (%d GPUs)" % len(gpus))
     proof = prove(settings, baseline, node, gpus, started + float(cfg["timeout_seconds"]))
     pf: Dict[str, object] = dict(proof.to_json(), passed=not proof.findings and not proof.undecided, **found)
-    across = _across(settings, baseline, node, kube_node, client, pod, container, gang, gpus, proof, started, pf,
-                     progress)
+    try:
+        across = _across(settings, baseline, node, kube_node, client, pod, gang, gpus, proof, started, pf, progress)
+    except Exception as exc:  # noqa: BLE001 - the run across cannot decide; the node's own proof still acts
+        across, pf["across_error"] = None, "%s: %s" % (type(exc).__name__, str(exc)[:200])
     if across is not None:
         pf["across"] = across.to_json()
         if across.finding is not None:
             proof.findings.append(across.finding)
+    pf["undecided"] = list(proof.undecided)  # its environment's too, where it failed
     pf["seconds_total"] = round(time.monotonic() - started, 3)
+    gone = still_here() if proof.findings else ""
+    if gone:  # its own containers may have run beside the proof: nothing it found is acted on
+        pf["not_acted"] = gone
+        return UNDECIDED, "the Pod left its preflight before the verdict (%s): nothing acted on" % gone[:200], pf
     acted = _settle(settings, node, proof, across, pf)
     # The Pod fails where this node is held (an acute finding) or is the gang's culprit (its pin is
     # budgeted: published for the keeper), so its controller recreates it elsewhere, as Slurm requeues
     # the job; a budgeted finding of its own lets it start, as the prolog does.
     if across is not None and across.finding is not None:
-        pinned[gang.key] = time.time()
+        pinned[gang.key] = [time.time(), False]
         return FAILED, "this node is the gang's culprit: %s" % acted, pf
     if any(f.acute for f in proof.findings):
         return FAILED, acted, pf
-    if across is not None and across.ran and not across.finding:
-        return PASSED, str(across.why)[:300], pf
     if proof.findings:
         return PASSED, "a budgeted finding, published for the keeper: %s" % acted, pf
     if proof.undecided:
-        return UNDECIDED, "; ".join(proof.undecided)[:300], pf
+        return UNDECIDED, "; ".join(proof.undecided + ([across.why] if across is not None else []))[:300], pf
+    if across is not None and across.ran:
+        return PASSED, str(across.why)[:300], pf
     return PASSED, "this node's own proof passed" + (" (%s)" % across.why[:200] if across is not None else ""), pf
 
 
@@ -210,8 +169,9 @@ def _gang(settings, client, pod: dict, pf: Dict[str, object]):
     return gang
 
 
-def _across(settings, baseline, node, kube_node, client, pod, container, gang, gpus, proof, started, pf, progress):
+def _across(settings, baseline, node, kube_node, client, pod, gang, gpus, proof, started, pf, progress):
     """The proof across the gang's nodes, or None where there is none to run."""
+    from gpugate.node.kube_preflight_pod import CONTAINER
     from gpugate.preflight import memory
     from gpugate.preflight.cross import Member, prove_across, run_rank_command
     from gpugate.preflight.environment import UNFIT
@@ -222,7 +182,7 @@ def _across(settings, baseline, node, kube_node, client, pod, container, gang, g
     progress("waiting for the gang %s (%d Pods) to be bound" % (gang.key, gang.size))
     until = started + float(cfg["timeout_seconds"])
     meta = pod.get("metadata") or {}
-    pods, why = bound_gang(lambda: _list(client, gang), gang, str(meta.get("uid") or ""), container, until)
+    pods, why = bound_gang(lambda: _list(client, gang), gang, str(meta.get("uid") or ""), CONTAINER, until)
     nodes = sorted({str(p["spec"]["nodeName"]) for p in pods})
     if why or len(nodes) < 2 or kube_node not in nodes:
         pf["gang_why"] = why or "the gang's Pods are on %d node(s)" % len(nodes)
@@ -249,7 +209,8 @@ def _list(client, gang) -> List[dict]:
 
 def _environment(settings, node: str, client, kube_node: str, gang_pods: List[dict]) -> str:
     """This node's environment as the run needs it (gpugate.preflight.environment.judge):
-    no GPU Pod but the gang's on the Node, free /dev/shm and /tmp."""
+    no Pod on the Node but the gang's (a DaemonSet's or a static Pod aside: the
+    node's own agents), as Slurm wants no other job's slurmstepd; free /dev/shm and /tmp."""
     from urllib.parse import quote
 
     from gpugate.model.facts import ProbeFailure
@@ -260,7 +221,7 @@ def _environment(settings, node: str, client, kube_node: str, gang_pods: List[di
         items = client.get("/api/v1/pods?fieldSelector=" + quote("spec.nodeName=%s" % kube_node, safe="")
                            ).get("items") or []
         others = sorted("%s/%s" % (p["metadata"].get("namespace"), p["metadata"].get("name")) for p in items
-                        if str(p["metadata"].get("uid")) not in ours and _gpu_pod(p)
+                        if str(p["metadata"].get("uid")) not in ours and not _the_nodes_own(p)
                         and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
     except (GpugateError, KeyError, TypeError, AttributeError) as exc:
         others = ProbeFailure("environment", "error", "the Node's Pods: %s" % str(exc)[:160])
@@ -270,15 +231,12 @@ def _environment(settings, node: str, client, kube_node: str, gang_pods: List[di
     return judge((None, ""), others, "", free)
 
 
-def _gpu_pod(pod: dict) -> bool:
-    spec = pod.get("spec") or {}
-    if spec.get("resourceClaims"):
+def _the_nodes_own(pod: dict) -> bool:
+    """A DaemonSet's Pod or a static (mirror) Pod: the node's own agents, not a tenant's."""
+    meta = pod.get("metadata") or {}
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
         return True
-    for container in spec.get("containers") or []:
-        limits = ((container or {}).get("resources") or {}).get("limits") or {}
-        if any(r in limits for r in RESOURCES):
-            return True
-    return False
+    return any(isinstance(o, dict) and o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or [])
 
 
 def _settle(settings, node: str, proof, across, pf: Dict[str, object]) -> str:
