@@ -158,7 +158,12 @@ def served(client) -> str:
 
 
 def slices_of(client, node: str) -> List[Dict[str, Any]]:
-    return list(client.list_pages(SLICES, fieldSelector="spec.nodeName=" + node))
+    """The node's ResourceSlices, from the API server's cache (resourceVersion 0):
+    a consistent read waits for that cache to catch up with every write
+    made since (the rule and Node writes of the GPUs held before it: ~0.1 s
+    a GPU, bench/bench_kube_device_holds.py).  A slice the cache does not
+    have yet holds the Node (locate finds no GPU): the safe side."""
+    return list(client.list_pages(SLICES, fieldSelector="spec.nodeName=" + node, resourceVersion="0"))
 
 
 def write(client, body: Dict[str, Any], node: str) -> str:
