@@ -52,6 +52,27 @@ def _create(api, names, key, now):
     client.close()
 
 
+def with_key(work: str) -> bytes:
+    """A drain budget key, written root-only in ``work`` as "key" (hex: gpugate.safety.budgetkey strips
+    the file's whitespace, and random bytes may begin or end with some)."""
+    key = os.urandom(32).hex().encode()
+    with open(os.path.join(work, "key"), "wb") as handle:
+        handle.write(key)
+    os.chmod(os.path.join(work, "key"), 0o600)
+    return key
+
+
+def in_threads(target, items, threads: int, *args) -> float:
+    """target(items[i::threads], *args) in ``threads`` threads; the seconds they took."""
+    started = time.perf_counter()
+    running = [threading.Thread(target=target, args=(items[i::threads],) + args) for i in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    return time.perf_counter() - started
+
+
 class Counting:
     """The client, its requests counted by verb and path kind."""
 
@@ -80,24 +101,15 @@ def main() -> int:
     from gpugate.testbed.kube import KubeAPI
 
     work = tempfile.mkdtemp(prefix="gpugate-bench-kube-")
-    key = os.urandom(32)
-    with open(os.path.join(work, "key"), "wb") as handle:
-        handle.write(key)
-    os.chmod(os.path.join(work, "key"), 0o600)
+    key = with_key(work)
     api = KubeAPI(os.path.join(work, "api")).start()
     try:
         api.apply(os.path.join(ROOT, "deploy", "kubernetes"))  # the keeper's RBAC is all it has
         names = ["gpu%05d" % i for i in range(args.nodes)]
         now = int(time.time())
-        started = time.perf_counter()
-        threads = [threading.Thread(target=_create, args=(api, names[i::args.threads], key, now))
-                   for i in range(args.threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        print("kube-apiserver %s; %d nodes created in %.1f s (%d threads)"
-              % (api.version, args.nodes, time.perf_counter() - started, args.threads))
+        took = in_threads(lambda part: _create(api, part, key, now), names, args.threads)
+        print("kube-apiserver %s; %d nodes created in %.1f s (%d threads)" % (api.version, args.nodes, took,
+                                                                              args.threads))
         kube = dict(api.kube_settings("keeper"), pool_label="gpugate.io/pool", namespace="gpugate",
                     lease_seconds=60.0, timeout_seconds=60.0)
         settings = parse_settings({"scheduler": "kubernetes", "kubernetes": kube,
