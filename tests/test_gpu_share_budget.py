@@ -162,3 +162,13 @@ def test_the_shares_held_never_pass_the_allowance_and_what_is_refused_does_not_f
         room = [decided.uses[p].allowance - budget.weigh(s for s in fleet.values() if p in s.partitions and (
             s.drain or s.name in drained)) for p in fleet[name].partitions]
         assert min(room) < budget.share_of(fleet[name]) - 1e-9
+
+
+def test_status_and_metrics_say_the_nodes_worth_held():
+    from gpugate.fleet.status import _budget_figures
+
+    fleet = {"n%d" % i: state("n%d" % i, 0.125, held=True, reason=xid(i)) for i in range(2)}
+    use = budget.usage(fleet, TAG, 0.1, sizes={"pool0": 20})["pool0"]
+    assert _budget_figures(use)["budget"] == {"allowance": 2, "drained": 2, "used": 0.25, "spent": False}
+    whole = budget.usage({"a": state("a", held=True, reason=DRIFT)}, TAG, 0.1, sizes={"pool0": 20})["pool0"]
+    assert whole.held < 0 and whole.weight == 1.0  # Slurm's and a Node hold's: one a node, as before

@@ -45,8 +45,9 @@ def fleet_families(snapshot, journal_nodes: Mapping, last_audit: Optional[Mappin
              "Nodes of the partition gpugate may keep drained for budgeted findings (all but acute ones).",
              [("gpugate_drain_budget_nodes", {"partition": p}, u.allowance) for p, u in sorted(budget.items())]),
             ("gpugate_drain_budget_used_nodes", "gauge", "Nodes of the partition drained for budgeted findings "
-             "(an rma they caused and a deferred escalation included).",
-             [("gpugate_drain_budget_used_nodes", {"partition": p}, len(u.drained))
+             "(an rma they caused and a deferred escalation included; on Kubernetes a node whose GPUs are held "
+             "alone counts their share of it: k/n).",
+             [("gpugate_drain_budget_used_nodes", {"partition": p}, u.weight)
               for p, u in sorted(budget.items())]),
         ]
     results = {r: 0 for r in SWEEP_RESULTS}
