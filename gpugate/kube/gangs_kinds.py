@@ -41,7 +41,7 @@ Sources of each name (checked, not guessed):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from gpugate.core.record import dataclass
 from typing import Callable, Dict, NamedTuple, Optional, Sequence
 from urllib.parse import quote
 
