@@ -63,3 +63,35 @@ def test_the_reset_of_some_gpus_waits_only_for_their_processes(monkeypatch):
     # The GPUs' bus ids not read: every process counts (the safe side).
     monkeypatch.setattr(nvidia_reset, "run", lambda argv, timeout: NS(stdout=""))
     assert nvidia_reset._on(None, "n1", "nvidia-smi", procs, [2], 5) == procs
+
+
+def test_the_sweeps_work_on_a_gpu_held_alone_keeps_the_node_serving():
+    """KubeNodes (over FakeAPI): empty_gpus writes the sweep's NoExecute rule
+    beside gpugate's and names it in the record; the work reason keeps the
+    GPUs held alone only while the sweep repairs them alone (gpu_repair)."""
+    from test_device_holds import REMAP, FakeAPI, finding, gpu3, kube_nodes
+
+    from gpugate.kube import dra
+    from gpugate.kube import nodeview as nv
+    from gpugate.model.findings import RMA_ACTION
+
+    api = FakeAPI()
+    backend = kube_nodes(api)
+    backend.hold_devices("node01", REMAP, [finding("row_remap", 3, RMA_ACTION)], gpu3(api))
+    assert backend.empty_gpus("node01", (3,)) == [("gpu.nvidia.com", "node01", "gpu-3")]
+    effects = {n: r["spec"]["taint"]["effect"] for n, r in api.rules.items()}
+    assert effects == {"gpugate.node01.gpu.nvidia.com.gpu-3": "NoSchedule",
+                       "gpugate.node01.gpu.nvidia.com.gpu-3" + dra.EMPTY: "NoExecute"}
+    assert sorted(nv.devices_held(api.node)) == sorted(effects) and nv.owned(api.node)["gpus"] == [3]
+    assert backend.empty_gpus("node01", (3,)) == [("gpu.nvidia.com", "node01", "gpu-3")]  # again: the same
+    work = "gpugate health sweep=reset batch 1 attempt 1 (want verified)"
+    backend.gpu_repair.add("node01")
+    backend.drain("node01", work)
+    assert nv.owned(api.node)["reason"] == work and not nv.our_taints(api.node)
+    assert nv.state_of(api.node).reason == work  # what the sweep's resume compares
+    backend.gpu_repair.clear()
+    backend._seen.pop("node01", None)
+    backend.drain("node01", work)
+    assert [t["effect"] for t in nv.our_taints(api.node)] == ["NoSchedule"]  # not repaired alone: the Node
+    backend.undrain("node01")
+    assert api.rules == {} and nv.owned(api.node) == {}
