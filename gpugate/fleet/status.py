@@ -133,8 +133,7 @@ def summarize(snapshot, journal_nodes: Mapping[str, object], now: float,
 def _budget_figures(use) -> dict:
     if use is None:
         return {}
-    return {"budget": {"allowance": use.allowance, "drained": len(use.drained), "used": use.weight,
-                       "spent": use.spent}}  # used: the nodes' worth (a GPU held alone: its share of its node)
+    return {"budget": {"allowance": use.allowance, "drained": len(use.drained), "used": use.weight, "spent": use.spent}}
 
 
 def format_age(seconds: Optional[float]) -> str:
