@@ -21,33 +21,22 @@ import os
 import pytest
 
 from gpugate.kube import dra
+from gpugate.testbed.kube_dra import MINOR  # the driver's minor of NVML's gpu index i
 from gpugate.kube import nodeview as nv
 from gpugate.kube.client import KubeError, node_path
-from test_kube_agent import DEMO_BASELINE, MANIFESTS, _require_kube
-from test_kube_control_plane import GPU, PODS, pod, sweep, unschedulable, wait_for
+from test_kube_agent import DEMO_BASELINE, MANIFESTS
+from test_kube_control_plane import GPU, PODS, pod, start_control_plane, sweep, unschedulable, wait_for
 
 pytestmark = pytest.mark.kube
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
-                       "dra-resourceslice-nvidia-h100x8.json")
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
          "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}
-# The driver's minor numbers in NVML's (PCI) order: gpu index i is device gpu-MINOR[i].
-MINOR = (2, 0, 3, 1, 6, 4, 7, 5)
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    _require_kube()
-    from gpugate.testbed import kube_control
-    from gpugate.testbed.kube import KubeAPI, built_versions, cache_dir
-
-    version = os.environ.get("GPUGATE_KUBE_VERSION") or built_versions()[-1]
-    gone = kube_control.missing(os.path.join(cache_dir(), version), cache_dir())
-    if gone and os.environ.get("CI") != "true":
-        pytest.skip("the control plane is not built (%s): scripts/kube-build %s" % (", ".join(gone), version))
-    api = KubeAPI(str(tmp_path_factory.mktemp("dra") / "api"), control_plane=True).start()
+    api = start_control_plane(str(tmp_path_factory.mktemp("dra") / "api"))
     try:
         api.apply(MANIFESTS)
         api.admin().create("/apis/resource.k8s.io/v1/deviceclasses", CLASS)
@@ -61,30 +50,13 @@ def serves_device_taints(api) -> bool:
 
 
 def fleet_with_slice(api, tmp_path, node, baseline=DEMO_BASELINE):
-    """A KWOK node of the demo fleet and its ResourceSlice: the fixture's
-    devices, each carrying the UUID and PCI address of the simulated GPU
-    its minor belongs to, owned by the Node as the driver's are."""
-    from gpugate.sim import fleet as simfleet
+    """A KWOK node of the demo fleet and its ResourceSlice as NVIDIA's DRA
+    driver publishes it (gpugate.testbed.kube_dra.publish_slice)."""
     from gpugate.testbed.kube import KubeFleet
+    from gpugate.testbed.kube_dra import publish_slice
 
     fleet = KubeFleet(api, str(tmp_path), [node], baseline, labels=GPU, kwok=True)
-    gpus = simfleet.load(fleet.fleet, node)["nvml"]["gpus"]
-    with open(FIXTURE) as handle:
-        item = json.load(handle)
-    template = item["spec"]["devices"][0]
-    devices = []
-    for index, gpu in enumerate(gpus):
-        device = copy.deepcopy(template)
-        device["name"] = "gpu-%d" % MINOR[index]
-        device["attributes"]["uuid"] = {"string": gpu["uuid"]}
-        device["attributes"]["pcieBusID"] = {"string": gpu["pci_bus_id"][4:].lower()}  # the driver's 4-digit domain
-        devices.append(device)
-    uid = api.admin().get(node_path(node))["metadata"]["uid"]
-    item["metadata"] = {"name": "%s-gpu.nvidia.com-x1" % node,
-                        "ownerReferences": [dict(item["metadata"]["ownerReferences"][0], name=node, uid=uid)]}
-    item["spec"].update(nodeName=node, pool={"name": node, "generation": 1, "resourceSliceCount": 1},
-                        devices=sorted(devices, key=lambda d: d["name"]))
-    api.admin().create(dra.SLICES, item)
+    publish_slice(api.admin(), fleet.fleet, node)
     return fleet
 
 

@@ -17,15 +17,13 @@ template, as a site without the MutatingAdmissionPolicy adds it.
 - A Pod without one is KWOK's at once, as before."""
 
 import json
-import os
 import time
 
 import pytest
 
 from gpugate.kube.client import node_path
-from test_kube_agent import _require_kube
 from test_kube_preflight_call import Agent, lines
-from test_kube_control_plane import wait_for
+from test_kube_control_plane import start_control_plane, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -52,16 +50,10 @@ def fake_agent(api, node: str, verdict: str):
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    _require_kube()
-    from gpugate.testbed import kube_control
-    from gpugate.testbed.kube import KubeAPI, add_node, built_versions, cache_dir
+    from gpugate.testbed.kube import add_node
     from gpugate.testbed.kubelet_preflight import PreflightKubelets
 
-    version = os.environ.get("GPUGATE_KUBE_VERSION") or built_versions()[-1]
-    gone = kube_control.missing(os.path.join(cache_dir(), version), cache_dir())
-    if gone and os.environ.get("CI") != "true":
-        pytest.skip("the control plane is not built (%s): scripts/kube-build %s" % (", ".join(gone), version))
-    api = KubeAPI(str(tmp_path_factory.mktemp("preflight-kubelet") / "api"), control_plane=True).start()
+    api = start_control_plane(str(tmp_path_factory.mktemp("preflight-kubelet") / "api"))
     agents, kubelets = [], None
     try:
         admin = api.admin()
