@@ -7,6 +7,7 @@ tests/test_kube_preflight_gang.py."""
 import json
 import socket
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -218,3 +219,37 @@ def test_the_share_is_the_distinct_gpus_allocated(picked):
     covered, published, why = kpod.claimed_share([item], {(spec["driver"], spec["pool"]["name"], names[i])
                                                           for i in picked})
     assert (covered, published, why) == (len(picked), 8, "")
+
+
+def test_a_port_taken_leaves_the_agent_checking_with_the_preflight_off(capsys, tmp_path):
+    """The agent's health checks gate the node whether or not the port can be served."""
+    from types import SimpleNamespace
+
+    taken = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+    taken.bind(("::" if socket.has_ipv6 else "0.0.0.0", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    cfg = {"kube_port": port, "timeout_seconds": 30, "across_seconds": 60}
+    settings = SimpleNamespace(preflight=cfg, log="file", state_dir=lambda node: str(tmp_path))
+    try:
+        assert kp.serve(settings, "gpu01", lambda deadline: None) is None
+        assert "cannot be served" in capsys.readouterr().err
+    finally:
+        taken.close()
+    server = kp.serve(settings, "gpu01", lambda deadline: None)  # free again: served
+    try:
+        assert server is not None
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:
+            peer.sendall(b"not json\n")
+            answer = json.loads(peer.makefile().readline())
+        assert answer["verdict"] == "undecided" and answer["why"] == kp.NOT_SERVED
+        log = tmp_path / "gpugate.log"
+        for _ in range(50):  # the line is written once the answer has gone
+            if log.exists() and log.read_text():
+                break
+            time.sleep(0.1)
+        record = json.loads(log.read_text().splitlines()[-1])
+        assert record["mode"] == "kube-preflight" and record["verdict"] == "undecided"
+        assert "not a JSON line" in record["why"]  # the reason for the log, not for the peer
+    finally:
+        server.close()

@@ -76,8 +76,7 @@ def agent(config, node, interval, poll, metrics_port, mirror_from):
         serve(settings, port, AgentWatch(runner).text)
     if settings.preflight["kubernetes"]:  # the preflight init containers' requests, from threads beside it
         from gpugate.kube.client import connect
-        from gpugate.node.kube_preflight import PreflightServer
+        from gpugate.node.kube_preflight import serve
 
-        PreflightServer(settings, node, node, lambda deadline: connect(dict(settings.kubernetes), deadline),
-                        int(settings.preflight["kube_port"])).start()
+        serve(settings, node, lambda deadline: connect(dict(settings.kubernetes), deadline))
     runner.run()

@@ -262,6 +262,19 @@ class PreflightServer:
             sys.stderr.write("gpugate agent: the preflight's log line was not written: %s\n" % exc)
 
 
+def serve(settings, node: str, connect: Callable[[float], object]) -> Optional[PreflightServer]:
+    """The preflight port beside the agent's loop, or None where it cannot be
+    served (the port taken, no such address): said on stderr, and the agent
+    goes on with its health checks, which gate the node whether or not a
+    preflight runs (the init containers, unanswered, are undecided)."""
+    try:
+        return PreflightServer(settings, node, node, connect, int(settings.preflight["kube_port"])).start()
+    except OSError as exc:
+        sys.stderr.write("gpugate agent: the preflight port %s cannot be served (%s): the preflight is off on "
+                         "this node, its health checks go on\n" % (settings.preflight["kube_port"], exc))
+        return None
+
+
 def _read_line(conn: socket.socket) -> bytes:
     """One line of at most REQUEST_CAP bytes within REQUEST_SECONDS, or Refused."""
     until, data = time.monotonic() + REQUEST_SECONDS, b""
