@@ -74,6 +74,31 @@ def test_only_a_pending_pod_bound_here_with_the_init_container_first_is_served()
     assert "deleted" in kpod.check_pod(pod(deleting=True), UID, "gpu01")
 
 
+def test_a_users_own_gpugate_preflight_that_could_load_the_gpus_is_not_served():
+    """A user may name their own init container gpugate-preflight: one that could
+    reach the GPUs would have its load read as the node's fault."""
+    from gpugate.node.kube_preflight_call import init_container
+
+    ours = init_container("registry.example.com/gpugate:1", "gpugate-preflight.gpugate.svc:9412")
+    assert kpod.gpu_reach(ours) == ""  # the chart's own container is served
+    served = pod()
+    served["spec"]["initContainers"] = [ours]
+    assert kpod.check_pod(served, UID, "gpu01") == ""
+    for change, why in (({"resources": {"limits": {"nvidia.com/gpu": "8"}}}, "limits nvidia.com/gpu"),
+                        ({"resources": {"requests": {"amd.com/gpu": "1"}}}, "requests amd.com/gpu"),
+                        ({"resources": {"claims": [{"name": "gpus"}]}}, "resource claims"),
+                        ({"volumeMounts": [{"name": "dev", "mountPath": "/dev"}]}, "volumes"),
+                        ({"securityContext": {"privileged": True}}, "privilege"),
+                        ({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}, "privilege"),
+                        ({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}, "its environment"),
+                        ({"envFrom": [{"configMapRef": {"name": "x"}}]}, "its environment")):
+        theirs = dict(ours, **change)
+        assert kpod.gpu_reach(theirs) == why, change
+        user = pod()
+        user["spec"]["initContainers"] = [theirs]
+        assert "could reach the GPUs" in kpod.check_pod(user, UID, "gpu01")
+
+
 def test_a_pod_is_served_once_the_kubelet_reports_its_preflight_running():
     class Client:
         def __init__(self, answers):

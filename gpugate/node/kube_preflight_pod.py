@@ -34,10 +34,41 @@ def check_pod(pod: dict, uid: str, kube_node: str) -> str:
     inits = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
     if not inits or inits[0].get("name") != CONTAINER:
         return "%s is not the Pod's first init container" % CONTAINER
+    reach = gpu_reach(inits[0])
+    if reach:
+        return "its %s container could reach the GPUs (%s): not gpugate's" % (CONTAINER, reach)
     if status.get("phase") not in (None, "Pending"):
         return "the Pod is %s, past its preflight" % status.get("phase")
     if (_state(pod) or {}).get("terminated"):
         return "the Pod's preflight has ended"
+    return ""
+
+
+_GPU_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def gpu_reach(container: dict) -> str:
+    """How a container named gpugate-preflight could load the GPUs while the
+    agent proves them ("" where it cannot): a user may write their own, and
+    a load of theirs must never read as the node's fault.  The chart's (and
+    `gpugate kube-preflight --print-init-container`'s) asks for no GPU, no
+    claim, no volume or device, no privilege and no GPU runtime variable.  Pure."""
+    resources = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+    for kind in ("limits", "requests"):
+        asked = resources.get(kind) if isinstance(resources.get(kind), dict) else {}
+        gpus = sorted(r for r in asked if "gpu" in str(r).lower())
+        if gpus:
+            return "%s %s" % (kind, ",".join(gpus)[:60])
+    if resources.get("claims"):
+        return "resource claims"
+    if container.get("volumeMounts") or container.get("volumeDevices"):
+        return "volumes"
+    security = container.get("securityContext") if isinstance(container.get("securityContext"), dict) else {}
+    if security.get("privileged") or (security.get("capabilities") or {}).get("add"):
+        return "privilege"
+    names = {str((e or {}).get("name")) for e in container.get("env") or [] if isinstance(e, dict)}
+    if container.get("envFrom") or names & set(_GPU_ENV):
+        return "its environment"
     return ""
 
 
