@@ -212,6 +212,13 @@ def slurmd_node():
             return argv[argv.index("-N") + 1]
         pid = parent
     return ""
+def gone(pid):
+    # Exited, or a zombie its parent (the test run) has not reaped yet.
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(") ", 1)[1].startswith(("Z", "X"))
+    except (OSError, IndexError):
+        return True
 node = os.environ.get("SLURMD_NODENAME", "") or slurmd_node()
 if not node:
     sys.exit("reboot: SLURMD_NODENAME is not set and no slurmd -N among my parents")
@@ -224,13 +231,20 @@ with open(pidfile) as handle:
 if os.fork() == 0:
     os.setsid()
     time.sleep(1)
-    os.kill(pid, 15)
-    for _ in range(100):
+    # A loaded machine's slurmd may take a while to stop; a new one started
+    # beside it would find its port taken and the node would never return.
+    for sig, tries in ((15, 300), (9, 100)):
         try:
-            os.kill(pid, 0)
+            os.kill(pid, sig)
         except ProcessLookupError:
             break
-        time.sleep(0.1)
+        for _ in range(tries):
+            if gone(pid):
+                break
+            time.sleep(0.1)
+        else:
+            continue
+        break
     env = {{"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": "{dir}/slurm.conf", "SLURMD_NODENAME": node}}
     log = open("{dir}/log/slurmd-%s.out" % node, "ab")
     subprocess.Popen(["/usr/sbin/slurmd", "-f", "{dir}/slurm.conf", "-N", node, "-b"], env=env,
