@@ -3,9 +3,10 @@ fleet in which every node published a budgeted finding (a wrong pin pushed to al
 
     python3 bench/bench_budget.py [--nodes 100000] [--repeat 3] [--published 1.0] [--stages]
 
-The keeper (gpugate.keeper.run) reads the fleet once per run in sinfo's text
-format (SINFO_TEXT_ARGV), as gpugate.slurm.nodestate.lean reads it (records
-for the nodes that can decide only), and decides (gpugate.keeper.run.decide:
+The keeper (gpugate.keeper.run) reads the fleet once per run as
+`scontrol show node` prints it (SCONTROL_TEXT_ARGV; 24.11's records,
+gpugate.testbed.show_node_text), as gpugate.slurm.nodestate.show_fleet
+reads it (records for the nodes that can decide only), and decides (gpugate.keeper.run.decide:
 every published span's proof checked, the memory, the preflight pins, the
 plan of every partition), as two timer runs (each a new process) make them:
 the event's first run ("cold": every comment new, every proof HMACed, its
@@ -48,15 +49,15 @@ sys.path.insert(0, %(root)r)
 started, cpu0 = time.perf_counter(), time.process_time()
 from gpugate.keeper import run as keeper
 from gpugate.budget import proofs as keeper_proofs
-from gpugate.slurm.nodestate import lean
+from gpugate.slurm.nodestate import lean, show_fleet
 with open(sys.argv[2]) as handle:
     text = handle.read()
-if sys.argv[1] != "json":  # the keeper's read: sinfo's text, records for the nodes that decide
+if sys.argv[1] != "json":  # the keeper's read: scontrol show node's text, records for the nodes that decide
     with lean.paused_gc():  # as keeper.run_once: one pause over the read and the decision
         # "cold": the event's first run (no verdicts kept); "warm": the next, reading what that one kept
         proofs = keeper_proofs.Proofs(%(key)r, keeper_proofs.load(sys.argv[4], %(key)r)
                                       if sys.argv[1] == "warm" else None)
-        fleet = lean.read_text(text)
+        fleet = show_fleet.read_show_text(text)
         decided = keeper.decide(fleet, proofs, "gpugate:", 0.1, 4, {}, lambda: %(now)d)
         saved = keeper_proofs.save(sys.argv[4], proofs)  # as keeper.run_once, when due
     assert (proofs.stored is not None) == (sys.argv[1] == "warm")
@@ -83,7 +84,7 @@ if %(stages)r and sys.argv[1] == "cold":  # where the keeper's time goes, step b
         return out
     with lean.paused_gc():
         del fleet, decided
-        again = _clock("lean read", lambda: lean.read_text(text))
+        again = _clock("lean read", lambda: show_fleet.read_show_text(text))
         proofs = keeper_proofs.Proofs(%(key)r)
         mine, _, spans = _clock("screen", lambda: keeper_proofs.screen(again.states, proofs, %(now)d))
         _clock("review and pins", lambda: (keeper_memory.review({}, mine, "gpugate:", %(now)d),
@@ -124,18 +125,20 @@ def resigned(i: int) -> str:
                                              REASON, pending.CLOSE)
 
 
-def sinfo_text(count: int, share: float = 1.0, resign: int = 0) -> str:
-    """resign: every resign-th published node's comment is as it is a run
-    later, re-signed (resigned); 0: none."""
-    lines, published = [], 0
+def show_text(count: int, share: float = 1.0, resign: int = 0) -> str:
+    """`scontrol show node`'s text (24.11's records).  resign: every
+    resign-th published node's comment is as it is a run later, re-signed
+    (resigned); 0: none."""
+    from gpugate.testbed.show_node_text import Records
+
+    records, out, published = Records("24.11"), [], 0
     for i in range(count):
-        text = "(null)"
+        text = None
         if _published(i, share):
             text = resigned(i) if resign and published % resign == 0 else comment(i)
             published += 1
-        for part in ("gpu", "pool%d" % (i % PARTITIONS)):
-            lines.append("gpu%06d|%s|idle|Unknown|Unknown|%s\x1fnone" % (i, part, text))
-    return "\n".join(lines) + "\n"
+        out.append(records.record("gpu%06d" % i, "IDLE", ("gpu", "pool%d" % (i % PARTITIONS)), comment=text))
+    return "".join(out)
 
 
 def scontrol_json(count: int, share: float = 1.0) -> str:
@@ -169,12 +172,12 @@ def main(argv=None) -> int:
                              "the lean read, the proofs' screen, the memory review and pins, the plan")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        text_path, json_path = os.path.join(tmp, "sinfo.txt"), os.path.join(tmp, "scontrol.json")
-        later_path, kept = os.path.join(tmp, "sinfo-later.txt"), os.path.join(tmp, "budget-keeper-proofs.bin")
+        text_path, json_path = os.path.join(tmp, "scontrol.txt"), os.path.join(tmp, "scontrol.json")
+        later_path, kept = os.path.join(tmp, "scontrol-later.txt"), os.path.join(tmp, "budget-keeper-proofs.bin")
         with open(text_path, "w") as handle:
-            handle.write(sinfo_text(args.nodes, args.published))
+            handle.write(show_text(args.nodes, args.published))
         with open(later_path, "w") as handle:  # a run later: 1/60 of the published nodes re-signed
-            handle.write(sinfo_text(args.nodes, args.published, resign=60))
+            handle.write(show_text(args.nodes, args.published, resign=60))
         with open(json_path, "w") as handle:
             handle.write(scontrol_json(args.nodes, args.published))
         sizes = os.path.getsize(text_path) / 1e6, os.path.getsize(json_path) / 1e6
@@ -197,7 +200,8 @@ def main(argv=None) -> int:
         last["nodes"], PARTITIONS + 1, last["published"], last["records"], last["drain"], last["held"]))
     print("reference: 24.11 scontrol --json (%.0f MB) + decision: wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (
         sizes[1], ref["wall"], ref["cpu"], ref["rss"]))
-    print("keeper, the event's first run (every proof checked, verdicts kept): sinfo text (%.0f MB) + decision: "
+    print("keeper, the event's first run (every proof checked, verdicts kept): scontrol show node text (%.0f MB) "
+          "+ decision: "
           "wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (sizes[0], mine["wall"], mine["cpu"], mine["rss"]))
     print("keeper, every later run (1/60 re-signed: %d proofs checked, %d verdicts kept read): "
           "wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (

@@ -1,6 +1,8 @@
-"""The keeper's lean read and decision (issue 48) decide as the
-straightforward path did, on the same fleets: sinfo's text read in full
-(parse_nodes_text), every comment's proof checked by pending.verified (the
+"""The keeper's decision (issue 48) decides as the straightforward path
+did, on the same fleets: sinfo's text read in full (parse_nodes_text: the
+fleets are generated in it), the keeper's Fleet of it (its own read of
+`scontrol show node` is compared with what the records say in
+tests/test_show_fleet.py), every comment's proof checked by pending.verified (the
 keeper's screen as it was, kept here as the reference), the pins'
 allowance and the plan on every node.  Fleets are generated: published
 spans signed by their node, forged, copied from another node, stale,
@@ -24,7 +26,9 @@ from gpugate.errors import ParseError
 from gpugate.core.record import replace
 from gpugate.slurm import pending
 from gpugate.slurm.nodestate import NodeState, parse_nodes_text
-from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states, read_text
+from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states
+from gpugate.slurm.nodestate.show_fleet import read_show_text
+from gpugate.testbed.show_node_text import Records
 
 TAG = "gpugate:"
 KEY = b"0123456789abcdef0123456789abcdef"
@@ -152,11 +156,13 @@ def _full(text):
         return exc
 
 
-def _lean(text):
-    try:
-        return read_text(text)
-    except ParseError as exc:
-        return exc
+def _lean(full) -> Fleet:
+    """The keeper's Fleet of a full read: the records of the nodes that
+    decide, every node counted in its partitions (what show_fleet reads
+    from scontrol's text: tests/test_show_fleet.py)."""
+    fleet = of_states(full)
+    assert fleet.states == {n: s for n, s in full.items() if deciding(s)} and fleet.nodes == len(full)
+    return fleet
 
 
 def _memory_of(states, draw_names):
@@ -173,13 +179,10 @@ def _memory_of(states, draw_names):
 @given(fleets(), st.data())
 def test_the_lean_path_decides_as_the_full_one(case, data):
     text, share, per_hour = case
-    full, lean = _full(text), _lean(text)
+    full = _full(text)
     if isinstance(full, ParseError):
-        assert isinstance(lean, ParseError) and str(lean) == str(full)  # refused alike: nothing drained
-        return
-    assert isinstance(lean, Fleet)
-    assert lean.states == {n: s for n, s in full.items() if deciding(s)}
-    assert lean.sizes == of_states(full).sizes and lean.nodes == len(full)
+        return  # refused: nothing is decided on it
+    lean = _lean(full)
     names = sorted(full)
     memory = _memory_of(full, data.draw(st.lists(st.sampled_from(names), unique=True, max_size=3)))
     mine, unverified, memory_after, waiting, plan = reference_decide(full, share, per_hour, dict(memory), NOW)
@@ -293,11 +296,11 @@ def test_a_span_whose_text_is_not_ascii_is_checked_on_pending_proofs_bytes(reaso
 
 
 def test_a_healthy_node_is_counted_not_made_a_record():
-    text = ("n1|gpu|idle|Unknown|Unknown|(null)\x1fnone\n"
-            "n1|pool0|idle|Unknown|Unknown|(null)\x1fnone\n"
-            "n2|gpu|idle+drain|1800000000|root|(null)\x1fadmin: PSU\n"
-            "n3|gpu|mixed|Unknown|Unknown|rack 3\x1fa [gpugate-pending @1] in a reason\n")
-    fleet = read_text(text)
+    records = Records("25.11")
+    fleet = read_show_text(records.record("n1", "IDLE", ("gpu", "pool0"))
+                           + records.record("n2", "IDLE+DRAIN", ("gpu",), "admin: PSU", NOW)
+                           + records.record("n3", "MIXED", ("gpu",), "a [gpugate-pending @1] in a reason", NOW,
+                                            comment="rack 3"))
     assert sorted(fleet.states) == ["n2"] and fleet.sizes == {"gpu": 3, "pool0": 1} and fleet.nodes == 3
 
 
@@ -306,43 +309,13 @@ def test_the_keepers_view_keeps_the_sizes(tmp_path):
 
     base = parse_settings({"drain_budget": {"max_share": 0.25}}, "(test)")
     cfg = replace(base, sweep=dict(base.sweep, journal=str(tmp_path / "sweep.db")))
-    fleet = read_text("n1|gpu|idle|Unknown|Unknown|(null)\x1fnone\n"
-                      "n2|gpu|idle+drain|1800000000|root|(null)\x1f%s\n" % DRIFT)
+    records = Records("24.11")
+    fleet = read_show_text(records.record("n1", "IDLE", ("gpu",))
+                           + records.record("n2", "IDLE+DRAIN", ("gpu",), DRIFT, NOW - 5))
     keeper.save_view(cfg, NOW, fleet)
     at, again = keeper.take_view(cfg, NOW + 1)
     assert at == NOW and again.states == fleet.states and again.sizes == fleet.sizes and again.nodes == 2
     assert keeper.take_view(cfg, NOW + 1) is None  # once
-
-
-@settings(max_examples=300, deadline=None)
-@given(fleets(), st.integers(1, 300))
-def test_the_text_split_a_chunk_at_a_time_is_read_as_in_one(case, chunk):
-    """lean splits sinfo's text a chunk at a time: a chunk's end falling
-    anywhere (between a node's lines, after a blank or odd line) reads as
-    the full reader reads the whole, lines of a node together or apart."""
-    from gpugate.slurm.nodestate import lean
-
-    text = case[0]
-    full = _full(text)
-    saved, lean._CHUNK = lean._CHUNK, chunk
-    try:
-        got = _lean(text)
-    finally:
-        lean._CHUNK = saved
-    if isinstance(full, ParseError):
-        assert isinstance(got, ParseError) and str(got) == str(full)
-    else:
-        assert got.states == {n: s for n, s in full.items() if deciding(s)}
-        assert got.sizes == of_states(full).sizes and got.nodes == len(full)
-
-
-@pytest.mark.parametrize("text", ["", "\n", "n1|gpu|idle|Unknown|Unknown\n", "x\nn1|gpu|idle|Unknown|Unknown|y\n"])
-def test_what_the_plain_reader_leaves_is_read_as_the_full_reader_reads_it(text):
-    full, lean = _full(text), _lean(text)
-    if isinstance(full, ParseError):
-        assert isinstance(lean, ParseError)
-    else:
-        assert lean.states == {n: s for n, s in full.items() if deciding(s)} and lean.nodes == len(full)
 
 
 @st.composite

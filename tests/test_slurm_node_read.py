@@ -125,3 +125,43 @@ def test_a_library_that_does_not_load_means_the_older_read_and_says_why(cluster)
             assert _reads(rpcs) == {"REQUEST_NODE_INFO_SINGLE": 1, "REQUEST_PARTITION_INFO": 1}, rpcs
         finally:
             slurm.close()
+
+
+def test_the_keepers_fleet_read_is_scontrol_s_text_read_as_the_full_read(cluster):
+    """The budget keeper's read of the whole fleet (CommandSlurm.fleet,
+    issue 48): `scontrol show node`'s text, two RPCs (the node table and
+    the partitions, as any full read), and the records of the nodes that
+    decide, and the partitions' sizes, are what the full (JSON) read
+    says.  A comment an admin wrote over two lines is not guessed at: the
+    fleet is read the full way and fleet_read says why."""
+    from gpugate.slurm.nodestate.lean import deciding, of_states
+
+    drained, published = cluster.nodes
+    span = "[gpugate-pending @1764120000 seen @1764120001 proof %s] gpugate: drift x=1 (want 2) [/gpugate-pending]"
+    slurm = _connect(cluster, "commands")
+    try:
+        cluster.scontrol("update", "NodeName=" + drained, "State=DRAIN", 'Reason=admin: PSU swap "B" [x@1]')
+        cluster.scontrol("update", "NodeName=" + published, "Comment=rack 3 " + span % ("0" * 32))
+        for attempt in range(5):  # two reads: slurmd's NOT_RESPONDING may come and go between them
+            cluster.run(["/usr/bin/sdiag", "-r"])
+            fleet = slurm.fleet()
+            rpcs = _sdiag(cluster)
+            full = of_states(slurm.nodes())
+            if fleet.states == full.states:
+                break
+            time.sleep(1)
+        assert slurm.fleet_read == "scontrol show node"
+        assert _reads(rpcs) == {"REQUEST_NODE_INFO": 1, "REQUEST_PARTITION_INFO": 1}, rpcs
+        assert fleet.states == full.states and sorted(fleet.states) == [drained, published]
+        assert fleet.sizes == full.sizes and fleet.nodes == full.nodes == 2
+        assert fleet.states[drained].reason == 'admin: PSU swap "B" [x@1]' and deciding(fleet.states[published])
+        cluster.scontrol("update", "NodeName=" + published, "Comment=" + span % ("0" * 32) + "\nrow B")
+        fleet = slurm.fleet()
+        assert slurm.fleet_read.startswith("full read (scontrol show node: "), slurm.fleet_read
+        assert "line break" in slurm.fleet_read
+        assert fleet.states[published].comment.endswith("\nrow B")
+    finally:
+        cluster.scontrol("update", "NodeName=" + published, "Comment=")
+        if "drain" in cluster.state(drained):
+            cluster.scontrol("update", "NodeName=" + drained, "State=RESUME")
+        slurm.close()

@@ -116,6 +116,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         else:
             fleet = read_fleet(slurm)
             figures["fleet_reads"] += 1
+            _note_fleet_read(figures, slurm)
         if pools is not None:  # a held node counts in every pool it was held in, whatever its labels say now
             alone = {n: slurm.own_record(n) for n in keeper_pools.absent(fleet, pools)}
             figures["single_reads"] += len(alone)
@@ -149,6 +150,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         reread_at = clock()
         final = read_fleet(slurm)
         figures["fleet_reads"] += 1
+        _note_fleet_read(figures, slurm)
         raw_final = final
         if pools is not None:
             final = keeper_pools.count_held(final, pools, tag, alone)
@@ -241,6 +243,14 @@ def read_fleet(slurm):
     from gpugate.slurm.nodestate.lean import of_states
 
     return of_states(slurm.nodes(lean=True))
+
+
+def _note_fleet_read(figures: dict, slurm) -> None:
+    """Said in the run's status when the lean read refused the text and the
+    fleet was read the full way (slower at scale: the admin should know why)."""
+    how = getattr(slurm, "fleet_read", "")
+    if isinstance(how, str) and how.startswith("full read"):
+        figures["fleet_read"] = how
 
 
 def _key(settings) -> bytes:

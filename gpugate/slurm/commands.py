@@ -13,7 +13,7 @@ from gpugate.safety.runner import run
 from gpugate.slurm import libslurm
 from gpugate.slurm.base import NodeUpdates
 from gpugate.slurm.jobs import GONE, JobState, parse_sbatch, parse_show_job, sbatch_argv
-from gpugate.slurm.nodestate import SCONTROL_JSON_ARGV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState, parse_nodes_json, parse_nodes_text
+from gpugate.slurm.nodestate import SCONTROL_JSON_ARGV, SCONTROL_TEXT_ARGV, SCONTROL_TEXT_ENV, SINFO_JSON_ARGV, SINFO_TEXT_ARGV, SINFO_TEXT_ENV, NodeState, parse_nodes_json, parse_nodes_text
 from gpugate.slurm.nodestate.show_text import parse_show_node
 from gpugate.slurm.trace import append as trace_append
 from gpugate.slurm.wire import MAX_FRAME
@@ -35,6 +35,7 @@ class CommandSlurm(NodeUpdates):
         self.library = library  # [slurm] library; "" = found beside bin_dir
         # How own_record read the node last: "libslurm", or the older read and why.
         self.node_read = ""
+        self.fleet_read = ""  # how fleet() last read the fleet, and why
         self.env = dict(env or {"PATH": "/usr/bin:/bin", "LC_ALL": "C"})
         self.timeout = timeout
         self.deadline = deadline  # time.monotonic(): no call outlives it
@@ -84,15 +85,8 @@ class CommandSlurm(NodeUpdates):
 
     def nodes(self, names: Optional[str] = None, lean: bool = False) -> Dict[str, NodeState]:
         """Node states (all nodes, or a hostlist).  JSON first; the text
-        format when JSON is unavailable or unreadable.  lean: the whole
-        fleet in the text format, which prints only the fields gpugate
-        reads (about 1/10 of 23.02+'s JSON; the budget keeper parses
-        100,000 nodes of it in about a second); the same one full read."""
-        if lean and not names:
-            try:
-                return parse_nodes_text(self._run("sinfo", list(SINFO_TEXT_ARGV), SINFO_TEXT_ENV))
-            except ParseError as exc:
-                raise SlurmError("cannot read node states: %s" % exc) from None
+        format when JSON is unavailable or unreadable.  lean: accepted for
+        the seam's sake; the budget keeper's lean read is fleet()."""
         # One node: `sinfo -n NODE` is the only read slurmctld answers with
         # that node alone (REQUEST_NODE_INFO_SINGLE); `scontrol show node`
         # and `sinfo --json` load every node and filter here (Slurm's
@@ -117,15 +111,25 @@ class CommandSlurm(NodeUpdates):
             raise SlurmError("cannot read node states: %s" % exc) from None
 
     def fleet(self):
-        """The budget keeper's full read (the text format, as nodes(lean=True)):
-        a gpugate.slurm.nodestate.lean.Fleet, records for the nodes that
-        decide alone; the same one read."""
-        from gpugate.slurm.nodestate.lean import read_text
+        """The budget keeper's full read: a gpugate.slurm.nodestate.lean.Fleet,
+        records for the nodes that decide alone, from `scontrol show node`'s
+        text (gpugate.slurm.nodestate.show_fleet: its cost grows with the
+        fleet, where `sinfo --Node`'s grows with its square).  Text it
+        refuses (a value with a line break, a reason of several lines) is
+        read the full way instead (nodes(): JSON), and ``fleet_read`` says
+        why; either is one read of the fleet (the node table and the
+        partitions: two RPCs)."""
+        from gpugate.slurm.nodestate.lean import of_states
+        from gpugate.slurm.nodestate.show_fleet import read_show_text
 
+        text = self._run("scontrol", list(SCONTROL_TEXT_ARGV), SCONTROL_TEXT_ENV)
         try:
-            return read_text(self._run("sinfo", list(SINFO_TEXT_ARGV), SINFO_TEXT_ENV))
+            fleet = read_show_text(text)
         except ParseError as exc:
-            raise SlurmError("cannot read node states: %s" % exc) from None
+            self.fleet_read = "full read (scontrol show node: %s)" % str(exc)[:200]
+            return of_states(self.nodes())
+        self.fleet_read = "scontrol show node"
+        return fleet
 
     def own_record(self, name: str) -> Optional[NodeState]:
         """One node's record (None: slurmctld has no such node) in one RPC,

@@ -53,6 +53,8 @@ __all__ = [
     "parse_nodes_text",
     "SINFO_JSON_ARGV",
     "SCONTROL_JSON_ARGV",
+    "SCONTROL_TEXT_ARGV",
+    "SCONTROL_TEXT_ENV",
     "SINFO_TEXT_FORMAT",
     "SINFO_TEXT_ARGV",
     "SINFO_TEXT_ENV",
@@ -64,6 +66,13 @@ SINFO_JSON_ARGV: List[str] = ["--json"]
 
 # 23.02+: one entry per node. --all shows nodes whose partitions are hidden.
 SCONTROL_JSON_ARGV: List[str] = ["--all", "--json", "show", "node"]
+
+# The budget keeper's read, every release: every node's record as
+# slurm_sprint_node_table prints it (gpugate.slurm.nodestate.show_fleet),
+# reason times as epoch seconds.  Not sinfo --Node, whose own time grows
+# with the square of the fleet (bench/bench_fleet_read.py).
+SCONTROL_TEXT_ARGV: List[str] = ["--all", "show", "node"]
+SCONTROL_TEXT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 # Text fallback. --Format fields are "Name:width suffix"; width 0 prints the
 # whole value (no 20-column cut), the suffix "|" separates fields. StateComplete
