@@ -1,16 +1,16 @@
 """The keeper's decision (issue 48) decides as the straightforward path
-did, on the same fleets: sinfo's text read in full (parse_nodes_text: the
-fleets are generated in it), the keeper's Fleet of it (its own read of
-`scontrol show node` is compared with what the records say in
-tests/test_show_fleet.py), every comment's proof checked by pending.verified (the
-keeper's screen as it was, kept here as the reference), the pins'
-allowance and the plan on every node.  Fleets are generated: published
+did, on the same fleets: the keeper's Fleet of a full read (its own read
+of `scontrol show node` is compared with what the records say in
+tests/test_show_fleet.py) against every comment's proof checked by
+pending.verified (the keeper's screen as it was, kept here as the
+reference), the pins' allowance and the plan on every node.  Fleets are
+generated as sinfo's text and read in full (parse_nodes_text): published
 spans signed by their node, forged, copied from another node, stale,
 from the future, unsigned, an admin's paste before or after the node's
-own, partitions that differ from line to line, lines in any order, and
-lines the plain reader leaves to the full one (a reason over two lines,
-a bad state, a node printed twice with different states).  No timing
-here: bench/bench_budget.py measures."""
+own, partitions that differ from line to line, lines in any order; a
+text the full reader refuses decides nothing.  The kept verdicts' file
+(gpugate.budget.proofs) is tested here too.  No timing here:
+bench/bench_budget.py measures."""
 
 import hmac
 
@@ -157,12 +157,9 @@ def _full(text):
 
 
 def _lean(full) -> Fleet:
-    """The keeper's Fleet of a full read: the records of the nodes that
-    decide, every node counted in its partitions (what show_fleet reads
-    from scontrol's text: tests/test_show_fleet.py)."""
-    fleet = of_states(full)
-    assert fleet.states == {n: s for n, s in full.items() if deciding(s)} and fleet.nodes == len(full)
-    return fleet
+    """The keeper's Fleet of a full read (what show_fleet reads from
+    scontrol's text: tests/test_show_fleet.py)."""
+    return of_states(full)
 
 
 def _memory_of(states, draw_names):

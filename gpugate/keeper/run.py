@@ -235,8 +235,9 @@ def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: di
 
 
 def read_fleet(slurm):
-    """One full read, as a Fleet: the command backend's sinfo text read
-    lean (gpugate.slurm.nodestate.lean); any other backend's nodes()."""
+    """One full read, as a Fleet: the command backend's `scontrol show
+    node` text read lean (gpugate.slurm.nodestate.show_fleet); any other
+    backend's nodes()."""
     read = getattr(slurm, "fleet", None)
     if read is not None:
         return read()

@@ -126,8 +126,9 @@ class CommandSlurm(NodeUpdates):
         try:
             fleet = read_show_text(text)
         except ParseError as exc:
+            fleet = of_states(self.nodes())
             self.fleet_read = "full read (scontrol show node: %s)" % str(exc)[:200]
-            return of_states(self.nodes())
+            return fleet
         self.fleet_read = "scontrol show node"
         return fleet
 

@@ -38,10 +38,20 @@ class Records:
         self.tail = rest[line_end + 1:-2]  # "   BootTime=... AveWatts=0" (no final line break)
 
     def record(self, name: str, state: str, partitions=(), reason: str = "", reason_time=None,
-               reason_user: str = "root", comment=None) -> str:
-        """One record: state as scontrol prints it ("IDLE+DRAIN"), the
-        reason's time as epoch seconds (SLURM_TIME_FORMAT=%s)."""
-        out = ["NodeName=", name, " ", self.before_state, state, self.after_state]
+               reason_user: str = "root", comment=None, mcs_label=None, features=None, extra=None) -> str:
+        """One record: state as scontrol prints it ("IDLE+DRAIN"; a reboot
+        asked prints NextState), the reason's time as epoch seconds
+        (SLURM_TIME_FORMAT=%s); mcs_label (a job's, on the node it runs
+        on), features (AvailableFeatures) and extra (Extra) as written."""
+        before = self.before_state
+        if features is not None:
+            before = before.replace("AvailableFeatures=(null)", "AvailableFeatures=" + features, 1)
+        after = self.after_state
+        if mcs_label is not None:
+            after = after.replace("MCS_label=N/A", "MCS_label=" + mcs_label, 1)
+        out = ["NodeName=", name, " ", before, state, after]
+        if "REBOOT" in state:
+            out.append("   NextState=RESUME\n")
         if partitions:
             out += ["   Partitions=", ",".join(partitions), " \n"]
         out.append(self.tail)
@@ -53,6 +63,8 @@ class Records:
             out += ["\n          " + line for line in lines[1:]]
         if comment is not None:
             out += ["\n   Comment=", comment]
+        if extra is not None:
+            out += ["\n   Extra=", extra]
         out.append("\n\n")
         return "".join(out)
 

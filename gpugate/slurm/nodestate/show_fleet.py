@@ -1,33 +1,42 @@
 """The budget keeper's read of the fleet (issue 48): `scontrol show node`'s
-text, every node (SCONTROL_TEXT_ARGV), read as gpugate.slurm.nodestate.lean
-reads sinfo's: a record made only for the nodes that can decide, every
-other node counted in its partitions' sizes alone.
+text, every node (SCONTROL_TEXT_ARGV), read as the keeper's Fleet
+(gpugate.slurm.nodestate.lean): a record made only for the nodes that can
+decide, every other node counted in its partitions' sizes alone.
 
 Why not sinfo: ``sinfo --Node`` files each (node, partition) in a list it
 searches from the start for every node (``_insert_node_ptr`` in Slurm's
 src/sinfo/sinfo.c, every release), so its own time grows with the square
-of the fleet: 13.6 s at 8,000 nodes on 25.11, minutes at 30,000, past the
-keeper's run at 10,000 (bench/bench_fleet_read.py).  scontrol prints each
-node's record as it comes (slurm_sprint_node_table), from the same two
-RPCs (the node table, the partitions that fill its Partitions line):
-0.07 s at 8,000 nodes.
+of the fleet: 13.6 s at 8,000 nodes on 25.11, 72.6 s at 16,000, past the
+keeper's run at about 10,000 (bench/bench_fleet_read.py).  scontrol prints
+each node's record as it comes (slurm_sprint_node_table), from the same
+two RPCs (the node table, the partitions that fill its Partitions line):
+0.12 s at 16,000 nodes.
 
-The form read is the multi-line one: each record is its ``NodeName=``
-line, then lines of fields three spaces in (``line_end`` in
-src/api/node_info.c), and a blank line.  ``State=`` starts a line,
-``Partitions=NAMES `` one, ``Reason=TEXT [USER@EPOCH]`` one (its further
-lines ten spaces in), ``Comment=TEXT`` one, and Reason always comes
-before Comment.  What is refused (ParseError: the caller reads the fleet
-the full way, JSON): any line break that does not begin such a line (a
-value holding one), a reason of several lines, a record without exactly
-one State line, a Partitions or Reason line after the Comment line, a
+The form read is the multi-line one (src/api/node_info.c): each record is
+its ``NodeName=`` line, lines of fields three spaces in, and a blank line.
+Where sprint puts what the keeper reads: ``State=`` starts a line, which
+ends with ``MCS_label=``; ``Partitions=NAMES `` is the line after it (or
+after ``NextState=``); ``CurrentWatts=`` starts the power line, always
+printed; after it only 22.05's sensors line or 24.11's empty one, then
+``Reason=TEXT [USER@EPOCH]`` (its further lines ten spaces in), then
+``Comment=TEXT``, then only Extra, InstanceId, ReservationName, the TLS
+certificate's, Topology and Parameters lines.
+
+Values are text others wrote, and a line break in one makes a line of
+its own: an admin's (Comment, Reason, Extra, features), and a job's
+user's (its MCS label, copied onto the node it runs on with MCSPlugin
+mcs/label).  Such a line is never read as a field; the record is refused
+(ParseError: the caller reads the fleet the full way, JSON) when it makes
+a second State, Partitions or power line, a Partitions line anywhere but
+where sprint prints it, or, on a node the keeper reads in full, any line
+after the power line that is not the next one sprint may print there
+(a second Reason or Comment, a Reason after the Comment, a comment or
+reason over several lines, a mark after the comment).  Refused too: a
 reason time not in epoch seconds (the caller sets SLURM_TIME_FORMAT=%s),
-a name twice, a name or partition that is not one plain word.  A value
-holding a line break followed by three spaces and a field of the same
-kind cannot be told from a field by text alone; the checks above refuse
-every such field gpugate reads, and a comment cut at its first line
-break by such a line still carries its span's proof, which is checked as
-ever (only root and SlurmUser can write a Comment or Reason)."""
+a name twice, a name or partition that is not one plain word, no text at
+all.  What text alone cannot tell: a whole record an admin wrote into a
+value after a node's power line (a node that is not there, counted in
+its partitions); only root and SlurmUser write those values."""
 
 from collections import Counter
 from typing import Dict
@@ -59,7 +68,7 @@ def read_show_text(text: str) -> Fleet:
 
 
 def _read(text: str) -> Fleet:
-    if not text or text.strip() == _NONE:
+    if text.strip() == _NONE:
         return Fleet({}, {}, 0)
     if not text.startswith("NodeName=") or not text.endswith("\n\n"):
         raise ParseError("scontrol show node: the text does not start with a record and end with a blank line: "
@@ -80,31 +89,36 @@ def _read(text: str) -> Fleet:
         name = text[at + 9:cut]
         seen_name(name)
         s = find("\n   State=", cut, end) + 10
-        if s < 10:
-            raise ParseError("scontrol show node %s: no State line in its record" % _show(name))
         e = find(" ", s, end)
+        if s < 10 or e < 0 or find("\n   State=", e, end) >= 0:
+            raise ParseError("scontrol show node %s: not one State line in its record" % _show(name))
         state_text = text[s:e]
         parsed = words.get(state_text)
         if parsed is None:
             parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
-        # Partitions is the line after State's (or after NextState's, when a
-        # reboot is asked): looked for there only, never further on, where a
-        # value's line break could have made one.
+        # Partitions: the line after State's (or after NextState's, when a
+        # reboot is asked), and no other line of the record.
         p = find("\n", e, end)
         if starts("\n   NextState=", p):
             p = find("\n", p + 1, end)
         if starts("\n   Partitions=", p):
             p += 15
-            parts = text[p:find(" ", p, end)]
+            q = find(" ", p, end)
+            parts = text[p:q]
         else:
-            p, parts = -1, ""
+            q, parts = e, ""
+        if find("\n   Partitions=", q, end) >= 0:
+            raise ParseError("scontrol show node %s: a Partitions line where sprint prints none" % _show(name))
         combo(parts)
-        mark = find(OPEN, p if p > 0 else e, end)
+        w = find("\n   CurrentWatts=", q, end)
+        if w < 0 or find("\n   CurrentWatts=", w + 17, end) >= 0:
+            raise ParseError("scontrol show node %s: not one power line in its record" % _show(name))
+        mark = find(OPEN, w, end)  # a span opens after the power line (in a comment), or not at all
         if mark >= 0 or "DRAIN" in parsed[1]:
             split = tuples.get(parts)
             if split is None:
                 split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
-            state = _record(text, name, parsed, split, e, mark, end)
+            state = _record(text, name, parsed, split, w, end)
             if state is not None:
                 states[name] = state
         at = end + 2
@@ -125,47 +139,46 @@ def _read(text: str) -> Fleet:
     return Fleet(states, sizes, len(names))
 
 
-# The lines sprint prints after Comment's (src/api/node_info.c, 22.05 to 26.05).
-_AFTER_COMMENT = tuple("\n   %s=" % key for key in (
-    "Extra", "InstanceId", "InstanceType", "ReservationName", "TLSCertTokenSet", "Topology", "Parameters"))
+# The lines sprint may print after Comment's (src/api/node_info.c, 22.05 to
+# 26.05), each at most once; before Reason's, after the power line, only
+# 22.05's sensors line and 24.11's empty one.
+_AFTER_COMMENT = ("   Extra=", "   InstanceId=", "   InstanceType=", "   ReservationName=", "   TLSCertTokenSet=",
+                  "   Topology=", "   Parameters=")
 
 
-def _record(text, name, parsed, partitions, e, mark, end):
+def _record(text, name, parsed, partitions, w, end):
     """The NodeState of a node that may decide (drained, or an opening mark
-    after its State line, at ``mark``), from its record's Reason and
-    Comment lines; None when it does not decide after all (the mark was not
-    in its comment).  e: the end of its State value; end: its record's end.
-    The Comment line is looked for back from the mark (a node's span opens
-    its comment); a Reason line is read only where Slurm's reason stands (a
+    after its power line, at ``w``), from the lines after that one: each
+    must be the next sprint may print there (see the module doc), else
+    ParseError.  None when it does not decide after all (the mark was not
+    in its comment).  A Reason is kept only where Slurm's reason stands (a
     node out of service: in service, it is a leftover)."""
-    find, rfind = text.find, text.rfind
-    c = rfind("\n   Comment=", e, mark) if mark >= 0 else -1
-    if c < 0:
-        c = find("\n   Comment=", e, end)
+    nl = text.find("\n", w + 1, end)
+    lines = text[nl + 1:end].split("\n") if nl >= 0 else ()
+    i, count = 0, len(lines)
+    while i < count and (lines[i] == "   " or lines[i].startswith("   ExtSensors")):
+        i += 1
+    reason_line = comment = None
+    if i < count and lines[i].startswith("   Reason="):
+        reason_line, i = lines[i][10:], i + 1
+    if i < count and lines[i].startswith("   Comment="):
+        comment, i = lines[i][11:], i + 1
+    rest = lines[i:]
+    if rest and (not all(map(str.startswith, rest, [_AFTER_COMMENT] * len(rest)))
+                 or len({line[:line.index("=")] for line in rest}) != len(rest) or any(OPEN in line for line in rest)):
+        raise ParseError("scontrol show node %s: a line after its power line that sprint does not print there "
+                         "(a value with a line break: %s)" % (_show(name), _show(rest[0][:40])))
     base, flags = parsed
     reason, when, user = "", None, ""
-    if base not in _IN_SERVICE_BASES or flags & _OUT_OF_SERVICE_FLAGS:
-        r = rfind("\n   Reason=", e, c) if c >= 0 else find("\n   Reason=", e, end)
-        if r >= 0:
-            r += 11
-            stop = find("\n", r, end + 1)
-            if text.startswith("\n    ", stop):
-                raise ParseError("scontrol show node %s: a reason of several lines" % _show(name))
-            reason = text[r:stop]
-            tail = _REASON_TAIL.search(reason)
-            if tail:
-                reason, user, when = reason[:tail.start()], tail.group(1), int(tail.group(2))
-            elif _ANY_TAIL.search(reason):
-                raise ParseError("scontrol show node %s: the reason's time is not in epoch seconds "
-                                 "(SLURM_TIME_FORMAT=%%s)" % _show(name))
-    comment, ours = "", False
-    if c >= 0:
-        c += 12
-        stop = find("\n", c, end + 1)
-        if stop != end and not text.startswith(_AFTER_COMMENT, stop):
-            raise ParseError("scontrol show node %s: its comment holds a line break" % _show(name))
-        comment = text[c:stop]
-        ours = c <= mark < stop or (mark >= 0 and OPEN in comment)
-    if not ours and "DRAIN" not in flags:
+    if reason_line is not None and (base not in _IN_SERVICE_BASES or flags & _OUT_OF_SERVICE_FLAGS):
+        tail = _REASON_TAIL.search(reason_line)
+        if tail:
+            reason, user, when = reason_line[:tail.start()], tail.group(1), int(tail.group(2))
+        elif _ANY_TAIL.search(reason_line):
+            raise ParseError("scontrol show node %s: the reason's time is not in epoch seconds "
+                             "(SLURM_TIME_FORMAT=%%s)" % _show(name))
+        else:
+            reason = reason_line
+    if "DRAIN" not in flags and (comment is None or OPEN not in comment):
         return None
-    return _made(name, base, flags, reason, when, user, partitions, comment)
+    return _made(name, base, flags, reason, when, user, partitions, comment or "")
