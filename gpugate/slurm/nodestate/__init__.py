@@ -37,6 +37,9 @@ Which command to run (the runner lives elsewhere):
 For readability the work is split: ``record`` (NodeState, state words, the
 parse contract), ``fields`` (validators), ``json_shapes`` (every release's
 JSON) and ``text`` (the sinfo text fallback); callers import from here.
+The budget keeper's own read is apart: ``show_fleet`` (`scontrol show
+node`'s text, SCONTROL_TEXT_ARGV, into ``lean``'s Fleet), ``show_text``
+(one node's record, the one-RPC read's).
 
 May import: gpugate.core, gpugate.model and gpugate.slurm.pending (the
 published-finding format a record's comment carries)."""
