@@ -13,6 +13,7 @@ rewrites root/ and replay.json from the model after every change.
 
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -57,12 +58,37 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
                           % (fleet, node, fleet)) from None
 
 
+# During save: (the directory the new files are made in, the files written
+# or removed in order), put in place in one burst (see save).
+_STAGED: List[Optional[tuple]] = [None]
+
+
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
+    """Write the node's model and its files.  A check that read them while
+    they were being written would see half a change (quiet's doc); so the
+    new files are made first, aside, then put in place in one burst of
+    renames once no gpugate run reads the node: one a check could begin
+    while they were made is waited out too."""
     directory = node_dir(fleet, node)
-    quiet.wait_quiet(node)  # no check reads the change half-written
+    quiet.wait_quiet(node)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
-    render(directory, model)
+    aside = os.path.join(directory, ".staged")
+    shutil.rmtree(aside, ignore_errors=True)  # a save killed half-way left these: never put in place
+    os.makedirs(aside, mode=0o700)
+    staged: list = []
+    _STAGED[0] = (aside, staged)
+    try:
+        _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
+        render(directory, model)
+    finally:
+        _STAGED[0] = None
+    quiet.wait_quiet(node)  # no check reads the change half-written
+    for ready, path in staged:
+        if ready is None:
+            _remove(path)
+        else:
+            os.replace(ready, path)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 FLEET_FILE = "fleet.json"  # the fleet's own metadata: the baseline `sim init` used
@@ -308,10 +334,19 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     except OSError:
         pass
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    if _STAGED[0] is not None:  # save's: made aside now, put in place with the rest
+        aside, staged = _STAGED[0]
+        ready = os.path.join(aside, uuid.uuid4().hex)
+        write_atomic(ready, data, mode=mode, durable=False, exact_mode=True)
+        staged.append((ready, path))
+        return
     write_atomic(path, data, mode=mode, durable=False, exact_mode=True)  # random O_EXCL temp name
 
 
 def _remove(path: str) -> None:
+    if _STAGED[0] is not None:
+        _STAGED[0][1].append((None, path))
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:

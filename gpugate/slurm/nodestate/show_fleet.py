@@ -30,8 +30,9 @@ mcs/label).  Such a line is never read as a field; the record is refused
 a second State, Partitions or power line, a Partitions line anywhere but
 where sprint prints it, or, on a node the keeper reads in full, any line
 after the power line that is not the next one sprint may print there
-(a second Reason or Comment, a Reason after the Comment, a comment or
-reason over several lines, a mark after the comment).  Refused too: a
+(a second Reason or Comment, a Reason after the Comment, a comment over
+several lines, a mark after the comment), or a reason over several lines
+where the reason is read (out of service).  Refused too: a
 reason time not in epoch seconds (the caller sets SLURM_TIME_FORMAT=%s),
 a name twice, a name or partition that is not one plain word, no text at
 all.  What text alone cannot tell: a whole record an admin wrote into a
@@ -152,15 +153,19 @@ def _record(text, name, parsed, partitions, w, end):
     must be the next sprint may print there (see the module doc), else
     ParseError.  None when it does not decide after all (the mark was not
     in its comment).  A Reason is kept only where Slurm's reason stands (a
-    node out of service: in service, it is a leftover)."""
+    node out of service: in service, it is a leftover, read or not, even
+    over several lines)."""
     nl = text.find("\n", w + 1, end)
     lines = text[nl + 1:end].split("\n") if nl >= 0 else ()
     i, count = 0, len(lines)
     while i < count and (lines[i] == "   " or lines[i].startswith("   ExtSensors")):
         i += 1
     reason_line = comment = None
+    several = False
     if i < count and lines[i].startswith("   Reason="):
         reason_line, i = lines[i][10:], i + 1
+        while i < count and lines[i].startswith("          "):  # the reason's further lines (strtok_r's)
+            several, i = True, i + 1
     if i < count and lines[i].startswith("   Comment="):
         comment, i = lines[i][11:], i + 1
     rest = lines[i:]
@@ -171,6 +176,8 @@ def _record(text, name, parsed, partitions, w, end):
     base, flags = parsed
     reason, when, user = "", None, ""
     if reason_line is not None and (base not in _IN_SERVICE_BASES or flags & _OUT_OF_SERVICE_FLAGS):
+        if several:  # printed without its empty lines: not the reason as it stands
+            raise ParseError("scontrol show node %s: a reason of several lines" % _show(name))
         tail = _REASON_TAIL.search(reason_line)
         if tail:
             reason, user, when = reason_line[:tail.start()], tail.group(1), int(tail.group(2))
