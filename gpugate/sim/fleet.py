@@ -58,36 +58,27 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
                           % (fleet, node, fleet)) from None
 
 
-# During save: (the directory the new files are made in, the files written
-# or removed in order), put in place in one burst (see save).
-_STAGED: List[Optional[tuple]] = [None]
+_STAGED: List[Optional[tuple]] = [None]  # save's (directory aside, [(file made aside or None: removed, path)])
 
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
-    """Write the node's model and its files.  A check that read them while
-    they were being written would see half a change (quiet's doc); so the
-    new files are made first, aside, then put in place in one burst of
-    renames once no gpugate run reads the node: one a check could begin
-    while they were made is waited out too."""
+    """The node's model and files.  A check reading them mid-write would see
+    half a change (quiet's doc): the files are made aside, then put in place
+    in one burst of renames once no gpugate run reads the node."""
     directory = node_dir(fleet, node)
     quiet.wait_quiet(node)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
     aside = os.path.join(directory, ".staged")
     shutil.rmtree(aside, ignore_errors=True)  # a save killed half-way left these: never put in place
     os.makedirs(aside, mode=0o700)
-    staged: list = []
-    _STAGED[0] = (aside, staged)
+    _STAGED[0] = (aside, [])
     try:
         _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
         render(directory, model)
     finally:
-        _STAGED[0] = None
-    quiet.wait_quiet(node)  # no check reads the change half-written
+        staged, _STAGED[0] = _STAGED[0][1], None
+    quiet.wait_quiet(node)  # and one begun while they were made
     for ready, path in staged:
-        if ready is None:
-            _remove(path)
-        else:
-            os.replace(ready, path)
+        _remove(path) if ready is None else os.replace(ready, path)
     shutil.rmtree(aside, ignore_errors=True)
 
 
