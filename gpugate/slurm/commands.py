@@ -117,8 +117,10 @@ class CommandSlurm(NodeUpdates):
         fleet, where `sinfo --Node`'s grows with its square).  Text it
         refuses (a value with a line break, a reason of several lines) is
         read the full way instead (nodes(): JSON), and ``fleet_read`` says
-        why; either is one read of the fleet (the node table and the
-        partitions: two RPCs)."""
+        why.  The text is one read of the fleet (the node table and the
+        partitions: two RPCs); a refusal costs a second one, and a job's
+        user can cause it (an MCS label with a line break on the node its
+        job runs on): slower, once a run, never another decision."""
         from gpugate.slurm.nodestate.lean import of_states
         from gpugate.slurm.nodestate.show_fleet import read_show_text
 
