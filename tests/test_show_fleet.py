@@ -26,6 +26,7 @@ from gpugate.budget import proofs as keeper_proofs
 from gpugate.slurm.nodestate import NodeState
 from gpugate.slurm.nodestate.lean import Fleet, deciding, of_states
 from gpugate.slurm.nodestate.record import _parse_state, _without_stale_reason
+from gpugate.slurm.nodestate import show_fleet
 from gpugate.slurm.nodestate.show_fleet import read_show_text
 from gpugate.slurm.nodestate.show_text import parse_show_node
 from gpugate.testbed.show_node_text import RELEASES, Records
@@ -156,6 +157,33 @@ def test_a_value_with_a_line_break_is_refused_or_read_as_it_is(case, data):
     elif not isinstance(fleet, ParseError):
         assert fleet.states == {n: s for n, s in truth.items() if deciding(s)}, kind
         assert fleet.sizes == of_states(truth).sizes and fleet.nodes == len(truth)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets(), st.data())
+def test_the_read_in_one_step_and_record_by_record_agree(case, data):
+    """The two ways the read goes (show_fleet's module doc): a text of
+    records all as sprint prints them is read in one step (_at_once); with
+    one value over two lines in it, record by record.  Each text read
+    both ways gives the same fleet, or both refuse it; the one-step way
+    takes every text with no value over two lines."""
+    release, nodes, truth = case
+    if data.draw(st.booleans()):
+        _odd(data.draw, nodes, truth)
+    text = "".join(Records(release).record(**node) for node in nodes)
+    if all("\n" not in str(v) for node in nodes for v in node.values()):
+        assert show_fleet._at_once(text) is not None, "a text with no value over two lines is read in one step"
+    saved = show_fleet._at_once
+    show_fleet._at_once = lambda text: None
+    try:
+        apart = _read(release, nodes)
+    finally:
+        show_fleet._at_once = saved
+    together = _read(release, nodes)
+    if isinstance(together, ParseError) or isinstance(apart, ParseError):
+        assert type(together) is type(apart), (together, apart)
+    else:
+        assert (together.states, together.sizes, together.nodes) == (apart.states, apart.sizes, apart.nodes)
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -37,7 +37,14 @@ reason time not in epoch seconds (the caller sets SLURM_TIME_FORMAT=%s),
 a name twice, a name or partition that is not one plain word, no text at
 all.  What text alone cannot tell: a whole record an admin wrote into a
 value after a node's power line (a node that is not there, counted in
-its partitions); only root and SlurmUser write those values."""
+its partitions); only root and SlurmUser write those values.
+
+How (bench/bench_budget.py): a text whose every record is as sprint
+prints it, with no value over two lines, is read in one step, a split
+made in C (_at_once), its records then looked at in one plain loop; any
+other is read record by record (_by_record: the same match from each
+record's State line where it holds, else line by line), so one admin's
+comment over two lines costs a second pass, never a wrong read."""
 
 from collections import Counter
 from typing import Dict
@@ -69,7 +76,7 @@ def read_show_text(text: str) -> Fleet:
 
 
 def _read(text: str) -> Fleet:
-    if text.strip() == _NONE:
+    if len(text) < 64 and text.strip() == _NONE:  # (strip copies: not the whole fleet's text)
         return Fleet({}, {}, 0)
     if not text.startswith("NodeName=") or not text.endswith("\n\n"):
         raise ParseError("scontrol show node: the text does not start with a record and end with a blank line: "
@@ -80,49 +87,29 @@ def _read(text: str) -> Fleet:
     combos = []
     combo = combos.append
     words, tuples = {}, {}  # state text -> (base, flags); Partitions' text -> its names, sorted
-    find, starts = text.find, text.startswith
-    at, last = 0, len(text) - 2
-    while at < last:
-        end = find("\n\nNodeName=", at)  # this record's end (a long needle: searched in strides)
-        if end < 0:
-            end = last
-        cut = find(" ", at + 9, end)
-        name = text[at + 9:cut]
+    records = _at_once(text)
+    if records is None:  # a record not as sprint prints it: each read apart (_by_record)
+        _by_record(text, states, seen_name, combo, words, tuples)
+    for name, state_text, parts, reason_line, comment, rest, _ in records or ():
         seen_name(name)
-        s = find("\n   State=", cut, end) + 10
-        e = find(" ", s, end)
-        if s < 10 or e < 0 or find("\n   State=", e, end) >= 0:
-            raise ParseError("scontrol show node %s: not one State line in its record" % _show(name))
-        state_text = text[s:e]
         parsed = words.get(state_text)
         if parsed is None:
             parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
-        # Partitions: the line after State's (or after NextState's, when a
-        # reboot is asked), and no other line of the record.
-        p = find("\n", e, end)
-        if starts("\n   NextState=", p):
-            p = find("\n", p + 1, end)
-        if starts("\n   Partitions=", p):
-            p += 15
-            q = find(" ", p, end)
-            parts = text[p:q]
-        else:
-            q, parts = e, ""
-        if find("\n   Partitions=", q, end) >= 0:
-            raise ParseError("scontrol show node %s: a Partitions line where sprint prints none" % _show(name))
+        if parts is None:
+            parts = ""
         combo(parts)
-        w = find("\n   CurrentWatts=", q, end)
-        if w < 0 or find("\n   CurrentWatts=", w + 17, end) >= 0:
-            raise ParseError("scontrol show node %s: not one power line in its record" % _show(name))
-        mark = find(OPEN, w, end)  # a span opens after the power line (in a comment), or not at all
-        if mark >= 0 or "DRAIN" in parsed[1]:
+        # A span opens after the power line (where _at_once's lines hold no "[" but these), or not at all.
+        if "DRAIN" in parsed[1] or (comment is not None and OPEN in comment) or (
+                reason_line is not None and OPEN in reason_line) or OPEN in rest:
             split = tuples.get(parts)
             if split is None:
                 split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
-            state = _record(text, name, parsed, split, w, end)
+            if reason_line is None and not rest:  # _judge's case with nothing to check or read: a published node
+                states[name] = _made(name, parsed[0], parsed[1], "", None, "", split, comment or "")
+                continue
+            state = _judge(name, parsed, split, reason_line, False, comment, rest.split("\n")[:-1] if rest else ())
             if state is not None:
                 states[name] = state
-        at = end + 2
     unique = set(names)
     if len(unique) != len(names):
         raise ParseError("scontrol show node: a node printed twice")
@@ -140,6 +127,84 @@ def _read(text: str) -> Fleet:
     return Fleet(states, sizes, len(names))
 
 
+def _by_record(text, states, seen_name, combo, words, tuples) -> None:
+    """Each record read apart: as _at_once reads it where it is as sprint
+    prints it (the same match, from its State line), else line by line
+    (_slowly)."""
+    find, fast = text.find, _fast()
+    at, last = 0, len(text) - 2
+    while at < last:
+        cut = find(" ", at + 9)
+        name = text[at + 9:cut]
+        seen_name(name)
+        s = find("\n   State=", cut) + 4
+        m = fast(text, s) if s > 3 else None
+        if m is not None and find("\n\nNodeName=", cut, s) < 0:  # the record as sprint prints it: one step
+            state_text, parts, _, reason_line, comment, rest = m.groups()
+            parsed = words.get(state_text)
+            if parsed is None:
+                parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
+            if parts is None:
+                parts = ""
+            combo(parts)
+            end = m.end() - 1
+            if "DRAIN" in parsed[1] or find(OPEN, m.start(3), end) >= 0:
+                split = tuples.get(parts)
+                if split is None:
+                    split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
+                state = _judge(name, parsed, split, reason_line, False, comment, rest.split("\n")[:-1] if rest
+                               else ())
+                if state is not None:
+                    states[name] = state
+            at = end + 1
+            continue
+        end = find("\n\nNodeName=", at)  # this record's end (a long needle: searched in strides)
+        if end < 0:
+            end = last
+        at = _slowly(text, name, cut, end, words, tuples, combo, states) + 2
+
+
+def _slowly(text, name, cut, end, words, tuples, combo, states) -> int:
+    """One record that is not as sprint prints it (a value with a line
+    break, a reason over several lines), read line by line up to ``end``
+    (the next record's blank line): its State, Partitions and power lines
+    each found once where sprint prints them, else ParseError."""
+    find, starts = text.find, text.startswith
+    s = find("\n   State=", cut, end) + 10
+    e = find(" ", s, end)
+    if s < 10 or e < 0 or find("\n   State=", e, end) >= 0:
+        raise ParseError("scontrol show node %s: not one State line in its record" % _show(name))
+    state_text = text[s:e]
+    parsed = words.get(state_text)
+    if parsed is None:
+        parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
+    # Partitions: the line after State's (or after NextState's, when a
+    # reboot is asked), and no other line of the record.
+    p = find("\n", e, end)
+    if starts("\n   NextState=", p):
+        p = find("\n", p + 1, end)
+    if starts("\n   Partitions=", p):
+        p += 15
+        q = find(" ", p, end)
+        parts = text[p:q]
+    else:
+        q, parts = e, ""
+    if find("\n   Partitions=", q, end) >= 0:
+        raise ParseError("scontrol show node %s: a Partitions line where sprint prints none" % _show(name))
+    combo(parts)
+    w = find("\n   CurrentWatts=", q, end)
+    if w < 0 or find("\n   CurrentWatts=", w + 17, end) >= 0:
+        raise ParseError("scontrol show node %s: not one power line in its record" % _show(name))
+    if find(OPEN, w, end) >= 0 or "DRAIN" in parsed[1]:  # a span opens after the power line, or not at all
+        split = tuples.get(parts)
+        if split is None:
+            split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
+        state = _judge(name, parsed, split, *_tail(text, w, end))
+        if state is not None:
+            states[name] = state
+    return end
+
+
 # The lines sprint may print after Comment's (src/api/node_info.c, 22.05 to
 # 26.05), each at most once; before Reason's, after the power line, only
 # 22.05's sensors line and 24.11's empty one.
@@ -147,14 +212,11 @@ _AFTER_COMMENT = ("   Extra=", "   InstanceId=", "   InstanceType=", "   Reserva
                   "   Topology=", "   Parameters=")
 
 
-def _record(text, name, parsed, partitions, w, end):
-    """The NodeState of a node that may decide (drained, or an opening mark
-    after its power line, at ``w``), from the lines after that one: each
-    must be the next sprint may print there (see the module doc), else
-    ParseError.  None when it does not decide after all (the mark was not
-    in its comment).  A Reason is kept only where Slurm's reason stands (a
-    node out of service: in service, it is a leftover, read or not, even
-    over several lines)."""
+def _tail(text, w, end):
+    """The lines after the power line (at ``w``) up to ``end``, as sprint
+    prints them there: (the Reason line, whether further reason lines
+    follow it, the Comment line, the lines after).  None for a line not
+    printed."""
     nl = text.find("\n", w + 1, end)
     lines = text[nl + 1:end].split("\n") if nl >= 0 else ()
     i, count = 0, len(lines)
@@ -168,7 +230,17 @@ def _record(text, name, parsed, partitions, w, end):
             several, i = True, i + 1
     if i < count and lines[i].startswith("   Comment="):
         comment, i = lines[i][11:], i + 1
-    rest = lines[i:]
+    return reason_line, several, comment, lines[i:]
+
+
+def _judge(name, parsed, partitions, reason_line, several, comment, rest):
+    """The NodeState of a node that may decide (drained, or an opening mark
+    after its power line), from what follows that line (_tail's): the lines
+    after Comment's must be those sprint may print there (see the module
+    doc), else ParseError.  None when it does not decide after all (the
+    mark was not in its comment).  A Reason is kept only where Slurm's
+    reason stands (a node out of service: in service, it is a leftover,
+    read or not, even over several lines)."""
     if rest and (not all(map(str.startswith, rest, [_AFTER_COMMENT] * len(rest)))
                  or len({line[:line.index("=")] for line in rest}) != len(rest) or any(OPEN in line for line in rest)):
         raise ParseError("scontrol show node %s: a line after its power line that sprint does not print there "
@@ -189,3 +261,49 @@ def _record(text, name, parsed, partitions, w, end):
     if "DRAIN" not in flags and (comment is None or OPEN not in comment):
         return None
     return _made(name, base, flags, reason, when, user, partitions, comment or "")
+
+
+_PATTERNS = []
+
+
+def _patterns():
+    """(the match of a record as sprint prints it, from its State line:
+    _by_record's; the split of a whole text of such records: _at_once's)."""
+    if not _PATTERNS:
+        import re
+
+        other = r"   (?!State=|Partitions=|CurrentWatts=|NextState=|Reason=|Comment=)[^\n]*\n"
+        after = "|".join(a.strip(" =") for a in _AFTER_COMMENT)
+        state = r"State=([^ \n]+) [^\n]*\n(?:   NextState=[^\n]*\n)?(?:   Partitions=([^ \n]*) \n)?(?:" + other + r")*"
+        tail = (r"(?:   (?:ExtSensors[^\n\[]*)?\n)*(?:   Reason=([^\n]*)\n)?(?:   Comment=([^\n]*)\n)?"
+                r"((?:   (?:" + after + r")=[^\n]*\n)*)\n(?=NodeName=|\Z)")
+        _PATTERNS.append(re.compile(state + r"(?=(   CurrentWatts=))   CurrentWatts=[^\n]*\n" + tail).match)
+        _PATTERNS.append(re.compile(r"NodeName=([^ \n]+) [^\n]*\n(?:   (?!State=)[^\n]*\n)*   " + state +
+                                    r"   CurrentWatts=[^\n\[]*\n" + tail).split)
+    return _PATTERNS
+
+
+def _fast():
+    """The match, from its State line to its blank line, of a record as
+    sprint prints it with no value over two lines: (State, Partitions or
+    None, its power line's start, the Reason line, the Comment line, the
+    lines after it).  Its State, Partitions and power lines are the
+    record's only ones (any other line holding one fails the match: the
+    record is then read line by line), and its last line ends before the
+    next record or the text's end."""
+    return _patterns()[0]
+
+
+def _at_once(text):
+    """Every record's (name, State, Partitions or None, the Reason line,
+    the Comment line, the lines after it, ""), read in one step (a split
+    made in C) where every record is as sprint prints it (as _fast's, with
+    no "[" in its power or sensors lines and no State line before its
+    own): the records then follow each other with nothing between them.
+    Else None."""
+    pieces = _patterns()[1](text)
+    if any(pieces[::7]):  # text no record's match took: a record not as sprint prints it
+        return None
+    records = iter(pieces)
+    next(records)
+    return zip(records, records, records, records, records, records, records)
