@@ -141,17 +141,13 @@ def _by_record(text, states, seen_name, combo, words, tuples) -> None:
         m = fast(text, s) if s > 3 else None
         if m is not None and find("\n\nNodeName=", cut, s) < 0:  # the record as sprint prints it: one step
             state_text, parts, _, reason_line, comment, rest = m.groups()
-            parsed = words.get(state_text)
-            if parsed is None:
-                parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
-            if parts is None:
-                parts = ""
-            combo(parts)
+            parsed = words.get(state_text) or words.setdefault(
+                state_text, _parse_state(state_text, None, "scontrol show node %s" % name))
+            combo(parts or "")
             end = m.end() - 1
             if "DRAIN" in parsed[1] or find(OPEN, m.start(3), end) >= 0:
-                split = tuples.get(parts)
-                if split is None:
-                    split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
+                split = (tuples.get(parts) or tuples.setdefault(parts, tuple(sorted(set(parts.split(","))))) if parts
+                         else ())
                 state = _judge(name, parsed, split, reason_line, False, comment, rest.split("\n")[:-1] if rest
                                else ())
                 if state is not None:
