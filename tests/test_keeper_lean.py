@@ -21,7 +21,7 @@ from gpugate.budget import rules as budget
 from gpugate.budget import pins as budget_pins
 from gpugate.keeper import run as keeper
 from gpugate.budget import memory as keeper_memory
-from gpugate.budget import proofs as keeper_proofs
+from gpugate.budget import proof_file, proofs as keeper_proofs
 from gpugate.errors import ParseError
 from gpugate.core.record import replace
 from gpugate.slurm import pending
@@ -362,20 +362,19 @@ def test_a_record_made_at_once_is_the_record():
         made.comment = "x"
 
 
-# -- the verdicts kept between the timer's runs (gpugate.budget.proofs.load, save) ----------
+# -- the verdicts kept between the timer's runs (gpugate.budget.proof_file) ----------
 
 def _kept(tmp_path, proofs):
     """Save this run's verdicts as the keeper does (due or not, forced) and read them back as the next run."""
-    where = str(tmp_path / keeper_proofs.FILE)
+    where = str(tmp_path / proof_file.FILE)
     proofs.stored = None  # due: the first run of a file
-    assert keeper_proofs.save(where, proofs) == bool(proofs.macs)  # written when anything was checked afresh
+    assert proof_file.save(where, proofs) == bool(proofs.macs)  # written when anything was checked afresh
     return where
 
 
 def _kept_texts(stored) -> dict:
     """node -> the exact comment the file kept a verdict on."""
-    where, _reasons, ends = stored[:3]
-    return {name: kept[0] + ends[kept[1]] for name, kept in where.items()}
+    return dict(zip(stored.names, stored.comments))
 
 
 @settings(max_examples=200, deadline=None)
@@ -417,7 +416,7 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
         proofs = keeper_proofs.Proofs(KEY)
         keeper.decide(of_states(reads[0]), proofs, TAG, share, per_hour, {}, lambda: NOW)
         where = _kept(Path(tmp), proofs)
-        stored = keeper_proofs.load(where, key)
+        stored = proof_file.load(where, key)
         assert (stored is None) == (key != KEY or not proofs.macs)  # another key's file is no memory
         mine, unverified, memory, waiting, plan = reference_decide(later, share, per_hour, {}, now)
         fleet = of_states(later)
@@ -436,7 +435,7 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
         assert again.hits == sum(1 for n, s in fleet.states.items() if kept.get(n) == s.comment)
         assert all(reads[0][n].comment == text for n, text in kept.items())  # each verdict on the text it judged
         if again.macs:  # written again from this run's checks and hits: each kept text is this run's comment
-            rewritten = keeper_proofs.load(_kept(Path(tmp) / "again", again), KEY)
+            rewritten = proof_file.load(_kept(Path(tmp) / "again", again), KEY)
             assert all(later[n].comment == text for n, text in _kept_texts(rewritten).items())
 
 
@@ -458,13 +457,13 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     keeper_proofs.screen(states, proofs, NOW)
     where = _kept(tmp_path, proofs)
     good = open(where, "rb").read()
-    assert keeper_proofs.load(where, KEY) is not None and keeper_proofs.load(where, OTHER_KEY) is None
-    assert keeper_proofs.load(str(tmp_path / "absent"), KEY) is None
+    assert proof_file.load(where, KEY) is not None and proof_file.load(where, OTHER_KEY) is None
+    assert proof_file.load(str(tmp_path / "absent"), KEY) is None
 
     def refused(data):
         with open(where, "wb") as handle:
             handle.write(data)
-        return keeper_proofs.load(where, KEY) is None
+        return proof_file.load(where, KEY) is None
 
     for at in range(0, len(good), max(1, len(good) // 97)):  # one byte changed anywhere
         assert refused(good[:at] + bytes([good[at] ^ 0x20]) + good[at + 1:])
@@ -476,7 +475,7 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
 
         body = marshal.dumps((names, reasons, array("q", which).tobytes(), array("q", since).tobytes(),
                               array("q", seen).tobytes(), proofs, array("q", odd_at).tobytes(), odd_heads))
-        return keeper_proofs._MAGIC + keeper_proofs._mac(KEY, body) + body
+        return proof_file._MAGIC + proof_file._mac(KEY, body) + body
 
     assert not refused(signed()) and not refused(signed(odd_at=(), odd_heads=()))  # the shape written: read
     # the variants below are each one thing off
@@ -489,14 +488,14 @@ def test_a_file_that_cannot_be_trusted_is_no_memory(tmp_path):
     assert not refused(good)
     os.rename(where, where + ".real")
     os.symlink(where + ".real", where)
-    assert keeper_proofs.load(where, KEY) is None  # a link at the name
+    assert proof_file.load(where, KEY) is None  # a link at the name
     os.unlink(where)
     os.rename(where + ".real", where)
-    saved, keeper_proofs._FILE_CAP = keeper_proofs._FILE_CAP, len(good) - 1
+    saved, proof_file._FILE_CAP = proof_file._FILE_CAP, len(good) - 1
     try:
-        assert keeper_proofs.load(where, KEY) is None
+        assert proof_file.load(where, KEY) is None
     finally:
-        keeper_proofs._FILE_CAP = saved
+        proof_file._FILE_CAP = saved
 
 
 def test_a_kept_verdict_says_nothing_of_a_span_forged_beside_it(tmp_path):
@@ -506,7 +505,7 @@ def test_a_kept_verdict_says_nothing_of_a_span_forged_beside_it(tmp_path):
     states = _signed_fleet()
     proofs = keeper_proofs.Proofs(KEY)
     keeper_proofs.screen(states, proofs, NOW)
-    stored = keeper_proofs.load(_kept(tmp_path, proofs), KEY)
+    stored = proof_file.load(_kept(tmp_path, proofs), KEY)
     own = states["gpu00"].comment
     forged = own[:own.index("proof ") + 6] + "0" * 32 + own[own.index("proof ") + 38:]
     later = dict(states)
@@ -528,19 +527,19 @@ def test_the_file_holds_one_runs_verdicts_and_is_written_when_due(tmp_path):
     event's first run, or after many re-signed), not on the runs between;
     it holds the verdicts of the run that wrote it, none older."""
     states = _signed_fleet()
-    where = str(tmp_path / keeper_proofs.FILE)
-    first = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    where = str(tmp_path / proof_file.FILE)
+    first = keeper_proofs.Proofs(KEY, proof_file.load(where, KEY))
     keeper_proofs.screen(states, first, NOW)
-    assert first.stored is None and keeper_proofs.save(where, first)
-    second = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    assert first.stored is None and proof_file.save(where, first)
+    second = keeper_proofs.Proofs(KEY, proof_file.load(where, KEY))
     keeper_proofs.screen(states, second, NOW)
-    assert (second.hits, second.macs) == (6, 0) and not keeper_proofs.save(where, second)
+    assert (second.hits, second.macs) == (6, 0) and not proof_file.save(where, second)
     fewer = {n: s for n, s in states.items() if n != "gpu05"}
     fewer["gpu00"] = replace(states["gpu00"], comment=pending.publish("", XID, NOW - 5, KEY, "gpu00"))
-    third = keeper_proofs.Proofs(KEY, keeper_proofs.load(where, KEY))
+    third = keeper_proofs.Proofs(KEY, proof_file.load(where, KEY))
     keeper_proofs.screen(fewer, third, NOW)
-    assert (third.hits, third.macs) == (4, 1) and keeper_proofs.save(where, third)  # 1 of 5 afresh: due
-    kept = _kept_texts(keeper_proofs.load(where, KEY))
+    assert (third.hits, third.macs) == (4, 1) and proof_file.save(where, third)  # 1 of 5 afresh: due
+    kept = _kept_texts(proof_file.load(where, KEY))
     assert kept == {n: s.comment for n, s in fewer.items()}  # gpu05 (no longer published) is gone from the file
 
 
@@ -558,15 +557,42 @@ def test_the_file_keeps_each_verdict_on_its_exact_text(tmp_path):
     proofs = keeper_proofs.Proofs(KEY)
     mine, unverified, spans = keeper_proofs.screen(states, proofs, NOW)
     assert (mine, unverified) == reference_screen(states, KEY, NOW) and len(spans) == 6
-    stored = keeper_proofs.load(_kept(tmp_path, proofs), KEY)
+    stored = proof_file.load(_kept(tmp_path, proofs), KEY)
     kept = _kept_texts(stored)
     assert kept == {n: s.comment for n, s in states.items() if n != "gpu02"}
-    assert stored[3] == {"gpu00", "gpu01"}  # the heads kept as they are; the others made at load
+    assert stored.odd == {"gpu00", "gpu01"}  # the heads kept as they are; the others made at load
     again = keeper_proofs.Proofs(KEY, stored)
     assert keeper_proofs.screen(states, again, NOW) == (mine, unverified, spans)
     assert (again.hits, again.macs) == (5, 1)
-    stored = keeper_proofs.load(_kept(tmp_path, again), KEY)  # written again from the hits: the same texts
-    assert _kept_texts(stored) == kept and stored[3] == {"gpu00", "gpu01"}
+    stored = proof_file.load(_kept(tmp_path, again), KEY)  # written again from the hits: the same texts
+    assert _kept_texts(stored) == kept and stored.odd == {"gpu00", "gpu01"}
+
+
+def test_the_file_keeps_the_fleets_order_and_the_next_run_finds_it_so(tmp_path):
+    """A run that passes kept verdicts and fresh ones (a later run of an
+    event, a quarter of its nodes re-signed: the file is due) writes them
+    in the fleet's order, as the next run reads the fleet; that run finds
+    every node the file kept, compared place by place, and decides as
+    the straightforward path does."""
+    names = ["gpu%02d" % i for i in range(20)]
+    states = {n: NodeState(n, "IDLE", frozenset(), "", None, "", ("gpu",),
+                           pending.publish("", DRIFT, NOW - 600 - i, KEY, n)) for i, n in enumerate(names)}
+    where = str(tmp_path / proof_file.FILE)
+    first = keeper_proofs.Proofs(KEY)
+    keeper_proofs.screen(states, first, NOW)
+    assert proof_file.save(where, first)
+    later = dict(states)
+    for name in names[::4]:  # re-signed since: the same span, a new text, checked afresh
+        later[name] = replace(states[name], comment=pending.publish(states[name].comment, DRIFT, NOW + 2000, KEY, name))
+    assert all(later[n].comment != states[n].comment for n in names[::4])
+    second = keeper_proofs.Proofs(KEY, proof_file.load(where, KEY))
+    keeper_proofs.screen(later, second, NOW + 2000)
+    assert (second.hits, second.macs) == (15, 5) and proof_file.save(where, second)
+    kept = proof_file.load(where, KEY)
+    assert kept.names == names and dict(zip(kept.names, kept.comments)) == {n: s.comment for n, s in later.items()}
+    third = keeper_proofs.Proofs(KEY, kept)
+    assert keeper_proofs.screen(later, third, NOW + 2030)[:2] == reference_screen(later, KEY, NOW + 2030)
+    assert (third.hits, third.macs) == (20, 0)
 
 
 def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):
@@ -594,11 +620,11 @@ def test_the_keepers_run_keeps_its_verdicts_for_the_next_process(tmp_path):
         figures = keeper.run_once(cfg, Fleet(), clock=lambda: NOW, sleep=lambda s: None)
         runs.append((figures["held"], figures["skipped"], figures["unverified"]))
         if len(runs) == 2:  # the file damaged: verified afresh, the same decision
-            path = tmp_path / keeper_proofs.FILE
+            path = tmp_path / proof_file.FILE
             path.write_bytes(path.read_bytes()[:-3] + b"xyz")
-    path = tmp_path / keeper_proofs.FILE
+    path = tmp_path / proof_file.FILE
     assert runs[0] == runs[1] == runs[2] and len(runs[0][1]) == 1  # one node's drain skipped: 25 % of 6
-    assert keeper_proofs.load(str(path), KEY) is not None  # the third run wrote it again, whole
+    assert proof_file.load(str(path), KEY) is not None  # the third run wrote it again, whole
     kept = path.read_bytes()
     states["gpu00"] = replace(states["gpu00"], comment=pending.publish("", XID, NOW - 5, KEY, "gpu00"))
     figures = keeper.run_once(cfg, Fleet(), clock=lambda: NOW, sleep=lambda s: None)  # --watch: the same process

@@ -18,11 +18,12 @@ event (100,000 nodes published at once) counted in microseconds a node.
   memory is next looked at (Proofs.settle), with the exact comment it
   judged.  The times are judged afresh by every call.
 - A timer's run (a new process each time) reads the verdicts an earlier
-  run kept in FILE (load, save; HMACed under the budget key): a comment
-  equal, character for character, to the one kept for its node is not
-  checked again (its times are); any other is.  A file it cannot trust is
-  no memory.  Written when over a tenth of a run's verdicts were not in
-  it: most runs of a fleet-wide event read it and write nothing.
+  run kept (gpugate.budget.proof_file, HMACed under the budget key): a
+  comment equal, character for character, to the one kept for its node
+  is not checked again (its times are); any other is.
+- A fleet-wide event's spans are checked together, each step a map made
+  in C over all of them (compared with the kept texts, read, HMACed), not
+  a loop of Python steps a node (_screen).
 - Comments with one opening mark (what a node writes, with an admin's
   text or not) are read here in one step; any other (an admin's paste
   beside the node's span) by pending.read_all."""
@@ -79,6 +80,7 @@ class Proofs:
         self.stored = stored  # an earlier run's verdicts (load), or None
         self.hits = self.macs = 0  # spans found in stored; spans HMACed in one step (save's rule)
         self.odd = []  # nodes whose span _screen read in one step from a comment not written as FMT writes it
+        self.order = None  # the published nodes in the fleet's order, where the screen has them (save)
 
     def keep(self) -> None:
         """This run's memory serves the next run (this process's)."""
@@ -151,13 +153,12 @@ def _screen(states, proofs: Proofs, now: float):
     the same bytes HMACed, the same bounds, remembered alike (the one-step
     entry); anything else goes through Proofs.verified (pending's own words
     for what fails).  A fleet-wide event's 100,000 spans carry one reason:
-    each span holds the one string (the plan hashes it once)."""
+    each span holds the one string (the plan hashes it once).  A timer's
+    run first finds the verdicts its file kept for the whole fleet at once
+    (_kept_passed); only the nodes left are looked at one by one."""
     if proofs.fresh:
         proofs.settle()
     stored = proofs.stored
-    if stored is not None:
-        where, kept_reason, kept_end, kept_odd = stored[0].get, stored[1], stored[2], stored[3]
-        proofs.odd += kept_odd  # those found again are kept as they were
     hits = macs = 0
     out, unverified, spans = dict(states), {}, {}
     remembered, old, same, Pending = proofs.new, proofs.old, proofs._same, pending.Pending
@@ -167,27 +168,33 @@ def _screen(states, proofs: Proofs, now: float):
     recall = bool(remembered or old)  # else nothing is remembered yet, nor will be of a node not yet seen here
     shared = None
     nodes, comments, verified, texts = [], [], [], {}  # the spans verified in one step, in step
+    todo, found = states.items(), {}
+    if stored is not None:
+        proofs.odd += stored.odd  # those found again are kept as they were
+        kept_at, kept_comments = stored.index, stored.comments
+        if not recall:  # a timer's run: the kept verdicts looked up for the whole fleet at once
+            nodes, comments, verified, todo, found, hits, proofs.order = _kept_passed(states, stored, now, newest,
+                                                                                      max_age)
+            stored = None  # each node left was looked up: none is in the file as it reads now, or in time
     passed_node, passed_comment, passed, one = nodes.append, comments.append, verified.append, texts.setdefault
     odd = proofs.odd.append
-    for name, state in states.items():
+    for name, state in todo:
         comment = state.comment
         if not comment or _OPEN not in comment:
             continue
-        got = (remembered.get(name) or old.get(name)) if recall else None
+        got = (remembered.get(name) or old.get(name)) if recall else found.get(name)
         if (got is None or got[0] != comment) and stored is not None:
-            kept = where(name)
-            if kept is not None:  # the exact text an earlier run verified: its head, then its reason and closing mark
-                kept, w, since, seen, proof = kept
-                tail = kept_end[w]
-                if len(comment) == len(kept) + len(tail) and comment.startswith(kept) and comment.endswith(tail):
-                    hits += 1
-                    span = Pending(kept_reason[w], since, seen, proof)
-                    if since <= seen <= newest and now - seen <= max_age:
-                        passed_node(name)
-                        passed_comment(comment)
-                        passed(span)
-                        continue
-                    got = (comment, span, True)
+            at = kept_at().get(name)
+            if at is not None and kept_comments[at] == comment:  # the exact text an earlier run verified
+                hits += 1
+                span = stored.span(at)
+                since, seen = span.since, span.seen
+                if since <= seen <= newest and now - seen <= max_age:
+                    passed_node(name)
+                    passed_comment(comment)
+                    passed(span)
+                    continue
+                got = (comment, span, True)
         if got is None or got[0] != comment:
             m = whole(comment)  # the span alone, its reason without "[" (so its only opening mark): one step
             if m is not None:
@@ -255,6 +262,59 @@ def _screen(states, proofs: Proofs, now: float):
     return out, unverified, spans
 
 
+def _kept_passed(states, stored, now: float, newest: float, max_age: float):
+    """The published nodes whose comment is, character for character, the
+    text an earlier run kept a verdict on (the file: Kept), found for the
+    whole fleet at once: compared in C place by place where the fleet is
+    read in the order the file kept (a timer's runs read the same fleet
+    in the same order), else node by node.  Their times are judged as
+    _screen judges them (one comparison each way for all, where all are
+    within them).  Returns the nodes passed (names, comments, spans, in
+    the fleet's order), the published nodes left (name, state) for
+    _screen, those left with a kept span out of its times (name ->
+    (comment, span, True): _screen's entry), how many were found, and the
+    published nodes in the fleet's order (the file is written so: save)."""
+    from itertools import compress, repeat
+    from operator import contains, eq, le, not_
+
+    said = [state.comment or "" for state in states.values()]
+    marked = list(map(contains, said, repeat(_OPEN)))
+    names, texts = list(compress(states, marked)), list(compress(said, marked))
+    if stored.names == names:  # in the order kept: compared in C
+        hit = list(map(eq, texts, stored.comments))
+        count = sum(hit)
+
+        def pick(kept):
+            return list(compress(kept, hit))
+    else:
+        at, kept = stored.index().get, stored.comments
+        places = list(map(at, names))
+        hit = [place is not None and kept[place] == text for place, text in zip(places, texts)]
+        places = list(compress(places, hit))
+        count = len(places)
+
+        def pick(kept):
+            return list(map(kept.__getitem__, places))
+    since, seen = pick(stored.since), pick(stored.seen)
+    reasons = (repeat(stored.reasons[0]) if len(stored.reasons) == 1  # a fleet-wide event's one reason
+               else map(stored.reasons.__getitem__, pick(stored.which)))
+    spans = list(map(pending.Pending, reasons, since, seen, pick(stored.proofs)))
+    found_names, found_texts = list(compress(names, hit)), list(compress(texts, hit))
+    late = {}
+    if spans and not (all(map(le, since, seen)) and max(seen) <= newest and now - min(seen) <= max_age):
+        timely = [first <= last <= newest and now - last <= max_age for first, last in zip(since, seen)]
+        late = {name: (text, span, True) for name, text, span, ok in zip(found_names, found_texts, spans, timely)
+                if not ok}
+        found_names, found_texts, spans = (list(compress(found_names, timely)), list(compress(found_texts, timely)),
+                                           list(compress(spans, timely)))
+    if late:
+        taken = set(found_names)
+        left = [name for name in names if name not in taken]
+    else:
+        left = compress(names, map(not_, hit))
+    return found_names, found_texts, spans, [(name, states[name]) for name in left], late, count, names
+
+
 _ONE = []
 
 
@@ -273,128 +333,3 @@ def _one():
         _ONE.append(re.compile(head).search)
         _ONE.append(re.compile(head + r"([^\[]*) \[/gpugate-pending\]").fullmatch)
     return _ONE[0], _ONE[1]
-
-
-# -- the verdicts kept between the timer's runs (see the module doc) ------------------------
-
-FILE = "budget-keeper-proofs.bin"
-_MAGIC = b"gpugate-keeper-proofs/2\n"  # also the HMAC's domain: no span's proof reads as a file's
-_FILE_CAP = 128 << 20  # bytes: a larger file is not read (everything verified)
-_MAX_ENTRIES = 1 << 20
-_RESAVE = 0.1  # written again when over this share of a run's verdicts were not in the file
-FMT = _OPEN + "%d seen @%d proof %s] "  # a head as pending.publish writes it: a kept one unless odd (save)
-
-
-def path(status_path: str) -> str:
-    """Beside the keeper's status (gpugate.keeper.run.status_path), root's."""
-    return status_path[:status_path.rfind("/") + 1] + FILE
-
-
-def _mac(key: bytes, body) -> bytes:
-    import hmac
-
-    mac = hmac.new(key, _MAGIC, hashlib.sha256)
-    mac.update(body)
-    return mac.digest()
-
-
-def load(where: str, key: bytes):
-    """The verdicts an earlier run kept under this key (Proofs' stored), or
-    None: absent, unreadable, not a regular file of this user's, over the
-    cap, not signed under this key or not the shape save writes.  None
-    means every span is verified.  A kept comment is its head (the text up
-    to its reason: FMT's, made here from the numbers kept, or kept as it
-    is for an odd one) and its reason's number: a fleet-wide event's
-    100,000 comments share one reason, kept once.  Returns (node -> (head,
-    reason's number, first time, signing time, proof), reasons, what
-    follows each reason's head, the nodes whose head was kept as it is)."""
-    import hmac
-    import marshal
-    import os
-    from array import array
-
-    from gpugate.safety.safeio import open_regular
-
-    try:
-        fd = open_regular(where, owners=frozenset({os.geteuid()}))
-        try:
-            size = os.fstat(fd).st_size
-            data = os.read(fd, size + 1) if size <= _FILE_CAP else b""  # one read; grown or short: refused
-        finally:
-            os.close(fd)
-        head = len(_MAGIC) + 32
-        if len(data) != size or size < head or not data.startswith(_MAGIC):
-            return None
-        body = memoryview(data)[head:]
-        if not hmac.compare_digest(_mac(key, body), data[len(_MAGIC):head]):
-            return None  # another key's, damaged or not ours: nothing is trusted
-        names, reasons, which, since, seen, proofs, odd_at, odd_heads = marshal.loads(body)
-        names, proofs = (names.split("\n") if names else []), (proofs.split("\n") if proofs else [])
-        count = len(names)
-        which, since, seen, odd_at = array("q", which), array("q", since), array("q", seen), array("q", odd_at)
-        if (type(reasons) is not tuple or type(odd_heads) is not tuple or count > _MAX_ENTRIES
-                or set(map(type, reasons)) - {str} or set(map(type, odd_heads)) - {str}
-                or not len(which) == len(since) == len(seen) == len(proofs) == count
-                or len(odd_at) != len(odd_heads) or (odd_at and not 0 <= min(odd_at) <= max(odd_at) < count)
-                or (count and (set(map(len, proofs)) != {32} or not 0 <= min(which) <= max(which) < len(reasons)))):
-            return None
-        heads = list(map(FMT.__mod__, zip(since, seen, proofs)))  # what pending.publish wrote, made in C
-        for at, kept in zip(odd_at, odd_heads):
-            heads[at] = kept
-        ends = tuple(reason + _TAIL for reason in reasons)  # what follows a kept head: the reason, the closing mark
-        return (dict(zip(names, zip(heads, which, since, seen, proofs))), reasons, ends,
-                frozenset(names[at] for at in odd_at))
-    except Exception:  # noqa: BLE001 - whatever it is, it is no memory: verify everything
-        return None
-
-
-def save(where: str, proofs: Proofs) -> bool:
-    """Keep this run's verdicts for the next run's load, when over a tenth
-    of them were not in the file it read (or it read none): every span
-    this run verified in one step and found within its times (the node,
-    its reason's number, what it reads as; the head of the comment only
-    where it is not FMT's: an admin's text before the span, a time written
-    with a leading zero), a comment with text after its span's closing
-    mark left out (it is checked again).  False when not written (not
-    due, or the write failed: the next run verifies what the file lacks)."""
-    if not proofs.macs:
-        return False  # nothing checked afresh: what the file holds (or its absence) stands
-    if proofs.stored is not None and proofs.macs <= _RESAVE * (proofs.macs + proofs.hits):
-        return False
-    import marshal
-    from array import array
-    from itertools import compress
-    from operator import attrgetter, not_
-
-    from gpugate.safety.state import write_bytes
-
-    names, comments, spans = [], [], []
-    for nodes, texts, verified in proofs.fresh:  # passed in one step by _screen, in step
-        names, comments, spans = names + nodes, comments + texts, spans + verified
-    if len(proofs.fresh) > 1 and len(set(names)) != len(names):  # a node screened twice: its latest verdict
-        latest = dict(zip(names, zip(comments, spans)))
-        names, comments, spans = list(latest), [c for c, _ in latest.values()], [p for _, p in latest.values()]
-    names, comments, spans = names[:_MAX_ENTRIES], comments[:_MAX_ENTRIES], spans[:_MAX_ENTRIES]
-    odd = set(proofs.odd)
-    odd = list(compress(range(len(names)), map(odd.__contains__, names))) if odd else []
-    cut = {at for at in odd if not comments[at].endswith(spans[at].reason + _TAIL)}
-    if cut:  # text after the span's closing mark: left out, checked again
-        keep = list(map(not_, map(cut.__contains__, range(len(names)))))
-        names, comments, spans = list(compress(names, keep)), list(compress(comments, keep)), list(compress(spans, keep))
-        odd = list(compress(range(len(names)), map(set(odd).__contains__, compress(range(len(keep)), keep))))
-    said = list(map(attrgetter("reason"), spans))
-    reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
-    which = bytes(8 * len(said)) if len(reasons) == 1 else array("q", map(reasons.__getitem__, said)).tobytes()
-    odd_heads = {at: comments[at][:len(comments[at]) - len(spans[at].reason + _TAIL)] for at in odd}
-    odd_heads = {at: head for at, head in odd_heads.items() if head != FMT % (  # FMT's after all: made at load
-        spans[at].since, spans[at].seen, spans[at].proof)}
-    body = marshal.dumps(("\n".join(names), tuple(reasons), which,  # a name holds no newline (fields._name)
-                          array("q", map(attrgetter("since"), spans)).tobytes(),
-                          array("q", map(attrgetter("seen"), spans)).tobytes(),
-                          "\n".join(map(attrgetter("proof"), spans)),  # 32 hex digits each (_one's head)
-                          array("q", odd_heads).tobytes(), tuple(odd_heads.values())))
-    try:
-        write_bytes(where, _MAGIC + _mac(proofs.key, body) + body, durable=False, mode=0o600)
-    except OSError:
-        return False
-    return True

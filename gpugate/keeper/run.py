@@ -54,7 +54,7 @@ from gpugate.budget import pins as budget_pins
 from gpugate.budget import memory as keeper_memory
 from gpugate.budget import keeper_pins
 from gpugate.budget import pools as keeper_pools
-from gpugate.budget import proofs as keeper_proofs
+from gpugate.budget import proof_file, proofs as keeper_proofs
 from gpugate.model import reason as reasons
 from gpugate.errors import GpugateError, MirrorError
 from gpugate.core.record import replace
@@ -102,9 +102,9 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
         return figures
     key = _key(settings)  # before any read: no key, nothing published is drained
     proofs = keeper_proofs.Proofs(key)  # each (node, comment) checked once
-    kept_proofs = keeper_proofs.path(status_path(settings)) if not proofs.old else None
+    kept_proofs = proof_file.path(status_path(settings)) if not proofs.old else None
     if kept_proofs:  # a new process (the timer's, or --watch's first run): what an earlier run kept, if trusted
-        proofs.stored = keeper_proofs.load(kept_proofs, key)
+        proofs.stored = proof_file.load(kept_proofs, key)
     from gpugate.slurm.nodestate.lean import of_states, paused_gc
 
     with paused_gc():  # one pause over the read and the decision: no collection walks the records between them
@@ -191,7 +191,7 @@ def run_once(settings, slurm, clock=time.time, sleep=time.sleep, view=None, memo
     uses = budget.usage({n: replace(s, flags=s.flags - {"DRAIN"}) if n in given_back else s
                          for n, s in final.items()}, tag, share, sizes=sizes)
     if kept_proofs:  # when due: most runs of a fleet-wide event write nothing (--watch's later runs never)
-        keeper_proofs.save(kept_proofs, proofs)
+        proof_file.save(kept_proofs, proofs)
     proofs.keep()
     figures.update(ok=True, held=len(held), held_nodes=dict(sorted(held.items())[:20]),
                    unverified=sum(1 for n in held if n in unverified),
