@@ -10,14 +10,15 @@ reads it (records for the nodes that can decide only), and decides (gpugate.keep
 every published span's proof checked, the memory, the preflight pins, the
 plan of every partition), as two timer runs (each a new process) make them:
 the event's first run ("cold": every comment new, every proof HMACed, its
-verdicts then kept in gpugate.budget.proofs.FILE) and the next run ("warm":
+verdicts then kept in gpugate.budget.proof_file.FILE) and the next run ("warm":
 the same fleet 30 s later, 1/60 of the spans re-signed since, the verdicts
 read from that file, only the changed comments checked afresh); each
 keeper's time includes reading and writing that file.  The reference,
 measured in the same run and interleaved with them: the same fleet as
 24.11's `scontrol --json show node` prints it (recorded fixture entries,
 1.6 KB a node), read in full by parse_nodes_json, and the same decision.
-Each repetition is a fresh process reading the output from a file; reports
+Each repetition is a fresh process reading the output from a file (bytes,
+decoded as gpugate.safety.runner decodes a command's output); reports
 wall and CPU medians and the peak RSS (the process's own VmHWM) of each,
 the ratios, and exits 1 when a ratio of either run (the first or the later
 one, wall or CPU) is not under TARGET_RATIO or a keeper's peak RSS not
@@ -48,18 +49,18 @@ import json, resource, sys, time
 sys.path.insert(0, %(root)r)
 started, cpu0 = time.perf_counter(), time.process_time()
 from gpugate.keeper import run as keeper
-from gpugate.budget import proofs as keeper_proofs
+from gpugate.budget import proof_file, proofs as keeper_proofs
 from gpugate.slurm.nodestate import lean, show_fleet
-with open(sys.argv[2]) as handle:
-    text = handle.read()
+with open(sys.argv[2], "rb") as handle:  # as gpugate.safety.runner gets a command's output: bytes, then text
+    text = handle.read().decode("utf-8", "replace")
 if sys.argv[1] != "json":  # the keeper's read: scontrol show node's text, records for the nodes that decide
     with lean.paused_gc():  # as keeper.run_once: one pause over the read and the decision
         # "cold": the event's first run (no verdicts kept); "warm": the next, reading what that one kept
-        proofs = keeper_proofs.Proofs(%(key)r, keeper_proofs.load(sys.argv[4], %(key)r)
+        proofs = keeper_proofs.Proofs(%(key)r, proof_file.load(sys.argv[4], %(key)r)
                                       if sys.argv[1] == "warm" else None)
         fleet = show_fleet.read_show_text(text)
         decided = keeper.decide(fleet, proofs, "gpugate:", 0.1, 4, {}, lambda: %(now)d)
-        saved = keeper_proofs.save(sys.argv[4], proofs)  # as keeper.run_once, when due
+        saved = proof_file.save(sys.argv[4], proofs)  # as keeper.run_once, when due
     assert (proofs.stored is not None) == (sys.argv[1] == "warm")
 else:  # the reference: a full read as 24.11's scontrol --json prints it
     from gpugate.slurm.nodestate import parse_nodes_json
