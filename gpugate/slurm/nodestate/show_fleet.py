@@ -51,14 +51,15 @@ from typing import Dict
 
 from gpugate.errors import ParseError
 from gpugate.slurm.nodestate.fields import _NOT_IN_NAMES, _name, _show
-from gpugate.slurm.nodestate.lean import Fleet, _made, paused_gc
-from gpugate.slurm.nodestate.record import _IN_SERVICE_BASES, _OUT_OF_SERVICE_FLAGS, _parse_state
+from gpugate.slurm.nodestate.lean import _FIELDS, Fleet, _made, paused_gc
+from gpugate.slurm.nodestate.record import _IN_SERVICE_BASES, _OUT_OF_SERVICE_FLAGS, NodeState, _parse_state
 from gpugate.slurm.nodestate.show_text import _ANY_TAIL, _REASON_TAIL  # one node's reader: the same reason line
 from gpugate.slurm.pending import OPEN
 
 __all__ = ["read_show_text"]
 
 _NONE = "No nodes in the system"
+_SET = object.__setattr__  # past the record's frozen __setattr__, as lean._made
 
 
 def read_show_text(text: str) -> Fleet:
@@ -82,34 +83,14 @@ def _read(text: str) -> Fleet:
         raise ParseError("scontrol show node: the text does not start with a record and end with a blank line: "
                          "%s" % _show(text[:40]))
     states: Dict[str, object] = {}
-    names = []
-    seen_name = names.append
-    combos = []
-    combo = combos.append
     words, tuples = {}, {}  # state text -> (base, flags); Partitions' text -> its names, sorted
-    records = _at_once(text)
-    if records is None:  # a record not as sprint prints it: each read apart (_by_record)
-        _by_record(text, states, seen_name, combo, words, tuples)
-    for name, state_text, parts, reason_line, comment, rest, _ in records or ():
-        seen_name(name)
-        parsed = words.get(state_text)
-        if parsed is None:
-            parsed = words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % name)
-        if parts is None:
-            parts = ""
-        combo(parts)
-        # A span opens after the power line (where _at_once's lines hold no "[" but these), or not at all.
-        if "DRAIN" in parsed[1] or (comment is not None and OPEN in comment) or (
-                reason_line is not None and OPEN in reason_line) or OPEN in rest:
-            split = tuples.get(parts)
-            if split is None:
-                split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
-            if reason_line is None and not rest:  # _judge's case with nothing to check or read: a published node
-                states[name] = _made(name, parsed[0], parsed[1], "", None, "", split, comment or "")
-                continue
-            state = _judge(name, parsed, split, reason_line, False, comment, rest.split("\n")[:-1] if rest else ())
-            if state is not None:
-                states[name] = state
+    pieces = _at_once(text)
+    if pieces is None:  # a record not as sprint prints it: each read apart (_by_record)
+        names, combos = [], []
+        _by_record(text, states, names.append, combos.append, words, tuples)
+    else:
+        names, combos = pieces[1::7], pieces[3::7]  # (None: no Partitions line)
+        _from_pieces(pieces, states, words, tuples)
     unique = set(names)
     if len(unique) != len(names):
         raise ParseError("scontrol show node: a node printed twice")
@@ -119,12 +100,44 @@ def _read(text: str) -> Fleet:
             _name(name, "scontrol show node")
     sizes: Dict[str, int] = {}
     for parts, nodes in Counter(combos).items():  # a fleet has few distinct ones
-        for part in set(parts.split(",")) if parts else ():
+        for part in set(parts.split(",")) if parts else ():  # (None: no Partitions line)
             if part not in sizes:
                 sizes[part] = 0
                 _name(part, "scontrol show node", "partition name")
             sizes[part] += nodes
     return Fleet(states, sizes, len(names))
+
+
+def _from_pieces(pieces, states, words, tuples) -> None:
+    """The records _at_once read, in one plain loop: the state words and
+    partitions of each distinct text read once; a record made for each
+    node that decides (drained, or an opening mark after its power line,
+    where _at_once's lines hold no "[" but the Reason's, the Comment's and
+    those after it)."""
+    names, texts = pieces[1::7], pieces[2::7]
+    for state_text in set(texts):  # a fleet has few distinct ones
+        words[state_text] = _parse_state(state_text, None, "scontrol show node %s" % names[texts.index(state_text)])
+    new, fields = object.__new__, _FIELDS.copy
+    for name, state_text, parts, reason_line, comment, rest in zip(names, texts, pieces[3::7], pieces[4::7],
+                                                                    pieces[5::7], pieces[6::7]):
+        base, flags = words[state_text]
+        if "DRAIN" in flags or (comment is not None and OPEN in comment) or (
+                reason_line is not None and OPEN in reason_line) or OPEN in rest:
+            split = tuples.get(parts)
+            if split is None:
+                split = tuples[parts] = tuple(sorted(set(parts.split(",")))) if parts else ()
+            if reason_line is None and not rest:  # _judge's case with nothing to check or read: _made's, inline
+                made = fields()
+                made["name"], made["state"], made["flags"], made["partitions"] = name, base, flags, split
+                made["comment"] = comment or ""
+                record = new(NodeState)
+                _SET(record, "__dict__", made)
+                states[name] = record
+                continue
+            state = _judge(name, (base, flags), split, reason_line, False, comment,
+                           rest.split("\n")[:-1] if rest else ())
+            if state is not None:
+                states[name] = state
 
 
 def _by_record(text, states, seen_name, combo, words, tuples) -> None:
@@ -291,15 +304,14 @@ def _fast():
 
 
 def _at_once(text):
-    """Every record's (name, State, Partitions or None, the Reason line,
-    the Comment line, the lines after it, ""), read in one step (a split
-    made in C) where every record is as sprint prints it (as _fast's, with
+    """The split's pieces: before the first record "", then each record's
+    name, State, Partitions or None, the Reason line, the Comment line,
+    the lines after it and "", read in one step (made in C) where every
+    record is as sprint prints it (as _fast's, with
     no "[" in its power or sensors lines and no State line before its
     own): the records then follow each other with nothing between them.
     Else None."""
     pieces = _patterns()[1](text)
     if any(pieces[::7]):  # text no record's match took: a record not as sprint prints it
         return None
-    records = iter(pieces)
-    next(records)
-    return zip(records, records, records, records, records, records, records)
+    return pieces
