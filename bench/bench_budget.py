@@ -77,7 +77,7 @@ def peak_mb():  # this program's own peak (VmHWM): ru_maxrss also counts the par
 rss_mb = peak_mb()  # the timed run's peak, before the steps are timed again
 stages = {}
 if %(stages)r and sys.argv[1] == "cold":  # where the keeper's time goes, step by step (CPU), after the timed run
-    from gpugate.budget import rules as budget, pins as budget_pins, memory as keeper_memory
+    from gpugate.budget import fleet_plan, pins as budget_pins, memory as keeper_memory
     def _clock(what, call):
         began = time.process_time()
         out = call()
@@ -90,7 +90,7 @@ if %(stages)r and sys.argv[1] == "cold":  # where the keeper's time goes, step b
         mine, _, spans = _clock("screen", lambda: keeper_proofs.screen(again.states, proofs, %(now)d))
         _clock("review and pins", lambda: (keeper_memory.review({}, mine, "gpugate:", %(now)d),
                                            budget_pins.pins_held(mine, "gpugate:", %(now)d, 4, spans, ())))
-        _clock("plan", lambda: budget.plan_published(mine, "gpugate:", 0.1, again.sizes, spans))
+        _clock("plan", lambda: fleet_plan.plan_published(mine, "gpugate:", 0.1, again.sizes, spans))
         fleet, decided = again, keeper.decide(again, keeper_proofs.Proofs(%(key)r), "gpugate:", 0.1, 4, {},
                                               lambda: %(now)d)
 print(json.dumps({"took": took, "cpu": cpu, "rss_mb": rss_mb, "stages": stages,

@@ -13,7 +13,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpugate.budget import rules as budget
+from gpugate.budget import fleet_plan, rules as budget
 from gpugate.kube import gpushare
 from gpugate.kube import nodeview as nv
 from gpugate.slurm import pending
@@ -93,7 +93,7 @@ def test_an_allowance_of_one_node_holds_eight_gpus_on_eight_nodes_and_no_ninth()
     # 10 pools' worth: 10 nodes at 10% is an allowance of 1 node.
     fleet = {"n%02d" % i: state("n%02d" % i, 0.125) for i in range(10)}
     waiting = {"n%02d" % i: (xid(i % 8), 1000 + i) for i in range(9)}
-    decided = budget.plan_published(fleet, TAG, 0.1, {"pool0": 10}, spans_of(waiting))
+    decided = fleet_plan.plan_published(fleet, TAG, 0.1, {"pool0": 10}, spans_of(waiting))
     assert [n for n, _ in decided.drain] == ["n%02d" % i for i in range(8)]
     assert set(decided.held) == {"n08"}
     assert "spent: 1 of 1 nodes" in decided.held["n08"] and "n00 (0.125)" in decided.held["n08"]
@@ -103,7 +103,7 @@ def test_an_allowance_of_one_node_holds_eight_gpus_on_eight_nodes_and_no_ninth()
 def test_the_other_way_whole_nodes_take_the_allowance_as_before():
     fleet = {"n%02d" % i: state("n%02d" % i) for i in range(10)}
     waiting = {"n%02d" % i: (DRIFT, 1000 + i) for i in range(8)}
-    decided = budget.plan_published(fleet, TAG, 0.1, {"pool0": 10}, spans_of(waiting))
+    decided = fleet_plan.plan_published(fleet, TAG, 0.1, {"pool0": 10}, spans_of(waiting))
     assert [n for n, _ in decided.drain] == ["n00"]
     assert len(decided.held) == 7
     assert "spent: 1 of 1 nodes (10% of 10) drained for budgeted findings: n00" in decided.held["n01"]
@@ -111,7 +111,7 @@ def test_the_other_way_whole_nodes_take_the_allowance_as_before():
 
 def test_a_whole_node_does_not_fit_beside_one_gpu_held_and_a_gpu_fits_beside_nothing_else():
     fleet = {"a": state("a", 0.125, held=True, reason=xid(1)), "b": state("b"), "c": state("c", 0.125)}
-    decided = budget.plan_published(fleet, TAG, 0.1, {"pool0": 10},
+    decided = fleet_plan.plan_published(fleet, TAG, 0.1, {"pool0": 10},
                                      spans_of({"b": (DRIFT, 1000), "c": (xid(4), 1001)}))
     assert [n for n, _ in decided.drain] == ["c"]
     assert "0.125 of 1 nodes" in decided.held["b"]
@@ -145,7 +145,7 @@ def test_the_shares_held_never_pass_the_allowance_and_what_is_refused_does_not_f
     sizes = {p: sum(1 for s in fleet.values() if p in s.partitions) for p in PARTS}
     sizes = {p: n for p, n in sizes.items() if n}
     spans = spans_of(waiting)
-    decided = budget.plan_published(fleet, TAG, max_share, sizes, spans)
+    decided = fleet_plan.plan_published(fleet, TAG, max_share, sizes, spans)
     assert decided == budget.plan(fleet, TAG, max_share, sizes, spans)  # the keeper's path and the plain one
     drained = {n for n, _ in decided.drain}
     assert drained | set(decided.held) == set(waiting)

@@ -21,7 +21,7 @@ from gpugate.budget import rules as budget
 from gpugate.budget import pins as budget_pins
 from gpugate.keeper import run as keeper
 from gpugate.budget import memory as keeper_memory
-from gpugate.budget import proof_file, proofs as keeper_proofs
+from gpugate.budget import fleet_plan, proof_file, proofs as keeper_proofs
 from gpugate.errors import ParseError
 from gpugate.core.record import replace
 from gpugate.slurm import pending
@@ -340,12 +340,12 @@ def planned_fleets(draw):
 @settings(max_examples=500, deadline=None)
 @given(planned_fleets(), st.sampled_from([0.01, 0.1, 0.25, 0.5, 0.99]))
 def test_plan_published_plans_as_plan(fleet, share):
-    """budget.plan_published (the keeper's) against budget.plan, the rule:
+    """fleet_plan.plan_published (the keeper's) against budget.plan, the rule:
     ties on the time published, drained nodes counted or not, reasons not
     gpugate's, nodes in no partition, partitions full from the start."""
     states, spans, sizes = fleet
     want = budget.plan(states, TAG, share, sizes, spans)
-    got = budget.plan_published(states, TAG, share, sizes, spans)
+    got = fleet_plan.plan_published(states, TAG, share, sizes, spans)
     assert (got.drain, got.held, got.uses) == (want.drain, want.held, want.uses)
     assert list(got.held) == list(want.held)  # held in the same order (the status shows the first 20)
 

@@ -30,7 +30,7 @@ from gpugate.core.record import dataclass
 
 __all__ = ["Use", "allowance", "applies", "switched_on", "counted", "escalation_mark", "rma_budgeted", "usage",
            "fleet_usage",
-           "Plan", "published", "plan", "plan_published", "over"]
+           "Plan", "published", "plan", "over"]
 
 @dataclass(frozen=True)
 class Use:
@@ -283,72 +283,6 @@ def plan(states: Mapping[str, object], tag: str, share: float, sizes: Optional[M
             room[part] -= need
             taken[part].append(name)
         drain.append((name, reason))
-    return Plan(tuple(drain), held, uses)
-
-
-def plan_published(states: Mapping[str, object], tag: str, share: float, sizes: Mapping[str, int],
-                   spans: Mapping[str, object]) -> Plan:
-    """plan(states, tag, share, sizes, spans), for the keeper's fleet-wide
-    events: usage counted over the drained nodes alone, and only the nodes
-    in ``spans`` looked at for a place in the queue (published's rule: no
-    other node has one), each distinct reason judged once.  The same Plan
-    where ``states`` is keyed by node name and every partition of its
-    nodes is in ``sizes`` (the keeper's read: gpugate.slurm.nodestate.lean);
-    tests/test_keeper_lean.py compares the two on generated fleets.  Each
-    record is read once; the verdict of a set of partitions is remembered
-    until one of them fills (100,000 nodes held look up one)."""
-    drained, waiting, memo, get = {}, [], {}, spans.get
-    queue = waiting.append
-    for name, state in states.items():  # the drained nodes, and the queue
-        if "DRAIN" in state.flags:
-            drained[name] = state
-            continue
-        seen = get(name)
-        if seen is not None:
-            ours = memo.get(seen.reason)
-            if ours is None:
-                ours = _budgeted(seen.reason, tag, memo)
-            if ours:
-                queue((seen.since, name, seen.reason, state.reason, state.partitions, share_of(state)))
-    uses = usage(drained, tag, share, sizes=sizes)
-    room = {p: u.allowance - u.weight for p, u in uses.items()}
-    taken = {p: list(u.drained) for p, u in uses.items()}
-    shares = {n: share_of(s) for n, s in drained.items() if share_of(s) < 1}
-    shares.update((w[1], w[5]) for w in waiting if w[5] < 1)
-    waiting.sort()  # by time published, then name: no two alike
-    # full: no whole node fits (a node's share of GPUs held alone may still)
-    drain, held, spent, full = [], {}, {}, {p for p, n in room.items() if n < 1 - EPS}
-    foreign = {"": ""}  # Slurm's reason -> why it holds the node ("": gpugate's, or none)
-    verdicts = {}  # partitions -> why a whole node in them is held now ("": room in all); forgotten when one fills
-    for _since, name, reason, text, parts, need in waiting:
-        why = foreign.get(text)
-        if why is None:
-            why = foreign[text] = "" if reasons.parse(text, tag) is not None else (
-                "Slurm holds a reason on the node that is not gpugate's: %r" % text[:80])
-        if not why:
-            why = verdicts.get(parts) if need >= 1 else None
-            if why is None:
-                why = "" if parts else "in no partition: no drain budget to count it in"
-                for part in parts:
-                    if room[part] < need - EPS:
-                        why = spent.get((part, len(taken[part])))
-                        if why is None:  # once per partition and count: a full one stays full
-                            why = spent[part, len(taken[part])] = _spent(uses[part], taken[part], share, shares)
-                        break
-                if need >= 1:
-                    verdicts[parts] = why
-            if not why:
-                for part in parts:
-                    room[part] -= need
-                    taken[part].append(name)
-                    if room[part] < 1 - EPS and part not in full:
-                        full.add(part)
-                        verdicts.clear()
-                if need < 1:  # a spent partition's count grew: its reason is said anew
-                    verdicts.clear()
-                drain.append((name, reason))
-                continue
-        held[name] = why
     return Plan(tuple(drain), held, uses)
 
 

@@ -54,7 +54,7 @@ from gpugate.budget import pins as budget_pins
 from gpugate.budget import memory as keeper_memory
 from gpugate.budget import keeper_pins
 from gpugate.budget import pools as keeper_pools
-from gpugate.budget import proof_file, proofs as keeper_proofs
+from gpugate.budget import fleet_plan, proof_file, proofs as keeper_proofs
 from gpugate.model import reason as reasons
 from gpugate.errors import GpugateError, MirrorError
 from gpugate.core.record import replace
@@ -231,7 +231,7 @@ def decide(fleet, proofs, tag: str, share: float, pins_per_hour: int, memory: di
             waiting.setdefault(name, why)
         planned = {n: s for n, s in spans.items() if n not in waiting} if waiting else spans
         return Decision(mine, unverified, spans, memory, waiting,
-                        budget.plan_published(mine, tag, share, fleet.sizes, planned))
+                        fleet_plan.plan_published(mine, tag, share, fleet.sizes, planned))
 
 
 def read_fleet(slurm):
