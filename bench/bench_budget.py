@@ -20,9 +20,14 @@ measured in the same run and interleaved with them: the same fleet as
 Each repetition is a fresh process reading the output from a file (bytes,
 decoded as gpugate.safety.runner decodes a command's output); reports
 wall and CPU medians and the peak RSS (the process's own VmHWM) of each,
-the ratios, and exits 1 when a ratio of either run (the first or the later
-one, wall or CPU) is not under TARGET_RATIO or a keeper's peak RSS not
-under TARGET_RSS_MB.  --stages:
+the ratios, and exits 1 when a later run's ratio (wall or CPU) is not
+under TARGET_RATIO, the first run's not under FIRST_RUN_RATIO, or a
+keeper's peak RSS not under TARGET_RSS_MB.  The first run is a keeper
+that starts into an event already published with no verdicts kept (its
+first run ever, a new key, a standby taking over, the file lost): it
+HMACs every proof once, and its own target says how much that may cost;
+every other run of the event (one each 30 s) is held to TARGET_RATIO.
+--stages:
 each first-run process, after its timed run, times the read and each step
 of the decision again (CPU, printed apart, outside the figures above).
 """
@@ -41,7 +46,8 @@ sys.path.insert(0, ROOT)
 REASON = ("gpugate: drift driver=580.65.06 (want 580.95.05); gsp_firmware=580.65.06 (want 580.95.05); "
           "fabricmanager=580.65.06 (want 580.95.05)")
 PARTITIONS = 16  # every node is in "gpu" and in one of 16 pools
-TARGET_RATIO = 0.2  # keeper's wall time / the reference's, measured in the same run
+TARGET_RATIO = 0.2  # a later run's time / the reference's, measured in the same run (issue 48)
+FIRST_RUN_RATIO = 0.3  # the first run's: every proof HMACed (see the module doc)
 TARGET_RSS_MB = 512
 
 CHILD = r"""
@@ -208,15 +214,16 @@ def main(argv=None) -> int:
           "wall median %.2f s, CPU %.2f s, peak RSS %.0f MB" % (
               warm["last"]["published"] - warm["last"]["hits"], warm["last"]["hits"], warm["wall"], warm["cpu"],
               warm["rss"]))
+    targets = {"first": FIRST_RUN_RATIO, "later": TARGET_RATIO}
     for run, (wall, cpu) in ratios.items():
         print("ratio keeper (%s run) / reference: wall %.3f, CPU %.3f   (targets: ratios < %g, peak RSS < %d MB)" % (
-            run, wall, cpu, TARGET_RATIO, TARGET_RSS_MB))
+            run, wall, cpu, targets[run], TARGET_RSS_MB))
     if args.stages:
         steps = runs[0]["stages"]
         print("keeper's steps, first run (CPU, min of %d, after the timed run in the same process): %s" % (
             len(runs), ", ".join("%s %.3f s" % (what, min(r["stages"][what] for r in runs)) for what in steps)))
     missed = ["%s run's %s ratio" % (run, what) for run, pair in ratios.items()
-              for what, got in zip(("wall", "CPU"), pair) if got >= TARGET_RATIO]
+              for what, got in zip(("wall", "CPU"), pair) if got >= targets[run]]
     missed += ["peak RSS"] if max(mine["rss"], warm["rss"]) >= TARGET_RSS_MB else []
     print("MISSED: " + ", ".join(missed) if missed else "targets met")
     return 1 if missed else 0
