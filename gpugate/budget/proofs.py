@@ -21,9 +21,9 @@ event (100,000 nodes published at once) counted in microseconds a node.
   run kept (gpugate.budget.proof_file, HMACed under the budget key): a
   comment equal, character for character, to the one kept for its node
   is not checked again (its times are); any other is.
-- A fleet-wide event's spans are checked together, each step a map made
-  in C over all of them (compared with the kept texts, read, HMACed), not
-  a loop of Python steps a node (_screen).
+- A timer's run finds what the file kept for the whole fleet at once,
+  each comment compared with the kept text in C (_kept_passed); only the
+  nodes left go through the screen's loop, one by one.
 - Comments with one opening mark (what a node writes, with an admin's
   text or not) are read here in one step; any other (an admin's paste
   beside the node's span) by pending.read_all."""
