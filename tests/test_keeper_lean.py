@@ -383,9 +383,9 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
     """A run keeps its verdicts in the file; the next run (a new process:
     nothing in memory) reads them.  Its fleet is the first's with nodes
     re-signed, forged, copied from another node, pasted stale, reordered
-    with an admin's text, or gone, read later or with another key: each
-    node is judged as pending.verified judges it then, and the decision is
-    the straightforward path's."""
+    with an admin's text, or gone, read later, in another order or with
+    another key: each node is judged as pending.verified judges it then,
+    and the decision is the straightforward path's."""
     import tempfile
     from pathlib import Path
 
@@ -409,6 +409,8 @@ def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data
         elif kind == "swapped":  # an admin's text moved before the node's span: another text
             comment = ("rack 3 " + comment) if comment else comment
         later[name] = replace(later[name], comment=comment)
+    if data.draw(st.booleans()):  # the fleet read in another order than the file kept it: found by name
+        later = dict(reversed(list(later.items())))
     share, per_hour = first[1], first[2]
     now = NOW + data.draw(st.sampled_from([0, 1, 600, pending.MAX_AGE_SECONDS]))
     key = data.draw(st.sampled_from([KEY, KEY, KEY, OTHER_KEY]))
