@@ -150,7 +150,8 @@ def save(where: str, proofs) -> bool:
     cut = {at for at in odd if not comments[at].endswith(spans[at].reason + _TAIL)}
     if cut:  # text after the span's closing mark: left out, checked again
         keep = list(map(not_, map(cut.__contains__, range(len(names)))))
-        names, comments, spans = list(compress(names, keep)), list(compress(comments, keep)), list(compress(spans, keep))
+        names, comments, spans = (list(compress(names, keep)), list(compress(comments, keep)),
+                                  list(compress(spans, keep)))
         odd = list(compress(range(len(names)), map(set(odd).__contains__, compress(range(len(keep)), keep))))
     said = list(map(attrgetter("reason"), spans))
     reasons = {r: i for i, r in enumerate(dict.fromkeys(said))}
