@@ -27,8 +27,9 @@ its own: an admin's (Comment, Reason, Extra, features), and a job's
 user's (its MCS label, copied onto the node it runs on with MCSPlugin
 mcs/label).  Such a line is never read as a field; the record is refused
 (ParseError: the caller reads the fleet the full way, JSON) when it makes
-a second State, Partitions or power line, a Partitions line anywhere but
-where sprint prints it, or, on a node the keeper reads in full, any line
+a second State line, a Partitions or power line after the State line
+other than where sprint prints them (one before it, in an admin's features,
+is never read), or, on a node the keeper reads in full, any line
 after the power line that is not the next one sprint may print there
 (a second Reason or Comment, a Reason after the Comment, a comment over
 several lines, a mark after the comment), or a reason over several lines
@@ -77,7 +78,7 @@ def read_show_text(text: str) -> Fleet:
 
 
 def _read(text: str) -> Fleet:
-    if len(text) < 64 and text.strip() == _NONE:  # (strip copies: not the whole fleet's text)
+    if not text.startswith("NodeName=") and text.strip() == _NONE:  # (strip copies: never a fleet's records)
         return Fleet({}, {}, 0)
     if not text.startswith("NodeName=") or not text.endswith("\n\n"):
         raise ParseError("scontrol show node: the text does not start with a record and end with a blank line: "
