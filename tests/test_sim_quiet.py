@@ -71,36 +71,3 @@ def test_a_hung_check_delays_a_save_only_so_long(tmp_path):
     finally:
         check.kill()
         check.wait()
-
-
-def test_a_check_begun_while_a_save_makes_its_files_is_waited_for_before_they_land(fleet, tmp_path, monkeypatch):
-    """A check that starts after the save's first look, while the change's
-    files are made aside, would read the burst of renames half done: the
-    files are put in place only once it ended."""
-    from gpugate.sim import fleet as simfleet
-
-    checks, landed = [], []
-    made = simfleet.render
-
-    def render_then_a_check_starts(directory, model):
-        made(directory, model)
-        checks.append(start(tmp_path, "gpugate-healthcheck", "gpu02", 1.5))
-        assert seen(checks[-1], "gpu02")
-
-    replace = os.replace
-
-    def put(ready, path):
-        landed.append(checks[-1].poll() is not None)  # the check had ended when this file landed
-        replace(ready, path)
-
-    monkeypatch.setattr(simfleet, "render", render_then_a_check_starts)
-    monkeypatch.setattr(simfleet.os, "replace", put)
-    model = simfleet.load(fleet, "gpu02")
-    model["nvml"]["driver"] = "550.54.15"
-    try:
-        simfleet.save(fleet, "gpu02", model)
-    finally:
-        for check in checks:
-            check.kill()
-            check.wait()
-    assert checks and landed and all(landed), landed

@@ -63,9 +63,10 @@ _STAGED: List[Optional[tuple]] = [None]  # save's (directory aside, [(file made 
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
     """The node's model and files.  A check reading them mid-write would see
-    half a change (quiet's doc): the files are made aside, then put in
-    place in one burst of renames once no gpugate run reads the node."""
+    half a change (quiet's doc): once no gpugate run reads the node, the
+    files are made aside, then put in place in one burst of renames."""
     directory = node_dir(fleet, node)
+    quiet.wait_quiet(node)
     aside = os.path.join(directory, ".staged")
     shutil.rmtree(aside, ignore_errors=True)  # a save killed half-way left these: never put in place
     os.makedirs(aside, mode=0o700)
@@ -75,8 +76,7 @@ def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
         render(directory, model)
     finally:
         staged, _STAGED[0] = _STAGED[0][1], None
-    quiet.wait_quiet(node)  # a check begun before the last look would read these renames half done
-    for ready, path in staged:
+    for ready, path in staged:  # a check begun since read the old files: only one spanning these renames mixes
         _remove(path) if ready is None else os.replace(ready, path)
     shutil.rmtree(aside, ignore_errors=True)
 

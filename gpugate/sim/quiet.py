@@ -2,10 +2,9 @@
 replay.json one after another; a check reading between two of them would
 see half a change (one driver loaded, another on disk: "broken module"),
 which no real node shows for a change the model makes at once (a reboot
-into another driver, a whole install).  So a save makes its files aside
-and, before they land in one burst of renames, waits, bounded, for the
-gpugate runs reading that node (health check, prolog, epilog: they carry
-SLURMD_NODENAME) to end: one begun while the files were made too."""
+into another driver, a whole install).  So a save first waits, bounded,
+for the gpugate runs reading that node (health check, prolog, epilog: they
+carry SLURMD_NODENAME) to end."""
 
 import os
 import time
