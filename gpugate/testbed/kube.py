@@ -244,7 +244,6 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
 
         meta["annotations"] = {KWOK_ANNOTATION: "fake"}
         meta["labels"].setdefault("kubernetes.io/hostname", name)  # as a kubelet registers it
-    admin.create("/api/v1/nodes", {"metadata": meta, "spec": {"taints": [dict(t) for t in taints]}})
     room = {"nvidia.com/gpu": str(gpus)}
     if kwok:
         room.update({"cpu": "64", "memory": "512Gi", "pods": "110"})
@@ -253,7 +252,14 @@ def add_node(admin, name: str, labels: Optional[Dict[str, str]] = None, taints=(
         status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                  "message": "gpugate testbed", "lastHeartbeatTime": "2026-11-28T00:00:00Z",
                                  "lastTransitionTime": "2026-11-28T00:00:00Z"}]
-    admin.patch(node_path(name, "status"), {"status": status}, "strategic")
+    # Registered with its status, as a kubelet registers its Node: KWOK renders each status write
+    # from the Node as an event showed it, four at once; a Node made bare and its status written
+    # next let a render of the bare Node land last, with an empty bootID (a sweep then held it:
+    # "its reboot could not be proven").
+    made = admin.create("/api/v1/nodes", {"metadata": meta, "spec": {"taints": [dict(t) for t in taints]},
+                                          "status": status})
+    if ((made.get("status") or {}).get("nodeInfo") or {}).get("bootID") != status["nodeInfo"]["bootID"]:
+        raise ClusterError("Node %s: the API server did not keep the status it was registered with" % name)
     if kwok:
         _wait_ready(admin, name)
 
