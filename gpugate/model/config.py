@@ -296,12 +296,16 @@ class Settings:
     def node_root(self, node: str) -> str:
         """The file-system root probes read: '/' or a simulated node's sysroot."""
         if self.sim_fleet:
-            return os.path.join(self.sim_fleet, node, "root")
+            from gpugate.model.simview import node_dir
+
+            return os.path.join(node_dir(self.sim_fleet, node), "root")
         return self.sysroot
 
     def command(self, name: str, node: str) -> str:
         if self.sim_fleet:
-            return os.path.join(self.sim_fleet, node, "bin", name)
+            from gpugate.model.simview import node_dir
+
+            return os.path.join(node_dir(self.sim_fleet, node), "bin", name)
         return self.commands.get(name, DEFAULT_COMMANDS[name])
 
     @property

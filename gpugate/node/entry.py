@@ -66,6 +66,10 @@ def main(mode, argv, reader=None):
             from gpugate.node.prolog import run
         else:
             from gpugate.node.epilog import run
+        if settings.sim_fleet:  # a simulated node: this run reads one generation of its files, whole
+            from gpugate.model import simview
+
+            simview.pin(settings.sim_fleet, node)
         code = run(settings, node, record, reader) if reader else run(settings, node, record)
     except ConfigError as exc:
         # Bad configuration with no last good copy changes nothing: no
@@ -78,6 +82,10 @@ def main(mode, argv, reader=None):
     except Exception as exc:  # never a traceback into slurmd's log
         record.update(verdict="error", error="internal error: %s: %s" % (type(exc).__name__, exc))
         code = 2
+    if settings is not None and settings.sim_fleet:
+        from gpugate.model import simview
+
+        simview.unpin(settings.sim_fleet, node)
     if reader is not None:
         reader.cancel()  # after an error: it leaves, or is killed; after its answer: nothing to do
     record["duration"] = round(time.monotonic() - started, 4)

@@ -26,7 +26,7 @@ def run(settings, node: str, record: dict, reader=None) -> int:
         nvml = start_reader()  # None: no fork now; the collection forks (and reports) on its own
     if nvml is not None:
         try:
-            nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus})
+            nvml.send({"sim_fleet": settings.sim_fleet, "node": node, "gpus": gpus, "sim_dir": _sim_dir(settings, node)})
         except OSError:  # the child is gone: the collection forks (and reports) on its own
             nvml.cancel()
             nvml = None
@@ -80,6 +80,15 @@ def run(settings, node: str, record: dict, reader=None) -> int:
     # Unfit: exit 1 whether or not our drain went through, so Slurm requeues
     # the job (and drains the node itself, "Prolog error", if ours failed).
     return result.verdict.exit_code
+
+
+def _sim_dir(settings, node: str) -> str:
+    """A simulated node's files this run reads (gpugate.model.simview), for the NVML reader forked before."""
+    if not settings.sim_fleet:
+        return ""
+    from gpugate.model.simview import node_dir
+
+    return node_dir(settings.sim_fleet, node)
 
 
 def _preflight(settings, baseline, node: str, gpus, gate, record: dict) -> int:

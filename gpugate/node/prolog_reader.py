@@ -29,5 +29,5 @@ def _read_nvml(orders: dict):
     node's) and read NVML of the job's GPUs."""
     from gpugate.vendors.nvidia import nvmlread
 
-    binding = lambda: nvmlread.binding(orders["sim_fleet"], orders["node"])  # noqa: E731
+    binding = lambda: nvmlread.binding(orders["sim_fleet"], orders["node"], orders.get("sim_dir", ""))  # noqa: E731
     return nvmlread.reader(None, binding, orders["gpus"], False)()

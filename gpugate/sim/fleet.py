@@ -6,6 +6,11 @@
                            "absent" list names those not installed (`sim set absent=lspci,systemctl`)
     FLEET/NODE/replay.json what each executable prints for which argv
 
+FLEET/NODE is a link to the node's current generation of these files
+(FLEET/.gens/NODE/GEN): each change is a new one, so a run reads one whole
+(gpugate.model.simview); FLEET/.shared/NODE holds the directories every user
+writes (/dev/shm, /tmp), one for all generations.
+
 Only NVML, the file-system root and the external executables are simulated:
 the probes, judges and Slurm code above them run unchanged.  ``render``
 rewrites root/ and replay.json from the model after every change.
@@ -13,7 +18,6 @@ rewrites root/ and replay.json from the model after every change.
 
 import json
 import os
-import shutil
 import stat
 import sys
 import time
@@ -22,10 +26,12 @@ import zlib
 from typing import Any, Dict, List, Optional
 
 from gpugate.errors import ConfigError
+from gpugate.sim import generations
 from gpugate.sim import ib as sim_ib
 from gpugate.sim import outputs
 from gpugate.sim import quiet
 from gpugate.sim import sysroot
+from gpugate.model import simview
 from gpugate.sim.kmsg import ring_text
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
@@ -43,7 +49,8 @@ def node_dir(fleet: str, node: str) -> str:
 
 def nodes(fleet: str) -> List[str]:
     try:
-        return sorted(n for n in os.listdir(fleet) if os.path.isfile(os.path.join(fleet, n, "node.json")))
+        return sorted(n for n in os.listdir(fleet)
+                      if not n.startswith(".") and os.path.isfile(os.path.join(fleet, n, "node.json")))
     except OSError:
         return []
 
@@ -58,27 +65,20 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
                           % (fleet, node, fleet)) from None
 
 
-_STAGED: List[Optional[tuple]] = [None]  # save's (directory aside, [(file made aside or None: removed, path)])
-
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
-    """The node's model and files.  A check reading them mid-write would see
-    half a change (quiet's doc): once no gpugate run reads the node, the
-    files are made aside, then put in place in one burst of renames."""
-    directory = node_dir(fleet, node)
+    """The node's model and files, as a new generation (gpugate.model.simview):
+    made beside the one runs read now, then FLEET/NODE pointed at it in one
+    rename.  A run begun before reads the old one whole, a run begun after
+    the new one.  Runs already reading the node are waited for first
+    (quiet's doc), bounded: the change lands after them, as it did before."""
+    live = node_dir(fleet, node)
     quiet.wait_quiet(node)
-    aside = os.path.join(directory, ".staged")
-    shutil.rmtree(aside, ignore_errors=True)  # a save killed half-way left these: never put in place
-    os.makedirs(aside, mode=0o700)
-    _STAGED[0] = (aside, [])
-    try:
-        _write(os.path.join(directory, "node.json"), json.dumps(model, indent=1, sort_keys=True))
-        render(directory, model)
-    finally:
-        staged, _STAGED[0] = _STAGED[0][1], None
-    for ready, path in staged:  # a check begun since read the old files: only one spanning these renames mixes
-        _remove(path) if ready is None else os.replace(ready, path)
-    shutil.rmtree(aside, ignore_errors=True)
+    new, now = generations.begin(fleet, node)
+    _write(os.path.join(new, "node.json"), json.dumps(model, indent=1, sort_keys=True))
+    render(new, model, live=live)
+    _write(os.path.join(new, simview.SAVED_BY), " ".join(str(pid) for pid in sorted(quiet.lineage())) + "\n")
+    generations.publish(fleet, node, new, now)
 
 
 FLEET_FILE = "fleet.json"  # the fleet's own metadata: the baseline `sim init` used
@@ -227,8 +227,9 @@ def _cuda_int(text: Optional[str]) -> int:
         return 13000
 
 
-def render(directory: str, model: Dict[str, Any]) -> None:
-    """Write the sysroot files and the replay table the model implies."""
+def render(directory: str, model: Dict[str, Any], live: str = "") -> None:
+    """Write the sysroot files and the replay table the model implies
+    (live: FLEET/NODE, where the node's tools say they are; else ``directory``)."""
     root = os.path.join(directory, "root")
     files = {
         "proc/sys/kernel/osrelease": model["kernel"] + "\n",
@@ -265,7 +266,7 @@ def render(directory: str, model: Dict[str, Any]) -> None:
         absent += ("amd-smi",)
     if model.get("amd") is not None and not (model["amd"].get("rvs") or {}).get("installed", True):
         absent += ("rvs",)
-    _install_executables(os.path.join(directory, "bin"), absent=absent)
+    _install_executables(os.path.join(directory, "bin"), absent=absent, named=os.path.join(live or directory, "bin"))
     # The kernel log last, as the kernel writes it: a driver logs a fault
     # after its state shows it (amdgpu's RAS count, a GPU off the bus), so a
     # check between two writes may see the state without its line, never
@@ -285,7 +286,7 @@ def _amd_replays(model: Dict[str, Any]) -> Dict[str, Any]:
     return table
 
 
-def _install_executables(bindir: str, absent=()) -> None:
+def _install_executables(bindir: str, absent=(), named: str = "") -> None:
     os.makedirs(bindir, mode=0o755, exist_ok=True)
     stub = os.path.join(os.path.dirname(__file__), "replay_stub.py")
     with open(stub) as handle:
@@ -296,7 +297,7 @@ def _install_executables(bindir: str, absent=()) -> None:
         if name in absent:  # not installed on this node
             _remove(path)
             continue
-        script = "#!%s -IS\nSELF = %r\n%s" % (sys.executable, path, body)
+        script = "#!%s -IS\nSELF = %r\n%s" % (sys.executable, os.path.join(named or bindir, name), body)
         try:
             with open(path) as handle:
                 if handle.read() == script:
@@ -307,11 +308,10 @@ def _install_executables(bindir: str, absent=()) -> None:
 
 
 def _write(path: str, text: str, mode: int = 0o644) -> None:
-    """Atomic replace: a probe never reads a half-written simulated file.
-    A file that already says the same is left alone: a change rewrites
-    only what it changes, so the moment a check could read it half-done
-    (between its first and last write; quiet.wait_quiet keeps runs already
-    going out of it) is a few files long, not the whole node's hundreds."""
+    """Atomic replace: a probe never reads a half-written simulated file,
+    and a generation's file hard-linked from the one before is replaced,
+    never written into (gpugate.sim.generations).  A file that already says
+    the same is left alone: a change rewrites only what it changes."""
     from gpugate.safety.safeio import write_atomic
 
     data = text.encode()
@@ -324,19 +324,10 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     except OSError:
         pass
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    if _STAGED[0] is not None:  # save's: made aside now, put in place with the rest
-        aside, staged = _STAGED[0]
-        ready = os.path.join(aside, uuid.uuid4().hex)
-        write_atomic(ready, data, mode=mode, durable=False, exact_mode=True)
-        staged.append((ready, path))
-        return
     write_atomic(path, data, mode=mode, durable=False, exact_mode=True)  # random O_EXCL temp name
 
 
 def _remove(path: str) -> None:
-    if _STAGED[0] is not None:
-        _STAGED[0][1].append((None, path))
-        return
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -1,10 +1,10 @@
-"""A simulated change is seen whole.  ``save`` writes node.json, root/ and
-replay.json one after another; a check reading between two of them would
-see half a change (one driver loaded, another on disk: "broken module"),
-which no real node shows for a change the model makes at once (a reboot
-into another driver, a whole install).  So a save first waits, bounded,
-for the gpugate runs reading that node (health check, prolog, epilog: they
-carry SLURMD_NODENAME) to end."""
+"""A simulated change lands after the checks reading the node.  ``save``
+makes each change as a new generation of the node's files, and a run reads
+the one it began with (gpugate.model.simview), so no run sees half a change (one
+driver loaded, another on disk: "broken module").  A save first waits,
+bounded, for the gpugate runs reading that node (health check, prolog,
+epilog: they carry SLURMD_NODENAME) to end: the check in flight judges the node as it
+was and its verdict lands before the change, the next check's after it."""
 
 import os
 import time
@@ -21,7 +21,7 @@ QUIET_SECONDS = 30.0
 def runs_for(node: str) -> List[int]:
     """Pids of gpugate runs for ``node``, this process and its parents aside."""
     marker = b"SLURMD_NODENAME=" + node.encode() + b"\0"
-    mine = _lineage()
+    mine = lineage()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in mine:
@@ -55,7 +55,7 @@ def _is_gpugate(argv: List[bytes]) -> bool:
         b"-m" in argv and argv[argv.index(b"-m") + 1:][:1] == [b"gpugate"])
 
 
-def _lineage() -> Set[int]:
+def lineage() -> Set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1 and pid not in pids:
         pids.add(pid)

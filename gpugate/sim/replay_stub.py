@@ -9,11 +9,10 @@ import time
 
 
 def main():
-    # gpugate runs the checked file as /proc/self/fd/N, so a script's argv[0]
-    # is not its path: the installer writes SELF above this text.
-    me = globals().get("SELF") or os.path.abspath(sys.argv[0])
+    me = _me()
     here = os.path.dirname(me)
-    table_path = os.path.join(os.path.dirname(here), "replay.json")
+    table_path = os.path.join(os.path.dirname(here), "replay.json")  # of the generation run (gpugate.model.simview)
+    live = _live(os.path.dirname(here))  # FLEET/NODE, whichever generation it is at
     key = " ".join([os.path.basename(me)] + sys.argv[1:])
     try:
         with open(table_path) as handle:
@@ -33,10 +32,10 @@ def main():
         return 127
     if entry.get("exec"):
         # A tool that changes the node (gpugate.sim.gpureset): its name, the node's directory, its arguments.
-        argv = list(entry["exec"]) + [os.path.basename(me), os.path.dirname(here)] + sys.argv[1:]
+        argv = list(entry["exec"]) + [os.path.basename(me), live] + sys.argv[1:]
         os.execv(argv[0], argv)
     if entry.get("multinode") and _job_nodes():
-        entry = _worst(entry["multinode"], key, here)
+        entry = _worst(entry["multinode"], key, live)
     if entry.get("hang"):
         while True:  # a wedged tool: only a kill ends it
             time.sleep(3600)
@@ -46,6 +45,29 @@ def main():
     sys.stderr.write(entry.get("stderr", ""))
     sys.stdout.flush()
     return int(entry.get("rc", 0))
+
+
+def _me():
+    """This file's path.  gpugate runs the checked file as /proc/self/fd/N:
+    that fd names the file opened, in the generation of the node's files the
+    run reads; run by its path, the path (the installer writes SELF, the
+    path under FLEET/NODE, above this text)."""
+    if sys.argv[0].startswith("/proc/self/fd/"):
+        try:
+            path = os.readlink(sys.argv[0])
+            if path.startswith("/") and not path.endswith(" (deleted)"):
+                return path
+        except OSError:
+            pass
+    return globals().get("SELF") or os.path.abspath(sys.argv[0])
+
+
+def _live(directory):
+    """FLEET/NODE of a generation FLEET/.gens/NODE/GEN (as gpugate.sim.generations makes them); else itself."""
+    gens = os.path.dirname(os.path.dirname(directory))
+    if os.path.basename(gens) != ".gens":
+        return directory
+    return os.path.join(os.path.dirname(gens), os.path.basename(os.path.dirname(directory)))
 
 
 def _job_nodes():
@@ -86,11 +108,11 @@ def _expand(word):
     return out
 
 
-def _worst(mine, key, here):
+def _worst(mine, key, live):
     """A multi-node run shows its worst node: each node of the job brings
     its own recording (FLEET/NODE/replay.json, "multinode"), the most
     severe one plays."""
-    fleet = os.path.dirname(os.path.dirname(here))
+    fleet = os.path.dirname(live)
     best = mine
     for node in _job_nodes():
         try:

@@ -20,6 +20,10 @@ _PCI_BUS = "sys/bus/pci/devices"
 # The unit names of gpugate.toml's defaults ([services]) -> the program their daemon runs.
 UNIT_PROCESS = {"nvidia-%s" % role: program for role, program in DAEMONS.items()}
 
+# Every user's to write, as on a node (a test may mount a small tmpfs there): what is written there
+# is not the model's, and each generation of the node's files shares them (gpugate.sim.generations).
+SHARED_DIRS = ("dev/shm", "tmp")
+
 
 def pci_devices(model: Dict[str, Any]) -> List[Tuple[str, Tuple[str, str, str]]]:
     """(sysfs address, (vendor, device, class)) for the node's PCI bus: its
@@ -49,7 +53,7 @@ def render(root: str, model: Dict[str, Any], write: Callable[[str, str], None]) 
     elif os.path.lexists(module):
         os.unlink(module)
     _render_processes(root, model, write)
-    for shared in ("dev/shm", "tmp"):  # every user's to write, as on a node (a test may mount a small tmpfs there)
+    for shared in SHARED_DIRS:
         path = os.path.join(root, shared)
         if not os.path.isdir(path):
             os.makedirs(path, exist_ok=True)

@@ -22,12 +22,14 @@ def _stand_in(kind):
 ProbeFailure, GpuFacts, NvmlFacts, Pcie, RemappedRows = (_stand_in(kind) for kind in KINDS)
 
 
-def binding(sim_fleet: str, node: str):
-    """pynvml, or a simulated node's stand-in for it."""
+def binding(sim_fleet: str, node: str, sim_dir: str = ""):
+    """pynvml, or a simulated node's stand-in for it (sim_dir: the node's
+    files a parent's run reads, gpugate.model.simview)."""
     if sim_fleet:
+        from gpugate.model.simview import node_dir
         from gpugate.vendors.nvidia import nvml_sim
 
-        return nvml_sim.load_file(os.path.join(sim_fleet, node, "node.json"))
+        return nvml_sim.load_file(os.path.join(sim_dir or node_dir(sim_fleet, node), "node.json"))
     from gpugate.vendors.nvidia.pynvml_loader import import_pynvml
 
     return import_pynvml()
