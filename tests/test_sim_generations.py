@@ -98,3 +98,21 @@ def test_what_users_write_in_dev_shm_and_tmp_stays_across_changes(fleet):
     assert result.returncode == 0, result.stderr
     assert os.path.getsize(os.path.join(shm, "nccl-leftover")) == 1024
     assert os.stat(os.path.join(fleet, "gpu03", "root", "tmp")).st_mode & 0o7777 == 0o1777
+
+
+def test_a_generation_is_forgotten_ten_minutes_after_it_was_replaced_not_after_it_was_made(fleet):
+    def change(value):
+        result = gpugate_cmd("sim", "set", fleet, "gpu01", "gpu.1.xid=%d" % value)
+        assert result.returncode == 0, result.stderr
+        return simview.generation(fleet, "gpu01")
+
+    first = simview.generation(fleet, "gpu01")
+    hours_ago = os.path.getmtime(first) - 7200
+    os.utime(first, (hours_ago, hours_ago))  # made long ago: a node left as it was for hours
+    change(79)
+    change(48)  # a run begun on the first one may still read it: replaced a moment ago
+    assert os.path.isdir(first)
+    os.utime(first, (hours_ago, hours_ago))  # replaced long ago
+    change(31)
+    assert not os.path.exists(first)
+    assert len(os.listdir(os.path.join(fleet, simview.GENS, "gpu01"))) == 3

@@ -10,8 +10,8 @@ import uuid
 from gpugate.model import simview
 from gpugate.sim.sysroot import SHARED_DIRS
 
-# A run pinned to an older generation reads it until it ends: a check ends within its own time
-# budget, a hung one is killed by slurmd's; by then it is long done.
+# A run pinned to a generation reads it until it ends, after it was replaced: a check ends within its
+# own time budget, a hung one is killed by slurmd's; ten minutes on it is long done.
 KEPT_SECONDS = 600.0
 SHARED = ".shared"  # FLEET/.shared/NODE: what all of a node's generations share
 
@@ -42,6 +42,8 @@ def publish(fleet: str, node: str, new: str, before: str) -> None:
     link = os.path.join(fleet, ".%s.%s" % (node, uuid.uuid4().hex[:8]))  # a dot: never a node (fleet.nodes)
     os.symlink(os.path.relpath(new, fleet), link)
     os.replace(link, live)
+    if before:
+        os.utime(before)  # when it stopped being the current one: a run begun before reads it from then on
     _forget(gens, keep=(before, new))
 
 
@@ -80,7 +82,8 @@ def _clone(source: str, target: str) -> None:
 
 
 def _forget(gens: str, keep) -> None:
-    """Generations older than KEPT_SECONDS, neither the one just made nor the one before it."""
+    """Generations replaced over KEPT_SECONDS ago (their mtime: publish touches the one it
+    replaces), never the one just made nor the one before it."""
     old, keep = time.time() - KEPT_SECONDS, {os.path.normpath(path) for path in keep if path}
     for entry in os.scandir(gens):
         try:
