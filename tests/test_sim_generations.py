@@ -116,3 +116,18 @@ def test_a_generation_is_forgotten_ten_minutes_after_it_was_replaced_not_after_i
     change(31)
     assert not os.path.exists(first)
     assert len(os.listdir(os.path.join(fleet, simview.GENS, "gpu01"))) == 3
+
+
+def test_a_change_made_under_another_umask_keeps_the_nodes_modes(fleet):
+    """The testbed makes its nodes under umask 022, the CLI's changes run under 077 (what it
+    creates is root's alone): a node's directories stay as they were made, so a job's user
+    still reaches its /dev/shm through them."""
+    first = simview.generation(fleet, "gpu02")
+    rels = ("", "root", "root/dev", "root/proc/sys/kernel", "bin")
+    for rel in rels:
+        os.chmod(os.path.join(first, rel), 0o755)  # as made under umask 022
+    result = gpugate_cmd("sim", "set", fleet, "gpu02", "gpu.1.xid=79")  # umask 077
+    assert result.returncode == 0, result.stderr
+    here = simview.generation(fleet, "gpu02")
+    assert here != first
+    assert {rel: os.stat(os.path.join(here, rel)).st_mode & 0o777 for rel in rels} == {rel: 0o755 for rel in rels}

@@ -26,6 +26,7 @@ def begin(fleet: str, node: str):
     live = os.path.join(fleet, node)
     now = simview.generation(fleet, node) or (live if os.path.isdir(live) else "")
     if now:
+        os.chmod(new, stat.S_IMODE(os.stat(now).st_mode))  # as the one before, whatever this umask (the CLI's: 077)
         _clone(now, new)
     return new, now
 
