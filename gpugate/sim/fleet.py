@@ -26,12 +26,12 @@ import zlib
 from typing import Any, Dict, List, Optional
 
 from gpugate.errors import ConfigError
+from gpugate.model import simview
 from gpugate.sim import generations
 from gpugate.sim import ib as sim_ib
 from gpugate.sim import outputs
 from gpugate.sim import quiet
 from gpugate.sim import sysroot
-from gpugate.model import simview
 from gpugate.sim.kmsg import ring_text
 
 DEFAULT_PRODUCT = "NVIDIA H100 80GB HBM3"
@@ -63,7 +63,6 @@ def load(fleet: str, node: str) -> Dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError("%s: no simulated node %s here (gpugate sim init %s --nodes ...)"
                           % (fleet, node, fleet)) from None
-
 
 
 def save(fleet: str, node: str, model: Dict[str, Any]) -> None:
