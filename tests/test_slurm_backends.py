@@ -316,3 +316,84 @@ def test_a_late_answer_is_a_timeout_and_the_worker_is_replaced(double):
         backend._call("reservations")
     assert time.monotonic() - started < 2.0 and "no answer within 0.6 s" in str(err.value)
     assert backend._proc is None
+
+
+# ------------------------------------- a read slurmctld dropped half-way
+#
+# Stand-ins for sinfo and scontrol that fail their first N calls the way
+# the real clients do when slurmctld drops a connection (killed by SIGPIPE,
+# or Slurm's own message and exit 1), then answer; each call is logged.
+
+_FLAKY = '''#!/bin/sh
+echo "$0 $*" >> {log}
+n=$(wc -l < {log})
+if [ "$n" -le {fail} ]; then
+    case "{how}" in
+        pipe) kill -PIPE $$ ;;
+        sleep) sleep 5 ;;
+        *) echo "{how}" >&2; exit 1 ;;
+    esac
+fi
+case "$1" in
+    --version) echo "slurm 25.11.7" ;;
+    show) echo "ReservationName=maint StartTime=now Nodes=gpu[01-02] NodeCnt=2" ;;
+esac
+'''
+
+
+def _flaky(tmp_path, how, fail=1):
+    os.chmod(tmp_path, 0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls.log"
+    log.write_text("")
+    for tool in ("sinfo", "scontrol"):
+        (bindir / tool).write_text(_FLAKY.format(log=log, fail=fail, how=how))
+        (bindir / tool).chmod(0o755)
+    return str(bindir), log
+
+
+@pytest.mark.parametrize("how", ["pipe", "slurm_load_reservations error: Socket timed out on send/recv operation",
+                                 "sinfo: error: Unexpected missing socket error"])
+def test_a_read_dropped_half_way_is_tried_once_more(tmp_path, how):
+    bindir, log = _flaky(tmp_path, how)
+    slurm = CommandSlurm(bindir, timeout=5.0)
+    assert slurm.reservations() == {"maint": "gpu[01-02]"}
+    assert len(log.read_text().splitlines()) == 2 and slurm.retried == 1
+
+
+def test_a_read_failing_twice_says_both_and_a_third_is_never_tried(tmp_path):
+    bindir, log = _flaky(tmp_path, "pipe", fail=5)
+    slurm = CommandSlurm(bindir, timeout=5.0)
+    with pytest.raises(SlurmError) as err:
+        slurm.version()
+    assert "exited -13 (tried twice; the first: " in str(err.value)
+    assert len(log.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("how", ["slurm_update error: Invalid node name specified",
+                                 "Unable to contact slurm controller (connect failure)"])
+def test_a_refusal_or_a_controller_down_is_not_tried_again(tmp_path, how):
+    bindir, log = _flaky(tmp_path, how)
+    with pytest.raises(SlurmError):
+        CommandSlurm(bindir, timeout=5.0).reservations()
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_a_write_is_never_tried_again_even_where_a_read_would_be(tmp_path):
+    # The update may have landed before the connection broke.
+    bindir, log = _flaky(tmp_path, "pipe")
+    with pytest.raises(SlurmError):
+        CommandSlurm(bindir, timeout=5.0).update("gpu01", "DRAIN", "gpugate: test")
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_a_timeout_is_waited_out_again_only_by_a_run_without_a_deadline(tmp_path):
+    bindir, log = _flaky(tmp_path, "sleep")
+    # A node-side run (a deadline): every node waiting again would double a slow controller's load.
+    with pytest.raises(SlurmError) as err:
+        CommandSlurm(bindir, timeout=1.0, deadline=time.monotonic() + 30).version()
+    assert "timed out" in str(err.value) and len(log.read_text().splitlines()) == 1
+    log.write_text("")
+    slurm = CommandSlurm(bindir, timeout=1.0)  # the sweep, status: one process on the controller
+    assert slurm.version() == (25, 11) and len(log.read_text().splitlines()) == 2

@@ -24,6 +24,17 @@ _VERSION_RE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
 
 # A call with less time than this left is not started: it could only time out.
 MIN_CALL_SECONDS = 0.5
+# A read slurmctld dropped half-way is tried once more after this pause: the
+# messages of Slurm's slurm_errno.c for a connection that broke or a
+# controller busy for a moment.  Not "(connect failure)": the client has
+# already retried that one itself for MessageTimeout (slurmctld is down).
+RETRY_PAUSE = 1.0
+TRANSIENT = ("Socket timed out on send/recv operation", "Unexpected missing socket error",
+             "Zero Bytes were transmitted or received", "Message send failure", "Message receive failure",
+             "Unable to contact slurm controller (send failure)",
+             "Unable to contact slurm controller (receive failure)",
+             "Unable to contact slurm controller (shutdown failure)",
+             "Rate limit exceeded, please retry momentarily", "Header lengths are longer than data received")
 
 
 class CommandSlurm(NodeUpdates):
@@ -42,6 +53,7 @@ class CommandSlurm(NodeUpdates):
         self._version: Optional[Tuple[int, int]] = None
         self.calls = 0  # commands run: the sweep's benchmark counts them
         self.slowest = 0.0  # seconds of the slowest call so far
+        self.retried = 0  # reads tried a second time (_read)
 
     def close(self) -> None:
         """Nothing to let go (the pyslurm backend stops its worker)."""
@@ -74,9 +86,37 @@ class CommandSlurm(NodeUpdates):
         finally:
             self.slowest = max(self.slowest, time.monotonic() - started)
 
+    def _read(self, tool: str, args, env_extra=None) -> str:
+        """A read-only call (never a write: one may have landed before the
+        connection broke), tried once more after RETRY_PAUSE where it failed
+        for a moment: the client killed by a signal it did not ask for
+        (sinfo by SIGPIPE when slurmctld drops its socket), or one of
+        TRANSIENT.  A timeout is waited out again only by a run with no
+        deadline (the sweep, status: one process on the controller); on every
+        node at once it would double the load of a controller already slow."""
+        try:
+            return self._run(tool, args, env_extra)
+        except SlurmError as exc:
+            if not self._passing(exc.__cause__) or self.time_left() < RETRY_PAUSE + MIN_CALL_SECONDS:
+                raise
+            first = exc
+        time.sleep(RETRY_PAUSE)
+        self.retried += 1
+        try:
+            return self._run(tool, args, env_extra)
+        except SlurmError as exc:
+            raise SlurmError("%s (tried twice; the first: %s)" % (exc, str(first)[:200])) from exc
+
+    def _passing(self, cause) -> bool:
+        if not isinstance(cause, CommandError) or cause.missing or cause.refused or cause.overflow:
+            return False
+        if cause.timed_out:
+            return self.deadline is None
+        return (cause.rc is not None and cause.rc < 0) or any(text in cause.stderr for text in TRANSIENT)
+
     def version(self) -> Tuple[int, int]:
         if self._version is None:
-            out = self._run("sinfo", ["--version"])
+            out = self._read("sinfo", ["--version"])
             m = _VERSION_RE.search(out)
             if not m:
                 raise SlurmError("cannot read the Slurm version from %r" % out.strip()[:80])
@@ -96,17 +136,17 @@ class CommandSlurm(NodeUpdates):
         single = bool(names) and not any(c in names for c in "[],")
         try:
             if not single and self.version() >= (23, 2):
-                found = parse_nodes_json(self._run("scontrol", SCONTROL_JSON_ARGV + ([names] if names else [])))
+                found = parse_nodes_json(self._read("scontrol", SCONTROL_JSON_ARGV + ([names] if names else [])))
                 return _only(found, names)
             if not names:
-                return parse_nodes_json(self._run("sinfo", SINFO_JSON_ARGV))
+                return parse_nodes_json(self._read("sinfo", SINFO_JSON_ARGV))
             # 22.05 `sinfo --json` ignores -n and dumps the whole fleet: for a
             # few nodes the text form with -n is cheaper.
         except ParseError:
             pass
         args = list(SINFO_TEXT_ARGV) + (["-n", names] if names else [])
         try:
-            return parse_nodes_text(self._run("sinfo", args, SINFO_TEXT_ENV))
+            return parse_nodes_text(self._read("sinfo", args, SINFO_TEXT_ENV))
         except ParseError as exc:
             raise SlurmError("cannot read node states: %s" % exc) from None
 
@@ -124,7 +164,7 @@ class CommandSlurm(NodeUpdates):
         from gpugate.slurm.nodestate.lean import of_states
         from gpugate.slurm.nodestate.show_fleet import read_show_text
 
-        text = self._run("scontrol", list(SCONTROL_TEXT_ARGV), SCONTROL_TEXT_ENV)
+        text = self._read("scontrol", list(SCONTROL_TEXT_ARGV), SCONTROL_TEXT_ENV)
         try:
             fleet = read_show_text(text)
         except ParseError as exc:
@@ -192,7 +232,7 @@ class CommandSlurm(NodeUpdates):
 
     def show_config(self) -> str:
         """`scontrol show config`: slurmctld's running configuration, as text."""
-        return self._run("scontrol", ["show", "config"])
+        return self._read("scontrol", ["show", "config"])
 
     def note_job(self, job: str, text: str) -> None:
         """The job's AdminComment (root's, shown by scontrol show job and
@@ -224,7 +264,7 @@ class CommandSlurm(NodeUpdates):
 
     def reservations(self) -> Dict[str, str]:
         """name -> hostlist of every reservation."""
-        out = self._run("scontrol", ["show", "reservation", "--oneliner"])
+        out = self._read("scontrol", ["show", "reservation", "--oneliner"])
         found = {}
         for line in out.splitlines():
             fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
@@ -249,7 +289,7 @@ class CommandSlurm(NodeUpdates):
         states = {}
         for job in jobs:
             try:
-                out = self._run("scontrol", ["show", "job", "--oneliner", job])
+                out = self._read("scontrol", ["show", "job", "--oneliner", job])
             except SlurmError as exc:
                 if "Invalid job id" in str(exc):
                     states[job] = JobState(job, GONE)
