@@ -97,7 +97,7 @@ class CommandSlurm(NodeUpdates):
         try:
             return self._run(tool, args, env_extra)
         except SlurmError as exc:
-            if not self._passing(exc.__cause__) or self.time_left() < RETRY_PAUSE + MIN_CALL_SECONDS:
+            if not self._worth_a_retry(exc.__cause__) or self.time_left() < RETRY_PAUSE + MIN_CALL_SECONDS:
                 raise
             first = exc
         time.sleep(RETRY_PAUSE)
@@ -107,7 +107,7 @@ class CommandSlurm(NodeUpdates):
         except SlurmError as exc:
             raise SlurmError("%s (tried twice; the first: %s)" % (exc, str(first)[:200])) from exc
 
-    def _passing(self, cause) -> bool:
+    def _worth_a_retry(self, cause) -> bool:
         if not isinstance(cause, CommandError) or cause.missing or cause.refused or cause.overflow:
             return False
         if cause.timed_out:
