@@ -91,9 +91,10 @@ class CommandSlurm(NodeUpdates):
         connection broke), tried once more after RETRY_PAUSE where it failed
         for a moment: the client killed by a signal it did not ask for
         (sinfo by SIGPIPE when slurmctld drops its socket), or one of
-        TRANSIENT.  A timeout is waited out again only by a run with no
-        deadline (the sweep, status: one process on the controller); on every
-        node at once it would double the load of a controller already slow."""
+        TRANSIENT.  Never a timeout: a slurmctld that did not answer in
+        [slurm] timeout_seconds is not busy for a moment, and a wait again on
+        every node at once would double the load of a controller already
+        slow; a stopped slurmctld costs one timeout (the error says so)."""
         try:
             return self._run(tool, args, env_extra)
         except SlurmError as exc:
@@ -108,10 +109,9 @@ class CommandSlurm(NodeUpdates):
             raise SlurmError("%s (tried twice; the first: %s)" % (exc, str(first)[:200])) from exc
 
     def _worth_a_retry(self, cause) -> bool:
-        if not isinstance(cause, CommandError) or cause.missing or cause.refused or cause.overflow:
+        if not isinstance(cause, CommandError) or cause.missing or cause.refused or cause.overflow \
+                or cause.timed_out:
             return False
-        if cause.timed_out:
-            return self.deadline is None
         return (cause.rc is not None and cause.rc < 0) or any(text in cause.stderr for text in TRANSIENT)
 
     def version(self) -> Tuple[int, int]:
