@@ -172,7 +172,7 @@ def _memory_of(states, draw_names):
     return memory
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(fleets(), st.data())
 def test_the_lean_path_decides_as_the_full_one(case, data):
     text, share, per_hour = case
@@ -228,7 +228,7 @@ def test_a_remembered_verdict_is_the_verdict_of_the_exact_text(data):
             proofs = keeper_proofs.Proofs(key)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleets(), fleets(), st.data())
 def test_a_runs_re_read_is_judged_on_its_own_text(first, second, data):
     """The run's read and its re-read (one Proofs; what the read verified in
@@ -337,7 +337,7 @@ def planned_fleets(draw):
     return states, spans, sizes
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(planned_fleets(), st.sampled_from([0.01, 0.1, 0.25, 0.5, 0.99]))
 def test_plan_published_plans_as_plan(fleet, share):
     """fleet_plan.plan_published (the keeper's) against budget.plan, the rule:
@@ -377,7 +377,7 @@ def _kept_texts(stored) -> dict:
     return dict(zip(stored.names, stored.comments))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleets(), fleets(), st.data())
 def test_a_kept_verdict_serves_only_the_exact_text_it_judged(first, second, data):
     """A run keeps its verdicts in the file; the next run (a new process:

@@ -72,7 +72,7 @@ def _read(release, nodes):
         return exc
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(fleets(), st.sampled_from([0.1, 0.25, 0.5]), st.integers(0, 3))
 def test_the_read_holds_what_the_records_say_and_the_keeper_decides_alike(case, share, per_hour):
     release, nodes, truth = case

@@ -212,7 +212,7 @@ def test_repeat_rule_counts_returns_for_the_same_component_within_the_window_sin
     assert hist.repeat_of(current, events + (hist.Event("n", hist.FORGIVEN, now),), now, limit, window) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleets(), options_st, st.data(), st.integers(1, 4))
 def test_repeat_offenders_are_escalated_and_never_put_in_a_work_batch(snap, options, data, limit):
     from gpugate.core.record import replace
