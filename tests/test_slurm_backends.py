@@ -353,8 +353,8 @@ def _flaky(tmp_path, how, fail=1):
     return str(bindir), log
 
 
-@pytest.mark.parametrize("how", ["pipe", "slurm_load_reservations error: Socket timed out on send/recv operation",
-                                 "sinfo: error: Unexpected missing socket error"])
+@pytest.mark.parametrize("how", ["pipe", "sinfo: error: Unexpected missing socket error",
+                                 "slurm_load_reservations error: Zero Bytes were transmitted or received"])
 def test_a_read_dropped_half_way_is_tried_once_more(tmp_path, how):
     bindir, log = _flaky(tmp_path, how)
     slurm = CommandSlurm(bindir, timeout=5.0)
@@ -372,8 +372,9 @@ def test_a_read_failing_twice_says_both_and_a_third_is_never_tried(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["slurm_update error: Invalid node name specified",
-                                 "Unable to contact slurm controller (connect failure)"])
-def test_a_refusal_or_a_controller_down_is_not_tried_again(tmp_path, how):
+                                 "Unable to contact slurm controller (connect failure)",
+                                 "slurm_load_reservations error: Socket timed out on send/recv operation"])
+def test_a_refusal_a_controller_down_or_its_own_timeout_is_not_tried_again(tmp_path, how):
     bindir, log = _flaky(tmp_path, how)
     with pytest.raises(SlurmError):
         CommandSlurm(bindir, timeout=5.0).reservations()

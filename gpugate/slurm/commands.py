@@ -27,9 +27,11 @@ MIN_CALL_SECONDS = 0.5
 # A read slurmctld dropped half-way is tried once more after this pause: the
 # messages of Slurm's slurm_errno.c for a connection that broke or a
 # controller busy for a moment.  Not "(connect failure)": the client has
-# already retried that one itself for MessageTimeout (slurmctld is down).
+# already retried that one itself for MessageTimeout (slurmctld is down);
+# nor "Socket timed out on send/recv operation": that is MessageTimeout
+# spent, a timeout like gpugate's own (a stopped slurmctld costs one).
 RETRY_PAUSE = 1.0
-TRANSIENT = ("Socket timed out on send/recv operation", "Unexpected missing socket error",
+TRANSIENT = ("Unexpected missing socket error",
              "Zero Bytes were transmitted or received", "Message send failure", "Message receive failure",
              "Unable to contact slurm controller (send failure)",
              "Unable to contact slurm controller (receive failure)",
