@@ -48,6 +48,17 @@ def run_sweep(cluster, *args, timeout=300):
     return result.returncode, data, result.stderr
 
 
+def why(cluster, err, lines=25):
+    """What a failed assertion shows: the sweep's stderr, then the end of
+    slurmctld's log (CI keeps no cluster behind)."""
+    try:
+        with open(cluster.path("log", "slurmctld.log"), errors="replace") as handle:
+            tail = handle.readlines()[-lines:]
+    except OSError as exc:
+        tail = ["(no slurmctld.log: %s)\n" % exc]
+    return "%s\n--- slurmctld.log, last %d lines ---\n%s" % (err, lines, "".join(tail))
+
+
 def journal_rows(cluster):
     path = cluster.path("state", "sweep.db")
     if not os.path.exists(path):
@@ -136,7 +147,7 @@ def test_six_of_eight_drifted_converged_in_batches_under_the_floor(new_cluster):
     code, report, err = run_sweep(cluster)
     sampler.stop.set()
     sampler.join()
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     assert {n: o["result"] for n, o in report["outcomes"].items()} == {n: "resumed" for n in drifted}
     assert sampler.most <= 4 and report["max_out"]["gpu"] <= 4
     assert len(report["batches"]) >= 2
@@ -153,7 +164,7 @@ def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     drift_and_drain(cluster, "gpu02")
     cluster.sim("set", "FLEET", "gpu02", "converge=noop")
     code, report, err = run_sweep(cluster)
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     outcome = report["outcomes"]["gpu02"]
     assert (outcome["result"], outcome["attempts"]) == ("escalated", 3)
     steps = [(s, st, a) for _, s, st, a in journal_events(cluster, "gpu02")]
@@ -167,7 +178,7 @@ def test_unfixable_node_is_retried_rolled_back_then_escalated(new_cluster):
     assert "keep" in actions and "update" not in actions, actions
     # A later sweep leaves the escalated node alone.
     code, report, err = run_sweep(cluster)
-    assert code == 0 and report["outcomes"] == {}
+    assert code == 0 and report["outcomes"] == {}, why(cluster, err)
     assert cluster.reason("gpu02").startswith("gpugate: rma ")
 
 
@@ -182,7 +193,7 @@ def test_admin_reason_change_during_the_sweep_is_never_resumed(new_cluster):
                      ("gpu03", "verify", "started", 1) in journal_events(cluster, "gpu03"), 90, "verify to start")
     cluster.scontrol("update", "NodeName=gpu03", "State=DRAIN", "Reason=hands off: bad DIMM")
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, why(cluster, err)
     assert cluster.reason("gpu03") == "hands off: bad DIMM" and drain_flag(cluster, "gpu03")
     assert journal_rows(cluster)["gpu03"][:2] == ("left", "done")
 
@@ -193,7 +204,7 @@ def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
     drifted = drift_and_drain(cluster, "gpu[01-04]")
     cluster.sim("set", "FLEET", "gpu[01-04]", "converge=noop")  # "succeeds", fixes nothing
     code, report, err = run_sweep(cluster)
-    assert code == 1 and "circuit breaker" in err
+    assert code == 1 and "circuit breaker" in err, why(cluster, err)
     assert len(report["batches"]) == 1  # no further batch started
     enrolled = set(journal_rows(cluster))
     assert len(enrolled) == 2
@@ -201,6 +212,32 @@ def test_circuit_breaker_stops_when_verification_keeps_failing(new_cluster):
         assert drain_flag(cluster, node)
         assert cluster.reason(node).startswith("gpugate: drift ")  # still gpugate's, never resumed
     assert "gpugate_sweep" not in cluster.scontrol("show", "reservation")
+
+
+@pytest.mark.slow  # a cluster of its own and a slurmctld stopped for 12 s: CI runs it (-m slow)
+def test_a_reboot_wait_rides_out_a_slurmctld_that_stops_answering(new_cluster):
+    """slurmctld stops answering while a batch reboots (the moment it is
+    busiest at scale: every slurmd registers): the sweep's reads time out,
+    settle nothing, and are made again until it answers; the node is then
+    proved and resumed, not counted "did not come back"."""
+    cluster = new_cluster(nodes=2)
+    drift_and_drain(cluster, "gpu01")
+    proc = subprocess.Popen(sweep_argv(cluster, "--apply"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=cluster.env)
+    cluster.wait_for(lambda: os.path.exists(cluster.path("state", "sweep.db")) and
+                     ("gpu01", "wait_up", "started", 1) in journal_events(cluster, "gpu01"), 90, "the reboot wait")
+    pid = cluster.pids()["slurmctld"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(12)  # past the rig's [slurm] timeout_seconds (10) and MessageTimeout (5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in err, why(cluster, err)
+    assert "no answer (" in out and "reading again" in out, out
+    assert journal_rows(cluster)["gpu01"][:2] == ("resume", "done")
+    assert ("gpu01", "wait_up", "failed", 1) not in journal_events(cluster, "gpu01")
+    assert cluster.reason("gpu01") == "" and not drain_flag(cluster, "gpu01")
 
 
 def test_second_sweeper_refuses_to_run(new_cluster):
@@ -211,7 +248,7 @@ def test_second_sweeper_refuses_to_run(new_cluster):
     assert lock.acquire()
     try:
         code, report, err = run_sweep(cluster)
-        assert code == 2 and "another gpugate sweep" in err
+        assert code == 2 and "another gpugate sweep" in err, why(cluster, err)
     finally:
         lock.release()
 
@@ -239,7 +276,7 @@ def test_kill9_at_each_step_next_run_completes(new_cluster, step):
     reason = cluster.reason("gpu02")
     assert reason == "" or reason.startswith("gpugate: "), reason
     code, report, err = run_sweep(cluster)
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     # The killed run may have finished its last step before it died.
     assert report["outcomes"].get("gpu02", {}).get("result", "resumed") == "resumed"
     assert journal_rows(cluster)["gpu02"][:2] == ("resume", "done")
@@ -277,7 +314,7 @@ def test_rollout_of_a_new_pin_canary_first_never_more_than_two_out(new_cluster, 
     code, report, err = run_sweep(cluster, "--rollout", timeout=600)
     sampler.stop.set()
     sampler.join()
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     assert report["batches"][0]["canary"] is True and report["batches"][0]["nodes"].count("gpu") == 1
     assert sampler.most <= 2 and report["max_out"]["gpu"] <= 2
     assert sorted(report["outcomes"]) == cluster.nodes
@@ -302,10 +339,11 @@ def test_running_jobs_are_waited_for_unless_forced(new_cluster):
     drift_and_drain(cluster, "gpu02")
     assert "drng" in cluster.state("gpu02") or "draining" in cluster.state("gpu02")
     code, report, err = run_sweep(cluster)
-    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "deferred"  # the job was not touched
+    # The job was not touched.
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "deferred", why(cluster, err)
     assert "RUNNING" in cluster.scontrol("show", "job", job)
     code, report, err = run_sweep(cluster, "--force")
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     assert report["outcomes"]["gpu02"]["result"] == "resumed", (report["outcomes"]["gpu02"],
                                                                 journal_events(cluster, "gpu02"), err[-3000:])
     assert "CANCELLED" in cluster.scontrol("show", "job", job)
@@ -327,7 +365,7 @@ def test_node_rebooting_into_an_old_driver_during_verification_is_not_left_in_se
                      ("gpu02", "verify", "started", 1) in journal_events(cluster, "gpu02"), 120, "verify to start")
     cluster.reboot_node("gpu02", "driver=550.54.15")
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert proc.returncode == 0 and "Traceback" not in err, why(cluster, err)
     result = json.loads(out)["outcomes"]["gpu02"]["result"]
     events = journal_events(cluster, "gpu02")
     if result == "resumed":  # verified on what it read before the reboot
@@ -355,7 +393,7 @@ def test_one_host_whose_converge_always_fails_does_not_stop_the_others(new_clust
     drifted = drift_and_drain(cluster, "gpu[01-04]")
     cluster.sim("set", "FLEET", "gpu03", "converge=error")  # `gpugate sim converge` exits 1 when it holds gpu03
     code, report, err = run_sweep(cluster)
-    assert code == 0 and not report["stopped"], err
+    assert code == 0 and not report["stopped"], why(cluster, err)
     assert report["batches"][0]["nodes"] == "gpu[01-04]"
     results = {n: o["result"] for n, o in report["outcomes"].items()}
     assert results == {"gpu01": "resumed", "gpu02": "resumed", "gpu03": "escalated", "gpu04": "resumed"}
@@ -397,7 +435,7 @@ def test_waits_poll_only_the_nodes_in_flight_at_poll_seconds(new_cluster):
     started = time.monotonic()
     code, report, err = run_sweep(cluster)
     took = time.monotonic() - started
-    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", why(cluster, err)
     reads = _node_reads(cluster.slurm_calls()[before:])
     whole = [r for r in reads if r is None]
     named = [r for r in reads if r is not None]
@@ -420,11 +458,11 @@ def test_a_node_drained_again_for_the_same_component_is_escalated_and_forgiven(n
     cluster = new_cluster(nodes=4, sweep={"repeat_limit": 1})
     drift_and_drain(cluster, "gpu02")
     code, report, err = run_sweep(cluster)
-    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", why(cluster, err)
     cluster.wait_for(lambda: cluster.state("gpu02") == "idle", 30, "gpu02 idle")
     drift_and_drain(cluster, "gpu02")  # the same component again
     code, report, err = run_sweep(cluster)
-    assert code == 0, err
+    assert code == 0, why(cluster, err)
     outcome = report["outcomes"]["gpu02"]
     assert outcome["result"] == "escalated" and "repeat offender" in outcome["detail"]
     assert cluster.reason("gpu02").startswith("gpugate: rma budgeted=drift driver (want counted); "
@@ -439,12 +477,12 @@ def test_a_node_drained_again_for_the_same_component_is_escalated_and_forgiven(n
     line = lines[0]
     assert "1x" in line and "ESCALATED rma" in line, status.stdout
     code, report, err = run_sweep(cluster)  # rma waits for a human
-    assert code == 0 and report["outcomes"] == {}
+    assert code == 0 and report["outcomes"] == {}, why(cluster, err)
     forgive = subprocess.run(sweep_argv(cluster, "forgive", "gpu02"), capture_output=True, text=True, timeout=60,
                              env=cluster.env)
     assert forgive.returncode == 0 and "drained again" in forgive.stdout, forgive.stderr
     assert cluster.reason("gpu02").startswith("gpugate: drift driver=550.54.15")
     code, report, err = run_sweep(cluster)
-    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", err
+    assert code == 0 and report["outcomes"]["gpu02"]["result"] == "resumed", why(cluster, err)
     cluster.wait_for(lambda: cluster.state("gpu02") == "idle", 30, "gpu02 idle")
     assert fit(cluster, "gpu02")

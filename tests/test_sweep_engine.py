@@ -153,6 +153,53 @@ def test_waits_read_only_the_nodes_in_flight_at_poll_seconds(tmp_path):
     assert len(sleeps) == 3 - 1  # the reboot took three reads: two sleeps
 
 
+class BusySlurm(FakeSlurm):
+    """slurmctld busy while the batch reboots: each read of a node in its
+    reboot goes unanswered (the rig's scontrol timing out) `silent` times;
+    silent=None: never answered again once the reboot is issued."""
+
+    def __init__(self, silent, **kwargs):
+        super().__init__(**kwargs)
+        self.silent, self.unanswered = silent, 0
+
+    def nodes(self, names=None):
+        from gpugate.errors import SlurmError
+
+        if names and self.rebooting and (self.silent is None or self.unanswered < self.silent):
+            self.unanswered += 1
+            raise SlurmError("`scontrol show node --json %s` timed out after 10s" % names)
+        return super().nodes(names)
+
+
+def test_a_reboot_wait_rides_out_a_slurmctld_that_does_not_answer_for_a_while(tmp_path):
+    slurm = BusySlurm(silent=4, count=8, drained=("gpu002", "gpu005"))
+    said = []
+    sweeper, journal, sleeps = make(tmp_path, slurm)
+    sweeper.say = said.append
+    report = sweeper.run()
+    assert not report.stopped
+    assert {n: o.result for n, o in report.outcomes.items()} == {"gpu002": "resumed", "gpu005": "resumed"}
+    assert slurm.unanswered == 4 and slurm.resumed == ["gpu002", "gpu005"]
+    assert len([line for line in said if "no answer (`scontrol show node" in line]) == 1  # told once
+
+
+def test_a_reboot_wait_never_answered_stops_the_sweep_with_the_nodes_held_not_failed(tmp_path):
+    from gpugate.errors import SlurmError
+
+    slurm = BusySlurm(silent=None, count=8, drained=("gpu002", "gpu005"))
+    sweeper, journal, sleeps = make(tmp_path, slurm, reboot_timeout=0.3)  # sleeps are not slept: real 0.3 s
+    with pytest.raises(SlurmError, match="timed out"):
+        sweeper.run()
+    rows = journal.nodes()
+    for name in ("gpu002", "gpu005"):
+        # Still in the reboot wait, as the journal says: the next sweep takes it
+        # up there; nothing counted it as "did not come back", nothing escalated.
+        assert (rows[name].step, rows[name].status) == ("wait_up", jr.STARTED)
+        assert rows[name].attempt == 1
+        assert reasons.parse(slurm.states[name].reason, TAG) is not None
+    assert slurm.resumed == []
+
+
 def test_a_resumed_node_s_published_finding_is_cleared(tmp_path):
     """Issue 26: a node published its drift for the budget keeper, which
     drained it; the sweep verifies and resumes it.  Its published part is

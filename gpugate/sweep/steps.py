@@ -37,7 +37,8 @@ class Steps:
         return self.slurm.nodes(hostlist(nodes)) if nodes else {}
 
     def _wait(self, nodes, settle, timeout) -> set:
-        return poll_until(nodes, self._states, settle, timeout, float(self.cfg["poll_seconds"]), self.sleep)
+        return poll_until(nodes, self._states, settle, timeout, float(self.cfg["poll_seconds"]), self.sleep,
+                          note=lambda text: self.say("  %s: %s" % (hostlist(nodes), text)))
 
     def _step_drain(self, nodes, records) -> None:
         """Rollout: take in-service nodes on the previous pin out, with a rollout reason."""
