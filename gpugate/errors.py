@@ -5,6 +5,9 @@ class GpugateError(Exception):
     """Base class; ``str(err)`` is a message an admin can act on."""
 
     exit_code = 2
+    # A wait that polls (the sweep's) may ask the same again later: the other
+    # side did not answer this time.  Each scheduler's error says so itself.
+    ask_again = False
 
 
 class ConfigError(GpugateError):
@@ -40,3 +43,6 @@ class SlurmError(GpugateError):
     """Slurm refused or did not answer."""
 
     exit_code = 3
+    # Slurm's clients say "did not answer" many ways, and the commands
+    # backend has already tried a dropped read twice: a wait reads again.
+    ask_again = True

@@ -85,6 +85,7 @@ def test_a_wait_whose_last_read_answered_returns_the_late_nodes():
 @pytest.mark.parametrize("error", [ConfigError("bad"), KubeError("forbidden", 403, "Forbidden"),
                                    KubeError("gone", 404, "NotFound")])
 def test_an_answer_that_refuses_is_raised_at_once(error):
+    assert not error.ask_again
     reads = []
 
     def read(waiting):
@@ -97,6 +98,7 @@ def test_an_answer_that_refuses_is_raised_at_once(error):
 
 @pytest.mark.parametrize("status", [0, 429, 500, 503])
 def test_an_api_server_that_does_not_answer_is_waited_for(status):
+    assert KubeError("", status).ask_again and SlurmError("").ask_again
     answers = iter([KubeError("no answer", status)])
 
     def read(waiting):

@@ -42,6 +42,11 @@ class KubeError(GpugateError):
         super().__init__(message)
         self.status, self.reason = status, reason
 
+    @property
+    def ask_again(self) -> bool:
+        """No answer, 429 or 5xx; never a Forbidden or a NotFound (answers the same read gets again)."""
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
 
 def in_cluster_server(environ=os.environ) -> str:
     host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "443")

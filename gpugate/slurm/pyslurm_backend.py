@@ -40,6 +40,8 @@ START_SECONDS = 5.0
 class PyslurmMismatch(SlurmError):
     """pyslurm does not import, or was built for another Slurm release."""
 
+    ask_again = False  # the same read meets the same pyslurm
+
 
 # The oldest pyslurm this backend was proven with (against Slurm 25.11.7).
 OLDEST = (25, 11)

@@ -5,8 +5,9 @@ monotonic clock, so a wall clock step during a sweep neither cuts a wait
 short nor stretches it.
 
 A wait rides out a scheduler that does not answer for a while: a read that
-failed settles nothing and is made again at the next poll, until the wait's
-own deadline.  A batch of nodes coming back from a reboot is when slurmctld
+failed with an error that says so (``ask_again``: any Slurm read; the API
+server's no answer, 429, 5xx) settles nothing and is made again at the next
+poll, until the wait's own deadline.  A batch of nodes coming back from a reboot is when slurmctld
 is busiest (each slurmd registers); one read that timed out then must not
 stop a sweep of many batches.  At the deadline, a wait whose last read
 failed raises that error: nodes nobody could see are never taken as late
@@ -16,18 +17,7 @@ failure path on no evidence."""
 import time
 from typing import Callable, Dict, Iterable, Optional, Set
 
-from gpugate.errors import GpugateError, SlurmError
-from gpugate.kube.client import KubeError
-
-
-def unanswered(exc: BaseException) -> bool:
-    """A read that the scheduler did not answer this time: any failed Slurm
-    read (the commands backend has already tried a dropped connection
-    twice), or the API server's no answer, 429 or 5xx.  Not a Forbidden or a
-    NotFound: those are answers, and the same read gets them again."""
-    if isinstance(exc, SlurmError):
-        return True
-    return isinstance(exc, KubeError) and (exc.status == 0 or exc.status == 429 or exc.status >= 500)
+from gpugate.errors import GpugateError
 
 
 def poll_until(waiting: Iterable[str], read: Callable[[Set[str]], Dict[str, object]],
@@ -48,7 +38,7 @@ def poll_until(waiting: Iterable[str], read: Callable[[Set[str]], Dict[str, obje
         try:
             states = read(set(waiting))
         except GpugateError as exc:
-            if not unanswered(exc):
+            if not exc.ask_again:  # each scheduler's error says (gpugate.errors)
                 raise
             if failed is None and note is not None:
                 note("no answer (%s); reading again every %gs until this wait's deadline" % (exc, float(interval)))
