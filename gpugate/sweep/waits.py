@@ -6,13 +6,13 @@ short nor stretches it.
 
 A wait rides out a scheduler that does not answer for a while: a read that
 failed with an error that says so (``ask_again``: any Slurm read; the API
-server's no answer, 429, 5xx) settles nothing and is made again at the next
-poll, until the wait's own deadline.  A batch of nodes coming back from a reboot is when slurmctld
-is busiest (each slurmd registers); one read that timed out then must not
-stop a sweep of many batches.  At the deadline, a wait whose last read
-failed raises that error: nodes nobody could see are never taken as late
-(a reboot "not back", a drain "still running"), which would start their
-failure path on no evidence."""
+server's no answer, 429, 5xx) settles nothing and is made again at the
+next poll, until the wait's own deadline.  A batch of nodes coming back
+from a reboot is when slurmctld is busiest (each slurmd registers); one
+read that timed out then must not stop a sweep of many batches.  At the
+deadline, a wait whose last read failed raises that error: nodes nobody
+could see are never taken as late (a reboot "not back", a drain "still
+running"), which would start their failure path on no evidence."""
 
 import time
 from typing import Callable, Dict, Iterable, Optional, Set
