@@ -41,7 +41,8 @@ def poll_until(waiting: Iterable[str], read: Callable[[Set[str]], Dict[str, obje
             if not exc.ask_again:  # each scheduler's error says (gpugate.errors)
                 raise
             if failed is None and note is not None:
-                note("no answer (%s); reading again every %gs until this wait's deadline" % (exc, float(interval)))
+                note("no answer (%s); reading again every %gs until this wait's deadline"
+                     % (str(exc)[:300], float(interval)))
             failed = exc
         else:
             failed = None
