@@ -140,8 +140,11 @@ def test_one_finding_holds_both_sides_with_one_reason_and_one_proof_returns_both
     cluster.wait_for(lambda: cluster.reason("gpu02").startswith("gpugate: drift") or check_now(cluster, "gpu02"),
                      60, "gpu02 drained in Slurm")
     reason = cluster.reason("gpu02")
-    cluster.wait_for(lambda: mirrored(cluster, "gpu02", reason) or check_now(cluster, "gpu02"), 60,
-                     "gpu02's Node held with Slurm's reason")
+    # The hold (taint, record) and the condition (the status subresource) are
+    # two writes of the sidecar's: wait for both.
+    cluster.wait_for(lambda: (mirrored(cluster, "gpu02", reason)
+                              and condition(node(cluster, "gpu02")).get("status") == "False")
+                     or check_now(cluster, "gpu02"), 60, "gpu02's Node held with Slurm's reason")
     cond = condition(node(cluster, "gpu02"))
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "DriverDrift", reason)
     # Written by the sidecar from slurmd's mirror file: slurmd's gpugate has no token to write with.
